@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package pipefisher needs to build, test and fetch its data.
+# Idempotent: does nothing (quickly) when all packages are already present.
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build git pkg-config ca-certificates
+  libopenblas-dev liblapacke-dev
+  libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev
+  libpcre2-dev libutf8proc-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  librsvg2-bin
+  nodejs npm
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm may come from another nodejs build (nodesource ships npm inside nodejs).
+if command -v npm >/dev/null 2>&1; then
+  tmp=(); for p in "${missing[@]}"; do [[ $p == npm || $p == nodejs ]] || tmp+=("$p"); done
+  missing=("${tmp[@]+"${tmp[@]}"}")
+fi
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all packages present"

@@ -1,0 +1,107 @@
+#pragma once
+// The run configuration: one struct per TOML table. Every key has a default; a TOML file and
+// `--set key=value` overrides change them; `validate()` refuses impossible values with a
+// UsageError naming the key. Unknown keys are refused too, so a typo never goes unnoticed.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+struct ModelConfig {
+  std::string preset;          // bert-tiny, bert-mini, ..., gpt2-small: sets the sizes below
+  std::string arch = "bert";   // bert (post-LN, MLM head) | gpt (pre-LN, causal LM head)
+  int layers = 2;
+  int hidden = 128;
+  int heads = 2;
+  int ffn = 512;
+  int seq_len = 128;           // tokens per sequence
+  int max_position = 512;      // size of the position-embedding table
+  int vocab = 30522;
+  int type_vocab = 2;          // BERT token types (unused by gpt)
+  float dropout = 0.0f;        // off by default
+  float layer_norm_eps = 1e-12f;
+  float init_std = 0.02f;
+  std::string gelu;            // erf (BERT) | tanh (GPT-2); empty = the architecture's own
+};
+
+struct DataConfig {
+  std::string vocab = "bert";  // bert | gpt2
+  std::string train_file;      // token file (.bin, little-endian uint16)
+  std::string valid_file;
+  bool shuffle = true;
+  float mask_prob = 0.15f;     // BERT MLM
+  uint64_t seed = 1234;
+};
+
+struct OptimConfig {
+  std::string name = "nvlamb";  // nvlamb | adamw | sgd
+  double lr = 1e-3;
+  int warmup_steps = 10;
+  double decay_power = 0.5;     // polynomial decay after warm-up
+  double weight_decay = 0.01;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-6;
+  double momentum = 0.9;        // sgd
+  double grad_clip = 1.0;       // global-norm pre-normalisation (nvlamb) / clipping; 0 = off
+};
+
+struct TrainConfig {
+  int steps = 50;
+  uint64_t seed = 42;
+  int threads = 0;              // 0 = all cores (divided among local ranks)
+  bool deterministic = true;    // same seed + thread count => same bits
+  int log_every = 1;
+  int eval_every = 25;          // validation loss every K steps (0 = only at the end)
+  int eval_batches = 4;
+  std::string out_dir = "runs/default";
+  std::string log_json;         // one JSON object per step
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+};
+
+struct ParallelConfig {
+  int stages = 1;
+  int data_parallel = 1;
+  std::string schedule = "1f1b";
+  std::string schedule_file;
+  int micro_batches = 4;        // per step per replica
+  int micro_batch_size = 8;     // sequences per micro-batch
+  int virtual_stages = 1;
+  std::vector<int> partition;   // transformer blocks per stage; empty = balanced
+};
+
+struct KfacConfig {
+  bool enabled = false;
+  double damping = 1e-3;        // gamma (pi-corrected Tikhonov)
+  double ema = 0.0;             // factor EMA decay; 0 = factors from the latest step only
+  double kl_clip = 0.0;         // 0 = off
+  int inverse_every = 1;        // refresh interval for placement = inline/skip
+  int diag_limit = 10000;       // layers with more outputs keep only diag(B)
+  std::string placement = "bubbles";  // bubbles | inline | skip
+  std::string distributed = "spd-kfac";
+  int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  ParallelConfig parallel;
+  KfacConfig kfac;
+
+  // Loads a TOML file (empty path = built-in defaults) and applies `key=value` overrides.
+  static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
+  static Config from_toml_string(const std::string& text, const std::vector<std::string>& overrides = {});
+  // Refuses values that cannot work, naming the key. Does not touch the file system.
+  void validate() const;
+  // Checks that data files named by the config exist, naming the key of the first that does not.
+  void check_files() const;
+  std::string to_toml() const;
+};
+
+// Fills model sizes for a named preset; throws UsageError("model.preset: ...") for an unknown one.
+void apply_model_preset(ModelConfig& m, const std::string& preset);
+std::vector<std::string> model_preset_names();
+
+}  // namespace pf
