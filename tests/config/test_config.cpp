@@ -1,0 +1,83 @@
+#include "config/config.hpp"
+#include "core/error.hpp"
+
+#include <gtest/gtest.h>
+
+using pf::Config;
+
+namespace {
+// Returns the UsageError message of loading `toml` with `sets`, or "" if it loads.
+std::string error_of(const std::string& toml, std::vector<std::string> sets = {}) {
+  try {
+    Config::from_toml_string(toml, sets);
+  } catch (const pf::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, DefaultsAreValid) {
+  Config c = Config::from_toml_string("");
+  EXPECT_EQ(c.model.arch, "bert");
+  EXPECT_EQ(c.model.gelu, "erf");
+  EXPECT_EQ(c.data.train_file, "data/corpus/train.bert.bin");
+}
+
+TEST(Config, PresetThenExplicitKeysWin) {
+  Config c = Config::from_toml_string("[model]\npreset = \"bert-base\"\nlayers = 3\n");
+  EXPECT_EQ(c.model.hidden, 768);
+  EXPECT_EQ(c.model.ffn, 3072);
+  EXPECT_EQ(c.model.layers, 3);
+  Config g = Config::from_toml_string("", {"model.preset=gpt2-small"});
+  EXPECT_EQ(g.model.arch, "gpt");
+  EXPECT_EQ(g.model.gelu, "tanh");
+  EXPECT_FLOAT_EQ(g.model.layer_norm_eps, 1e-5f);
+  EXPECT_EQ(g.data.vocab, "gpt2");
+  EXPECT_EQ(g.model.vocab, 50257);
+}
+
+TEST(Config, OverridesParseTomlValues) {
+  Config c = Config::from_toml_string("", {"optim.lr=2e-4", "data.shuffle=false", "optim.name=adamw",
+                                           "parallel.partition=[1,1]", "train.out_dir=runs/x"});
+  EXPECT_DOUBLE_EQ(c.optim.lr, 2e-4);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.optim.name, "adamw");
+  EXPECT_EQ(c.parallel.partition, (std::vector<int>{1, 1}));
+  EXPECT_EQ(c.train.out_dir, "runs/x");
+}
+
+TEST(Config, BadInputNamesTheKey) {
+  EXPECT_EQ(error_of("[model]\nlayerz = 2\n"), "model.layerz: unknown configuration key");
+  EXPECT_EQ(error_of("", {"modle.layers=2"}), "modle: unknown configuration key");
+  EXPECT_EQ(error_of("", {"model.hidden=0"}), "model.hidden: must be positive (got 0)");
+  EXPECT_EQ(error_of("", {"model.hidden=100", "model.heads=3"}),
+            "model.hidden: 100 is not divisible by model.heads = 3");
+  EXPECT_EQ(error_of("", {"model.layers=two"}), "model.layers: expected an integer");
+  EXPECT_EQ(error_of("", {"optim.name=adam"}), "optim.name: 'adam' is not one of nvlamb, adamw, sgd");
+  EXPECT_EQ(error_of("", {"model.preset=bert-huge"}).rfind("model.preset: unknown preset 'bert-huge'", 0), 0u);
+  EXPECT_EQ(error_of("", {"parallel.partition=[1,2]"}),
+            "parallel.partition: assigns 3 transformer blocks but model.layers = 2");
+  EXPECT_EQ(error_of("", {"model.seq_len=1024"}), "model.seq_len: 1024 exceeds model.max_position = 512");
+  EXPECT_EQ(error_of("", {"model.vocab=1000"}),
+            "model.vocab: 1000 is smaller than the bert tokenizer's vocabulary (30522)");
+  EXPECT_EQ(error_of("[model\n").rfind("config: line 1", 0), 0u);
+}
+
+TEST(Config, MissingDataFileIsNamed) {
+  Config c = Config::from_toml_string("", {"data.train_file=/nonexistent/x.bin"});
+  try {
+    c.check_files();
+    FAIL();
+  } catch (const pf::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("data.train_file: no such file '/nonexistent/x.bin'", 0), 0u);
+  }
+}
+
+TEST(Config, RoundTripsThroughToml) {
+  Config a = Config::from_toml_string("", {"model.preset=bert-mini", "optim.lr=3e-4", "parallel.partition=[3,1]"});
+  Config b = Config::from_toml_string(a.to_toml());
+  EXPECT_EQ(b.to_toml(), a.to_toml());
+  EXPECT_EQ(b.model.hidden, 256);
+  EXPECT_EQ(b.parallel.partition, (std::vector<int>{3, 1}));
+}
