@@ -1,0 +1,30 @@
+#pragma once
+// Matrix products through OpenBLAS, and the thread count shared by OpenMP and OpenBLAS.
+// All matrices are fp32 row-major; names follow BLAS: C = alpha * op(A) op(B) + beta * C with
+// op(A) [m, k], op(B) [k, n], C [m, n] and leading dimensions (row strides) lda, ldb, ldc.
+#include <cstdint>
+
+namespace pf {
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Sets OpenMP's and OpenBLAS's thread counts together (n <= 0: all cores). Results are
+// deterministic for a fixed thread count.
+void set_threads(int n);
+int num_threads();
+
+// Runs BLAS single-threaded for its lifetime (inside our own OpenMP loops over many small
+// products, e.g. attention per head), restoring the previous count after.
+class BlasSingleThread {
+ public:
+  BlasSingleThread();
+  ~BlasSingleThread();
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+}  // namespace pf

@@ -1,0 +1,232 @@
+#include "core/kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pf {
+
+namespace {
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = 1 << 15;
+// Column reductions work on blocks of this many columns (kept in registers across rows).
+constexpr int64_t kColBlock = 64;
+}  // namespace
+
+void add(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void add_inplace(float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void scale_inplace(float* a, float s, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) a[i] *= s;
+}
+
+void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + cols, out + r * cols);
+}
+
+void col_sum_accumulate(float* acc, const float* x, int64_t rows, int64_t cols) {
+  int64_t blocks = (cols + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, w = std::min(kColBlock, cols - c0);
+    float s[kColBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x + r * cols + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) s[c] += row[c];
+    }
+    for (int64_t c = 0; c < w; ++c) acc[c0 + c] += s[c];
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  // A fixed number of chunks, whatever the thread count, so the sum's rounding is fixed.
+  constexpr int kChunks = 64;
+  double part[kChunks];
+  int64_t per = (n + kChunks - 1) / kChunks;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int ch = 0; ch < kChunks; ++ch) {
+    int64_t b = std::min(n, ch * per), e = std::min(n, b + per);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+    part[ch] = s;
+  }
+  double total = 0;
+  for (double p : part) total += p;
+  return total;
+}
+
+// One row of softmax in place.
+static inline void softmax_row(float* x, int64_t n) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = fast_exp(x[j] - m);
+    s += x[j];
+  }
+  float inv = 1.0f / s;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
+}
+
+void softmax_rows(float* x, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * cols, cols);
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t rows, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = inp + r * C;
+    float* y = out + r * C;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += x[c];
+    float m = s / C;
+    float v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    float rs = 1.0f / std::sqrt(v / C + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * rs * weight[c] + bias[c];
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C,
+                        bool accumulate) {
+  // Input gradient, row by row: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = inp + r * C;
+    const float* dy = dout + r * C;
+    float* dx = dinp + r * C;
+    float m = mean[r], rs = rstd[r];
+    float a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t c = 0; c < C; ++c) {
+      float dn = dy[c] * weight[c];
+      a += dn;
+      b += dn * (x[c] - m) * rs;
+    }
+    a /= C;
+    b /= C;
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dx[c] += rs * (dy[c] * weight[c] - a - (x[c] - m) * rs * b);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dx[c] = rs * (dy[c] * weight[c] - a - (x[c] - m) * rs * b);
+    }
+  }
+  // Parameter gradients, per column in row order: dweight += sum dy * xhat, dbias += sum dy.
+  int64_t blocks = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, w = std::min(kColBlock, C - c0);
+    float sw[kColBlock] = {}, sb[kColBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = inp + r * C + c0;
+      const float* dy = dout + r * C + c0;
+      float m = mean[r], rs = rstd[r];
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) {
+        sw[c] += dy[c] * (x[c] - m) * rs;
+        sb[c] += dy[c];
+      }
+    }
+    for (int64_t c = 0; c < w; ++c) {
+      dweight[c0 + c] += sw[c];
+      dbias[c0 + c] += sb[c];
+    }
+  }
+}
+
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind) {
+  if (kind == Gelu::Erf) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + fast_erf(inp[i] * kInvSqrt2));
+  } else {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      float x = inp[i];
+      out[i] = 0.5f * x * (1.0f + fast_tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+    }
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, Gelu kind) {
+  if (kind == Gelu::Erf) {
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      float x = inp[i];
+      float cdf = 0.5f * (1.0f + fast_erf(x * kInvSqrt2));
+      float pdf = kInvSqrt2Pi * fast_exp(-0.5f * x * x);
+      dinp[i] = dout[i] * (cdf + x * pdf);
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      float x = inp[i];
+      float th = fast_tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+      float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+      dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+    }
+  }
+}
+
+void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* labels, int64_t rows,
+                                   int64_t V) {
+#pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits + r * V;
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, x[j]);
+    float target = x[labels[r]] - m;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < V; ++j) {
+      x[j] = fast_exp(x[j] - m);
+      s += x[j];
+    }
+    float inv = 1.0f / s;
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) x[j] *= inv;
+    loss[r] = std::log(s) - target;
+  }
+}
+
+void softmax_cross_entropy_backward(float* probs, const int32_t* labels, int64_t rows, int64_t V, float scale) {
+#pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = probs + r * V;
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) p[j] *= scale;
+    p[labels[r]] -= scale;
+  }
+}
+
+}  // namespace pf

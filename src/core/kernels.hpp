@@ -1,0 +1,87 @@
+#pragma once
+// Kernels for what is not a matrix product: written for speed (contiguous inner loops the compiler
+// vectorizes; OpenMP across rows with a static schedule). Every row's result is computed by one
+// thread in a fixed order, and reductions across rows run per column in row order, so results are
+// the same bits for any thread count. Pointers are raw: callers own fp32 row-major buffers.
+#include <bit>
+#include <cstdint>
+
+namespace pf {
+
+// exp(x) in a form GCC vectorizes (Cephes' expf: range reduction by ln 2 and a degree-6
+// polynomial, about 1 ulp). Inputs below -87 give ~1e-38 rather than 0.
+inline float fast_exp(float x) {
+  x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(e);
+}
+
+// erf(x) to ~1.2e-7 (Numerical Recipes' erfc Chebyshev fit), vectorizable.
+inline float fast_erf(float x) {
+  float z = x < 0 ? -x : x;
+  float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  float erfc = t * fast_exp(-z * z + p);
+  float r = 1.0f - erfc;
+  return x < 0 ? -r : r;
+}
+
+inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0f); }
+
+// --- elementwise ---
+void add(float* out, const float* a, const float* b, int64_t n);  // out = a + b
+void add_inplace(float* a, const float* b, int64_t n);            // a += b
+void scale_inplace(float* a, float s, int64_t n);                 // a *= s
+// out[r, :] = bias for every row (the start of a biased matrix product).
+void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols);
+
+// --- reductions ---
+// acc[c] += sum_r x[r, c] (bias gradients), per column in row order.
+void col_sum_accumulate(float* acc, const float* x, int64_t rows, int64_t cols);
+// sum x^2 in double, over fixed chunks (same bits for any thread count).
+double sum_squares(const float* x, int64_t n);
+
+// --- softmax over each row, in place ---
+void softmax_rows(float* x, int64_t rows, int64_t cols);
+
+// --- LayerNorm over the last dimension C ---
+// inp, out: [rows, C]; weight, bias: [C]; mean, rstd: [rows] (kept for the backward).
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t rows, int64_t C, float eps);
+// dinp (= or += when accumulate) [rows, C]; dweight, dbias += [C].
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C,
+                        bool accumulate);
+
+// --- GELU: erf form (BERT) and tanh form (GPT-2) ---
+enum class Gelu { Erf, Tanh };
+void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind);
+// dinp = dout * gelu'(inp)
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, Gelu kind);
+
+// --- softmax cross-entropy, fused ---
+// logits [rows, V] become probabilities in place; loss[r] = -log p[r, label[r]] (labels >= 0).
+void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* labels, int64_t rows,
+                                   int64_t V);
+// probs [rows, V] become dlogits = (p - onehot(label)) * scale in place.
+void softmax_cross_entropy_backward(float* probs, const int32_t* labels, int64_t rows, int64_t V, float scale);
+
+}  // namespace pf

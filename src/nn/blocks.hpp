@@ -1,0 +1,117 @@
+#pragma once
+// The three kinds of block a model is made of: EmbeddingBlock, TransformerBlock (post-LN for
+// arch = bert, pre-LN for arch = gpt) and HeadBlock (BERT masked-LM or GPT causal-LM head).
+// Parameter names are Hugging Face's (BertForPreTraining, GPT2LMHeadModel).
+//
+// Memory: a BlockState holds one micro-batch's activations (what its backward needs), made once by
+// make_state. Backward's temporaries live in the block and are shared by all its states (a block
+// runs one backward at a time); make_state sizes them too. forward/backward allocate nothing.
+#include "config/config.hpp"
+#include "core/kernels.hpp"
+#include "nn/block.hpp"
+#include "nn/layers.hpp"
+#include "nn/linear.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+// What Model needs from its blocks beyond the Block interface.
+class ModelBlock : public Block {
+ public:
+  // Initialises every parameter from (seed, its name) only: independent of how the model is cut.
+  virtual void init(uint64_t seed) = 0;
+  // Dropout masks are drawn from (seed, site, step, micro-batch index).
+  void set_dropout_step(uint64_t seed, uint64_t step) {
+    dropout_seed_ = seed;
+    dropout_step_ = step;
+  }
+
+ protected:
+  CounterRng dropout_rng(uint64_t site_key, int micro_batch) const {
+    return {stream_key(stream_key(site_key, dropout_seed_), (dropout_step_ << 16) + static_cast<uint64_t>(micro_batch))};
+  }
+  uint64_t dropout_seed_ = 0, dropout_step_ = 0;
+};
+
+// Fills a parameter: N(0, std) drawn from stream_key(seed, name), in parallel and the same bits
+// for any thread count.
+void init_normal(Param& p, uint64_t seed, float std);
+
+class EmbeddingBlock : public ModelBlock {
+ public:
+  explicit EmbeddingBlock(const ModelConfig& cfg);
+  std::string name() const override { return "embedding"; }
+  std::vector<Param*> params() override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq) const override;
+  float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
+  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void init(uint64_t seed) override;
+  Param& word() { return wte_; }
+
+ private:
+  ModelConfig cfg_;
+  bool bert_;
+  Param wte_, wpe_, wtt_;   // wtt_ only for bert
+  std::unique_ptr<LayerNorm> ln_;  // bert only
+  uint64_t drop_key_;
+  mutable Tensor d_a_, d_b_;
+};
+
+class TransformerBlock : public ModelBlock {
+ public:
+  TransformerBlock(const ModelConfig& cfg, int layer);
+  std::string name() const override { return name_; }
+  std::vector<Param*> params() override;
+  std::vector<Linear*> linears() override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq) const override;
+  float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
+  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void init(uint64_t seed) override;
+
+ private:
+  float forward_bert(const MicroBatch& mb, float* out, BlockState& st);
+  float forward_gpt(const MicroBatch& mb, float* out, BlockState& st);
+  void backward_bert(const MicroBatch& mb, const float* dout, float* dx, BlockState& st);
+  void backward_gpt(const MicroBatch& mb, const float* dout, float* dx, BlockState& st);
+
+  ModelConfig cfg_;
+  int layer_;
+  bool bert_;
+  Gelu gelu_;
+  std::string name_;
+  // bert: q, k, v, attn_out, inter, out; gpt: c_attn, c_proj, c_fc, mlp_proj
+  std::vector<std::unique_ptr<Linear>> lin_;
+  std::unique_ptr<LayerNorm> ln1_, ln2_;  // bert: attention.output.LayerNorm, output.LayerNorm; gpt: ln_1, ln_2
+  uint64_t drop_attn_key_, drop_mlp_key_;
+  // Backward temporaries shared by all states (sized by make_state).
+  mutable Tensor d_a_, d_b_, d_c_, d_f_, d_qkv_, attn_scratch_;
+};
+
+class HeadBlock : public ModelBlock {
+ public:
+  // `tied_word`: the embedding's word matrix when it is in the same model, else null (the head
+  // then owns a mirror Param of the same name and initial value).
+  HeadBlock(const ModelConfig& cfg, Param* tied_word);
+  std::string name() const override { return "head"; }
+  std::vector<Param*> params() override;
+  std::vector<Linear*> linears() override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq) const override;
+  float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
+  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void init(uint64_t seed) override;
+  Param* mirror() { return mirror_.get(); }
+
+ private:
+  ModelConfig cfg_;
+  bool bert_;
+  std::unique_ptr<Param> mirror_;
+  std::unique_ptr<Linear> transform_;    // bert: cls.predictions.transform.dense
+  std::unique_ptr<LayerNorm> ln_;        // bert: transform.LayerNorm; gpt: transformer.ln_f
+  std::unique_ptr<Linear> decoder_;      // tied to the word embedding (+ cls.predictions.bias for bert)
+  mutable Tensor d_a_, d_b_;
+};
+
+}  // namespace pf

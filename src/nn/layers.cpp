@@ -1,0 +1,180 @@
+#include "nn/layers.hpp"
+
+#include "core/blas.hpp"
+#include "core/error.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pf {
+
+namespace {
+constexpr int64_t kParallelMin = 1 << 15;
+constexpr int64_t kColBlock = 64;
+}  // namespace
+
+LayerNorm::LayerNorm(const std::string& prefix, int64_t C, float eps_)
+    : weight(prefix + ".weight", Shape{C}, false), bias(prefix + ".bias", Shape{C}, false), eps(eps_) {}
+
+void LayerNorm::forward(float* out, float* mean, float* rstd, const float* inp, int64_t N) const {
+  layernorm_forward(out, mean, rstd, inp, weight.value.data(), bias.value.data(), N, weight.value.numel(), eps);
+}
+
+void LayerNorm::backward(float* dinp, const float* dout, const float* inp, const float* mean, const float* rstd,
+                         int64_t N, bool accumulate) {
+  layernorm_backward(dinp, weight.grad.data(), bias.grad.data(), dout, inp, weight.value.data(), mean, rstd, N,
+                     weight.value.numel(), accumulate);
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const int32_t* types, const float* wte,
+                       const float* wpe, const float* wtt, int64_t N, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* w = wte + static_cast<int64_t>(tokens[n]) * C;
+    const float* p = wpe + (n % T) * C;
+    float* o = out + n * C;
+    if (wtt) {
+      const float* t = wtt + (types ? static_cast<int64_t>(types[n]) : 0) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c] + t[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+    }
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout, const int32_t* tokens,
+                        const int32_t* types, int64_t N, int64_t T, int64_t C) {
+  // Threads own column blocks and walk the tokens in order: scatter-adds never race.
+  int64_t blocks = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, w = std::min(kColBlock, C - c0);
+    for (int64_t n = 0; n < N; ++n) {
+      const float* d = dout + n * C + c0;
+      float* gw = dwte + static_cast<int64_t>(tokens[n]) * C + c0;
+      float* gp = dwpe + (n % T) * C + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) {
+        gw[c] += d[c];
+        gp[c] += d[c];
+      }
+      if (dwtt) {
+        float* gt = dwtt + (types ? static_cast<int64_t>(types[n]) : 0) * C + c0;
+#pragma omp simd
+        for (int64_t c = 0; c < w; ++c) gt[c] += d[c];
+      }
+    }
+  }
+}
+
+// Softmax of one attention row over the keys it may see (j < n, and key_mask[j] when given);
+// the others get exactly 0.
+static inline void masked_softmax_row(float* s, int64_t T, int64_t n, const uint8_t* key_mask) {
+  float m = -INFINITY;
+  if (key_mask) {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, key_mask[j] ? s[j] : -INFINITY);
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  }
+  if (m == -INFINITY) {  // no visible key (an all-padding sequence): attend to nothing
+    std::fill(s, s + T, 0.0f);
+    return;
+  }
+  float sum = 0;
+  if (key_mask) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = key_mask[j] ? fast_exp(s[j] - m) : 0.0f;
+      sum += s[j];
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = fast_exp(s[j] - m);
+      sum += s[j];
+    }
+  }
+  float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  for (int64_t j = n; j < T; ++j) s[j] = 0.0f;
+}
+
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t ld,
+                       int64_t B, int64_t T, int64_t H, int64_t D, bool causal, const uint8_t* key_mask) {
+  // per (b, h): P = softmax(Q K^T / sqrt(D) + mask) (T, T); out_h = P V (T, D)
+  const int64_t C = H * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  BlasSingleThread one;  // many small products: parallel over (b, h) instead
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    int64_t b = bh / H, h = bh % H;
+    const float* qb = q + b * T * ld + h * D;
+    const float* kb = k + b * T * ld + h * D;
+    const float* vb = v + b * T * ld + h * D;
+    float* p = probs + bh * T * T;
+    gemm(false, true, T, T, D, scale, qb, ld, kb, ld, 0.0f, p, T);
+    const uint8_t* km = key_mask ? key_mask + b * T : nullptr;
+    for (int64_t i = 0; i < T; ++i) masked_softmax_row(p + i * T, T, causal ? i + 1 : T, km);
+    gemm(false, false, T, D, T, 1.0f, p, T, vb, ld, 0.0f, out + b * T * C + h * D, C);
+  }
+}
+
+int64_t attention_scratch_floats(int64_t T, int threads) { return T * T * threads; }
+
+void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scratch, int64_t scratch_floats,
+                        const float* dout, const float* probs, const float* q, const float* k, const float* v,
+                        int64_t ld, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int64_t C = H * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  PF_CHECK(attention_scratch_floats(T, omp_get_max_threads()) <= scratch_floats,
+           "attention scratch for {} threads", omp_get_max_threads());
+  BlasSingleThread one;
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    int64_t b = bh / H, h = bh % H;
+    int64_t off = b * T * ld + h * D, goff = b * T * ldg + h * D;
+    const float* p = probs + bh * T * T;
+    const float* dob = dout + b * T * C + h * D;
+    float* dp = scratch + omp_get_thread_num() * T * T;
+    // dP = dO V^T; dV = P^T dO
+    gemm(false, true, T, T, D, 1.0f, dob, C, v + off, ld, 0.0f, dp, T);
+    gemm(true, false, T, D, T, 1.0f, p, T, dob, C, 0.0f, dv + goff, ldg);
+    // softmax backward: dS = P * (dP - rowsum(P * dP)), with the 1/sqrt(D) of the scores folded in
+    for (int64_t i = 0; i < T; ++i) {
+      const float* pr = p + i * T;
+      float* dr = dp + i * T;
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < T; ++j) s += pr[j] * dr[j];
+#pragma omp simd
+      for (int64_t j = 0; j < T; ++j) dr[j] = pr[j] * (dr[j] - s) * scale;
+    }
+    // dQ = dS K; dK = dS^T Q
+    gemm(false, false, T, D, T, 1.0f, dp, T, k + off, ld, 0.0f, dq + goff, ldg);
+    gemm(true, false, T, D, T, 1.0f, dp, T, q + off, ld, 0.0f, dk + goff, ldg);
+  }
+}
+
+void dropout_forward(float* x, uint8_t* keep, int64_t n, float p, const CounterRng& rng) {
+  const float s = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    keep[i] = rng.uniform(static_cast<uint64_t>(i)) >= p;
+    x[i] = keep[i] ? x[i] * s : 0.0f;
+  }
+}
+
+void dropout_backward(float* dx, const uint8_t* keep, int64_t n, float p) {
+  const float s = 1.0f / (1.0f - p);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dx[i] * s : 0.0f;
+}
+
+}  // namespace pf

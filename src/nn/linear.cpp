@@ -1,0 +1,48 @@
+#include "nn/linear.hpp"
+
+#include "core/blas.hpp"
+#include "core/kernels.hpp"
+
+namespace pf {
+
+Linear::Linear(std::string weight_name, std::string bias_name, int64_t in, int64_t out, bool hf_transposed)
+    : in_(in), out_(out) {
+  own_weight_ = std::make_unique<Param>(std::move(weight_name), Shape{out, in});
+  own_weight_->hf_transposed = hf_transposed;
+  weight_ = own_weight_.get();
+  if (!bias_name.empty()) {
+    own_bias_ = std::make_unique<Param>(std::move(bias_name), Shape{out}, /*decay=*/false);
+    bias_ = own_bias_.get();
+  }
+}
+
+Linear::Linear(Param* shared_weight, std::string bias_name)
+    : in_(shared_weight->value.dim(1)), out_(shared_weight->value.dim(0)), weight_(shared_weight) {
+  if (!bias_name.empty()) {
+    own_bias_ = std::make_unique<Param>(std::move(bias_name), Shape{out_}, /*decay=*/false);
+    bias_ = own_bias_.get();
+  }
+}
+
+void Linear::forward(int micro_batch, const float* x, int64_t rows, float* y) const {
+  // x is (rows, in), W is (out, in), y will be (rows, out)
+  if (tap_) tap_->on_input(*this, micro_batch, x, rows, in_);
+  float beta = 0.0f;
+  if (bias_) {
+    broadcast_rows(y, bias_->value.data(), rows, out_);
+    beta = 1.0f;
+  }
+  gemm(false, true, rows, out_, in_, 1.0f, x, in_, weight_->value.data(), in_, beta, y, out_);
+}
+
+void Linear::backward(int micro_batch, const float* dy, const float* x, int64_t rows, float* dx,
+                      bool accumulate_dx) {
+  // dy is (rows, out), x is (rows, in); dW (out, in) += dy^T x; db (out) += sum_rows dy; dx = dy W
+  if (tap_) tap_->on_grad_output(*this, micro_batch, dy, rows, out_);
+  gemm(true, false, out_, in_, rows, 1.0f, dy, out_, x, in_, 1.0f, weight_->grad.data(), in_);
+  if (bias_) col_sum_accumulate(bias_->grad.data(), dy, rows, out_);
+  if (dx) gemm(false, false, rows, in_, out_, 1.0f, dy, out_, weight_->value.data(), in_,
+               accumulate_dx ? 1.0f : 0.0f, dx, in_);
+}
+
+}  // namespace pf

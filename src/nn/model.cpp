@@ -1,0 +1,97 @@
+#include "nn/model.hpp"
+
+#include "core/error.hpp"
+
+namespace pf {
+
+int num_blocks(const ModelConfig& cfg) { return cfg.layers + 2; }
+
+Model::Model(const ModelConfig& cfg, int first_block, int last_block) : cfg_(cfg), first_(first_block), last_(last_block) {
+  PF_CHECK(cfg.arch == "bert" || cfg.arch == "gpt", "arch {}", cfg.arch);
+  PF_CHECK(0 <= first_ && first_ <= last_ && last_ < num_blocks(cfg), "block range {}..{} of {}", first_, last_,
+           num_blocks(cfg));
+  EmbeddingBlock* emb = nullptr;
+  for (int b = first_; b <= last_; ++b) {
+    if (b == 0) {
+      auto e = std::make_unique<EmbeddingBlock>(cfg);
+      emb = e.get();
+      blocks_.push_back(std::move(e));
+    } else if (b == num_blocks(cfg) - 1) {
+      blocks_.push_back(std::make_unique<HeadBlock>(cfg, emb ? &emb->word() : nullptr));
+    } else {
+      blocks_.push_back(std::make_unique<TransformerBlock>(cfg, b - 1));
+    }
+  }
+}
+
+std::vector<Param*> Model::params() {
+  std::vector<Param*> ps;
+  for (auto& b : blocks_)
+    for (Param* p : b->params()) ps.push_back(p);
+  return ps;
+}
+
+std::vector<Linear*> Model::linears() {
+  std::vector<Linear*> ls;
+  for (auto& b : blocks_)
+    for (Linear* l : b->linears()) ls.push_back(l);
+  return ls;
+}
+
+Param* Model::find_param(const std::string& name) {
+  for (Param* p : params())
+    if (p->name == name) return p;
+  return nullptr;
+}
+
+void Model::init(uint64_t seed) {
+  for (auto& b : blocks_) b->init(seed);
+  zero_grad();
+}
+
+void Model::zero_grad() {
+  for (Param* p : params()) p->grad.zero();
+}
+
+void Model::set_dropout_step(uint64_t seed, uint64_t step) {
+  for (auto& b : blocks_) b->set_dropout_step(seed, step);
+}
+
+ModelState Model::make_state(int max_rows, int seq) const {
+  PF_CHECK(max_rows > 0 && seq > 0, "state for {} x {}", max_rows, seq);
+  ModelState st;
+  const int64_t C = cfg_.hidden;
+  for (size_t j = 0; j < blocks_.size(); ++j) {
+    st.blocks.push_back(blocks_[j]->make_state(max_rows, seq));
+    if (j + 1 < blocks_.size()) st.acts.emplace_back(Shape{max_rows, seq, C});
+  }
+  st.grad_a = Tensor({max_rows, seq, C});
+  st.grad_b = Tensor({max_rows, seq, C});
+  return st;
+}
+
+float Model::forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, ModelState& st) {
+  float loss = 0.0f;
+  const Tensor* x = &x_in;
+  for (size_t j = 0; j < blocks_.size(); ++j) {
+    Tensor& out = j + 1 < blocks_.size() ? st.acts[j] : x_out;
+    loss += blocks_[j]->forward(mb, *x, out, *st.blocks[j]);
+    x = &out;
+  }
+  return loss;
+}
+
+void Model::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st) {
+  const Tensor* d = &dx_out;
+  for (size_t j = blocks_.size(); j-- > 0;) {
+    Tensor& din = j == 0 ? dx_in : ((blocks_.size() - j) % 2 ? st.grad_a : st.grad_b);
+    blocks_[j]->backward(mb, *d, din, *st.blocks[j]);
+    d = &din;
+  }
+}
+
+std::unique_ptr<Model> build_model(const ModelConfig& cfg, int first_block, int last_block) {
+  return std::make_unique<Model>(cfg, first_block, last_block);
+}
+
+}  // namespace pf

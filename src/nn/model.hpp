@@ -1,0 +1,69 @@
+#pragma once
+// A model is the sequence of blocks [embedding, block_0 .. block_{L-1}, head], numbered
+// 0 .. L+1; a pipeline stage builds a contiguous range of them. One ModelState per micro-batch in
+// flight holds the block states and the activations between the range's blocks.
+//
+//   auto m = build_model(cfg, 0, num_blocks(cfg) - 1);   // the whole model
+//   m->init(seed);
+//   ModelState st = m->make_state(rows, seq);
+//   float loss = m->forward(mb, x_in, x_out, st);       // x_in/x_out unused at the ends
+//   m->backward(mb, dx_out, dx_in, st);                 // accumulates into Param::grad
+//
+// Tied word embedding: if the range holds both ends, the head's decoder uses the embedding's Param;
+// if it holds the head only, the head owns a mirror (Param::mirror) with the same name and initial
+// values, which the runtime keeps in sync with the owner.
+#include "config/config.hpp"
+#include "nn/blocks.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace pf {
+
+int num_blocks(const ModelConfig& cfg);  // layers + 2
+
+struct ModelState {
+  std::vector<std::unique_ptr<BlockState>> blocks;
+  std::vector<Tensor> acts;  // acts[j]: output of the range's j-th block (all but the last)
+  Tensor grad_a, grad_b;     // ping-pong gradients between blocks in backward
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& cfg, int first_block, int last_block);
+
+  const ModelConfig& config() const { return cfg_; }
+  int first_block() const { return first_; }
+  int last_block() const { return last_; }
+  bool has_embedding() const { return first_ == 0; }
+  bool has_head() const { return last_ == num_blocks(cfg_) - 1; }
+  const std::vector<std::unique_ptr<ModelBlock>>& blocks() const { return blocks_; }
+
+  // Every Param of the range, tied ones once (a mirror appears, flagged).
+  std::vector<Param*> params();
+  std::vector<Linear*> linears();
+  Param* find_param(const std::string& name);
+
+  void init(uint64_t seed);
+  void zero_grad();
+  // Dropout (when cfg.dropout > 0) draws from (seed, step, micro-batch index).
+  void set_dropout_step(uint64_t seed, uint64_t step);
+
+  ModelState make_state(int max_rows, int seq) const;
+  // x_in: (rows, seq, hidden) unless the range starts at the embedding; x_out: the same unless it
+  // ends at the head. Returns the head's loss (0 without the head).
+  float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, ModelState& st);
+  // dx_out: gradient of x_out (ignored with the head); writes dx_in unless the range starts at the
+  // embedding.
+  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st);
+
+ private:
+  ModelConfig cfg_;
+  int first_, last_;
+  std::vector<std::unique_ptr<ModelBlock>> blocks_;
+};
+
+// Builds blocks first_block..last_block (inclusive) of the model described by cfg.
+std::unique_ptr<Model> build_model(const ModelConfig& cfg, int first_block, int last_block);
+
+}  // namespace pf
