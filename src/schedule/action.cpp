@@ -1,0 +1,73 @@
+#include "schedule/action.hpp"
+
+#include "core/error.hpp"
+
+#include <array>
+#include <regex>
+
+namespace pf {
+
+namespace {
+constexpr std::array<std::string_view, kNumKinds> kNames = {
+    "F",   "B",      "I",      "W",         "SEND_F", "RECV_F", "SEND_B", "RECV_B",
+    "ALLREDUCE", "OPT", "CURV_A", "CURV_B", "SYNC_CURV", "INV_A", "INV_B", "PREC"};
+}
+
+std::string_view kind_name(Kind k) { return kNames[static_cast<int>(k)]; }
+
+std::optional<Kind> kind_from_name(std::string_view name) {
+  for (int i = 0; i < kNumKinds; ++i)
+    if (kNames[i] == name) return static_cast<Kind>(i);
+  return std::nullopt;
+}
+
+bool has_micro_batch(Kind k) {
+  switch (k) {
+    case Kind::F: case Kind::B: case Kind::I: case Kind::W:
+    case Kind::SEND_F: case Kind::RECV_F: case Kind::SEND_B: case Kind::RECV_B:
+    case Kind::CURV_A: case Kind::CURV_B:
+      return true;
+    default:
+      return false;
+  }
+}
+bool is_p2p(Kind k) {
+  return k == Kind::SEND_F || k == Kind::RECV_F || k == Kind::SEND_B || k == Kind::RECV_B;
+}
+bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV; }
+bool is_compute(Kind k) { return !is_p2p(k) && !is_collective(k); }
+bool is_kfac(Kind k) {
+  return k == Kind::CURV_A || k == Kind::CURV_B || k == Kind::SYNC_CURV || k == Kind::INV_A ||
+         k == Kind::INV_B || k == Kind::PREC;
+}
+
+std::string to_token(const Action& a) {
+  std::string s = std::to_string(a.stage);
+  s += kind_name(a.kind);
+  if (has_micro_batch(a.kind)) s += std::to_string(a.micro_batch);
+  if (a.pipeline != 0) s += "p" + std::to_string(a.pipeline);
+  if (a.layer >= 0) s += "l" + std::to_string(a.layer);
+  return s;
+}
+
+Action parse_token(std::string_view token, const std::string& where) {
+  static const std::regex re(R"(^(\d+)([A-Z_]+)(\d+)?(?:p(\d+))?(?:l(\d+))?$)");
+  std::match_results<std::string_view::const_iterator> m;
+  if (!std::regex_match(token.begin(), token.end(), m, re))
+    usage_error(where, "malformed action '{}' (expected e.g. 3F1, 0B5p1, 2CURV_A1l4, 2INV_Al4)",
+                token);
+  Action a;
+  a.stage = std::stoi(m[1].str());
+  auto kind = kind_from_name(m[2].str());
+  if (!kind) usage_error(where, "unknown action kind '{}' in '{}'", m[2].str(), token);
+  a.kind = *kind;
+  if (has_micro_batch(a.kind) != m[3].matched)
+    usage_error(where, "action '{}': kind {} {} a micro-batch number", token, m[2].str(),
+                has_micro_batch(a.kind) ? "needs" : "takes no");
+  if (m[3].matched) a.micro_batch = std::stoi(m[3].str());
+  if (m[4].matched) a.pipeline = std::stoi(m[4].str());
+  if (m[5].matched) a.layer = std::stoi(m[5].str());
+  return a;
+}
+
+}  // namespace pf

@@ -1,0 +1,185 @@
+#include "schedule/generators.hpp"
+
+#include "core/error.hpp"
+#include "schedule/list_scheduler.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace pf {
+
+namespace {
+
+void check_sizes(int D, int N) {
+  if (D < 1) usage_error("--stages", "must be >= 1 (got {})", D);
+  if (N < 1) usage_error("--micro-batches", "must be >= 1 (got {})", N);
+}
+
+Schedule empty(const std::string& name, int D, int stages, int pipelines, int N) {
+  Schedule s;
+  s.name = name;
+  s.devices = D;
+  s.stages = stages;
+  s.pipelines = pipelines;
+  s.micro_batches = N;
+  s.stage_device = default_stage_device(D, stages, pipelines);
+  s.per_device.assign(D, {});
+  return s;
+}
+
+}  // namespace
+
+Schedule make_naive(int D, int N) {
+  check_sizes(D, N);
+  Schedule s = empty("naive", D, D, 1, N);
+  for (int m = 0; m < N; ++m)
+    for (int d = 0; d < D; ++d) {
+      s.per_device[d].push_back(act(Kind::F, d, m));
+      s.per_device[d].push_back(act(Kind::B, d, m));
+    }
+  return s;
+}
+
+Schedule make_gpipe(int D, int N) {
+  check_sizes(D, N);
+  Schedule s = empty("gpipe", D, D, 1, N);
+  for (int d = 0; d < D; ++d) {
+    for (int m = 0; m < N; ++m) s.per_device[d].push_back(act(Kind::F, d, m));
+    for (int m = 0; m < N; ++m) s.per_device[d].push_back(act(Kind::B, d, m));
+  }
+  return s;
+}
+
+Schedule make_1f1b(int D, int N) {
+  check_sizes(D, N);
+  Schedule s = empty("1f1b", D, D, 1, N);
+  for (int d = 0; d < D; ++d) {
+    auto& o = s.per_device[d];
+    const int warmup = std::min(D - d - 1, N);
+    // Run warm-up forward passes.
+    for (int m = 0; m < warmup; ++m) o.push_back(act(Kind::F, d, m));
+    // Run 1F1B in steady state.
+    for (int i = 0; i < N - warmup; ++i) {
+      o.push_back(act(Kind::F, d, warmup + i));
+      o.push_back(act(Kind::B, d, i));
+    }
+    // Run cool-down backward passes.
+    for (int m = N - warmup; m < N; ++m) o.push_back(act(Kind::B, d, m));
+  }
+  return s;
+}
+
+Schedule make_interleaved(int D, int N, int V) {
+  check_sizes(D, N);
+  if (V < 1) usage_error("--virtual-stages", "must be >= 1 (got {})", V);
+  if (N % D != 0)
+    usage_error("--micro-batches",
+                "interleaved 1F1B needs a multiple of --stages ({}), got {}: micro-batches enter in "
+                "groups of D per model chunk, and a partial group would introduce dependency bubbles",
+                D, N);
+  Schedule s = empty("interleaved", D, D * V, 1, N);
+  // Megatron: virtual micro-batch k runs model chunk (k mod DV) / D on micro-batch
+  // (k / DV) * D + k mod D; backwards visit the chunks in reverse.
+  const int total = N * V;
+  auto mb = [&](int k) { return (k / (D * V)) * D + k % D; };
+  auto chunk = [&](int k, bool forward) {
+    int c = (k % (D * V)) / D;
+    return forward ? c : V - 1 - c;
+  };
+  for (int d = 0; d < D; ++d) {
+    auto& o = s.per_device[d];
+    auto fwd = [&](int k) { o.push_back(act(Kind::F, chunk(k, true) * D + d, mb(k))); };
+    auto bwd = [&](int k) { o.push_back(act(Kind::B, chunk(k, false) * D + d, mb(k))); };
+    const int warmup = std::min((D - d - 1) * 2 + (V - 1) * D, total);
+    for (int k = 0; k < warmup; ++k) fwd(k);                  // warm-up
+    for (int i = 0; i < total - warmup; ++i) fwd(warmup + i), bwd(i);  // steady state
+    for (int k = total - warmup; k < total; ++k) bwd(k);      // cool-down
+  }
+  return s;
+}
+
+Schedule make_chimera(int D, int N) {
+  check_sizes(D, N);
+  if (D % 2 != 0)
+    usage_error("--stages", "chimera needs an even number of stages (got {}): each device pairs "
+                "stage i of the down pipeline with stage D-1-i of the up pipeline", D);
+  if (N % D != 0)
+    usage_error("--micro-batches", "chimera needs a multiple of --stages ({}), got {}: each basic "
+                "unit carries D micro-batches, D/2 per pipeline", D, N);
+  Schedule s = empty("chimera", D, D, 2, N);
+  // Basic unit u carries micro-batches uD..uD+D-1: the first half down (pipeline 0), the second
+  // half up (pipeline 1). Order by a list scheduler with T_b = 2 T_f that prefers the earlier
+  // unit, then the later stage, then the backward, then the lower micro-batch: for N = D this
+  // reproduces the paper's closed form D*T_f + (2D-2)*T_b.
+  std::vector<ListTask> tasks;
+  std::map<std::tuple<int, int, int>, int> id;  // (kind, stage, mb) -> task
+  for (int m = 0; m < N; ++m) {
+    const int unit = m / D, p = (m % D) < D / 2 ? 0 : 1;
+    for (int st = 0; st < D; ++st) {
+      for (Kind k : {Kind::F, Kind::B}) {
+        ListTask t;
+        t.action = act(k, st, m, p);
+        t.device = s.device_of(p, st);
+        t.duration = k == Kind::F ? 1 : 2;
+        t.priority = {unit, -st, k == Kind::B ? 0 : 1, m};
+        id[{static_cast<int>(k), st, m}] = static_cast<int>(tasks.size());
+        tasks.push_back(t);
+      }
+    }
+  }
+  for (auto& t : tasks) {
+    const int st = t.action.stage, m = t.action.micro_batch;
+    if (t.action.kind == Kind::F) {
+      if (st > 0) t.preds.push_back(id[{static_cast<int>(Kind::F), st - 1, m}]);
+    } else {
+      t.preds.push_back(id[{static_cast<int>(Kind::F), st, m}]);
+      if (st + 1 < D) t.preds.push_back(id[{static_cast<int>(Kind::B), st + 1, m}]);
+    }
+  }
+  s.per_device = list_schedule(tasks, D);
+  return s;
+}
+
+Schedule make_zb_h1(int D, int N) {
+  check_sizes(D, N);
+  Schedule s = empty("zb-h1", D, D, 1, N);
+  // List scheduler with T_f = T_i = T_w: input gradients first (critical path), then forwards,
+  // then weight gradients, which thereby fill what would be bubbles. Stage s holds at most D-s
+  // micro-batches between F and I, 1F1B's bound, so activation memory matches 1F1B.
+  std::vector<ListTask> tasks;
+  auto idx = [&](int st, int m, int k) { return (st * N + m) * 3 + k; };
+  for (int st = 0; st < D; ++st)
+    for (int m = 0; m < N; ++m) {
+      ListTask f{act(Kind::F, st, m), st, 1, {}, {1, m, 0, 0}, +1};
+      ListTask i{act(Kind::I, st, m), st, 1, {}, {0, m, 0, 0}, -1};
+      ListTask w{act(Kind::W, st, m), st, 1, {}, {2, m, 0, 0}, 0};
+      if (st > 0) f.preds.push_back(idx(st - 1, m, 0));
+      i.preds.push_back(idx(st, m, 0));
+      if (st + 1 < D) i.preds.push_back(idx(st + 1, m, 1));
+      w.preds.push_back(idx(st, m, 1));
+      tasks.push_back(f);
+      tasks.push_back(i);
+      tasks.push_back(w);
+    }
+  std::vector<int> cap(D);
+  for (int d = 0; d < D; ++d) cap[d] = D - d;
+  s.per_device = list_schedule(tasks, D, cap);
+  return s;
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1"};
+  return names;
+}
+
+Schedule make_schedule(const std::string& name, int D, int N, int V) {
+  if (name == "naive") return make_naive(D, N);
+  if (name == "gpipe") return make_gpipe(D, N);
+  if (name == "1f1b") return make_1f1b(D, N);
+  if (name == "interleaved") return make_interleaved(D, N, V);
+  if (name == "chimera") return make_chimera(D, N);
+  if (name == "zb-h1") return make_zb_h1(D, N);
+  usage_error("--schedule", "unknown schedule '{}' (expected one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1)", name);
+}
+
+}  // namespace pf

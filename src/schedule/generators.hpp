@@ -1,0 +1,28 @@
+#pragma once
+// Schedule generators: compute-only schedules (F/B, or I/W for zero-bubble). D = devices,
+// N = micro-batches per step. Undefined combinations throw UsageError naming the flag.
+//   naive        no micro-batching: micro-batches run one after another through all stages
+//   gpipe        all forwards, then all backwards (flush)
+//   1f1b         PipeDream-flush: warm-up forwards, one-forward-one-backward, cool-down
+//   interleaved  Megatron's interleaved 1F1B with V model chunks per device (N multiple of D)
+//   chimera      two bidirectional pipelines (D even, N multiple of D)
+//   zb-h1        zero-bubble H1: split backward I + W, W fills the bubbles, 1F1B memory
+#include "schedule/schedule.hpp"
+
+#include <string>
+#include <vector>
+
+namespace pf {
+
+Schedule make_naive(int D, int N);
+Schedule make_gpipe(int D, int N);
+Schedule make_1f1b(int D, int N);
+Schedule make_interleaved(int D, int N, int V);
+Schedule make_chimera(int D, int N);
+Schedule make_zb_h1(int D, int N);
+
+// By name (schedule_names()); V is used by interleaved only.
+Schedule make_schedule(const std::string& name, int D, int N, int V = 2);
+const std::vector<std::string>& schedule_names();
+
+}  // namespace pf

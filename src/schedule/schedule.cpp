@@ -1,0 +1,169 @@
+#include "schedule/schedule.hpp"
+
+#include "core/error.hpp"
+#include "schedule/deps.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace pf {
+
+size_t Schedule::num_actions() const {
+  size_t n = 0;
+  for (const auto& v : per_device) n += v.size();
+  return n;
+}
+
+std::vector<std::vector<int>> default_stage_device(int devices, int stages, int pipelines) {
+  std::vector<std::vector<int>> map(pipelines, std::vector<int>(stages));
+  for (int p = 0; p < pipelines; ++p)
+    for (int s = 0; s < stages; ++s) map[p][s] = p == 1 ? devices - 1 - s % devices : s % devices;
+  return map;
+}
+
+namespace {
+
+std::string header(const Schedule& s) {
+  std::string h = fmt::format("# pipefisher schedule name={} devices={} stages={} pipelines={} micro_batches={}\n",
+                              s.name.empty() ? "file" : s.name, s.devices, s.stages, s.pipelines,
+                              s.micro_batches);
+  for (int p = 0; p < s.pipelines; ++p) h += fmt::format("# map p{}: {}\n", p, fmt::join(s.stage_device[p], " "));
+  return h;
+}
+
+// Parses the '#' header lines shared by both forms; returns false for a non-header line.
+bool parse_header_line(const std::string& line, Schedule& s, const std::string& where) {
+  static const std::regex head(
+      R"(^#\s*pipefisher schedule\s+name=(\S+)\s+devices=(\d+)\s+stages=(\d+)\s+pipelines=(\d+)\s+micro_batches=(\d+)\s*$)");
+  static const std::regex map(R"(^#\s*map p(\d+):((?:\s+\d+)*)\s*$)");
+  std::smatch m;
+  if (line.empty() || line[0] != '#') return false;
+  if (std::regex_match(line, m, head)) {
+    s.name = m[1];
+    s.devices = std::stoi(m[2]);
+    s.stages = std::stoi(m[3]);
+    s.pipelines = std::stoi(m[4]);
+    s.micro_batches = std::stoi(m[5]);
+    if (s.devices < 1 || s.stages < 1 || s.pipelines < 1 || s.pipelines > 2 || s.micro_batches < 1)
+      usage_error(where, "header needs devices, stages, micro_batches >= 1 and pipelines 1 or 2");
+    s.stage_device = default_stage_device(s.devices, s.stages, s.pipelines);
+    s.per_device.assign(s.devices, {});
+  } else if (std::regex_match(line, m, map)) {
+    int p = std::stoi(m[1]);
+    if (s.devices == 0) usage_error(where, "'# map' line before the '# pipefisher schedule' header");
+    if (p >= s.pipelines) usage_error(where, "map for pipeline {} but pipelines={}", p, s.pipelines);
+    std::istringstream in(m[2].str());
+    std::vector<int> devs;
+    for (int d; in >> d;) {
+      if (d >= s.devices) usage_error(where, "map: device {} out of range (devices={})", d, s.devices);
+      devs.push_back(d);
+    }
+    if (static_cast<int>(devs.size()) != s.stages)
+      usage_error(where, "map p{} lists {} devices, expected one per stage ({})", p, devs.size(), s.stages);
+    s.stage_device[p] = devs;
+  }
+  return true;  // other '#' lines are comments
+}
+
+void check_header_seen(const Schedule& s, const std::string& source) {
+  if (s.devices == 0)
+    usage_error(source, "missing header line '# pipefisher schedule name=.. devices=.. stages=.. pipelines=.. micro_batches=..'");
+}
+
+int parse_device(const std::string& cell, const Schedule& s, const std::string& where) {
+  static const std::regex num(R"(^\s*(\d+)\s*$)");
+  std::smatch m;
+  if (!std::regex_match(cell, m, num)) usage_error(where, "expected a device index, got '{}'", cell);
+  int d = std::stoi(m[1]);
+  if (d >= s.devices) usage_error(where, "device {} out of range (devices={})", d, s.devices);
+  return d;
+}
+
+}  // namespace
+
+std::string to_text(const Schedule& s) {
+  std::string out = header(s);
+  for (int d = 0; d < s.devices; ++d) {
+    out += std::to_string(d) + ":";
+    for (const Action& a : s.per_device[d]) out += " " + to_token(a);
+    out += "\n";
+  }
+  return out;
+}
+
+Schedule parse_text(const std::string& text, const std::string& source) {
+  Schedule s;
+  std::istringstream in(text);
+  std::string line;
+  for (int ln = 1; std::getline(in, line); ++ln) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::string where = fmt::format("{}:{}", source, ln);
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (parse_header_line(line, s, where)) continue;
+    check_header_seen(s, source);
+    auto colon = line.find(':');
+    if (colon == std::string::npos) usage_error(where, "expected '<device>: <actions...>'");
+    int d = parse_device(line.substr(0, colon), s, where);
+    std::istringstream toks(line.substr(colon + 1));
+    for (std::string t; toks >> t;) s.per_device[d].push_back(parse_token(t, where));
+  }
+  check_header_seen(s, source);
+  return s;
+}
+
+std::string to_csv(const Schedule& s) {
+  // Align actions to their unit-time step so columns read as time; a schedule that deadlocks
+  // (only possible for hand-written ones) falls back to packed rows.
+  UnitSteps st = unit_steps(s, build_dependencies(s));
+  std::string out = header(s);
+  for (int d = 0; d < s.devices; ++d) {
+    out += std::to_string(d);
+    int col = 0;
+    for (size_t i = 0; i < s.per_device[d].size(); ++i) {
+      int target = st.complete ? st.step[d][i] : static_cast<int>(i);
+      for (; col < target; ++col) out += ",";
+      out += "," + to_token(s.per_device[d][i]);
+      ++col;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+Schedule parse_csv(const std::string& text, const std::string& source) {
+  Schedule s;
+  std::istringstream in(text);
+  std::string line;
+  for (int ln = 1; std::getline(in, line); ++ln) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::string where = fmt::format("{}:{}", source, ln);
+    if (line.find_first_not_of(" \t,") == std::string::npos) continue;
+    if (parse_header_line(line, s, where)) continue;
+    check_header_seen(s, source);
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
+    int d = parse_device(cells[0], s, where);
+    for (size_t c = 1; c < cells.size(); ++c) {
+      auto b = cells[c].find_first_not_of(" \t"), e = cells[c].find_last_not_of(" \t");
+      if (b == std::string::npos) continue;  // idle step
+      s.per_device[d].push_back(parse_token(cells[c].substr(b, e - b + 1), fmt::format("{}:{}", where, c + 1)));
+    }
+  }
+  check_header_seen(s, source);
+  return s;
+}
+
+Schedule read_schedule_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) usage_error("--schedule-file", "cannot open '{}'", path);
+  std::stringstream buf;
+  buf << f.rdbuf();
+  bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+  return csv ? parse_csv(buf.str(), path) : parse_text(buf.str(), path);
+}
+
+}  // namespace pf
