@@ -1,0 +1,34 @@
+#include "optim/chunked.hpp"
+#include "optim/optimizer.hpp"
+
+#include <cmath>
+
+namespace pf {
+
+void AdamW::update(Slot& slot, double lr, int64_t t, float grad_scale) {
+  Param& p = *slot.param;
+  float* w = p.value.data();
+  const float* g = p.grad.data();
+  float* m = slot.state[0].data();
+  float* v = slot.state[1].data();
+  // 1 - beta in double: 1.0f - 0.999f is 1.3e-5 away from 0.001.
+  const float b1 = static_cast<float>(beta1_), c1 = static_cast<float>(1.0 - beta1_);
+  const float b2 = static_cast<float>(beta2_), c2 = static_cast<float>(1.0 - beta2_);
+  const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(t));
+  // Decoupled decay first, then the Adam step (PyTorch's order).
+  const float shrink = p.decay ? static_cast<float>(1.0 - lr * weight_decay_) : 1.0f;
+  const float step = static_cast<float>(lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float eps = static_cast<float>(eps_);
+  optim_detail::for_chunks(p.value.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float gi = g[i] * grad_scale;
+      m[i] = b1 * m[i] + c1 * gi;
+      v[i] = b2 * v[i] + c2 * gi * gi;
+      w[i] = w[i] * shrink - step * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    }
+  });
+}
+
+}  // namespace pf

@@ -1,0 +1,78 @@
+#include "optim/optimizer.hpp"
+
+#include "optim/chunked.hpp"
+
+#include <cmath>
+
+namespace pf {
+
+using namespace optim_detail;
+
+void Optimizer::init(std::span<Param* const> params) {
+  PF_CHECK(slots_.empty(), "{} optimizer initialised twice", name());
+  const auto names = state_names();
+  slots_.reserve(params.size());
+  for (Param* p : params) {
+    PF_CHECK(p->grad.shape() == p->value.shape(), "'{}': grad {} vs value {}", p->name,
+             shape_str(p->grad.shape()), shape_str(p->value.shape()));
+    Slot s;
+    s.param = p;
+    for (size_t k = 0; k < names.size(); ++k) s.state.emplace_back(p->value.shape());
+    s.partial.assign(static_cast<size_t>(2 * num_chunks(p->value.numel())), 0.0);
+    slots_.push_back(std::move(s));
+  }
+}
+
+double Optimizer::grad_sq_norm(std::span<Param* const> params) {
+  if (slots_.empty()) init(params);
+  PF_CHECK(params.size() == slots_.size(), "step with {} params, initialised with {}", params.size(),
+           slots_.size());
+  double total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    PF_CHECK(params[i] == slots_[i].param, "param {} ('{}') is not the one given to init()", i, params[i]->name);
+    if (params[i]->mirror) continue;
+    const float* g = params[i]->grad.data();
+    total += chunked_sums<1>(params[i]->grad.numel(), slots_[i].partial, [&](int64_t b, int64_t e, auto& s) {
+      Lanes acc;
+      for (int64_t j = b; j < e; ++j) acc.add(j, static_cast<double>(g[j]) * g[j]);
+      s[0] = acc.total();
+    })[0];
+  }
+  return total;
+}
+
+double Optimizer::clip_scale(double grad_norm) const {
+  return grad_clip_ > 0 && grad_norm > grad_clip_ ? grad_clip_ / grad_norm : 1.0;
+}
+
+void Optimizer::step(std::span<Param* const> params, double lr) {
+  step(params, lr, std::sqrt(grad_sq_norm(params)));
+}
+
+void Optimizer::step(std::span<Param* const> params, double lr, double grad_norm) {
+  if (slots_.empty()) init(params);
+  PF_CHECK(params.size() == slots_.size(), "step with {} params, initialised with {}", params.size(),
+           slots_.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    PF_CHECK(params[i] == slots_[i].param, "param {} ('{}') is not the one given to init()", i, params[i]->name);
+  ++steps_;
+  const float scale = static_cast<float>(clip_scale(grad_norm));
+  for (Slot& s : slots_) update(s, lr, steps_, scale);
+}
+
+std::vector<std::pair<std::string, Tensor*>> Optimizer::state_tensors() {
+  const auto names = state_names();
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (Slot& s : slots_)
+    for (size_t k = 0; k < names.size(); ++k) out.emplace_back(s.param->name + "." + names[k], &s.state[k]);
+  return out;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& c) {
+  if (c.name == "nvlamb") return std::make_unique<NvLamb>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
+  if (c.name == "adamw") return std::make_unique<AdamW>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
+  if (c.name == "sgd") return std::make_unique<Sgd>(c.momentum, c.weight_decay, c.grad_clip);
+  usage_error("optim.name", "unknown optimizer '{}' (expected nvlamb, adamw or sgd)", c.name);
+}
+
+}  // namespace pf

@@ -1,0 +1,126 @@
+#pragma once
+// First-order optimizers: SGD with momentum, AdamW and NVLAMB (NVIDIA's BERT recipe).
+//
+// An optimizer updates Param::value from whatever Param::grad holds: the loss gradient, or the
+// K-FAC preconditioned gradient written over it. It never clears gradients (the training loop does).
+//
+// Per-parameter state is allocated once, by init() or the first step(); a step allocates nothing.
+// Every step first measures the global gradient norm (in double, over fixed-size chunks combined
+// in a fixed order, so the bits do not depend on the thread count); mirrors are left out of it,
+// their owner counts once. When the norm exceeds `grad_clip` (> 0) the gradients are scaled by
+// grad_clip / norm inside the update (NVLAMB's pre-normalisation; clip_grad_norm_ for the others);
+// Param::grad itself is not modified. Mirrors are stepped like any parameter: given the same
+// gradient and state as their owner they stay equal to it.
+#include "config/config.hpp"
+#include "core/tensor.hpp"
+#include "nn/param.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pf {
+
+class Optimizer {
+ public:
+  explicit Optimizer(double grad_clip) : grad_clip_(grad_clip) {}
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+
+  // Binds the optimizer to these parameters (in this order) and allocates zeroed state. Called by
+  // the first step(); call it yourself before importing checkpointed state.
+  void init(std::span<Param* const> params);
+  bool initialized() const { return !slots_.empty(); }
+
+  // One update with learning rate `lr`. The params must be those given to init(), in order.
+  void step(std::span<Param* const> params, double lr);
+  // The same with the global gradient norm supplied by the caller (a pipeline stage passes the
+  // norm reduced over all stages: sqrt of the sum of every stage's grad_sq_norm()).
+  void step(std::span<Param* const> params, double lr, double grad_norm);
+  // Sum of squared gradient entries of these params, mirrors excluded; double, fixed order.
+  double grad_sq_norm(std::span<Param* const> params);
+  // The factor step() applies to the gradients for a given global norm.
+  double clip_scale(double grad_norm) const;
+
+  // State for checkpoints, named "<param name>.<state>" (PyTorch's state names: exp_avg,
+  // exp_avg_sq, momentum_buffer). The pointers stay valid; import by writing into them.
+  std::vector<std::pair<std::string, Tensor*>> state_tensors();
+  // Number of steps taken (Adam's bias correction uses it); part of the checkpointed state.
+  int64_t step_count() const { return steps_; }
+  void set_step_count(int64_t n) { steps_ = n; }
+
+ protected:
+  struct Slot {
+    Param* param = nullptr;
+    std::vector<Tensor> state;    // shaped like the param, one per state_names() entry
+    std::vector<double> partial;  // per-chunk partial sums for this param's norms (2 per chunk)
+  };
+  // Names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}.
+  virtual std::vector<std::string> state_names() const = 0;
+  // Updates one parameter; `t` is the step number counting this one (1 for the first step) and
+  // `grad_scale` the clipping factor to apply to its gradient.
+  virtual void update(Slot& slot, double lr, int64_t t, float grad_scale) = 0;
+
+ private:
+  double grad_clip_;
+  std::vector<Slot> slots_;
+  int64_t steps_ = 0;
+};
+
+// p -= lr * buf, buf = momentum * buf + (g + weight_decay * p) (L2 decay on decay params only;
+// PyTorch's SGD without dampening or Nesterov).
+class Sgd : public Optimizer {
+ public:
+  Sgd(double momentum, double weight_decay, double grad_clip)
+      : Optimizer(grad_clip), momentum_(momentum), weight_decay_(weight_decay) {}
+  std::string name() const override { return "sgd"; }
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+  void update(Slot& slot, double lr, int64_t t, float grad_scale) override;
+
+ private:
+  double momentum_, weight_decay_;
+};
+
+// AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW): p *= 1 - lr * weight_decay (decay
+// params only), then p -= lr * m_hat / (sqrt(v_hat) + eps), bias-corrected moments.
+class AdamW : public Optimizer {
+ public:
+  AdamW(double beta1, double beta2, double eps, double weight_decay, double grad_clip)
+      : Optimizer(grad_clip), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {}
+  std::string name() const override { return "adamw"; }
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  void update(Slot& slot, double lr, int64_t t, float grad_scale) override;
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+};
+
+// NVLAMB as in NVIDIA's BERT recipe (apex FusedLAMB with use_nvlamb): on the pre-normalised
+// gradient g, m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, u = m_hat / (sqrt(v_hat) + eps)
+// + weight_decay * p (decay params only), then per tensor p -= lr * (||p|| / ||u||) * u, the
+// trust ratio taken as 1 when either norm is 0. Applied to every tensor, biases included.
+class NvLamb : public Optimizer {
+ public:
+  NvLamb(double beta1, double beta2, double eps, double weight_decay, double grad_clip)
+      : Optimizer(grad_clip), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {}
+  std::string name() const override { return "nvlamb"; }
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  void update(Slot& slot, double lr, int64_t t, float grad_scale) override;
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+};
+
+// optim.name: nvlamb | adamw | sgd, with the config's hyper-parameters.
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg);
+
+}  // namespace pf
