@@ -1,0 +1,130 @@
+#include "data/batches.hpp"
+
+#include "core/error.hpp"
+#include "data/seq_rng.hpp"
+#include "data/token_file.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace pf {
+namespace {
+// SeqRng purposes, so the permutation and the masks draw unrelated streams from one seed.
+constexpr uint64_t kShuffleStream = 1;
+constexpr uint64_t kMaskStream = 2;
+}  // namespace
+
+const VocabInfo& vocab_info(const std::string& name) {
+  if (name == "bert") return kBertVocab;
+  if (name == "gpt2") return kGpt2Vocab;
+  usage_error("data.vocab", "unknown vocabulary '{}' (expected bert or gpt2)", name);
+}
+
+WindowOrder::WindowOrder(int64_t n_tokens, int64_t stride, int64_t extra, bool shuffle, uint64_t seed,
+                         const std::string& source)
+    : n_(n_tokens), stride_(stride), windows_(stride > 0 ? (n_tokens - extra) / stride : 0), shuffle_(shuffle),
+      seed_(seed) {
+  PF_CHECK(stride > 0, "window stride {} must be positive", stride);
+  if (windows_ < 1)
+    usage_error(source, "has {} tokens, fewer than one sequence needs ({})", n_tokens, stride + extra);
+  if (shuffle_) perm_.resize(static_cast<size_t>(windows_));
+}
+
+int64_t WindowOrder::start(int64_t sequence) {
+  PF_CHECK(sequence >= 0, "negative sequence index {}", sequence);
+  if (!shuffle_) return (sequence % (n_ / std::gcd(n_, stride_))) * stride_ % n_;  // i*T mod N without overflow
+  const int64_t epoch = sequence / windows_;
+  if (epoch != epoch_) {
+    std::iota(perm_.begin(), perm_.end(), int64_t{0});
+    SeqRng rng = SeqRng::keyed(seed_, kShuffleStream, static_cast<uint64_t>(epoch));
+    for (int64_t k = windows_ - 1; k > 0; --k)
+      std::swap(perm_[k], perm_[static_cast<int64_t>(rng.below(static_cast<uint64_t>(k + 1)))]);
+    epoch_ = epoch;
+  }
+  return perm_[sequence % windows_] * stride_;
+}
+
+GptBatcher::GptBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
+                       const std::string& source)
+    : tokens_(std::move(tokens)), seq_(seq_len),
+      order_(static_cast<int64_t>(tokens_.size()), seq_len, 1, shuffle, seed, source) {}
+
+void GptBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
+  out.resize(rows, seq_);
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  for (int r = 0; r < rows; ++r) {
+    int64_t p = order_.start(first_sequence + r);
+    const size_t row = static_cast<size_t>(r) * seq_;
+    for (int k = 0; k < seq_; ++k) {
+      out.tokens[row + k] = tokens_[p];
+      p = (p + 1 == n) ? 0 : p + 1;
+      out.labels[row + k] = tokens_[p];
+    }
+  }
+  std::fill(out.attn_mask.begin(), out.attn_mask.end(), uint8_t{1});
+  std::fill(out.token_types.begin(), out.token_types.end(), 0);
+}
+
+BertMlmBatcher::BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
+                               float mask_prob, const VocabInfo& vocab, const std::string& source)
+    : tokens_(std::move(tokens)), seq_(seq_len), seed_(seed), vocab_(vocab),
+      order_(static_cast<int64_t>(tokens_.size()), seq_len - 2, 0, shuffle, seed, source) {
+  if (seq_len < 3) usage_error("model.seq_len", "{} leaves no room for text between [CLS] and [SEP]", seq_len);
+  if (!(mask_prob >= 0.0f && mask_prob <= 1.0f)) usage_error("data.mask_prob", "{} is not in [0, 1]", mask_prob);
+  if (vocab.cls < 0 || vocab.sep < 0 || vocab.mask < 0)
+    usage_error("data.vocab", "'{}' has no [CLS]/[SEP]/[MASK] tokens; BERT needs the bert vocabulary", vocab.name);
+  const int body = seq_len - 2;
+  n_mask_ = std::clamp(static_cast<int>(std::lround(mask_prob * body)), 1, body);
+  positions_.resize(static_cast<size_t>(body));
+}
+
+void BertMlmBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
+  out.resize(rows, seq_);
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  const int body = seq_ - 2;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t sequence = first_sequence + r;
+    int32_t* tok = out.tokens.data() + static_cast<size_t>(r) * seq_;
+    int32_t* lab = out.labels.data() + static_cast<size_t>(r) * seq_;
+    int64_t p = order_.start(sequence);
+    tok[0] = vocab_.cls;
+    for (int k = 1; k <= body; ++k) {
+      tok[k] = tokens_[p];
+      p = (p + 1 == n) ? 0 : p + 1;
+    }
+    tok[seq_ - 1] = vocab_.sep;
+    std::fill(lab, lab + seq_, -1);
+    // Choose n_mask_ distinct positions by a partial Fisher-Yates shuffle of 1..body.
+    SeqRng rng = SeqRng::keyed(seed_, kMaskStream, static_cast<uint64_t>(sequence));
+    std::iota(positions_.begin(), positions_.end(), 1);
+    for (int j = 0; j < n_mask_; ++j) {
+      std::swap(positions_[j], positions_[j + static_cast<int>(rng.below(static_cast<uint64_t>(body - j)))]);
+      const int q = positions_[j];
+      lab[q] = tok[q];
+      const double u = rng.uniform();
+      if (u < 0.8) tok[q] = vocab_.mask;
+      else if (u < 0.9) tok[q] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_.size)));
+    }
+  }
+  std::fill(out.attn_mask.begin(), out.attn_mask.end(), uint8_t{1});
+  std::fill(out.token_types.begin(), out.token_types.end(), 0);
+}
+
+std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig& data, bool validation) {
+  const std::string key = validation ? "data.valid_file" : "data.train_file";
+  const std::string& file = validation ? data.valid_file : data.train_file;
+  if (file.empty()) usage_error(key, "no token file given (make one with scripts/prepare-data.sh)");
+  const VocabInfo& vocab = vocab_info(data.vocab);
+  if (model.vocab < vocab.size)
+    usage_error("model.vocab", "{} is smaller than the {} vocabulary ({})", model.vocab, vocab.name, vocab.size);
+  auto tokens = read_token_file(file, vocab.size);
+  const bool shuffle = data.shuffle && !validation;
+  if (model.arch == "gpt") return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
+  if (model.arch == "bert")
+    return std::make_unique<BertMlmBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, data.mask_prob,
+                                            vocab, file);
+  usage_error("model.arch", "unknown architecture '{}' (expected bert or gpt)", model.arch);
+}
+
+}  // namespace pf

@@ -1,0 +1,92 @@
+#pragma once
+// Training and validation batches from a token file. Sequence i of a run is a pure function of
+// (token file, seq_len, shuffle, seed, i), so any rank can build any micro-batch and pipeline or
+// data-parallel layouts see exactly the data a single process sees.
+//
+// GPT (causal LM): sequence i reads the window of T+1 tokens starting at start(i); inputs are its
+//   first T tokens, targets (labels) the last T. Without shuffling start(i) = i*T and positions
+//   wrap around the end of the file (token (i*T + k) mod N).
+// BERT (masked LM, no sentence pairs): sequence i is [CLS] + the T-2 tokens at start(i) + [SEP];
+//   round(mask_prob * (T-2)) of the T-2 corpus positions (at least one) are selected; each selected
+//   one becomes [MASK] with probability 0.8, a uniformly random vocabulary id with 0.1, or stays
+//   with 0.1; labels hold the original id there and -1 elsewhere. attn_mask is all 1 (windows are
+//   always full), token_types all 0. The choices come from SeqRng keyed by (seed, i).
+// Shuffling: the file is cut into W = floor((N - extra) / stride) whole windows (stride T for GPT
+//   with one extra target token, T-2 for BERT); epoch e = i / W visits them in a permutation drawn
+//   from (seed, e) by Fisher-Yates.
+#include "config/config.hpp"
+#include "core/micro_batch.hpp"
+#include "data/vocab_info.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+// Maps a global sequence index to the first token of its window.
+class WindowOrder {
+ public:
+  // `source` names the token file in errors (fewer tokens than one window needs).
+  WindowOrder(int64_t n_tokens, int64_t stride, int64_t extra, bool shuffle, uint64_t seed, const std::string& source);
+  int64_t start(int64_t sequence);
+  int64_t windows_per_epoch() const { return windows_; }
+
+ private:
+  int64_t n_, stride_, windows_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;           // epoch whose permutation perm_ holds
+  std::vector<int64_t> perm_;    // sized once
+};
+
+class Batcher {
+ public:
+  virtual ~Batcher() = default;
+  // Fills `out` with sequences first_sequence .. first_sequence + rows - 1 (rows in order). `out`
+  // keeps its capacity: size it once with out.resize(max_rows, seq_len()) and no call allocates.
+  virtual void fill(int64_t first_sequence, int rows, MicroBatch& out) = 0;
+  virtual int seq_len() const = 0;
+  virtual int64_t sequences_per_epoch() const = 0;
+};
+
+class GptBatcher final : public Batcher {
+ public:
+  GptBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed, const std::string& source);
+  void fill(int64_t first_sequence, int rows, MicroBatch& out) override;
+  int seq_len() const override { return seq_; }
+  int64_t sequences_per_epoch() const override { return order_.windows_per_epoch(); }
+
+ private:
+  std::vector<uint16_t> tokens_;
+  int seq_;
+  WindowOrder order_;
+};
+
+class BertMlmBatcher final : public Batcher {
+ public:
+  BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed, float mask_prob,
+                 const VocabInfo& vocab, const std::string& source);
+  void fill(int64_t first_sequence, int rows, MicroBatch& out) override;
+  int seq_len() const override { return seq_; }
+  int64_t sequences_per_epoch() const override { return order_.windows_per_epoch(); }
+  int masked_per_sequence() const { return n_mask_; }
+
+ private:
+  std::vector<uint16_t> tokens_;
+  int seq_;
+  uint64_t seed_;
+  VocabInfo vocab_;
+  int n_mask_;
+  WindowOrder order_;
+  std::vector<int> positions_;  // scratch for choosing masked positions, sized once
+};
+
+// The batcher a run uses: reads data.train_file (or data.valid_file when `validation`), checks its
+// ids against the data.vocab size, and picks GPT or BERT batches by model.arch. The validation
+// batcher never shuffles, so every evaluation sees the same held-out sequences (and masks).
+// UsageError naming the key or file on a missing file, a vocabulary/arch mismatch, or too few tokens.
+std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig& data, bool validation);
+
+}  // namespace pf

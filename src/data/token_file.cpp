@@ -1,0 +1,68 @@
+#include "data/token_file.hpp"
+
+#include "core/error.hpp"
+
+#include <unistd.h>
+
+#include <bit>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace pf {
+namespace {
+uint16_t to_le(uint16_t v) {
+  if constexpr (std::endian::native == std::endian::big) return static_cast<uint16_t>((v >> 8) | (v << 8));
+  return v;
+}
+}  // namespace
+
+void write_token_file(const std::string& path, std::span<const int32_t> ids, int vocab_size) {
+  if (vocab_size > kMaxTokenFileVocab)
+    usage_error(path, "vocabulary of {} entries does not fit uint16 token ids (at most {})", vocab_size,
+                kMaxTokenFileVocab);
+  std::vector<uint16_t> buf(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      usage_error(path, "token id {} at position {} is outside the vocabulary (size {})", ids[i], i, vocab_size);
+    buf[i] = to_le(static_cast<uint16_t>(ids[i]));
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) usage_error(path, "cannot write (temporary {})", tmp);
+    f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() * 2));
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      usage_error(path, "write failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    usage_error(path, "cannot rename the temporary file into place: {}", ec.message());
+  }
+}
+
+std::vector<uint16_t> read_token_file(const std::string& path, int vocab_size) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) usage_error(path, "cannot read token file (run scripts/prepare-data.sh?)");
+  const auto bytes = static_cast<size_t>(f.tellg());
+  if (bytes % 2 != 0)
+    usage_error(path, "token file has an odd number of bytes ({}): not little-endian uint16 ids", bytes);
+  std::vector<uint16_t> ids(bytes / 2);
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(bytes));
+  if (!f) usage_error(path, "read error");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = to_le(ids[i]);
+    if (ids[i] >= vocab_size)
+      usage_error(path, "token id {} at position {} is >= the vocabulary size {} (wrong vocabulary?)", ids[i], i,
+                  vocab_size);
+  }
+  return ids;
+}
+
+}  // namespace pf

@@ -1,0 +1,67 @@
+#include "data/tokenizer.hpp"
+
+#include "core/error.hpp"
+#include "data/bpe.hpp"
+#include "data/text_util.hpp"
+#include "data/wordpiece.hpp"
+
+#include <exception>
+#include <fstream>
+#include <sstream>
+
+namespace pf {
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) usage_error(path, "cannot read {}", what);
+  std::ostringstream s;
+  s << f.rdbuf();
+  if (f.bad()) usage_error(path, "read error in {}", what);
+  return std::move(s).str();
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir) {
+  if (name == "bert")
+    return std::make_unique<WordPieceTokenizer>(WordPieceTokenizer::load(vocab_dir + "/bert-base-uncased.txt"));
+  if (name == "gpt2")
+    return std::make_unique<Gpt2Tokenizer>(
+        Gpt2Tokenizer::load(vocab_dir + "/gpt2-encoder.json", vocab_dir + "/gpt2-vocab.bpe"));
+  usage_error("--vocab", "unknown vocabulary '{}' (expected bert or gpt2)", name);
+}
+
+std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text) {
+  // Pieces of about this many bytes, cut where the tokenizer says a cut changes nothing.
+  constexpr size_t kPiece = 1 << 16;
+  std::vector<std::pair<size_t, size_t>> pieces;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = start + kPiece;
+    while (end < text.size() && !tok.safe_cut(text, end)) ++end;
+    end = std::min(end, text.size());
+    pieces.emplace_back(start, end);
+    start = end;
+  }
+  std::vector<std::vector<int32_t>> ids(pieces.size());
+  std::vector<std::exception_ptr> errors(pieces.size());
+#pragma omp parallel
+  {
+    auto st = tok.new_state();
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      try {
+        tok.encode_append(text.substr(pieces[i].first, pieces[i].second - pieces[i].first), ids[i], *st);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  }
+  for (auto& e : errors)  // the first failing piece in text order, whatever the thread timing
+    if (e) std::rethrow_exception(e);
+  size_t total = 0;
+  for (auto& v : ids) total += v.size();
+  std::vector<int32_t> out;
+  out.reserve(total);
+  for (auto& v : ids) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+}  // namespace pf

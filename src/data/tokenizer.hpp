@@ -1,0 +1,48 @@
+#pragma once
+// The tokenizer interface shared by BERT WordPiece (wordpiece.hpp) and GPT-2 byte-level BPE
+// (bpe.hpp), and the parallel corpus tokenization behind `pipefisher tokenize --in`.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pf {
+
+// Per-thread scratch of a tokenizer (GPT-2's BPE cache, buffers). Encoding is const and
+// thread-safe as long as each thread brings its own state.
+struct EncodeState {
+  virtual ~EncodeState() = default;
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string name() const = 0;  // "bert" | "gpt2"
+  virtual int vocab_size() const = 0;
+  virtual std::unique_ptr<EncodeState> new_state() const = 0;
+  // Appends the ids of `text` (no special tokens) to `out`.
+  virtual void encode_append(std::string_view text, std::vector<int32_t>& out, EncodeState& st) const = 0;
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // True if encoding text[0..cut) and text[cut..) separately gives the same ids as encoding it
+  // whole. Used to split a corpus for parallel tokenization without changing the result.
+  virtual bool safe_cut(std::string_view text, size_t cut) const = 0;
+
+  std::vector<int32_t> encode(std::string_view text) const {
+    auto st = new_state();
+    std::vector<int32_t> out;
+    encode_append(text, out, *st);
+    return out;
+  }
+};
+
+// "bert" -> vocab_dir/bert-base-uncased.txt, "gpt2" -> vocab_dir/gpt2-encoder.json + gpt2-vocab.bpe.
+// Throws UsageError naming the flag or file on an unknown name, a missing or malformed file.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir);
+
+// Tokenizes a whole corpus text: the result equals tok.encode(text), computed in parallel over
+// pieces cut at newlines where tok.safe_cut holds, and concatenated in order (deterministic).
+std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text);
+
+}  // namespace pf
