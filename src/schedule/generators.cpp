@@ -144,15 +144,17 @@ Schedule make_zb_h1(int D, int N) {
   check_sizes(D, N);
   Schedule s = empty("zb-h1", D, D, 1, N);
   // List scheduler with T_f = T_i = T_w: input gradients first (critical path), then forwards,
-  // then weight gradients, which thereby fill what would be bubbles. Stage s holds at most D-s
-  // micro-batches between F and I, 1F1B's bound, so activation memory matches 1F1B.
+  // then weight gradients, which thereby fill what would be bubbles (the cool-down above all).
+  // Every stage holds at most D micro-batches between F and W, 1F1B's peak (stage 0), so the
+  // activation memory matches 1F1B. With unit times the bubble is D-1 at N = D, a third of
+  // 1F1B's 3(D-1); for N = 2D, 3D the greedy order leaves D+1 (tests/sim).
   std::vector<ListTask> tasks;
   auto idx = [&](int st, int m, int k) { return (st * N + m) * 3 + k; };
   for (int st = 0; st < D; ++st)
     for (int m = 0; m < N; ++m) {
       ListTask f{act(Kind::F, st, m), st, 1, {}, {1, m, 0, 0}, +1};
-      ListTask i{act(Kind::I, st, m), st, 1, {}, {0, m, 0, 0}, -1};
-      ListTask w{act(Kind::W, st, m), st, 1, {}, {2, m, 0, 0}, 0};
+      ListTask i{act(Kind::I, st, m), st, 1, {}, {0, m, 0, 0}, 0};
+      ListTask w{act(Kind::W, st, m), st, 1, {}, {2, m, 0, 0}, -1};
       if (st > 0) f.preds.push_back(idx(st - 1, m, 0));
       i.preds.push_back(idx(st, m, 0));
       if (st + 1 < D) i.preds.push_back(idx(st + 1, m, 1));
@@ -162,7 +164,7 @@ Schedule make_zb_h1(int D, int N) {
       tasks.push_back(w);
     }
   std::vector<int> cap(D);
-  for (int d = 0; d < D; ++d) cap[d] = D - d;
+  for (int d = 0; d < D; ++d) cap[d] = D;
   s.per_device = list_schedule(tasks, D, cap);
   return s;
 }

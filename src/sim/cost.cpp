@@ -1,0 +1,29 @@
+#include "sim/cost.hpp"
+
+namespace pf {
+
+double CostModel::duration(const Action& a) const {
+  const StageCost& c = stage(a.stage);
+  const double half_layer = 2.0 * (c.layers > 0 ? c.layers : 1);
+  switch (a.kind) {
+    case Kind::F: return c.forward;
+    case Kind::B: return c.backward;
+    case Kind::I: return c.input_grad >= 0 ? c.input_grad : c.backward / 2;
+    case Kind::W: return c.weight_grad >= 0 ? c.weight_grad : c.backward / 2;
+    case Kind::SEND_F: case Kind::RECV_F: case Kind::SEND_B: case Kind::RECV_B: return 0;
+    case Kind::ALLREDUCE: return allreduce_alpha + allreduce_beta * c.grad_bytes;
+    case Kind::SYNC_CURV: return allreduce_alpha + allreduce_beta * c.curvature_bytes;
+    case Kind::OPT: return c.optimizer;
+    case Kind::CURV_A: case Kind::CURV_B: return c.curvature / half_layer;
+    case Kind::INV_A: case Kind::INV_B: return c.inversion / half_layer;
+    case Kind::PREC: return c.precondition;
+  }
+  return 0;
+}
+
+double CostModel::p2p_time(int s) const {
+  const StageCost& c = stage(s);
+  return p2p_latency + (p2p_bandwidth > 0 ? c.activation_bytes / p2p_bandwidth : 0);
+}
+
+}  // namespace pf

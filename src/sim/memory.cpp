@@ -1,0 +1,49 @@
+#include "sim/memory.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace pf {
+
+MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages) {
+  auto mem = [&](int st) -> const StageMemory& { return stages.size() == 1 ? stages[0] : stages.at(st); };
+  MemoryReport worst;
+  double worst_total = -1;
+  for (int d = 0; d < s.devices; ++d) {
+    MemoryReport r;
+    r.device = d;
+    std::map<std::pair<int, int>, int> processed;  // (pipeline, stage) -> micro-batches forwarded
+    std::vector<std::pair<double, double>> ev;     // (time, +-M_act) for the held-activation peak
+    for (const TimedAction& t : tl.per_device[d]) {
+      const Action& a = t.action;
+      if (a.kind == Kind::F) {
+        ++processed[{a.pipeline, a.stage}];
+        ev.push_back({t.start, mem(a.stage).act});
+      }
+      if (a.kind == Kind::B || a.kind == Kind::W) ev.push_back({t.end, -mem(a.stage).act});
+    }
+    for (auto [ps, n] : processed) {
+      const StageMemory& m = mem(ps.second);
+      r.params += 2 * m.param;
+      r.activations += n * m.act;
+      r.err_peak = std::max(r.err_peak, m.err_peak);
+      r.curv += m.kron;
+      r.err_save += n * m.err_save;
+    }
+    std::sort(ev.begin(), ev.end());  // at equal times frees (negative) come first
+    double cur = 0;
+    for (auto [time, delta] : ev) r.activations_in_flight = std::max(r.activations_in_flight, cur += delta);
+    r.inv = r.curv;
+    r.m_pipe = r.params + r.activations + r.err_peak;
+    r.m_pipe_in_flight = r.params + r.activations_in_flight + r.err_peak;
+    r.m_kfac = r.curv + r.inv + r.err_save;
+    if (r.m_pipe + r.m_kfac > worst_total) {
+      worst_total = r.m_pipe + r.m_kfac;
+      worst = r;
+    }
+  }
+  return worst;
+}
+
+}  // namespace pf

@@ -1,0 +1,39 @@
+#pragma once
+// The paper's memory model (section 3.3), per device, worst device reported:
+//   M_pipe   = 2 * (stage copies per device) * M_theta + N * M_act + M_err^peak
+//   M_kfac+  = M_curv + M_inv + N * M_err^save,   M_curv = M_inv
+// generalised to non-uniform stages by summing over the stages a device hosts, each weighted by
+// the micro-batches it processes there (Chimera: N/2 per pipeline copy). m_pipe_in_flight
+// replaces N * M_act by the activations actually held at the simulated peak (1F1B holds fewer
+// than N). All values in the profile's unit (MB).
+#include "schedule/schedule.hpp"
+#include "sim/sim.hpp"
+
+#include <vector>
+
+namespace pf {
+
+struct StageMemory {
+  double param = 0;     // M_theta: parameters of the stage
+  double act = 0;       // M_act: activations of one micro-batch
+  double err_peak = 0;  // M_err^peak: peak error memory of one micro-batch
+  double err_save = 0;  // M_err^save: errors kept for curvature B, one micro-batch
+  double kron = 0;      // M_curv = M_inv: Kronecker factors of the stage
+};
+
+struct MemoryReport {
+  int device = 0;              // the worst device (largest M_pipe + M_kfac+)
+  double params = 0;           // 2 * copies * M_theta (parameters and gradients)
+  double activations = 0;      // N * M_act
+  double err_peak = 0;
+  double m_pipe = 0;
+  double activations_in_flight = 0;
+  double m_pipe_in_flight = 0;
+  double curv = 0, inv = 0, err_save = 0;
+  double m_kfac = 0;           // M_kfac+
+};
+
+// `stages` has one entry per stage or a single entry for uniform stages.
+MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages);
+
+}  // namespace pf

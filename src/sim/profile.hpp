@@ -1,0 +1,53 @@
+#pragma once
+// Profiles: measured durations and memory that set the simulator's costs.
+//
+// 1. The CSV published with the paper's code, one transformer block per row, times in ms,
+//    memory in MB:
+//      bs,time_f,time_b,time_kron,time_inv,time_prec,mem_param,mem_act,mem_peak_err,mem_save_err,mem_kron
+//    The row with bs = micro-batch size is used; every value is multiplied by the number of
+//    blocks per stage ("doubling the number of layers per stage doubles all times and memories").
+//
+// 2. The project's profile JSON, written by the runtime (times in ms, memory in MB, bytes in
+//    bytes; every stage measured separately, so non-uniform stages are represented):
+//    {
+//      "format": "pipefisher-profile",       required
+//      "version": 1,                          required
+//      "micro_batch_size": 32,                required
+//      "stages": [                            required, one object per stage, in stage order
+//        { "forward": 10.4, "backward": 16.3, required
+//          "input_grad": 8.2, "weight_grad": 8.1,            optional (zero-bubble split)
+//          "curvature": 27.5, "inversion": 80.9, "precondition": 8.9, "optimizer": 0.4,
+//          "layers": 3,                                       K-FAC layers of the stage
+//          "mem_param": 85, "mem_act": 120, "mem_peak_err": 40, "mem_save_err": 30, "mem_kron": 168,
+//          "activation_bytes": 1572864, "grad_bytes": 340000000, "curvature_bytes": 176000000 } ],
+//      "p2p": { "latency": 0.02, "bandwidth": 1.0e7 },        optional, ms and bytes per ms
+//      "allreduce": { "alpha": 0.05, "beta": 1.0e-8 }          optional, ms and ms per byte
+//    }
+//    Optional numbers default to 0 (input_grad / weight_grad: half the backward).
+#include "sim/cost.hpp"
+#include "sim/memory.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+struct ProfileRow {
+  int bs = 0;
+  double time_f = 0, time_b = 0, time_kron = 0, time_inv = 0, time_prec = 0;
+  double mem_param = 0, mem_act = 0, mem_peak_err = 0, mem_save_err = 0, mem_kron = 0;
+};
+
+struct Profile {
+  int micro_batch_size = 0;
+  CostModel cost;
+  std::vector<StageMemory> memory;  // one entry per stage, or one for uniform stages
+};
+
+// Throws UsageError naming `flag` (e.g. "--profile") on a missing or malformed file.
+std::vector<ProfileRow> read_paper_csv(const std::string& path, const std::string& flag = "--profile");
+Profile profile_from_row(const ProfileRow& row, int layers_per_stage);
+Profile read_profile_json(const std::string& path, const std::string& flag = "--profile");
+
+}  // namespace pf

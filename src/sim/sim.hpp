@@ -1,0 +1,46 @@
+#pragma once
+// The timed simulator: plays a schedule (any kinds, including K-FAC and communication) with
+// durations from a CostModel or given per action, every device following its order, an action
+// starting when its device is free and everything it waits for (deps.hpp) has finished, plus a
+// point-to-point delay when the data comes from another device. Collective groups start
+// together. The resulting timeline gives each action's start and end, so a planner can find
+// the bubbles (gaps) per device.
+#include "schedule/schedule.hpp"
+#include "sim/cost.hpp"
+
+#include <vector>
+
+namespace pf {
+
+struct TimedAction {
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
+struct Gap {
+  double start = 0;
+  double end = 0;
+  int before = -1;  // index of the action after the gap (== size for the tail gap)
+};
+
+struct Timeline {
+  std::vector<std::vector<TimedAction>> per_device;
+  double step_time = 0;                // last end over all devices (the step starts at 0)
+  std::vector<double> busy;            // compute time per device (SEND/RECV/collectives excluded)
+  std::vector<double> bubble;          // step_time - busy
+  std::vector<double> utilization;     // busy / step_time
+  std::vector<int> peak_in_flight;     // max (stage, micro-batch) activations held: F start .. B/W end
+
+  double mean_bubble() const;
+  double mean_utilization() const;
+  // Idle intervals of a device within [0, step_time], in order (communication waits count as idle).
+  std::vector<Gap> gaps(int device) const;
+};
+
+// durations, if given, has the shape of s.per_device and overrides the cost model per action.
+// Throws ScheduleError (with the grid) if the schedule cannot finish.
+Timeline simulate(const Schedule& s, const CostModel& cost,
+                  const std::vector<std::vector<double>>* durations = nullptr);
+
+}  // namespace pf
