@@ -17,13 +17,22 @@ inline int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 // Accumulates x into lane (i % 8) of a lane array: independent accumulators in a fixed order.
 struct Lanes {
   double v[8] = {};
-  void add(int64_t i, double x) { v[i & 7] += x; }
   double total() const {
     double s = 0;
     for (double x : v) s += x;
     return s;
   }
 };
+
+// Calls f(i, lane) for i in [b, e), where lane = i % 8 (b must be a multiple of 8). Full groups of
+// 8 are written as an inner loop of constant trip count so the compiler vectorizes them.
+template <typename F>
+inline void for_lanes(int64_t b, int64_t e, F&& f) {
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8)
+    for (int j = 0; j < 8; ++j) f(i + j, j);
+  for (; i < e; ++i) f(i, static_cast<int>(i & 7));
+}
 
 // Calls f(begin, end) over the chunks of [0, n), in parallel. For elementwise updates.
 template <typename F>

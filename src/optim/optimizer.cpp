@@ -32,9 +32,9 @@ double Optimizer::grad_sq_norm(std::span<Param* const> params) {
     PF_CHECK(params[i] == slots_[i].param, "param {} ('{}') is not the one given to init()", i, params[i]->name);
     if (params[i]->mirror) continue;
     const float* g = params[i]->grad.data();
-    total += chunked_sums<1>(params[i]->grad.numel(), slots_[i].partial, [&](int64_t b, int64_t e, auto& s) {
+    total += chunked_sums<1>(params[i]->grad.numel(), slots_[i].partial, [g](int64_t b, int64_t e, auto& s) {
       Lanes acc;
-      for (int64_t j = b; j < e; ++j) acc.add(j, static_cast<double>(g[j]) * g[j]);
+      for_lanes(b, e, [&](int64_t j, int lane) { acc.v[lane] += static_cast<double>(g[j]) * g[j]; });
       s[0] = acc.total();
     })[0];
   }
