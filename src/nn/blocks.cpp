@@ -43,7 +43,7 @@ void init_normal(Param& p, uint64_t seed, float std) {
   CounterRng rng{stream_key(seed, p.name)};
   float* v = p.value.data();
   int64_t n = p.value.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
   for (int64_t i = 0; i < n; ++i) v[i] = std * rng.normal(static_cast<uint64_t>(i));
 }
 

@@ -112,7 +112,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
   const int64_t C = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   BlasSingleThread one;  // many small products: parallel over (b, h) instead
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * H * T * T * D > kParallelMin * 8)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
     const float* qb = q + b * T * ld + h * D;
@@ -136,7 +136,7 @@ void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scr
   PF_CHECK(attention_scratch_floats(T, omp_get_max_threads()) <= scratch_floats,
            "attention scratch for {} threads", omp_get_max_threads());
   BlasSingleThread one;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * H * T * T * D > kParallelMin * 8)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
     int64_t off = b * T * ld + h * D, goff = b * T * ldg + h * D;

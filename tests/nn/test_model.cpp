@@ -1,0 +1,241 @@
+// Whole-model gradients, determinism, cutting into stages, micro-batches in flight, no allocation.
+#include "core/blas.hpp"
+#include "fd.hpp"
+#include "nn/model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <new>
+
+using namespace pf;
+using namespace pf::test;
+
+// Counts C++ heap allocations while `counting` is set (this test program only).
+static std::atomic<bool> counting{false};
+static std::atomic<long> allocations{0};
+void* operator new(std::size_t n) {
+  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+std::unique_ptr<Model> full_model(const ModelConfig& c, uint64_t seed = 17) {
+  auto m = build_model(c, 0, num_blocks(c) - 1);
+  m->init(seed);
+  return m;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), a.numel() * sizeof(float)) == 0;
+}
+
+class ModelTest : public ::testing::TestWithParam<const char*> {};
+
+}  // namespace
+
+TEST_P(ModelTest, WholeModelGradientsMatchFiniteDifferences) {
+  ModelConfig c = tiny_config(GetParam());
+  auto m = full_model(c);
+  MicroBatch mb = tiny_batch(c);
+  ModelState st = m->make_state(mb.rows, mb.seq);
+  Tensor none;
+  auto loss = [&] { return double(m->forward(mb, none, none, st)); };
+  double l0 = loss();
+  EXPECT_GT(l0, 0.0);
+  m->backward(mb, none, none, st);
+  for (Param* p : m->params())
+    check_grad(p->name, p->value.data(), p->grad.data(), p->value.numel(), loss, {.floor = 3e-4, .samples = 12});
+  // The tied word matrix appears once, shared by the embedding and the decoder.
+  int n = 0;
+  for (Param* p : m->params()) n += p->name == (c.arch == "bert" ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight");
+  EXPECT_EQ(n, 1);
+}
+
+TEST_P(ModelTest, SameSeedSameBits) {
+  ModelConfig c = tiny_config(GetParam());
+  c.dropout = 0.1f;
+  float losses[2];
+  std::vector<Tensor> grads[2];
+  for (int run = 0; run < 2; ++run) {
+    auto m = full_model(c);
+    m->set_dropout_step(5, 1);
+    MicroBatch mb = tiny_batch(c);
+    ModelState st = m->make_state(mb.rows, mb.seq);
+    Tensor none;
+    losses[run] = m->forward(mb, none, none, st);
+    m->backward(mb, none, none, st);
+    for (Param* p : m->params()) grads[run].push_back(p->grad);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(same_bits(grads[0][i], grads[1][i])) << i;
+}
+
+// Blocks 0..k and k+1..end, passing x forward and dx backward, against the whole model.
+TEST_P(ModelTest, CutIntoTwoRangesGivesTheSameLossAndGradients) {
+  ModelConfig c = tiny_config(GetParam());
+  const int last = num_blocks(c) - 1;
+  MicroBatch mb = tiny_batch(c);
+  Tensor none;
+  auto full = full_model(c);
+  ModelState fs = full->make_state(mb.rows, mb.seq);
+  float full_loss = full->forward(mb, none, none, fs);
+  full->backward(mb, none, none, fs);
+  std::map<std::string, Param*> ref;
+  for (Param* p : full->params()) ref[p->name] = p;
+  const std::string word = c.arch == "bert" ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight";
+  for (int k = 0; k < last; ++k) {
+    auto a = build_model(c, 0, k), b = build_model(c, k + 1, last);
+    a->init(17);
+    b->init(17);
+    ModelState sa = a->make_state(mb.rows, mb.seq), sb = b->make_state(mb.rows, mb.seq);
+    Tensor x({mb.rows, mb.seq, c.hidden}), dx({mb.rows, mb.seq, c.hidden});
+    a->forward(mb, none, x, sa);
+    float loss = b->forward(mb, x, none, sb);
+    b->backward(mb, none, dx, sb);
+    a->backward(mb, dx, none, sa);
+    EXPECT_EQ(loss, full_loss) << "cut after block " << k;
+    Param* owner = nullptr;
+    Param* mirror = nullptr;
+    for (auto* m : {a.get(), b.get()})
+      for (Param* p : m->params()) {
+        ASSERT_TRUE(ref.count(p->name)) << p->name;
+        EXPECT_TRUE(same_bits(p->value, ref[p->name]->value)) << "init of " << p->name << " depends on the cut";
+        if (p->name == word) (p->mirror ? mirror : owner) = p;
+        else EXPECT_TRUE(same_bits(p->grad, ref[p->name]->grad)) << p->name << " cut after block " << k;
+      }
+    // The tied matrix: the owner gets the embedding's part and the mirror the decoder's; their sum
+    // is the full model's gradient up to the order of the additions.
+    ASSERT_NE(owner, nullptr);
+    ASSERT_NE(mirror, nullptr);
+    EXPECT_FALSE(owner->mirror);
+    for (int64_t i = 0; i < owner->grad.numel(); ++i)
+      ASSERT_NEAR(owner->grad[i] + mirror->grad[i], ref[word]->grad[i], 1e-6f * (1 + std::abs(ref[word]->grad[i])));
+  }
+}
+
+// forward mb0, forward mb1, backward mb1, backward mb0 with two states == one at a time.
+TEST_P(ModelTest, MicroBatchesInFlightAreIndependent) {
+  ModelConfig c = tiny_config(GetParam());
+  MicroBatch mb0 = tiny_batch(c, 0, 1), mb1 = tiny_batch(c, 1, 2);
+  Tensor none;
+  auto interleaved = full_model(c), sequential = full_model(c), natural = full_model(c);
+  ModelState s0 = interleaved->make_state(2, c.seq_len), s1 = interleaved->make_state(2, c.seq_len);
+  float l0 = interleaved->forward(mb0, none, none, s0);
+  float l1 = interleaved->forward(mb1, none, none, s1);
+  interleaved->backward(mb1, none, none, s1);
+  interleaved->backward(mb0, none, none, s0);
+  // Same order of gradient accumulation, one state, one micro-batch at a time: bitwise equal.
+  ModelState s = sequential->make_state(2, c.seq_len);
+  EXPECT_EQ(sequential->forward(mb1, none, none, s), l1);
+  sequential->backward(mb1, none, none, s);
+  EXPECT_EQ(sequential->forward(mb0, none, none, s), l0);
+  sequential->backward(mb0, none, none, s);
+  // The natural order (0 then 1) differs only by the order of additions.
+  ModelState n = natural->make_state(2, c.seq_len);
+  natural->forward(mb0, none, none, n);
+  natural->backward(mb0, none, none, n);
+  natural->forward(mb1, none, none, n);
+  natural->backward(mb1, none, none, n);
+  auto pi = interleaved->params(), ps = sequential->params(), pn = natural->params();
+  for (size_t i = 0; i < pi.size(); ++i) {
+    EXPECT_TRUE(same_bits(pi[i]->grad, ps[i]->grad)) << pi[i]->name;
+    for (int64_t j = 0; j < pi[i]->grad.numel(); ++j)
+      ASSERT_NEAR(pi[i]->grad[j], pn[i]->grad[j], 1e-6f * (1 + std::abs(pn[i]->grad[j]))) << pi[i]->name;
+  }
+}
+
+TEST_P(ModelTest, SteadyStateStepMakesNoHeapAllocation) {
+  ModelConfig c = tiny_config(GetParam());
+  c.dropout = 0.1f;
+  auto m = full_model(c);
+  MicroBatch mb = tiny_batch(c);
+  ModelState st = m->make_state(mb.rows, mb.seq);
+  Tensor none;
+  for (int t : {1, 2}) {
+    set_threads(t);
+    m->forward(mb, none, none, st);  // warm-up: thread pools, first-touch
+    m->backward(mb, none, none, st);
+    allocations = 0;
+    counting = true;
+    for (int step = 0; step < 3; ++step) {
+      m->set_dropout_step(1, step);
+      m->forward(mb, none, none, st);
+      m->backward(mb, none, none, st);
+    }
+    counting = false;
+    EXPECT_EQ(allocations.load(), 0) << t << " threads";
+  }
+  // The counter does count: building a state allocates.
+  counting = true;
+  ModelState other = m->make_state(1, c.seq_len);
+  counting = false;
+  EXPECT_GT(allocations.load(), 0);
+}
+
+TEST_P(ModelTest, PaddingTokensDoNotChangeTheLoss) {
+  ModelConfig c = tiny_config(GetParam());
+  if (c.arch != "bert") GTEST_SKIP() << "GPT batches are unpadded windows; causality is tested below";
+  auto m = full_model(c);
+  MicroBatch mb = tiny_batch(c);
+  ModelState st = m->make_state(mb.rows, mb.seq);
+  Tensor none;
+  float l = m->forward(mb, none, none, st);
+  const int n = mb.rows * mb.seq;
+  mb.tokens[n - 1] = (mb.tokens[n - 1] + 7) % c.vocab;  // a padding position (mask 0, no label)
+  EXPECT_EQ(m->forward(mb, none, none, st), l);
+  mb.tokens[0] = (mb.tokens[0] + 7) % c.vocab;  // a real token
+  EXPECT_NE(m->forward(mb, none, none, st), l);
+}
+
+TEST(Model, GptIsCausal) {
+  // Changing the last token changes only the last position's loss: remove it from the labels and
+  // the loss must be unchanged.
+  ModelConfig c = tiny_config("gpt");
+  auto m = full_model(c);
+  MicroBatch mb = tiny_batch(c);
+  mb.labels[c.seq_len - 1] = -1;
+  ModelState st = m->make_state(mb.rows, mb.seq);
+  Tensor none;
+  float l = m->forward(mb, none, none, st);
+  mb.tokens[c.seq_len - 1] = (mb.tokens[c.seq_len - 1] + 3) % c.vocab;
+  EXPECT_EQ(m->forward(mb, none, none, st), l);
+  mb.tokens[c.seq_len - 2] = (mb.tokens[c.seq_len - 2] + 3) % c.vocab;
+  EXPECT_NE(m->forward(mb, none, none, st), l);
+}
+
+TEST(Model, HuggingFaceNamesAndLinears) {
+  ModelConfig b = tiny_config("bert"), g = tiny_config("gpt");
+  auto mb = full_model(b), mg = full_model(g);
+  for (const char* n : {"bert.embeddings.token_type_embeddings.weight", "bert.embeddings.LayerNorm.bias",
+                        "bert.encoder.layer.1.attention.self.value.weight", "bert.encoder.layer.0.attention.output.LayerNorm.weight",
+                        "bert.encoder.layer.1.intermediate.dense.bias", "bert.encoder.layer.1.output.LayerNorm.weight",
+                        "cls.predictions.transform.dense.weight", "cls.predictions.transform.LayerNorm.bias",
+                        "cls.predictions.bias"})
+    EXPECT_NE(mb->find_param(n), nullptr) << n;
+  for (const char* n : {"transformer.wpe.weight", "transformer.h.1.ln_1.weight", "transformer.h.0.attn.c_attn.bias",
+                        "transformer.h.1.mlp.c_proj.weight", "transformer.ln_f.bias"})
+    EXPECT_NE(mg->find_param(n), nullptr) << n;
+  Param* qkv = mg->find_param("transformer.h.0.attn.c_attn.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_TRUE(qkv->hf_transposed);
+  EXPECT_EQ(qkv->value.shape(), (Shape{3 * g.hidden, g.hidden}));  // [out, in] in memory
+  EXPECT_FALSE(mb->find_param("bert.embeddings.LayerNorm.weight")->decay);
+  EXPECT_FALSE(mb->find_param("bert.encoder.layer.0.output.dense.bias")->decay);
+  EXPECT_TRUE(mb->find_param("bert.encoder.layer.0.output.dense.weight")->decay);
+  EXPECT_EQ(mb->linears().size(), 2u * 6 + 2);  // q, k, v, o, inter, out per layer; transform, decoder
+  EXPECT_EQ(mg->linears().size(), 2u * 4 + 1);
+  EXPECT_EQ(mb->linears()[0]->name(), "bert.encoder.layer.0.attention.self.query.weight");
+  // GPT-2's residual projections start smaller (std / sqrt(2 layers)).
+  double s1 = 0, s2 = 0;
+  for (float v : mg->find_param("transformer.h.0.mlp.c_fc.weight")->value.span()) s1 += v * v;
+  for (float v : mg->find_param("transformer.h.0.mlp.c_proj.weight")->value.span()) s2 += v * v;
+  EXPECT_NEAR(std::sqrt(s2 / s1), 0.5, 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, ModelTest, ::testing::Values("bert", "gpt"));
