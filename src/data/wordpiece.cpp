@@ -87,7 +87,7 @@ void lower_strip_accents(const std::vector<int32_t>& in, BertState& st) {
 }  // namespace
 
 WordPieceTokenizer WordPieceTokenizer::load(const std::string& path) {
-  std::string text = read_text_file(path, "the BERT vocabulary");
+  std::string text = read_text_file(path, "the BERT vocabulary (run scripts/fetch-data.sh)");
   WordPieceTokenizer t;
   size_t p = 0;
   while (p < text.size()) {

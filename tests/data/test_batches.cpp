@@ -1,0 +1,254 @@
+// GPT windows and BERT masked-LM batches: exact contents, masking statistics, determinism and
+// independence from how sequences are cut into micro-batches.
+#include "core/error.hpp"
+#include "data/batches.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <set>
+
+namespace pf {
+namespace {
+
+std::vector<uint16_t> iota_tokens(int n, int offset = 0) {
+  std::vector<uint16_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(offset + i);
+  return t;
+}
+
+// A pseudo-corpus over the BERT vocabulary avoiding the special ids.
+std::vector<uint16_t> bert_corpus(int n) {
+  std::vector<uint16_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(1000 + (i * 7919) % 20000);
+  return t;
+}
+
+bool same_batch(const MicroBatch& a, const MicroBatch& b) {
+  return a.rows == b.rows && a.seq == b.seq && a.tokens == b.tokens && a.labels == b.labels &&
+         a.attn_mask == b.attn_mask && a.token_types == b.token_types;
+}
+
+// fill(first, a + b) equals fill(first, a) followed by fill(first + a, b).
+void expect_split_invariant(Batcher& batcher, int64_t first, int a, int b) {
+  const int t = batcher.seq_len();
+  MicroBatch whole, p1, p2;
+  batcher.fill(first, a + b, whole);
+  batcher.fill(first, a, p1);
+  batcher.fill(first + a, b, p2);
+  std::vector<int32_t> tokens = p1.tokens, labels = p1.labels;
+  tokens.insert(tokens.end(), p2.tokens.begin(), p2.tokens.end());
+  labels.insert(labels.end(), p2.labels.begin(), p2.labels.end());
+  EXPECT_EQ(whole.tokens, tokens);
+  EXPECT_EQ(whole.labels, labels);
+  EXPECT_EQ(whole.tokens.size(), static_cast<size_t>((a + b) * t));
+}
+
+TEST(GptBatches, ConsecutiveWindowsWithoutShuffle) {
+  const int T = 16;
+  GptBatcher b(iota_tokens(1000), T, false, 7, "test");
+  MicroBatch mb;
+  b.fill(0, 4, mb);
+  ASSERT_EQ(mb.rows, 4);
+  ASSERT_EQ(mb.seq, T);
+  for (int r = 0; r < 4; ++r)
+    for (int k = 0; k < T; ++k) {
+      EXPECT_EQ(mb.tokens[r * T + k], r * T + k);
+      EXPECT_EQ(mb.labels[r * T + k], r * T + k + 1);
+      EXPECT_EQ(mb.attn_mask[r * T + k], 1);
+      EXPECT_EQ(mb.token_types[r * T + k], 0);
+    }
+  b.fill(10, 1, mb);  // sequence 10 = tokens [160, 176]
+  EXPECT_EQ(mb.tokens[0], 160);
+  EXPECT_EQ(mb.labels[T - 1], 176);
+}
+
+TEST(GptBatches, WrapsAroundTheEndOfTheFile) {
+  const int T = 16, N = 100;
+  GptBatcher b(iota_tokens(N), T, false, 7, "test");
+  MicroBatch mb;
+  b.fill(6, 2, mb);  // sequence 6 starts at 96, sequence 7 at 112 mod 100 = 12
+  for (int k = 0; k < T; ++k) {
+    EXPECT_EQ(mb.tokens[k], (96 + k) % N);
+    EXPECT_EQ(mb.labels[k], (97 + k) % N);
+    EXPECT_EQ(mb.tokens[T + k], (12 + k) % N);
+  }
+  b.fill(6 + 25, 1, mb);  // i*T mod N has period N / gcd(N, T) = 25
+  EXPECT_EQ(mb.tokens[0], 96);
+}
+
+TEST(GptBatches, ShuffleVisitsEveryWindowOncePerEpoch) {
+  const int T = 8, N = 1001;  // (N - 1) / T = 125 windows
+  GptBatcher b(iota_tokens(N), T, true, 3, "test");
+  ASSERT_EQ(b.sequences_per_epoch(), 125);
+  MicroBatch mb;
+  std::vector<std::vector<int>> epochs(2);
+  for (int e = 0; e < 2; ++e) {
+    b.fill(e * 125, 125, mb);
+    std::set<int> starts;
+    for (int r = 0; r < 125; ++r) {
+      starts.insert(mb.tokens[r * T]);
+      epochs[e].push_back(mb.tokens[r * T]);
+      for (int k = 0; k < T; ++k) EXPECT_EQ(mb.labels[r * T + k], mb.tokens[r * T + k] + 1);
+    }
+    EXPECT_EQ(starts.size(), 125u);
+    EXPECT_EQ(*starts.begin(), 0);
+    EXPECT_EQ(*starts.rbegin(), 124 * T);
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  std::vector<int> in_order(125);
+  for (int i = 0; i < 125; ++i) in_order[i] = i * T;
+  EXPECT_NE(epochs[0], in_order);
+}
+
+TEST(GptBatches, DeterministicAndSplitInvariant) {
+  GptBatcher a(iota_tokens(5000), 32, true, 11, "test"), b(iota_tokens(5000), 32, true, 11, "test"),
+      c(iota_tokens(5000), 32, true, 12, "test");
+  MicroBatch ma, mb, mc;
+  a.fill(100, 8, ma);
+  b.fill(100, 8, mb);
+  c.fill(100, 8, mc);
+  EXPECT_TRUE(same_batch(ma, mb));
+  EXPECT_NE(ma.tokens, mc.tokens);
+  expect_split_invariant(a, 0, 4, 4);
+  expect_split_invariant(a, 150, 3, 5);  // crosses the epoch boundary at 156
+}
+
+TEST(GptBatches, TooShortFileIsAUsageError) {
+  EXPECT_THROW(GptBatcher(iota_tokens(16), 16, false, 1, "short.bin"), UsageError);  // needs 17
+  EXPECT_NO_THROW(GptBatcher(iota_tokens(17), 16, false, 1, "ok.bin"));
+}
+
+TEST(BertBatches, WindowsAreWrappedInClsSep) {
+  const int T = 10;
+  BertMlmBatcher b(bert_corpus(1000), T, false, 5, 0.15f, kBertVocab, "test");
+  const auto corpus = bert_corpus(1000);
+  MicroBatch mb;
+  b.fill(3, 2, mb);
+  for (int r = 0; r < 2; ++r) {
+    const int32_t* tok = &mb.tokens[r * T];
+    const int32_t* lab = &mb.labels[r * T];
+    EXPECT_EQ(tok[0], kBertVocab.cls);
+    EXPECT_EQ(tok[T - 1], kBertVocab.sep);
+    EXPECT_EQ(lab[0], -1);
+    EXPECT_EQ(lab[T - 1], -1);
+    int selected = 0;
+    for (int k = 1; k < T - 1; ++k) {
+      const int32_t original = corpus[(3 + r) * (T - 2) + k - 1];
+      if (lab[k] >= 0) {
+        ++selected;
+        EXPECT_EQ(lab[k], original);
+      } else {
+        EXPECT_EQ(tok[k], original);
+      }
+    }
+    EXPECT_EQ(selected, 1);  // round(0.15 * 8) = 1
+  }
+  EXPECT_EQ(std::accumulate(mb.attn_mask.begin(), mb.attn_mask.end(), 0), 2 * T);
+}
+
+TEST(BertBatches, MaskingRateAndEightyTenTen) {
+  const int T = 128, rows = 4000;
+  BertMlmBatcher b(bert_corpus(200000), T, true, 99, 0.15f, kBertVocab, "test");
+  ASSERT_EQ(b.masked_per_sequence(), 19);  // round(0.15 * 126)
+  MicroBatch mb;
+  b.fill(0, rows, mb);
+  int64_t selected = 0, masked = 0, unchanged = 0, random = 0;
+  std::vector<int> per_position(T, 0);
+  for (int r = 0; r < rows; ++r) {
+    int in_row = 0;
+    for (int k = 0; k < T; ++k) {
+      const size_t i = static_cast<size_t>(r) * T + k;
+      if (mb.labels[i] < 0) continue;
+      ++in_row;
+      ++per_position[k];
+      if (mb.tokens[i] == kBertVocab.mask) ++masked;
+      else if (mb.tokens[i] == mb.labels[i]) ++unchanged;
+      else ++random;
+    }
+    ASSERT_EQ(in_row, 19);
+    selected += in_row;
+  }
+  EXPECT_NEAR(static_cast<double>(selected) / (rows * (T - 2)), 0.15, 0.5 / (T - 2));
+  // 76,000 selections: one standard deviation of each share is at most 0.0015.
+  EXPECT_NEAR(static_cast<double>(masked) / selected, 0.8, 0.01);
+  EXPECT_NEAR(static_cast<double>(random) / selected, 0.1, 0.008);
+  EXPECT_NEAR(static_cast<double>(unchanged) / selected, 0.1, 0.008);
+  EXPECT_EQ(per_position[0], 0);
+  EXPECT_EQ(per_position[T - 1], 0);
+  const double mean = static_cast<double>(selected) / (T - 2);  // ~603, sd ~23
+  for (int k = 1; k < T - 1; ++k) EXPECT_NEAR(per_position[k], mean, 0.25 * mean) << "position " << k;
+}
+
+TEST(BertBatches, DeterministicPerSequenceAndSplitInvariant) {
+  const int T = 64;
+  BertMlmBatcher a(bert_corpus(50000), T, true, 42, 0.15f, kBertVocab, "test"),
+      b(bert_corpus(50000), T, true, 42, 0.15f, kBertVocab, "test"),
+      c(bert_corpus(50000), T, true, 43, 0.15f, kBertVocab, "test");
+  MicroBatch ma, mb, mc;
+  a.fill(0, 8, ma);
+  b.fill(0, 8, mb);
+  c.fill(0, 8, mc);
+  EXPECT_TRUE(same_batch(ma, mb));
+  EXPECT_NE(ma.labels, mc.labels);
+  expect_split_invariant(a, 0, 4, 4);
+  expect_split_invariant(a, 777, 1, 7);
+  // Same window, different sequence index: a different mask. Without shuffling, a file of exactly
+  // 10 windows gives sequences 0 and 10 the same tokens.
+  BertMlmBatcher plain(bert_corpus(62 * 10), T, false, 42, 0.15f, kBertVocab, "test");  // 10 windows
+  MicroBatch s0, s10;
+  plain.fill(0, 1, s0);
+  plain.fill(10, 1, s10);
+  std::vector<int32_t> orig0(T), orig10(T);
+  for (int k = 0; k < T; ++k) {
+    orig0[k] = s0.labels[k] >= 0 ? s0.labels[k] : s0.tokens[k];
+    orig10[k] = s10.labels[k] >= 0 ? s10.labels[k] : s10.tokens[k];
+  }
+  EXPECT_EQ(orig0, orig10);
+  EXPECT_NE(s0.labels, s10.labels);
+}
+
+TEST(Batches, FillDoesNotReallocate) {
+  BertMlmBatcher bert(bert_corpus(20000), 64, true, 1, 0.15f, kBertVocab, "test");
+  GptBatcher gpt(iota_tokens(20000), 64, true, 1, "test");
+  for (Batcher* b : {static_cast<Batcher*>(&bert), static_cast<Batcher*>(&gpt)}) {
+    MicroBatch mb;
+    mb.resize(8, 64);
+    const int32_t* tokens = mb.tokens.data();
+    const int32_t* labels = mb.labels.data();
+    for (int step = 0; step < 20; ++step) b->fill(step * 8, step % 2 ? 8 : 4, mb);
+    EXPECT_EQ(mb.tokens.data(), tokens);
+    EXPECT_EQ(mb.labels.data(), labels);
+  }
+}
+
+TEST(Batches, MakeBatcherFromConfig) {
+  ModelConfig model;
+  model.arch = "bert";
+  model.seq_len = 128;
+  DataConfig data;
+  data.vocab = "bert";
+  data.train_file = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  data.valid_file = data.train_file;
+  auto train = make_batcher(model, data, false);
+  EXPECT_EQ(train->seq_len(), 128);
+  EXPECT_EQ(train->sequences_per_epoch(), 48847 / 126);
+  // The validation batcher reads in order, whatever data.shuffle says.
+  auto valid = make_batcher(model, data, true);
+  MicroBatch mb;
+  valid->fill(0, 1, mb);
+  auto ids = std::vector<int32_t>(mb.tokens.begin(), mb.tokens.end());
+  EXPECT_EQ(ids[0], kBertVocab.cls);
+
+  data.vocab = "gpt2";
+  data.train_file = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.gpt2.bin";
+  EXPECT_THROW(make_batcher(model, data, false), UsageError);  // BERT needs [CLS]/[SEP]/[MASK]
+  model.arch = "gpt";
+  model.vocab = 50257;
+  EXPECT_EQ(make_batcher(model, data, false)->sequences_per_epoch(), (49066 - 1) / 128);
+  data.train_file.clear();
+  EXPECT_THROW(make_batcher(model, data, false), UsageError);
+}
+
+}  // namespace
+}  // namespace pf

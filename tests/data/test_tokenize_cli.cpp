@@ -1,0 +1,79 @@
+// `pipefisher tokenize`: printed ids, token files, and exit status 2 with a one-line message on
+// bad arguments.
+#include "data/token_file.hpp"
+#include "vocab_fixture.hpp"
+
+#include <gmock/gmock.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+using ::testing::HasSubstr;
+
+namespace pf {
+namespace {
+
+struct CliResult {
+  int status;
+  std::string output;  // stdout and stderr
+};
+CliResult run(const std::string& args) {
+  std::string cmd = std::string(PF_BINARY) + " tokenize " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+using TokenizeCli = test::VocabTest;
+
+TEST_F(TokenizeCli, PrintsIds) {
+  const std::string dir = " --vocab-dir " + test::vocab_dir();
+  CliResult bert = run("--vocab bert" + dir + " 'Hello world!'");
+  EXPECT_EQ(bert.status, 0);
+  EXPECT_EQ(bert.output, "101 7592 2088 999 102\n");
+  CliResult gpt = run("--vocab gpt2" + dir + " 'Hello, my dog is cute'");
+  EXPECT_EQ(gpt.output, "15496 11 616 3290 318 13779\n");
+  CliResult dec = run("--vocab gpt2" + dir + " --decode '15496 11 616 3290 318 13779'");
+  EXPECT_EQ(dec.output, "Hello, my dog is cute\n");
+}
+
+TEST_F(TokenizeCli, WritesTokenFile) {
+  const std::string in = test::source_dir() + "/data/sample/moby-dick-1-20.txt";
+  const std::string out = ::testing::TempDir() + "/pf_cli_" + std::to_string(::getpid()) + ".bin";
+  CliResult r = run("--vocab gpt2 --vocab-dir " + test::vocab_dir() + " --in " + in + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto ids = read_token_file(out, gpt2().vocab_size());
+  auto expect = gpt2().encode(test::slurp(in));
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), expect);
+  std::filesystem::remove(out);
+}
+
+TEST_F(TokenizeCli, BadArgumentsExitWithStatus2) {
+  const std::string dir = " --vocab-dir " + test::vocab_dir();
+  CliResult no_out = run("--vocab bert" + dir + " --in x.txt");
+  EXPECT_EQ(no_out.status, 2);
+  EXPECT_THAT(no_out.output, HasSubstr("--out"));
+  CliResult not_bin = run("--vocab bert" + dir + " --in x.txt --out x.txt");
+  EXPECT_EQ(not_bin.status, 2);
+  EXPECT_THAT(not_bin.output, HasSubstr(".bin"));
+  CliResult missing_in = run("--vocab bert" + dir + " --in /nonexistent/x.txt --out /tmp/pf_never.bin");
+  EXPECT_EQ(missing_in.status, 2);
+  EXPECT_THAT(missing_in.output, HasSubstr("/nonexistent/x.txt"));
+  EXPECT_FALSE(std::filesystem::exists("/tmp/pf_never.bin"));
+  CliResult no_vocab = run("--vocab gpt2 --vocab-dir /nonexistent/vocab hello");
+  EXPECT_EQ(no_vocab.status, 2);
+  EXPECT_THAT(no_vocab.output, HasSubstr("/nonexistent/vocab/gpt2-encoder.json"));
+  EXPECT_THAT(no_vocab.output, HasSubstr("fetch-data.sh"));
+  CliResult bad_vocab = run("--vocab roberta hello");
+  EXPECT_EQ(bad_vocab.status, 2);
+  EXPECT_EQ(std::count(no_vocab.output.begin(), no_vocab.output.end(), '\n'), 1);  // one line
+}
+
+}  // namespace
+}  // namespace pf
