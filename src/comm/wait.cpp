@@ -97,6 +97,9 @@ int world_rank() {
 void abort_job(const std::string& message, int code) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
+  // Give mpirun a moment to forward the message before MPI_Abort tears the job's I/O down.
+  timespec ts{0, 200'000'000};
+  nanosleep(&ts, nullptr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }

@@ -78,7 +78,7 @@ struct Groups {
   // Chimera: the device (pipeline position) hosting the other pipeline's copy of stage s.
   int mirror_stage(int s) const { return stages - 1 - s; }
   // World ranks holding a copy of stage s under Chimera (the members of that stage_holders
-  // communicator, in its rank order: replica-major, then device s before device D-1-s).
+  // communicator, in its rank order: replica-major, then the lower of devices s, D-1-s first).
   std::vector<int> holders(int s) const;
 };
 

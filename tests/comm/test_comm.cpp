@@ -149,10 +149,18 @@ TEST(CommAllReduce, DefaultBucketFusesEverything) {
   EXPECT_NE(r.out.find("ALLREDUCE OK rank=1 buckets=1 fused=1"), std::string::npos) << r.out;
 }
 
-TEST(CommAllReduce, FourRanks) {
-  Launch r = worker(4, "allreduce 40000");
-  ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("ALLREDUCE OK rank=3 buckets=8 fused="), std::string::npos) << r.out;
+// Same inputs, same np: the same bits on every rank (checked by the worker) and in every run.
+TEST(CommAllReduce, FourRanksSameBitsEveryRun) {
+  std::regex re("ALLREDUCE OK rank=3 buckets=8 fused=\\d+ bits=([0-9a-f]+)");
+  std::string bits[2];
+  for (std::string& b : bits) {
+    Launch r = worker(4, "allreduce 40000");
+    ASSERT_EQ(r.status, 0) << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, re)) << r.out;
+    b = m[1];
+  }
+  EXPECT_EQ(bits[0], bits[1]);
 }
 
 TEST(CommAllReduce, PackedUpperTrianglesOfSymmetricMatrices) {
@@ -207,6 +215,18 @@ TEST(CommFaults, WatchdogAbortsWhenAPeerMakesNoProgress) {
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("rank 0: no progress from rank 1 for 2 s (peer lost?)"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15.0) << r.out;  // well before the sleeper would have returned
+}
+
+TEST(CommFaults, ShortMessageEndsTheJobWithAMessage) {
+  Launch r = worker(2, "mismatch 10 20");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("has 10 floats, expected 20"), std::string::npos) << r.out;
+}
+
+TEST(CommFaults, LongMessageEndsTheJobWithAnMpiError) {
+  Launch r = worker(2, "mismatch 20 10");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 0: MPI error in a pipeline receive: MPI_ERR_TRUNCATE"), std::string::npos) << r.out;
 }
 
 // Behaviour, not speed: a rank blocked 2 s in a receive must sleep, not poll a core.

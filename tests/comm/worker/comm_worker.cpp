@@ -11,6 +11,7 @@
 //   clock             clock offsets (one host: true offset is 0)
 //   kill              the last rank SIGKILLs itself while the others wait for it
 //   stall SECONDS     the last rank sleeps SECONDS outside MPI; the others' watchdog must fire
+//   mismatch S E      rank 1 sends S floats where rank 0 expects E
 //   idle SECONDS      rank 0 waits SECONDS for rank 1 and reports its own CPU time
 #include "comm/clock.hpp"
 #include "comm/collectives.hpp"
@@ -186,7 +187,8 @@ int mode_allreduce(const World& w, size_t bucket_bytes) {
   for (uint64_t o : all)
     if (o != h) fail(fmt::format("rank {}: all-reduce bits differ across ranks", w.rank()));
   if (!g_fail)
-    std::printf("ALLREDUCE OK rank=%d buckets=%zu fused=%zu\n", w.rank(), ar.buckets(), ar.fused_buckets());
+    std::printf("ALLREDUCE OK rank=%d buckets=%zu fused=%zu bits=%016llx\n", w.rank(), ar.buckets(),
+                ar.fused_buckets(), (unsigned long long)h);
   return g_fail;
 }
 
@@ -282,6 +284,21 @@ int mode_stall(const World& w, double seconds) {
   return 1;
 }
 
+// Rank 1 sends `sent` floats where rank 0 expects `expected`: a schedule/model-split mismatch
+// must end the job with a message, whichever side is larger.
+int mode_mismatch(const World& w, int sent, int expected) {
+  P2P p2p(MPI_COMM_WORLD, 1);
+  std::vector<float> buf(std::max(sent, expected), 1.0f);
+  if (w.rank() == 1) p2p.wait(p2p.isend(std::span<const float>(buf.data(), sent), 0, 3));
+  if (w.rank() == 0) {
+    p2p.wait(p2p.irecv(std::span<float>(buf.data(), expected), 1, 3));
+    std::printf("FAIL rank 0: a mismatched message was accepted\n");
+    return 1;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // rank 0 aborts the job before reaching it
+  return 0;
+}
+
 double cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -324,6 +341,7 @@ int main(int argc, char** argv) {
     else if (mode == "clock") rc = mode_clock(world);
     else if (mode == "kill") rc = mode_kill(world);
     else if (mode == "stall") rc = mode_stall(world, arg(2, 10));
+    else if (mode == "mismatch") rc = mode_mismatch(world, int(arg(2, 10)), int(arg(3, 20)));
     else if (mode == "idle") rc = mode_idle(world, arg(2, 2));
     else std::fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode.c_str());
     std::fflush(stdout);
