@@ -218,6 +218,9 @@ bool KfacFactor::try_invert(const FactorBlock& b, double damping, int* info) {
 InvertResult KfacFactor::invert_block(int j, double damping) {
   PF_CHECK(j >= 0 && j < num_blocks(), "factor {}: block {} of {}", name_, j, num_blocks());
   PF_CHECK(damping >= 0, "factor {}: damping {}", name_, damping);
+  // With ema 0 the step's sum accumulates in the factor itself: it is only whole after commit.
+  PF_CHECK(ema_decay_ > 0 || pending_ == 0, "factor {}: inverted while {} micro-batches of curvature "
+           "are pending (commit first)", name_, pending_);
   const FactorBlock& b = blocks_[j];
   const float* v = value_.data();
   bool finite = true;

@@ -102,6 +102,9 @@ class KfacFactor {
   // in a preallocated workspace: the factor itself is never modified. When Cholesky fails the
   // damping is raised (x10, from a floor if 0) up to max_retries times, each logged; if it still
   // fails the previous inverse stays. NaN/Inf in the block: no retry, previous inverse stays.
+  // With ema 0 the factor is accumulated in place, so inverting between the first curvature of a
+  // step and its commit is refused (PF_CHECK); with ema > 0 the sum has its own buffer and the
+  // factor can be inverted at any time.
   InvertResult invert_block(int j, double damping);
   // All blocks; the result is the worst block's (status order Ok < Raised < Failed < NonFinite).
   InvertResult invert(double damping);

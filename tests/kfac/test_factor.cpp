@@ -280,3 +280,25 @@ TEST(KfacState, SaveLoadRoundTrip) {
 
 }  // namespace
 }  // namespace pf
+
+namespace pf {
+namespace {
+
+TEST(KfacFactor, InvertingAHalfAccumulatedFactorIsRefusedWithoutEma) {
+  Tensor x = dense::randn({4, 3}, 50);
+  KfacFactor in_place("A", 3);                                  // ema 0: sums in the factor
+  KfacFactor separate("A", 3, FactorKind::Dense, 1, 0.5);       // ema > 0: own buffer
+  for (KfacFactor* f : {&in_place, &separate}) {
+    f->accumulate(x.data(), 4, 3, 1.0f);
+    f->commit();
+    f->accumulate(x.data(), 2, 3, 1.0f);                        // next step under way
+  }
+  EXPECT_THROW(in_place.invert(0.1), std::logic_error);
+  const Tensor before = separate.value();
+  EXPECT_EQ(separate.invert(0.1).status, InvertStatus::Ok);     // inverts the last committed factor
+  Mat ref = dense::inverse(dense::add_diag(dense::from_tensor(before), 0.1f));
+  EXPECT_LT(dense::max_abs_diff(dense::from_tensor(separate.inverse()), ref), 1e-5);
+}
+
+}  // namespace
+}  // namespace pf
