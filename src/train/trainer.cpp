@@ -1,0 +1,79 @@
+#include "train/trainer.hpp"
+
+#include "core/blas.hpp"
+
+#include <chrono>
+#include <cmath>
+
+namespace pf {
+
+void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>& mbs) {
+  const int64_t global = static_cast<int64_t>(mbs.size()) * rows;
+  int64_t positions = 0;
+  for (size_t j = 0; j < mbs.size(); ++j) {
+    batcher.fill(step * global + static_cast<int64_t>(j) * rows, rows, mbs[j]);
+    mbs[j].index = static_cast<int>(j);
+    positions += mbs[j].loss_positions();
+  }
+  const float scale = positions > 0 ? 1.0f / static_cast<float>(positions) : 0.0f;
+  for (MicroBatch& mb : mbs) mb.loss_scale = scale;
+}
+
+Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+  set_threads(cfg.train.threads);
+  const auto& p = cfg.parallel;
+  train_data_ = make_batcher(cfg.model, cfg.data, false);
+  valid_data_ = make_batcher(cfg.model, cfg.data, true);
+  model_ = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
+  model_->init(cfg.train.seed);
+  state_ = model_->make_state(p.micro_batch_size, cfg.model.seq_len);
+  mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
+  for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
+  params_ = model_->params();
+  optim_ = make_optimizer(cfg.optim);
+  optim_->init(params_);
+  lr_ = make_lr_schedule(cfg.optim, cfg.train.steps);
+}
+
+int64_t Trainer::tokens_per_step() const {
+  return static_cast<int64_t>(mbs_.size()) * cfg_.parallel.micro_batch_size * cfg_.model.seq_len;
+}
+
+StepStats Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  StepStats s;
+  s.step = step_;
+  fill_step(*train_data_, step_, cfg_.parallel.micro_batch_size, mbs_);
+  model_->zero_grad();
+  model_->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step_));
+  for (MicroBatch& mb : mbs_) {
+    s.loss += model_->forward(mb, no_input_, no_output_, state_);
+    model_->backward(mb, no_output_, no_input_, state_);
+  }
+  s.lr = lr_.at(step_);
+  s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
+  optim_->step(params_, s.lr, s.grad_norm);
+  s.tokens = tokens_per_step();
+  s.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++step_;
+  return s;
+}
+
+double Trainer::evaluate() {
+  // Held-out sequences 0 .. eval_batches*mbs - 1: the same ones at every evaluation.
+  std::vector<MicroBatch>& mbs = mbs_;
+  double loss = 0;
+  int64_t positions = 0;
+  const int rows = cfg_.parallel.micro_batch_size;
+  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
+    MicroBatch& mb = mbs[0];
+    valid_data_->fill(static_cast<int64_t>(b) * rows, rows, mb);
+    mb.index = 0;
+    mb.loss_scale = 1.0f;
+    loss += model_->forward(mb, no_input_, no_output_, state_);
+    positions += mb.loss_positions();
+  }
+  return positions ? loss / static_cast<double>(positions) : 0.0;
+}
+
+}  // namespace pf
