@@ -13,6 +13,7 @@ namespace pf::comm {
 namespace {
 
 std::atomic<double> g_timeout{20.0};
+std::atomic<long> g_max_sleep_ns{250'000};
 
 using Clock = std::chrono::steady_clock;
 
@@ -59,19 +60,20 @@ void backoff_loop(const WaitSite& site, bool sleep, Poll&& poll) {
   if (poll(&progressed)) return;
   const double timeout = progress_timeout();
   auto last = Clock::now();
-  long sleep_ns = 20'000;
+  const long max_sleep = g_max_sleep_ns.load();
+  long sleep_ns = std::min(20'000L, max_sleep);
   for (;;) {
     if (sleep) {
       timespec ts{0, sleep_ns};
       nanosleep(&ts, nullptr);
-      sleep_ns = std::min(sleep_ns * 2, 1'000'000L);
+      sleep_ns = std::min(sleep_ns * 2, max_sleep);
     }
     progressed = false;
     if (poll(&progressed)) return;
     auto now = Clock::now();
     if (progressed) {
       last = now;
-      sleep_ns = 20'000;
+      sleep_ns = std::min(20'000L, max_sleep);
     } else if (timeout > 0) {
       double idle = std::chrono::duration<double>(now - last).count();
       if (idle > timeout) stalled(site, idle);
@@ -83,6 +85,8 @@ void backoff_loop(const WaitSite& site, bool sleep, Poll&& poll) {
 
 double progress_timeout() { return g_timeout.load(); }
 void set_progress_timeout(double seconds) { g_timeout.store(seconds); }
+long max_sleep_ns() { return g_max_sleep_ns.load(); }
+void set_max_sleep_ns(long ns) { g_max_sleep_ns.store(std::max(1000L, ns)); }
 
 int world_rank() {
   int init = 0, fin = 0;

@@ -4,8 +4,10 @@
 // Ranks here share few cores (4 ranks on 2 cores is normal), so a rank blocked in MPI_Wait or
 // MPI_Recv, which OpenMPI implements as a busy poll, would steal a core from a rank that computes
 // (measured: 2x slower, docs/platform.md). Every wait of this layer is instead MPI_Test plus a
-// nanosleep whose length doubles from 20 us to 1 ms: a long wait costs a few percent of a core and
-// a short one adds at most ~1 ms of latency.
+// nanosleep whose length doubles from 20 us up to a cap, 250 us by default. Measured with the
+// worker's latency mode (2 ranks, 2 busy cores, 40 waits): cap 1 ms -> a message that arrives
+// after a 2-50 ms wait is noticed ~500-640 us late on average, 1-2% CPU while waiting; cap 250 us
+// -> ~80-160 us late, 2-3% CPU. Pipeline steps wait many times per step, so latency wins.
 //
 // The same loop is the watchdog: a wait that sees no request complete for progress_timeout()
 // seconds prints "rank R: no progress from rank Q for N s (peer lost?)" and calls MPI_Abort, so a
@@ -31,6 +33,12 @@ struct WaitSite {
 // or the environment variable PF_COMM_TIMEOUT (seconds) read by World; <= 0 disables it.
 double progress_timeout();
 void set_progress_timeout(double seconds);
+
+// The backoff's longest sleep (default 250 us, or PF_COMM_SLEEP_US read by World): the most a
+// long wait adds to a message's latency (about half of it on average) against the CPU a waiting
+// rank burns waking up (see the latency mode of tests/comm/worker).
+long max_sleep_ns();
+void set_max_sleep_ns(long ns);
 
 // Blocks until `req` completes (MPI_REQUEST_NULL returns at once); fills *status if given.
 void wait(MPI_Request& req, const WaitSite& site, MPI_Status* status = nullptr);

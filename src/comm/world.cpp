@@ -27,6 +27,13 @@ World::World(int* argc, char*** argv) {
     if (end == t || *end != '\0') usage_error("PF_COMM_TIMEOUT", "'{}' is not a number of seconds", t);
     set_progress_timeout(s);
   }
+  if (const char* t = std::getenv("PF_COMM_SLEEP_US"); t && *t) {
+    char* end = nullptr;
+    double us = std::strtod(t, &end);
+    if (end == t || *end != '\0' || us < 1)
+      usage_error("PF_COMM_SLEEP_US", "'{}' is not a number of microseconds >= 1", t);
+    set_max_sleep_ns(static_cast<long>(us * 1000));
+  }
   exceptions_at_init_ = std::uncaught_exceptions();
 }
 

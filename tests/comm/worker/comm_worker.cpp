@@ -12,6 +12,7 @@
 //   kill              the last rank SIGKILLs itself while the others wait for it
 //   stall SECONDS     the last rank sleeps SECONDS outside MPI; the others' watchdog must fire
 //   mismatch S E      rank 1 sends S floats where rank 0 expects E
+//   latency MS REPS   (measurement) how late a sleeping wait notices a message sent after MS
 //   idle SECONDS      rank 0 waits SECONDS for rank 1 and reports its own CPU time
 #include "comm/clock.hpp"
 #include "comm/collectives.hpp"
@@ -305,6 +306,34 @@ double cpu_seconds() {
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+// Not a test: how late a sleeping wait notices a message. Rank 1 computes (sleeps) `ms` before
+// each send and stamps the send time; rank 0 (same host, same steady_clock) reports how long
+// after that stamp its wait returned, and its CPU use while waiting.
+int mode_latency(const World& w, double ms, int reps) {
+  P2P p2p(MPI_COMM_WORLD, 2);
+  int64_t stamp = 0;
+  std::span<float> msg(reinterpret_cast<float*>(&stamp), 2);
+  double total_us = 0, worst_us = 0, cpu0 = 0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  cpu0 = cpu_seconds();
+  for (int i = 0; i < reps; ++i) {
+    if (w.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+      stamp = steady_now_ns();
+      p2p.wait(p2p.isend(msg, 0, 9));
+    } else if (w.rank() == 0) {
+      p2p.wait(p2p.irecv(msg, 1, 9));
+      double late = 1e-3 * double(steady_now_ns() - stamp);
+      total_us += late;
+      worst_us = std::max(worst_us, late);
+    }
+  }
+  if (w.rank() == 0)
+    std::printf("LATENCY wait=%.1fms reps=%d mean_late_us=%.1f worst_late_us=%.1f cpu_share=%.3f\n", ms, reps,
+                total_us / reps, worst_us, (cpu_seconds() - cpu0) / (reps * ms * 1e-3));
+  return 0;
+}
+
 int mode_idle(const World& w, double seconds) {
   std::vector<float> buf(1000, 0.0f);
   P2P p2p(MPI_COMM_WORLD, 2);
@@ -342,6 +371,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") rc = mode_kill(world);
     else if (mode == "stall") rc = mode_stall(world, arg(2, 10));
     else if (mode == "mismatch") rc = mode_mismatch(world, int(arg(2, 10)), int(arg(3, 20)));
+    else if (mode == "latency") rc = mode_latency(world, arg(2, 10), int(arg(3, 50)));
     else if (mode == "idle") rc = mode_idle(world, arg(2, 2));
     else std::fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode.c_str());
     std::fflush(stdout);
