@@ -1,0 +1,219 @@
+// pipefisher plan: generate (or read) a pipeline schedule, validate it, simulate one step with
+// given or profiled durations, and report step time, bubbles, utilization, memory; optionally
+// draw it (SVG), trace it (Chrome JSON), save it (CSV), or sweep the paper's performance model.
+//   pipefisher plan --schedule 1f1b --stages 4 --micro-batches 8 --tf 1 --tb 2 --svg t.svg
+//   pipefisher plan --schedule chimera --stages 8 --micro-batches 8 --profile bert_base.csv \
+//                   --micro-batch-size 32 --layers-per-stage 3 --json
+//   pipefisher plan --schedule-file mine.csv --trace t.json
+//   pipefisher plan --sweep --schedule chimera --profile bert_base.csv --csv sweep.csv --svg sweep.svg
+// Times are in milliseconds (flags and profiles alike).
+#include "command.hpp"
+#include "core/error.hpp"
+#include "schedule/generators.hpp"
+#include "schedule/validate.hpp"
+#include "sim/memory.hpp"
+#include "sim/profile.hpp"
+#include "sim/sim.hpp"
+#include "sim/sweep.hpp"
+#include "viz/render.hpp"
+#include "viz/sweep_chart.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+namespace pf::app {
+namespace {
+
+struct PlanArgs {
+  std::string schedule, schedule_file, profile, svg, trace, csv;
+  int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
+  double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
+  bool json = false, sweep = false;
+  std::vector<int> sweep_stages = {4, 8, 16, 32};
+  CLI::App* app = nullptr;
+  bool given(const char* flag) const { return app->count(flag) > 0; }
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Profiles to use: from --profile (all CSV rows in a sweep, else the row of --micro-batch-size),
+// or one profile built from the time flags.
+std::vector<Profile> load_profiles(const PlanArgs& a) {
+  if (a.profile.empty()) {
+    for (const char* f : {"--micro-batch-size", "--layers-per-stage"})
+      if (a.given(f) && !(a.sweep && std::string(f) == "--micro-batch-size"))
+        usage_error(f, "only applies with --profile");
+    Profile p;
+    p.micro_batch_size = a.micro_batch_size > 0 ? a.micro_batch_size : 1;
+    StageCost& c = p.cost.stages[0];
+    c.forward = a.tf;
+    c.backward = a.tb;
+    c.curvature = a.tcurv;
+    c.inversion = a.tinv;
+    c.precondition = a.tprec;
+    p.cost.p2p_latency = a.tcomm;
+    p.memory = {StageMemory{}};
+    return {p};
+  }
+  for (const char* f : {"--tf", "--tb", "--tcurv", "--tinv", "--tprec"})
+    if (a.given(f)) usage_error(f, "durations come from --profile; give one or the other");
+  if (ends_with(a.profile, ".json")) {
+    if (a.given("--layers-per-stage")) usage_error("--layers-per-stage", "only applies to the paper's CSV profile (the JSON profile is per stage)");
+    Profile p = read_profile_json(a.profile);
+    if (a.given("--micro-batch-size") && a.micro_batch_size != p.micro_batch_size)
+      usage_error("--micro-batch-size", "{} but the profile was measured at micro-batch size {}", a.micro_batch_size,
+                  p.micro_batch_size);
+    if (a.given("--tcomm")) p.cost.p2p_latency = a.tcomm;
+    return {p};
+  }
+  const int L = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
+  std::vector<ProfileRow> rows = read_paper_csv(a.profile);
+  std::vector<Profile> out;
+  for (const ProfileRow& r : rows)
+    if (!a.given("--micro-batch-size") || r.bs == a.micro_batch_size) out.push_back(profile_from_row(r, L));
+  std::string have;
+  for (const ProfileRow& r : rows) have += (have.empty() ? "" : ", ") + std::to_string(r.bs);
+  if (out.empty()) usage_error("--micro-batch-size", "no row with bs={} in '{}' (has {})", a.micro_batch_size, a.profile, have);
+  if (out.size() > 1 && !a.sweep)
+    usage_error("--micro-batch-size", "'{}' has rows for bs {}: pick one", a.profile, have);
+  for (Profile& p : out) p.cost.p2p_latency = a.tcomm;
+  return out;
+}
+
+int run_sweep_mode(const PlanArgs& a) {
+  if (!a.schedule_file.empty()) usage_error("--sweep", "sweeps generated schedules, not --schedule-file");
+  if (a.given("--trace")) usage_error("--trace", "not available with --sweep");
+  if (a.given("--stages") || a.given("--micro-batches"))
+    usage_error(a.given("--stages") ? "--stages" : "--micro-batches", "--sweep chooses D and N itself (see --sweep-stages)");
+  SweepSpec spec;
+  spec.schedule = a.schedule.empty() ? "chimera" : a.schedule;
+  make_schedule(spec.schedule, 2, 2, 2);  // refuse an unknown name up front
+  spec.stages = a.sweep_stages;
+  if (a.given("--virtual-stages")) spec.virtual_stages = a.virtual_stages;
+  std::vector<SweepRow> rows = run_sweep(spec, load_profiles(a));
+  if (rows.empty()) usage_error("--sweep-stages", "schedule {} is defined for none of the requested depths", spec.schedule);
+  std::string csv = sweep_csv(rows);
+  if (!a.csv.empty()) write_file_atomic(a.csv, csv, "--csv");
+  if (!a.svg.empty())
+    write_file_atomic(a.svg, sweep_svg(rows, fmt::format("Performance model: {}", spec.schedule)), "--svg");
+  if (a.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const SweepRow& r : rows)
+      j.push_back({{"schedule", r.schedule}, {"micro_batch_size", r.micro_batch_size}, {"stages", r.stages},
+                   {"micro_batches", r.micro_batches}, {"t_pipe", r.t_pipe}, {"t_bubble", r.t_bubble},
+                   {"t_prec", r.t_prec}, {"t_curv_inv", r.t_curv_inv}, {"ratio", r.ratio},
+                   {"throughput_pipe", r.throughput_pipe}, {"throughput_pipefisher", r.throughput_pipefisher},
+                   {"throughput_kfac", r.throughput_kfac}, {"throughput_kfac_skip", r.throughput_kfac_skip},
+                   {"m_pipe", r.m_pipe}, {"m_kfac", r.m_kfac}});
+    fmt::print("{}\n", j.dump(1));
+  } else if (a.csv.empty()) {
+    fmt::print("{}", csv);
+  }
+  return 0;
+}
+
+int run(const PlanArgs& a) {
+  if (a.given("--virtual-stages") && a.schedule != "interleaved")
+    usage_error("--virtual-stages", "only applies to --schedule interleaved");
+  if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
+  if (a.sweep) return run_sweep_mode(a);
+  if (a.schedule.empty() == a.schedule_file.empty())
+    usage_error("--schedule", "give either --schedule NAME or --schedule-file FILE");
+
+  Schedule s;
+  if (!a.schedule_file.empty()) {
+    for (const char* f : {"--stages", "--micro-batches"})
+      if (a.given(f)) usage_error(f, "comes from --schedule-file");
+    s = read_schedule_file(a.schedule_file);
+  } else {
+    if (!a.given("--stages")) usage_error("--stages", "required with --schedule");
+    if (!a.given("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
+    s = make_schedule(a.schedule, a.stages, a.micro_batches, a.given("--virtual-stages") ? a.virtual_stages : 2);
+  }
+  try {
+    validate(s);
+  } catch (const ScheduleError& e) {
+    std::fprintf(stderr, "%s", e.grid.c_str());
+    throw;
+  }
+  Profile prof = load_profiles(a).front();
+  if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
+    usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
+
+  Timeline tl = simulate(s, prof.cost);
+  MemoryReport mem = memory_model(s, tl, prof.memory);
+  const std::string title = fmt::format("{} D={} N={}{}", s.name, s.devices, s.micro_batches,
+                                        s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
+  if (!a.svg.empty()) write_file_atomic(a.svg, timeline_svg(tl, {title}), "--svg");
+  if (!a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, title), "--trace");
+  if (!a.csv.empty()) write_file_atomic(a.csv, to_csv(s), "--csv");
+
+  const int peak = *std::max_element(tl.peak_in_flight.begin(), tl.peak_in_flight.end());
+  if (a.json) {
+    nlohmann::json per = nlohmann::json::array();
+    for (int d = 0; d < s.devices; ++d)
+      per.push_back({{"device", d}, {"busy", tl.busy[d]}, {"bubble", tl.bubble[d]},
+                     {"utilization", tl.utilization[d]}, {"peak_in_flight", tl.peak_in_flight[d]}});
+    nlohmann::json j = {
+        {"schedule", s.name}, {"stages", s.devices}, {"virtual_stages", s.stages / s.devices},
+        {"pipelines", s.pipelines}, {"micro_batches", s.micro_batches}, {"time_unit", "ms"},
+        {"step_time", tl.step_time}, {"bubble_time", tl.mean_bubble()}, {"utilization", tl.mean_utilization()},
+        {"per_device", per}, {"peak_in_flight", peak},
+        {"memory", {{"unit", "MB"}, {"worst_device", mem.device}, {"params", mem.params},
+                    {"activations", mem.activations}, {"err_peak", mem.err_peak}, {"m_pipe", mem.m_pipe},
+                    {"activations_in_flight", mem.activations_in_flight}, {"m_pipe_in_flight", mem.m_pipe_in_flight},
+                    {"curv", mem.curv}, {"inv", mem.inv}, {"err_save", mem.err_save}, {"m_kfac", mem.m_kfac}}}};
+    fmt::print("{}\n", j.dump(1));
+    return 0;
+  }
+  fmt::print("{}: {} devices, {} stages{}, {} micro-batches (times in ms)\n", s.name, s.devices, s.stages,
+             s.pipelines > 1 ? " per pipeline x 2 pipelines" : "", s.micro_batches);
+  fmt::print("step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n", tl.step_time,
+             tl.mean_bubble(), 100 * tl.mean_utilization(), peak);
+  fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "
+             "M_kfac+ {:.1f} MB\n\n",
+             mem.device, mem.m_pipe, mem.m_pipe_in_flight, mem.m_kfac);
+  fmt::print("{}", timeline_text(tl));
+  return 0;
+}
+
+Runner setup(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  a->app = &app;
+  app.add_option("--schedule", a->schedule, "naive, gpipe, 1f1b, interleaved, chimera or zb-h1");
+  app.add_option("--schedule-file", a->schedule_file, "Read the schedule (text, or CSV if *.csv) instead");
+  app.add_option("--stages", a->stages, "Pipeline stages D (= devices)");
+  app.add_option("--micro-batches", a->micro_batches, "Micro-batches N per step");
+  app.add_option("--virtual-stages", a->virtual_stages, "Model chunks V per device (interleaved; default 2)");
+  auto nonneg = CLI::NonNegativeNumber;
+  app.add_option("--tf", a->tf, "Forward time of one micro-batch on one stage, ms (default 1)")->check(nonneg);
+  app.add_option("--tb", a->tb, "Backward time, ms (default 2)")->check(nonneg);
+  app.add_option("--tcomm", a->tcomm, "Point-to-point time per stage-to-stage message, ms (default 0)")->check(nonneg);
+  app.add_option("--tcurv", a->tcurv, "K-FAC curvature time per micro-batch per stage, ms")->check(nonneg);
+  app.add_option("--tinv", a->tinv, "K-FAC inversion time per stage, ms")->check(nonneg);
+  app.add_option("--tprec", a->tprec, "K-FAC precondition time per stage, ms")->check(nonneg);
+  app.add_option("--profile", a->profile, "Durations from a profile: the paper's CSV or pipefisher's JSON");
+  app.add_option("--micro-batch-size", a->micro_batch_size, "Profile CSV row (bs) to use")->check(CLI::PositiveNumber);
+  app.add_option("--layers-per-stage", a->layers_per_stage, "Transformer blocks per stage (scales the CSV profile)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--json", a->json, "Print one JSON object");
+  app.add_option("--svg", a->svg, "Write the timeline (or the sweep chart) as SVG");
+  app.add_option("--trace", a->trace, "Write a Chrome trace-event JSON (open in Perfetto)");
+  app.add_option("--csv", a->csv, "Write the schedule as CSV (or the sweep table)");
+  app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
+  app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
+  return [a] { return run(*a); };
+}
+
+}  // namespace
+
+PF_COMMAND(plan, "plan", "Generate, validate and simulate a pipeline schedule; draw, trace or sweep it", setup)
+
+}  // namespace pf::app

@@ -1,0 +1,205 @@
+#include "viz/render.hpp"
+
+#include "core/error.hpp"
+#include "viz/style.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace pf {
+
+namespace {
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '&') o += "&amp;";
+    else if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '"') o += "&quot;";
+    else o += c;
+  }
+  return o;
+}
+
+// A "nice" tick spacing (1, 2 or 5 times a power of ten) giving about `target` ticks.
+double nice_step(double range, int target) {
+  double raw = range / target, p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * p) return m * p;
+  return 10 * p;
+}
+
+}  // namespace
+
+std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
+  const int devices = static_cast<int>(tl.per_device.size());
+  const double left = 70, top = 58, row_h = 26, gap = 6, right = 20;
+  const double span = tl.step_time * opt.steps;
+  const double scale = span > 0 ? opt.width / span : 1;
+  const double rows_bottom = top + devices * (row_h + gap);
+  const double legend_y = rows_bottom + 42;
+  const double width = left + opt.width + right, height = legend_y + 30;
+
+  std::string o = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
+      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
+      width, height, width, height);
+  o += "<defs><pattern id=\"up\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+       "patternTransform=\"rotate(45)\"><rect width=\"2\" height=\"6\" fill=\"#ffffff\" fill-opacity=\"0.45\"/>"
+       "</pattern></defs>\n";
+  o += fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
+  o += fmt::format(
+      "<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — step {:.2f} {}, utilization "
+      "{:.1f}%, bubble {:.2f} {} per device</text>\n",
+      left, xml_escape(opt.title), tl.step_time, opt.unit, 100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
+
+  // Device rows and boxes.
+  std::set<int> kinds_seen;
+  bool up_seen = false;
+  for (int d = 0; d < devices; ++d) {
+    const double y = top + d * (row_h + gap);
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"end\">device {}</text>\n",
+                     left - 8, y + row_h / 2 + 4, d);
+    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", left, y,
+                     opt.width, row_h);
+    for (int k = 0; k < opt.steps; ++k)
+      for (const TimedAction& t : tl.per_device[d]) {
+        const Action& a = t.action;
+        const double x0 = left + (k * tl.step_time + t.start) * scale, w = (t.end - t.start) * scale;
+        if (w <= 0) continue;
+        const KindStyle& st = kind_style(a.kind);
+        kinds_seen.insert(static_cast<int>(a.kind));
+        if (is_p2p(a.kind)) {  // a receive waiting for data: a thin bar at the bottom of the row
+          o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"4\" fill=\"{}\"/>\n", x0,
+                           y + row_h - 4, w, st.color);
+          continue;
+        }
+        o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
+                         "stroke=\"#ffffff\" stroke-width=\"0.6\"><title>{} [{:.3f}, {:.3f}]</title></rect>\n",
+                         x0, y, w, row_h, st.color, to_token(a), t.start, t.end);
+        if (a.pipeline == 1) {
+          up_seen = true;
+          o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"url(#up)\"/>\n",
+                           x0, y, w, row_h);
+        }
+        if (a.micro_batch >= 0) {
+          std::string label = std::to_string(a.micro_batch);
+          double font = std::min(12.0, w / (0.62 * label.size() + 0.3));
+          if (font >= 6)
+            o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.1f}\" text-anchor=\"middle\" "
+                             "fill=\"#ffffff\">{}</text>\n", x0 + w / 2, y + row_h / 2 + font * 0.36, font, label);
+        }
+      }
+  }
+  // Step boundaries and labels.
+  for (int k = 0; k <= opt.steps; ++k) {
+    double x = left + k * tl.step_time * scale;
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\" "
+                     "stroke-dasharray=\"4 3\"/>\n", x, top - 14, x, rows_bottom);
+    if (k < opt.steps)
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"11\" fill=\"#333\">step {}</text>\n", x + 4,
+                       top - 4, k + 1);
+  }
+  // Time axis.
+  const double tick = nice_step(span, 10);
+  o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"#333\"/>\n", left,
+                   rows_bottom, left + opt.width, rows_bottom);
+  for (double t = 0; t <= span * (1 + 1e-9); t += tick) {
+    double x = left + t * scale;
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{:g}</text>\n",
+                     x, rows_bottom, x, rows_bottom + 4, x, rows_bottom + 15, t);
+  }
+  o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"end\">time ({})</text>\n",
+                   left + opt.width, rows_bottom + 28, opt.unit);
+  // Legend: the kinds present, in table order, one entry per label.
+  double x = left;
+  std::set<std::string_view> labels;
+  auto entry = [&](std::string_view color, std::string_view label, bool hatched) {
+    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"{}\"/>", x, legend_y, color);
+    if (hatched) o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"url(#up)\"/>", x, legend_y);
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">{}</text>\n", x + 19, legend_y + 11, label);
+    x += 19 + 7.2 * label.size() + 18;
+  };
+  for (int k : kinds_seen) {
+    const KindStyle& st = kind_style(static_cast<Kind>(k));
+    if (labels.insert(st.label).second) entry(st.color, st.label, false);
+  }
+  if (up_seen) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
+  o += "</svg>\n";
+  return o;
+}
+
+std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit) {
+  using nlohmann::json;
+  json events = json::array();
+  for (size_t d = 0; d < tl.per_device.size(); ++d) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", d}, {"args", {{"name", fmt::format("device {}", d)}}}});
+    for (const TimedAction& t : tl.per_device[d]) {
+      const Action& a = t.action;
+      json args = {{"stage", a.stage}, {"pipeline", a.pipeline}};
+      if (a.micro_batch >= 0) args["micro_batch"] = a.micro_batch;
+      if (a.layer >= 0) args["layer"] = a.layer;
+      events.push_back({{"name", to_token(a)},
+                        {"cat", std::string(kind_style(a.kind).label)},
+                        {"ph", "X"},
+                        {"ts", t.start * us_per_unit},
+                        {"dur", (t.end - t.start) * us_per_unit},
+                        {"pid", d},
+                        {"tid", 0},
+                        {"args", args}});
+    }
+  }
+  json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"otherData", {{"schedule", name}}}};
+  return doc.dump(1) + "\n";
+}
+
+std::string timeline_text(const Timeline& tl, int columns) {
+  std::string o;
+  const double scale = tl.step_time > 0 ? columns / tl.step_time : 1;
+  for (size_t d = 0; d < tl.per_device.size(); ++d) {
+    std::string row(columns, '.');
+    for (const TimedAction& t : tl.per_device[d]) {
+      if (!is_compute(t.action.kind) && !is_collective(t.action.kind)) continue;
+      int c0 = static_cast<int>(std::lround(t.start * scale)), c1 = static_cast<int>(std::lround(t.end * scale));
+      c1 = std::min(std::max(c1, c0 + 1), columns);
+      if (c0 >= columns) continue;
+      std::string label(1, kind_style(t.action.kind).glyph);
+      if (t.action.micro_batch >= 0) label += std::to_string(t.action.micro_batch);
+      if (static_cast<int>(label.size()) > c1 - c0) label.resize(1);
+      for (int c = c0; c < c1; ++c) row[c] = c - c0 < static_cast<int>(label.size()) ? label[c - c0] : '-';
+    }
+    o += fmt::format("{:>4} |{}|\n", d, row);
+  }
+  return o;
+}
+
+void write_file_atomic(const std::string& path, const std::string& body, const std::string& flag) {
+  namespace fs = std::filesystem;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) usage_error(flag, "cannot write '{}'", path);
+    f << body;
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      usage_error(flag, "cannot write '{}'", path);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    usage_error(flag, "cannot write '{}': {}", path, ec.message());
+  }
+}
+
+}  // namespace pf

@@ -1,0 +1,31 @@
+#pragma once
+// Renderings of a simulated timeline:
+//   timeline_svg   like the paper's Figures 1, 3, 4: one row per device, one box per action
+//                  coloured by kind with the micro-batch number, step boundaries, legend,
+//                  utilization in the title; Chimera's up pipeline drawn hatched
+//   chrome_trace   Chrome trace-event JSON (one process per device), opens in Perfetto
+//   timeline_text  a terminal rendering, one line per device
+// Files are written through write_file_atomic (temporary name, then rename).
+#include "schedule/schedule.hpp"
+#include "sim/sim.hpp"
+
+#include <string>
+
+namespace pf {
+
+struct SvgOptions {
+  std::string title;        // e.g. "1f1b D=4 N=8"; utilization is appended
+  std::string unit = "ms";
+  int steps = 2;            // consecutive steps drawn (each starts when the previous one ends)
+  int width = 1200;         // pixels of the time axis
+};
+
+std::string timeline_svg(const Timeline& tl, const SvgOptions& opt);
+std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit = 1000);
+std::string timeline_text(const Timeline& tl, int columns = 100);
+
+// Writes `body` to `path` via a temporary file in the same directory and a rename; UsageError
+// naming `flag` if it cannot.
+void write_file_atomic(const std::string& path, const std::string& body, const std::string& flag);
+
+}  // namespace pf
