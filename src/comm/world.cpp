@@ -71,6 +71,18 @@ int Comm::size() const {
   return n;
 }
 
+Comm Comm::dup() const {
+  MPI_Comm c = MPI_COMM_NULL;
+  check(MPI_Comm_dup(c_, &c), "MPI_Comm_dup");
+  return Comm(c);  // the error handler (MPI_ERRORS_RETURN) is copied by MPI_Comm_dup
+}
+
+MPI_Comm Groups::holders_comm(int s) const {
+  const int m = mirror_stage(stage);
+  PF_CHECK(s == stage || s == m, "stage {} is not hosted by device {} (stages {} and {})", s, stage, stage, m);
+  return s == std::min(stage, m) ? stage_holders.get() : mirror_holders.get();
+}
+
 std::vector<int> Groups::holders(int s) const {
   std::vector<int> out;
   int m = mirror_stage(s);
@@ -108,6 +120,7 @@ Groups make_groups(const World& world, int stages, int data_parallel) {
   const int m = g.mirror_stage(g.stage);
   g.stage_holders = split(std::min(g.stage, m), g.replica * 2 + (g.stage > m ? 1 : 0),
                           "MPI_Comm_split(stage_holders)");
+  g.mirror_holders = g.stage_holders.dup();
   return g;
 }
 

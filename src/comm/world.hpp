@@ -13,7 +13,14 @@
 //                  up-pipeline's stage D-1-i: every device holding a copy of stage i, i.e. devices
 //                  i and D-1-i of every replica (2W ranks; W when i = D-1-i). Both stages a device
 //                  hosts have the same holders, so this one communicator sums the gradients of
-//                  both (stage min(i, D-1-i) first, then the other, on every member).
+//                  both. Its duplicate mirror_holders serves the other of the two stages:
+//                  non-blocking collectives on one communicator must be posted in the same order
+//                  by every member, and devices i and D-1-i finish their two stages' backward in
+//                  opposite orders, so each stage gets its own communicator (holders_comm(s)).
+//
+// In general, streams of collectives whose order may differ between members (gradients vs
+// K-FAC factors posted from different points of the schedule) need separate communicators:
+// Comm::dup() one per stream.
 #include <mpi.h>
 
 #include <vector>
@@ -58,6 +65,7 @@ class Comm {
   operator MPI_Comm() const { return c_; }
   int rank() const;
   int size() const;
+  Comm dup() const;  // same members, separate message space (collective)
 
  private:
   MPI_Comm c_ = MPI_COMM_NULL;
@@ -71,7 +79,11 @@ struct Groups {
   int replica = 0;   // w = rank / D
   Comm pipeline;
   Comm data_parallel;
-  Comm stage_holders;
+  Comm stage_holders;   // sums stage min(stage, D-1-stage)
+  Comm mirror_holders;  // sums stage max(stage, D-1-stage); same members, its own ordering
+
+  // Chimera: the communicator summing stage s, one of the two stages this device hosts.
+  MPI_Comm holders_comm(int s) const;
 
   // World rank of stage s of replica w.
   int world_rank(int s, int w) const { return w * stages + s; }

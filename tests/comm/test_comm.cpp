@@ -171,6 +171,18 @@ TEST(CommAllReduce, PackedUpperTrianglesOfSymmetricMatrices) {
   EXPECT_NE(r.out.find("packed=577"), std::string::npos) << r.out;
 }
 
+TEST(CommAllReduce, ChimeraStageCopiesSummedAcrossPairedDevices) {
+  Launch r = worker(4, "chimera 4 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(count_lines(r.out, "CHIMERA OK"), 4) << r.out;
+}
+
+TEST(CommAllReduce, ChimeraWithDataParallelism) {
+  Launch r = worker(4, "chimera 2 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(count_lines(r.out, "CHIMERA OK"), 4) << r.out;
+}
+
 TEST(CommCollectives, BroadcastFromLastRank) {
   Launch r = worker(3, "broadcast");
   ASSERT_EQ(r.status, 0) << r.out;

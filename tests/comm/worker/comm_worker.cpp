@@ -8,6 +8,7 @@
 //                     agreement of a non-integer sum across ranks
 //   symmetric         packed upper-triangle all-reduce
 //   broadcast         broadcast from the last rank
+//   chimera D W       each stage's gradient summed over both Chimera copies and all replicas
 //   clock             clock offsets (one host: true offset is 0)
 //   kill              the last rank SIGKILLs itself while the others wait for it
 //   stall SECONDS     the last rank sleeps SECONDS outside MPI; the others' watchdog must fire
@@ -240,6 +241,49 @@ int mode_broadcast(const World& w) {
   return 0;
 }
 
+// Chimera gradient sums on a D x W layout: device i holds the down-pipeline's copy of stage i and
+// the up-pipeline's copy of stage D-1-i; each stage's sum runs over both copies on every replica.
+// Paired devices finish their two stages in opposite orders (as Chimera's backward does).
+float chimera_grad(int rank, int s, size_t j) { return float(rank * 1000 + s * 10 + int(j % 7)); }
+
+int mode_chimera(const World& w, int D, int W) {
+  Groups g = make_groups(w, D, W);
+  const int down = g.stage, up = g.mirror_stage(g.stage);
+  if (down == up) {  // odd D: the middle device holds both copies; nothing paired to test
+    std::printf("CHIMERA OK rank=%d (middle)\n", w.rank());
+    return 0;
+  }
+  int cmp = 0;
+  MPI_Comm_compare(g.holders_comm(down), g.holders_comm(up), &cmp);
+  if (cmp != MPI_CONGRUENT) fail(fmt::format("rank {}: the two holders communicators differ in members", w.rank()));
+  const size_t n = 3000;  // > 2 buckets of 1024 floats
+  std::vector<float> gd(n), gu(n);
+  for (size_t j = 0; j < n; ++j) {
+    gd[j] = chimera_grad(w.rank(), down, j);
+    gu[j] = chimera_grad(w.rank(), up, j);
+  }
+  BucketedAllReduce rd(g.holders_comm(down), {std::span<float>(gd)}, 4096);
+  BucketedAllReduce ru(g.holders_comm(up), {std::span<float>(gu)}, 4096);
+  rd.start();  // device i: stage i then D-1-i; device D-1-i: stage D-1-i then i
+  ru.start();
+  ru.wait();
+  rd.wait();
+  auto expect = [&](const std::vector<float>& v, int s) {
+    for (size_t j = 0; j < n; ++j) {
+      float want = 0;
+      for (int r : g.holders(s)) want += chimera_grad(r, s, j);
+      if (v[j] != want) {
+        fail(fmt::format("rank {} stage {} [{}] = {} expected {}", w.rank(), s, j, v[j], want));
+        return;
+      }
+    }
+  };
+  expect(gd, down);
+  expect(gu, up);
+  if (!g_fail) std::printf("CHIMERA OK rank=%d\n", w.rank());
+  return g_fail;
+}
+
 int mode_clock(const World& w) {
   ClockOffsets c = estimate_clock_offsets(MPI_COMM_WORLD);
   if (w.rank() == 0)
@@ -367,6 +411,7 @@ int main(int argc, char** argv) {
     else if (mode == "allreduce") rc = mode_allreduce(world, size_t(arg(2, double(kDefaultBucketBytes))));
     else if (mode == "symmetric") rc = mode_symmetric(world);
     else if (mode == "broadcast") rc = mode_broadcast(world);
+    else if (mode == "chimera") rc = mode_chimera(world, int(arg(2, 2)), int(arg(3, 1)));
     else if (mode == "clock") rc = mode_clock(world);
     else if (mode == "kill") rc = mode_kill(world);
     else if (mode == "stall") rc = mode_stall(world, arg(2, 10));
