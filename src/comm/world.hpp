@@ -12,9 +12,8 @@
 //   stage_holders  for Chimera, where device i hosts the down-pipeline's stage i and the
 //                  up-pipeline's stage D-1-i: every device holding a copy of stage i, i.e. devices
 //                  i and D-1-i of every replica (2W ranks; W when i = D-1-i). Both stages a device
-//                  hosts have the same holders, so this one communicator sums the gradients of
-//                  both. Its duplicate mirror_holders serves the other of the two stages:
-//                  non-blocking collectives on one communicator must be posted in the same order
+//                  hosts have the same holders: stage_holders sums stage min(i, D-1-i) and its
+//                  duplicate mirror_holders sums the other. Two communicators because non-blocking collectives on one communicator must be posted in the same order
 //                  by every member, and devices i and D-1-i finish their two stages' backward in
 //                  opposite orders, so each stage gets its own communicator (holders_comm(s)).
 //
