@@ -67,6 +67,7 @@ mkdir -p "$CORPUS" "$VOCAB"
 # renames are atomic.
 TMP="$(mktemp -d "$CORPUS/.fetch.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
+trap 'exit 130' INT TERM  # so the EXIT trap also cleans up after a kill
 chmod 755 "$TMP"
 cd "$TMP"
 

@@ -13,6 +13,16 @@ namespace {
 // SeqRng purposes, so the permutation and the masks draw unrelated streams from one seed.
 constexpr uint64_t kShuffleStream = 1;
 constexpr uint64_t kMaskStream = 2;
+
+// Window strides, checked before any window arithmetic.
+int64_t gpt_stride(int seq_len) {
+  if (seq_len < 1) usage_error("model.seq_len", "{} must be positive", seq_len);
+  return seq_len;
+}
+int64_t bert_stride(int seq_len) {
+  if (seq_len < 3) usage_error("model.seq_len", "{} leaves no room for text between [CLS] and [SEP]", seq_len);
+  return seq_len - 2;
+}
 }  // namespace
 
 const VocabInfo& vocab_info(const std::string& name) {
@@ -48,7 +58,7 @@ int64_t WindowOrder::start(int64_t sequence) {
 GptBatcher::GptBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
                        const std::string& source)
     : tokens_(std::move(tokens)), seq_(seq_len),
-      order_(static_cast<int64_t>(tokens_.size()), seq_len, 1, shuffle, seed, source) {}
+      order_(static_cast<int64_t>(tokens_.size()), gpt_stride(seq_len), 1, shuffle, seed, source) {}
 
 void GptBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   out.resize(rows, seq_);
@@ -69,8 +79,7 @@ void GptBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
 BertMlmBatcher::BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
                                float mask_prob, const VocabInfo& vocab, const std::string& source)
     : tokens_(std::move(tokens)), seq_(seq_len), seed_(seed), vocab_(vocab),
-      order_(static_cast<int64_t>(tokens_.size()), seq_len - 2, 0, shuffle, seed, source) {
-  if (seq_len < 3) usage_error("model.seq_len", "{} leaves no room for text between [CLS] and [SEP]", seq_len);
+      order_(static_cast<int64_t>(tokens_.size()), bert_stride(seq_len), 0, shuffle, seed, source) {
   if (!(mask_prob >= 0.0f && mask_prob <= 1.0f)) usage_error("data.mask_prob", "{} is not in [0, 1]", mask_prob);
   if (vocab.cls < 0 || vocab.sep < 0 || vocab.mask < 0)
     usage_error("data.vocab", "'{}' has no [CLS]/[SEP]/[MASK] tokens; BERT needs the bert vocabulary", vocab.name);

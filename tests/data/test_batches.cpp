@@ -117,6 +117,9 @@ TEST(GptBatches, DeterministicAndSplitInvariant) {
 TEST(GptBatches, TooShortFileIsAUsageError) {
   EXPECT_THROW(GptBatcher(iota_tokens(16), 16, false, 1, "short.bin"), UsageError);  // needs 17
   EXPECT_NO_THROW(GptBatcher(iota_tokens(17), 16, false, 1, "ok.bin"));
+  EXPECT_THROW(GptBatcher(iota_tokens(17), 0, false, 1, "ok.bin"), UsageError);
+  EXPECT_THROW(BertMlmBatcher(iota_tokens(17), 2, false, 1, 0.15f, kBertVocab, "ok.bin"), UsageError);
+  EXPECT_THROW(BertMlmBatcher(iota_tokens(7), 10, false, 1, 0.15f, kBertVocab, "short.bin"), UsageError);
 }
 
 TEST(BertBatches, WindowsAreWrappedInClsSep) {
