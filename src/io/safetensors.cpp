@@ -337,7 +337,10 @@ void save_safetensors(const std::string& path, const std::vector<const Param*>& 
     tensors.push_back({p->name, p->hf_transposed ? transposed(p->value.shape()) : p->value.shape(),
                        p->value.span(), p->hf_transposed});
   }
-  write_safetensors(path, tensors, metadata);
+  // transformers' loader refuses a file whose metadata lacks a known "format"; ours are PyTorch's.
+  SafetensorsMetadata meta = metadata;
+  meta.emplace("format", "pt");
+  write_safetensors(path, tensors, meta);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -83,7 +83,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
                        const SafetensorsMetadata& metadata = {});
 
 // Saves parameter values under their Hugging Face names; hf_transposed weights are written as
-// their transpose ([in, out]); mirrors are skipped (their owner is saved).
+// their transpose ([in, out]); mirrors are skipped (their owner is saved). The metadata gets
+// "format": "pt" unless it has a "format", as transformers' loader requires one.
 void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
                       const SafetensorsMetadata& metadata = {});
 

@@ -97,12 +97,18 @@ TEST_F(Safetensors, ExactByteLayoutOfATinyFile) {
   EXPECT_EQ(bytes.substr(8 + n), floats({0, 1, 2, 3, 4, 5, 10, 13, 11, 14, 12, 15, -1.5f}));
 }
 
-TEST_F(Safetensors, NoMetadataMeansNoMetadataKey) {
+TEST_F(Safetensors, MetadataFormatIsPtUnlessGivenAndTheGenericWriterAddsNothing) {
   Param a = make_param("a", {2}, 1.0f);
   save_safetensors(file("t.safetensors"), {&a});
-  std::string bytes = read_bytes(file("t.safetensors"));
-  EXPECT_EQ(bytes.substr(8, 8 * 7).find("__metadata__"), std::string::npos);
-  SafetensorsReader r(file("t.safetensors"));
+  EXPECT_EQ(SafetensorsReader(file("t.safetensors")).metadata(), (SafetensorsMetadata{{"format", "pt"}}));
+  save_safetensors(file("t.safetensors"), {&a}, {{"format", "np"}, {"step", "7"}});
+  EXPECT_EQ(SafetensorsReader(file("t.safetensors")).metadata(),
+            (SafetensorsMetadata{{"format", "np"}, {"step", "7"}}));
+
+  write_safetensors(file("g.safetensors"), {{"x", {2}, a.value.span()}});
+  std::string bytes = read_bytes(file("g.safetensors"));
+  EXPECT_EQ(bytes.substr(8, 55), R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}} )");
+  SafetensorsReader r(file("g.safetensors"));
   EXPECT_TRUE(r.metadata().empty());
   ASSERT_EQ(r.tensors().size(), 1u);
 }
@@ -328,4 +334,35 @@ TEST_F(Safetensors, SaveReplacesAnExistingFileAtomically) {
   int entries = 0;
   for (auto& e : fs::directory_iterator(dir_)) entries += e.is_regular_file();
   EXPECT_EQ(entries, 1);  // no temporary left behind
+}
+
+TEST_F(Safetensors, MutatedHeadersAreAcceptedConsistentlyOrRefusedAsUsageErrors) {
+  Param a = make_param("a", {3, 2}, 1.0f), b = make_param("bb", {4}, 0.0f);
+  save_safetensors(file("full.safetensors"), {&a, &b});
+  const std::string good = read_bytes(file("full.safetensors"));
+  uint64_t n;
+  std::memcpy(&n, good.data(), 8);
+  uint64_t state = 12345;
+  auto next = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull, state >> 33; };
+  const char digits[] = "0123456789,[]{}\" ";
+  int accepted = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string bytes = good;
+    for (int k = 0; k < 1 + trial % 3; ++k)  // 1-3 header bytes replaced by JSON-ish characters
+      bytes[8 + next() % n] = digits[next() % (sizeof digits - 1)];
+    std::ofstream(file("mut.safetensors"), std::ios::binary) << bytes;
+    try {
+      SafetensorsReader r(file("mut.safetensors"));
+      ++accepted;
+      uint64_t data_size = bytes.size() - 8 - n, covered = 0;
+      for (const auto& e : r.tensors()) {
+        EXPECT_LE(e.end, data_size) << trial;
+        EXPECT_EQ(e.bytes.size(), e.end - e.begin) << trial;
+        covered += e.end - e.begin;
+      }
+      EXPECT_EQ(covered, data_size) << trial;
+    } catch (const UsageError&) {
+    }
+  }
+  EXPECT_GT(accepted, 0);  // some mutations only touch padding or digits of equal meaning
 }
