@@ -187,12 +187,32 @@ int run(const PlanArgs& a) {
 Runner setup(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   a->app = &app;
+  // CLI11's own range check prints the whole double range; say it plainly instead.
+  const CLI::Validator nonneg(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stod(v, &used) >= 0 && used == v.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a number >= 0 (ms), got '" + v + "'";
+      },
+      "MS");
+  const CLI::Validator positive(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stoi(v, &used) >= 1 && used == v.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be an integer >= 1, got '" + v + "'";
+      },
+      "N");
   app.add_option("--schedule", a->schedule, "naive, gpipe, 1f1b, interleaved, chimera or zb-h1");
   app.add_option("--schedule-file", a->schedule_file, "Read the schedule (text, or CSV if *.csv) instead");
-  app.add_option("--stages", a->stages, "Pipeline stages D (= devices)");
-  app.add_option("--micro-batches", a->micro_batches, "Micro-batches N per step");
-  app.add_option("--virtual-stages", a->virtual_stages, "Model chunks V per device (interleaved; default 2)");
-  auto nonneg = CLI::NonNegativeNumber;
+  app.add_option("--stages", a->stages, "Pipeline stages D (= devices)")->check(positive);
+  app.add_option("--micro-batches", a->micro_batches, "Micro-batches N per step")->check(positive);
+  app.add_option("--virtual-stages", a->virtual_stages, "Model chunks V per device (interleaved; default 2)")->check(positive);
   app.add_option("--tf", a->tf, "Forward time of one micro-batch on one stage, ms (default 1)")->check(nonneg);
   app.add_option("--tb", a->tb, "Backward time, ms (default 2)")->check(nonneg);
   app.add_option("--tcomm", a->tcomm, "Point-to-point time per stage-to-stage message, ms (default 0)")->check(nonneg);
@@ -200,9 +220,9 @@ Runner setup(CLI::App& app) {
   app.add_option("--tinv", a->tinv, "K-FAC inversion time per stage, ms")->check(nonneg);
   app.add_option("--tprec", a->tprec, "K-FAC precondition time per stage, ms")->check(nonneg);
   app.add_option("--profile", a->profile, "Durations from a profile: the paper's CSV or pipefisher's JSON");
-  app.add_option("--micro-batch-size", a->micro_batch_size, "Profile CSV row (bs) to use")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch-size", a->micro_batch_size, "Profile CSV row (bs) to use")->check(positive);
   app.add_option("--layers-per-stage", a->layers_per_stage, "Transformer blocks per stage (scales the CSV profile)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive);
   app.add_flag("--json", a->json, "Print one JSON object");
   app.add_option("--svg", a->svg, "Write the timeline (or the sweep chart) as SVG");
   app.add_option("--trace", a->trace, "Write a Chrome trace-event JSON (open in Perfetto)");

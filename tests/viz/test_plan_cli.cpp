@@ -1,0 +1,156 @@
+// `pipefisher plan` end to end: runs the built program (PF_BINARY) and checks exit status,
+// the one-line reasons for bad arguments, and the JSON numbers against the closed forms.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+
+namespace {
+
+struct PlanRun {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string tmp(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / "pf_test_plan";
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+PlanRun plan(const std::string& args) {
+  const std::string err = tmp("stderr.txt");
+  std::string cmd = std::string(PF_BINARY) + " plan " + args + " 2>" + err;
+  PlanRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err);
+  return r;
+}
+
+void expect_usage(const std::string& args, const std::string& reason) {
+  PlanRun r = plan(args);
+  EXPECT_EQ(r.status, 2) << args;
+  EXPECT_EQ(r.err.find(reason), 0u) << args << "\n" << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line expected:\n" << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(PlanCli, BadOrContradictoryArgumentsExitTwoWithOneLine) {
+  const std::string bad_csv = tmp("bad.csv");
+  std::ofstream(bad_csv) << "bs,time_f\n8,1\n";
+  const std::string bad_json = tmp("bad.json");
+  std::ofstream(bad_json) << "{\"format\": \"pipefisher-profile\"";
+  expect_usage("--schedule chimera --stages 3 --micro-batches 6", "pipefisher: --stages: chimera needs an even number");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --virtual-stages 2",
+               "pipefisher: --virtual-stages: only applies to --schedule interleaved");
+  expect_usage("--schedule foo --stages 4 --micro-batches 4", "pipefisher: --schedule: unknown schedule 'foo'");
+  expect_usage("--schedule interleaved --stages 4 --micro-batches 6 --virtual-stages 2",
+               "pipefisher: --micro-batches: interleaved 1F1B needs a multiple of --stages (4)");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --profile /nonexistent/p.csv",
+               "pipefisher: --profile: cannot open profile '/nonexistent/p.csv'");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --profile " + bad_csv, "pipefisher: --profile (");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --profile " + bad_json, "pipefisher: --profile: profile '");
+  expect_usage("--schedule 1f1b --stages 4", "pipefisher: --micro-batches: required with --schedule");
+  expect_usage("--stages 4 --micro-batches 4", "pipefisher: --schedule: give either --schedule NAME or --schedule-file FILE");
+  expect_usage("--schedule 1f1b --stages 0 --micro-batches 4", "pipefisher: --stages: must be an integer >= 1");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --tb -2", "pipefisher: --tb: must be a number >= 0");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --layers-per-stage 2",
+               "pipefisher: --layers-per-stage: only applies with --profile");
+  expect_usage("--schedule-file /nonexistent/s.csv", "pipefisher: --schedule-file: cannot open");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --svg /nonexistent-dir/t.svg", "pipefisher: --svg: cannot write");
+}
+
+TEST(PlanCli, JsonReportsTheClosedForm) {
+  PlanRun r = plan("--schedule 1f1b --stages 4 --micro-batches 4 --tf 1.5 --tb 2.5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schedule"], "1f1b");
+  EXPECT_EQ(j["stages"], 4);
+  EXPECT_EQ(j["micro_batches"], 4);
+  EXPECT_DOUBLE_EQ(j["step_time"].get<double>(), 7 * 4.0);
+  EXPECT_DOUBLE_EQ(j["bubble_time"].get<double>(), 3 * 4.0);
+  EXPECT_DOUBLE_EQ(j["utilization"].get<double>(), 4.0 / 7);
+  ASSERT_EQ(j["per_device"].size(), 4u);
+  EXPECT_DOUBLE_EQ(j["per_device"][2]["busy"].get<double>(), 16);
+  EXPECT_EQ(j["peak_in_flight"], 4);
+  EXPECT_TRUE(j["memory"].contains("m_pipe"));
+  EXPECT_TRUE(j["memory"].contains("m_kfac"));
+
+  PlanRun c = plan("--schedule chimera --stages 8 --micro-batches 8 --tf 1 --tb 2 --json");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(c.out)["step_time"].get<double>(), 8 + 14 * 2.0);
+}
+
+TEST(PlanCli, PaperProfileRowAndLayerScaling) {
+  const std::string csv = tmp("paper.csv");
+  std::ofstream(csv) << "bs,time_f,time_b,time_kron,time_inv,time_prec,mem_param,mem_act,mem_peak_err,mem_save_err,mem_kron\n"
+                        "16,5,8,13,80,9,27,80,20,12,168\n"
+                        "32,10.25,16.5,27.45,80.85,8.90,27,160,40,24,168\n";
+  PlanRun r = plan("--schedule gpipe --stages 4 --micro-batches 4 --profile " + csv + " --micro-batch-size 32 --layers-per-stage 3 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(j["step_time"].get<double>(), 7 * 3 * (10.25 + 16.5), 1e-9);
+  EXPECT_NEAR(j["memory"]["m_pipe"].get<double>(), 2 * 3 * 27 + 4 * 3 * 160 + 3 * 40, 1e-9);
+  EXPECT_NEAR(j["memory"]["m_kfac"].get<double>(), 2 * 3 * 168 + 4 * 3 * 24, 1e-9);
+  expect_usage("--schedule gpipe --stages 4 --micro-batches 4 --profile " + csv,
+               "pipefisher: --micro-batch-size: '" + csv + "' has rows for bs 16, 32: pick one");
+  expect_usage("--schedule gpipe --stages 4 --micro-batches 4 --profile " + csv + " --micro-batch-size 64",
+               "pipefisher: --micro-batch-size: no row with bs=64");
+  expect_usage("--schedule gpipe --stages 4 --micro-batches 4 --profile " + csv + " --micro-batch-size 16 --tf 3",
+               "pipefisher: --tf: durations come from --profile");
+}
+
+TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
+  const std::string csv = tmp("sched.csv"), svg = tmp("t.svg"), trace = tmp("t.json");
+  PlanRun a = plan("--schedule zb-h1 --stages 4 --micro-batches 8 --json --csv " + csv + " --svg " + svg + " --trace " + trace);
+  ASSERT_EQ(a.status, 0) << a.err;
+  PlanRun b = plan("--schedule-file " + csv + " --json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["step_time"], nlohmann::json::parse(b.out)["step_time"]);
+  EXPECT_EQ(slurp(svg).rfind("<svg", 0), 0u);
+  EXPECT_TRUE(nlohmann::json::parse(slurp(trace)).contains("traceEvents"));
+  expect_usage("--schedule-file " + csv + " --stages 4", "pipefisher: --stages: comes from --schedule-file");
+}
+
+TEST(PlanCli, BrokenScheduleFilePrintsTheMarkedGrid) {
+  const std::string f = tmp("dead.txt");
+  std::ofstream(f) << "# pipefisher schedule name=mine devices=2 stages=2 pipelines=1 micro_batches=2\n"
+                      "0: 0F0 0B0 0F1 0B1\n"
+                      "1: 1F1 1B1 1F0 1B0\n";
+  PlanRun r = plan("--schedule-file " + f);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("*0B0*"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dev 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("pipefisher: schedule: deadlock with blocking communication"), std::string::npos) << r.err;
+}
+
+TEST(PlanCli, HumanSummaryAndSweep) {
+  PlanRun r = plan("--schedule 1f1b --stages 2 --micro-batches 1 --tf 1 --tb 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("step time 4.000, bubble 2.000 per device, utilization 50.0%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("   1 |"), std::string::npos);
+  const std::string csv = tmp("sweep.csv"), svg = tmp("sweep.svg");
+  PlanRun s = plan("--sweep --schedule 1f1b --sweep-stages 2,4 --csv " + csv + " --svg " + svg);
+  ASSERT_EQ(s.status, 0) << s.err;
+  std::string table = slurp(csv);
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 7);
+  EXPECT_NE(table.find("\n1f1b,1,4,4,21,9,"), std::string::npos) << table;
+  expect_usage("--sweep --stages 4", "pipefisher: --stages: --sweep chooses D and N itself");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --sweep-stages 4", "pipefisher: --sweep-stages: only applies with --sweep");
+}
+
+}  // namespace
