@@ -17,6 +17,7 @@ struct TrainArgs {
   std::string config, init, save, log_json;
   std::vector<std::string> sets;
   int steps = 0;
+  bool print_config = false;
 };
 
 int run_train(const TrainArgs& a) {
@@ -25,6 +26,10 @@ int run_train(const TrainArgs& a) {
   if (a.steps > 0) sets.push_back(fmt::format("train.steps={}", a.steps));
   Config cfg = Config::load(a.config, sets);
   if (!a.log_json.empty()) cfg.train.log_json = a.log_json;
+  if (a.print_config) {
+    std::fputs(cfg.to_toml().c_str(), stdout);
+    return 0;
+  }
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1)
     usage_error("parallel.stages", "pipeline/data-parallel training (stages x data_parallel = {}) is not "
                 "available yet in this build; use 1 x 1", cfg.parallel.stages * cfg.parallel.data_parallel);
@@ -81,6 +86,7 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--save", a->save, "also save the final weights here (safetensors)");
   cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");
+  cmd.add_flag("--print-config", a->print_config, "print the resolved configuration (every key) and exit");
   return [a] { return run_train(*a); };
 }
 
