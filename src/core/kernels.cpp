@@ -13,17 +13,17 @@ constexpr int64_t kColBlock = 64;
 }  // namespace
 
 void add(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void add_inplace(float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
 void scale_inplace(float* a, float s, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) a[i] *= s;
 }
 
@@ -163,37 +163,54 @@ constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 }  // namespace
 
+// Elementwise work in fixed chunks, one thread per chunk, each a contiguous loop to vectorize.
+template <class F>
+static void for_chunks(int64_t n, F&& f) {
+  constexpr int64_t kChunk = 1 << 14;
+  int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t ch = 0; ch < chunks; ++ch) f(ch * kChunk, std::min(n, (ch + 1) * kChunk));
+}
+
 void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind) {
   if (kind == Gelu::Erf) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + fast_erf(inp[i] * kInvSqrt2));
+    for_chunks(n, [=](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) out[i] = 0.5f * inp[i] * (1.0f + fast_erf(inp[i] * kInvSqrt2));
+    });
   } else {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      float x = inp[i];
-      out[i] = 0.5f * x * (1.0f + fast_tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-    }
+    for_chunks(n, [=](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + fast_tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+      }
+    });
   }
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, Gelu kind) {
   if (kind == Gelu::Erf) {
     // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      float x = inp[i];
-      float cdf = 0.5f * (1.0f + fast_erf(x * kInvSqrt2));
-      float pdf = kInvSqrt2Pi * fast_exp(-0.5f * x * x);
-      dinp[i] = dout[i] * (cdf + x * pdf);
-    }
+    for_chunks(n, [=](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        float x = inp[i];
+        float cdf = 0.5f * (1.0f + fast_erf(x * kInvSqrt2));
+        float pdf = kInvSqrt2Pi * fast_exp(-0.5f * x * x);
+        dinp[i] = dout[i] * (cdf + x * pdf);
+      }
+    });
   } else {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      float x = inp[i];
-      float th = fast_tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x));
-      float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
-      dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
-    }
+    for_chunks(n, [=](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        float x = inp[i];
+        float th = fast_tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+        float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+      }
+    });
   }
 }
 
