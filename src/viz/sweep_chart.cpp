@@ -42,7 +42,7 @@ std::string sweep_svg(const std::vector<SweepRow>& rows, const std::string& titl
     for (int i = 0; i <= 5; ++i) {
       double v = ymax * i / 5;
       o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">{:.3g}</text>\n",
+                       "<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">{:.4g}</text>\n",
                        x0, Y(v), x0 + pw, Y(v), x0 - 5, Y(v) + 3, v);
     }
     for (int b : bs)
