@@ -1,0 +1,49 @@
+#include "comm/small.hpp"
+
+#include "comm/wait.hpp"
+#include "core/error.hpp"
+
+#include <climits>
+#include <cstdint>
+#include <numeric>
+
+namespace pf::comm {
+
+void allreduce_sum(std::span<double> values, MPI_Comm comm, const char* what) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM, comm, &req),
+        "MPI_Iallreduce");
+  wait(req, {what, comm, -1});
+}
+
+std::vector<std::string> gather_bytes(const std::string& mine, int root, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  PF_CHECK(mine.size() <= static_cast<size_t>(INT_MAX), "gather of {} bytes", mine.size());
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(rank == root ? size : 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm, &req), "MPI_Igather");
+  wait(req, {"gather of lengths", comm, -1});
+  std::vector<int> displs(lens.size());
+  std::string all;
+  if (rank == root) {
+    std::exclusive_scan(lens.begin(), lens.end(), displs.begin(), 0);
+    all.resize(static_cast<size_t>(std::accumulate(lens.begin(), lens.end(), int64_t{0})));
+  }
+  check(MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, root, comm, &req),
+        "MPI_Igatherv");
+  wait(req, {"gather of records", comm, -1});
+  std::vector<std::string> out;
+  for (size_t r = 0; r < lens.size(); ++r) out.push_back(all.substr(displs[r], lens[r]));
+  return out;
+}
+
+void barrier(MPI_Comm comm, const char* what) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
+  wait(req, {what, comm, -1});
+}
+
+}  // namespace pf::comm

@@ -1,0 +1,20 @@
+#pragma once
+// Small collectives the runtime needs besides the gradient buckets: a sum of a few doubles
+// (loss, squared norms), a gather of byte strings to one rank (the profiler's records) and a
+// barrier. All are non-blocking MPI calls finished by comm::wait, so a rank waiting in them
+// sleeps instead of spinning and is covered by the watchdog.
+#include <mpi.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pf::comm {
+
+// In-place sum over comm; every member gets the result.
+void allreduce_sum(std::span<double> values, MPI_Comm comm, const char* what = "all-reduce of scalars");
+// Every member's bytes, in rank order, at `root` (empty elsewhere).
+std::vector<std::string> gather_bytes(const std::string& mine, int root, MPI_Comm comm);
+void barrier(MPI_Comm comm, const char* what = "barrier");
+
+}  // namespace pf::comm

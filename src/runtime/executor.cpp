@@ -1,0 +1,376 @@
+#include "runtime/executor.hpp"
+
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "io/safetensors.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+namespace pf {
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+struct Executor::Chunk {
+  int pipeline = 0, stage = 0, id = 0;
+  std::unique_ptr<Model> model;
+  std::vector<Param*> params;
+  std::unique_ptr<Optimizer> optim;
+  std::vector<int> slot;               // [micro-batch] -> slot of its state and buffers, -1 if not run here
+  std::vector<ModelState> states;      // [slot]
+  std::vector<Tensor> x_out, dx_in;    // [slot] output activation / input gradient (sent, or read locally)
+  std::vector<Tensor> x_in, dx_out;    // [slot] receive buffers, when the neighbour stage is on another device
+  Chunk* prev = nullptr;               // neighbour stage on this device (interleaved with D = 1 etc.)
+  Chunk* next = nullptr;
+  int prev_device = -1, next_device = -1;  // neighbour stage on another device
+  std::vector<comm::Ticket> recv_f, recv_b;  // [slot]
+  size_t last_backward = SIZE_MAX;     // action index of the backward that completes the gradients
+  std::vector<std::vector<size_t>> ready_after_block;  // [block] -> grad_sync buffers final after it
+  std::unique_ptr<comm::BucketedAllReduce> grad_sync;
+  bool synced = false;                 // grad_sync waited for in this step
+};
+
+Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& groups)
+    : cfg_(cfg),
+      layout_(layout),
+      groups_(groups),
+      device_(groups.stage),
+      actions_(layout.schedule.per_device.at(groups.stage)),
+      tags_(layout.chunks(), layout.micro_batches) {
+  const ModelConfig& mc = cfg.model;
+  const int rows = cfg.parallel.micro_batch_size, N = layout.micro_batches;
+  const Schedule& s = layout.schedule;
+  int messages = 0;
+  // The chunks this device hosts, in (pipeline, stage) order, with a slot per micro-batch they run.
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Action& a = actions_[i];
+    messages += is_p2p(a.kind);
+    if (a.kind != Kind::F && a.kind != Kind::B && a.kind != Kind::I && a.kind != Kind::W) continue;
+    Chunk* c = find_chunk(a.pipeline, a.stage);
+    if (!c) {
+      auto n = std::make_unique<Chunk>();
+      n->pipeline = a.pipeline;
+      n->stage = a.stage;
+      n->id = layout.chunk_id(a.pipeline, a.stage);
+      n->slot.assign(N, -1);
+      chunks_.push_back(std::move(n));
+      std::sort(chunks_.begin(), chunks_.end(), [](auto& x, auto& y) {
+        return std::pair(x->pipeline, x->stage) < std::pair(y->pipeline, y->stage);
+      });
+      c = find_chunk(a.pipeline, a.stage);
+    }
+    if (a.kind == Kind::F) c->slot.at(a.micro_batch) = static_cast<int>(c->states.size()), c->states.emplace_back();
+    if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i;
+  }
+  for (auto& c : chunks_) {
+    const BlockRange r = layout.stage_blocks.at(c->stage);
+    c->model = build_model(mc, r.first, r.last);
+    c->model->init(cfg.train.seed);  // each block from (seed, its names): the same bits as one process
+    c->params = c->model->params();
+    c->optim = make_optimizer(cfg.optim);
+    c->optim->init(c->params);
+    const size_t slots = c->states.size();
+    for (auto& st : c->states) st = c->model->make_state(rows, mc.seq_len);
+    const Shape act{rows, mc.seq_len, mc.hidden};
+    if (!c->model->has_head()) c->x_out.assign(slots, Tensor(act));
+    if (!c->model->has_embedding()) c->dx_in.assign(slots, Tensor(act));
+    c->recv_f.resize(slots);
+    c->recv_b.resize(slots);
+    if (c->stage > 0) {
+      const int d = s.device_of(c->pipeline, c->stage - 1);
+      if (d == device_) c->prev = find_chunk(c->pipeline, c->stage - 1);
+      else c->prev_device = d, c->x_in.assign(slots, Tensor(act));
+      PF_CHECK(d != device_ || c->prev, "stage {} has no local predecessor chunk", c->stage);
+    }
+    if (c->stage + 1 < s.stages) {
+      const int d = s.device_of(c->pipeline, c->stage + 1);
+      if (d == device_) c->next = find_chunk(c->pipeline, c->stage + 1);
+      else c->next_device = d, c->dx_out.assign(slots, Tensor(act));
+      PF_CHECK(d != device_ || c->next, "stage {} has no local successor chunk", c->stage);
+    }
+    // Copies of the tied word embedding: the embedding's own, or the head's mirror.
+    if (c->model->has_embedding())
+      word_copies_.push_back(&static_cast<EmbeddingBlock&>(*c->model->blocks().front()).word());
+    else if (c->model->has_head())
+      word_copies_.push_back(static_cast<HeadBlock&>(*c->model->blocks().back()).mirror());
+  }
+  p2p_ = std::make_unique<comm::P2P>(groups.pipeline.get(), messages + 8);
+
+  // Gradient all-reduce per chunk among the stage's copies, its buffers in the order backward
+  // finishes them (last block first), the word embedding left to its own group.
+  if (layout.grad_sync) {
+    for (auto& c : chunks_) {
+      std::vector<std::span<float>> buffers;
+      const auto& blocks = c->model->blocks();
+      c->ready_after_block.resize(blocks.size());
+      for (size_t j = blocks.size(); j-- > 0;)
+        for (Param* p : blocks[j]->params()) {
+          if (std::find(word_copies_.begin(), word_copies_.end(), p) != word_copies_.end()) continue;
+          c->ready_after_block[j].push_back(buffers.size());
+          buffers.push_back(p->grad.span());
+        }
+      MPI_Comm comm = layout.pipelines() > 1 ? groups.holders_comm(c->stage) : groups.data_parallel.get();
+      c->grad_sync = std::make_unique<comm::BucketedAllReduce>(comm, std::move(buffers));
+    }
+  }
+  // The ranks holding a copy of the word embedding sum them (Megatron's embedding group,
+  // extended to every replica and Chimera's two pipelines). Collective over the world.
+  MPI_Comm emb = MPI_COMM_NULL;
+  comm::check(MPI_Comm_split(MPI_COMM_WORLD, word_copies_.empty() ? MPI_UNDEFINED : 0, groups.rank, &emb),
+              "MPI_Comm_split(embedding)");
+  embedding_comm_ = comm::Comm(emb);
+  if (!word_copies_.empty() && embedding_comm_.size() > 1)
+    word_sync_ = std::make_unique<comm::BucketedAllReduce>(embedding_comm_.get(),
+                                                           std::vector{word_copies_.front()->grad.span()});
+}
+
+Executor::~Executor() = default;
+
+Executor::Chunk* Executor::find_chunk(int pipeline, int stage) {
+  for (auto& c : chunks_)
+    if (c->pipeline == pipeline && c->stage == stage) return c.get();
+  return nullptr;
+}
+
+Executor::Chunk& Executor::chunk(int pipeline, int stage) {
+  Chunk* c = find_chunk(pipeline, stage);
+  PF_CHECK(c, "device {} does not host stage {} of pipeline {}", device_, stage, pipeline);
+  return *c;
+}
+
+int64_t Executor::stage_param_bytes(int pipeline, int stage) const {
+  for (auto& c : chunks_)
+    if (c->pipeline == pipeline && c->stage == stage) {
+      int64_t n = 0;
+      for (Param* p : c->params) n += p->mirror ? 0 : p->value.numel();
+      return n * static_cast<int64_t>(sizeof(float));
+    }
+  return 0;
+}
+
+void Executor::post_receives() {
+  for (const Action& a : actions_) {
+    if (a.kind != Kind::RECV_F && a.kind != Kind::RECV_B) continue;
+    Chunk& c = chunk(a.pipeline, a.stage);
+    const int k = c.slot.at(a.micro_batch);
+    if (a.kind == Kind::RECV_F)
+      c.recv_f[k] = p2p_->irecv(c.x_in[k].span(), c.prev_device, tags_.tag(comm::MsgKind::Activation, c.id, a.micro_batch));
+    else
+      c.recv_b[k] = p2p_->irecv(c.dx_out[k].span(), c.next_device,
+                                tags_.tag(comm::MsgKind::ActivationGrad, c.id, a.micro_batch));
+  }
+}
+
+StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, double lr, std::vector<ActionTime>* times) {
+  loss_ = 0;
+  grad_norm_ = 0;
+  gradients_finished_ = false;
+  for (auto& c : chunks_) {
+    c->model->zero_grad();
+    c->model->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step));
+    c->synced = false;
+  }
+  post_receives();
+  if (times) times->assign(actions_.size(), {});
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const int64_t t0 = times ? now_ns() : 0;
+    finish_ns_ = 0;
+    run_action(i, actions_[i], mbs, lr);
+    if (times) (*times)[i] = {t0, now_ns(), finish_ns_};
+  }
+  p2p_->wait_all();  // sends done: the next step may write their buffers
+  double loss = loss_;
+  comm::allreduce_sum({&loss, 1}, MPI_COMM_WORLD, "the step's loss");
+  return {loss, grad_norm_};
+}
+
+void Executor::run_action(size_t index, const Action& a, const std::vector<MicroBatch>& mbs, double lr) {
+  const int m = a.micro_batch;
+  auto global_mb = [&]() -> const MicroBatch& { return mbs.at(static_cast<size_t>(groups_.replica) * layout_.micro_batches + m); };
+  switch (a.kind) {
+    case Kind::RECV_F: {
+      Chunk& c = chunk(a.pipeline, a.stage);
+      p2p_->wait(c.recv_f[c.slot[m]]);
+      return;
+    }
+    case Kind::RECV_B: {
+      Chunk& c = chunk(a.pipeline, a.stage);
+      p2p_->wait(c.recv_b[c.slot[m]]);
+      return;
+    }
+    case Kind::F:
+      forward(chunk(a.pipeline, a.stage), global_mb(), m);
+      return;
+    case Kind::B:
+    case Kind::I: {
+      Chunk& c = chunk(a.pipeline, a.stage);
+      backward(c, global_mb(), m, index == c.last_backward);
+      return;
+    }
+    case Kind::W:
+      return;  // the full backward ran at I (see executor.hpp)
+    case Kind::SEND_F: {
+      Chunk& c = chunk(a.pipeline, a.stage);
+      const int consumer = layout_.chunk_id(a.pipeline, a.stage + 1);
+      p2p_->isend(c.x_out[c.slot[m]].span(), c.next_device, tags_.tag(comm::MsgKind::Activation, consumer, m));
+      return;
+    }
+    case Kind::SEND_B: {
+      Chunk& c = chunk(a.pipeline, a.stage);
+      const int consumer = layout_.chunk_id(a.pipeline, a.stage - 1);
+      p2p_->isend(c.dx_in[c.slot[m]].span(), c.prev_device, tags_.tag(comm::MsgKind::ActivationGrad, consumer, m));
+      return;
+    }
+    case Kind::ALLREDUCE: {
+      Chunk& c = chunk(a.pipeline, a.stage);
+      if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;
+      return;
+    }
+    case Kind::OPT: {
+      if (!gradients_finished_) finish_gradients();
+      Chunk& c = chunk(a.pipeline, a.stage);
+      c.optim->step(c.params, lr, grad_norm_);
+      return;
+    }
+    default:
+      throw UsageError(fmt::format("schedule: action {} has kind {}, which the runtime has no handler for",
+                                   to_token(a), kind_name(a.kind)));
+  }
+}
+
+void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
+  static const Tensor none;
+  static Tensor no_output;
+  const int k = c.slot.at(m);
+  PF_CHECK(k >= 0, "stage {} has no slot for micro-batch {}", c.stage, m);
+  const Tensor& x_in = c.model->has_embedding() ? none : c.prev ? c.prev->x_out[c.prev->slot[m]] : c.x_in[k];
+  Tensor& x_out = c.model->has_head() ? no_output : c.x_out[k];
+  loss_ += c.model->forward(mb, x_in, x_out, c.states[k]);
+}
+
+// Model::backward's loop, block by block, so that after the chunk's last backward each block's
+// gradients are handed to the all-reduce as soon as they are final.
+void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
+  static const Tensor none;
+  static Tensor no_input;
+  const int k = c.slot.at(m);
+  ModelState& st = c.states[k];
+  const Tensor& dx_out = c.model->has_head() ? none : c.next ? c.next->dx_in[c.next->slot[m]] : c.dx_out[k];
+  Tensor& dx_in = c.model->has_embedding() ? no_input : c.dx_in[k];
+  const auto& blocks = c.model->blocks();
+  const Tensor* d = &dx_out;
+  for (size_t j = blocks.size(); j-- > 0;) {
+    Tensor& din = j == 0 ? dx_in : ((blocks.size() - j) % 2 ? st.grad_a : st.grad_b);
+    blocks[j]->backward(mb, *d, din, *st.blocks[j]);
+    d = &din;
+    if (last && c.grad_sync)
+      for (size_t i : c.ready_after_block[j]) c.grad_sync->ready(i);
+  }
+}
+
+void Executor::finish_gradients() {
+  const int64_t t0 = now_ns();
+  for (auto& c : chunks_)
+    if (c->grad_sync && !c->synced) c->grad_sync->wait(), c->synced = true;
+  // Tied word embedding: local copies summed into the first, summed over the group, copied back.
+  if (!word_copies_.empty()) {
+    std::span<float> sum = word_copies_.front()->grad.span();
+    for (size_t i = 1; i < word_copies_.size(); ++i) {
+      const float* g = word_copies_[i]->grad.data();
+      for (size_t e = 0; e < sum.size(); ++e) sum[e] += g[e];
+    }
+    if (word_sync_) word_sync_->start(), word_sync_->wait();
+    for (size_t i = 1; i < word_copies_.size(); ++i) std::copy(sum.begin(), sum.end(), word_copies_[i]->grad.data());
+  }
+  // Global norm: every stage once (pipeline 0's chunks; mirrors are left out by grad_sq_norm).
+  double sq = 0;
+  for (auto& c : chunks_)
+    if (c->pipeline == 0) sq += c->optim->grad_sq_norm(c->params);
+  comm::allreduce_sum({&sq, 1}, groups_.pipeline.get(), "the gradient norm");
+  grad_norm_ = std::sqrt(sq);
+  gradients_finished_ = true;
+  finish_ns_ = now_ns() - t0;
+}
+
+double Executor::evaluate(Batcher& valid) {
+  const int rows = cfg_.parallel.micro_batch_size;
+  MicroBatch mb;
+  mb.resize(rows, cfg_.model.seq_len);
+  double loss = 0;
+  int64_t positions = 0;
+  static const Tensor none;
+  static Tensor no_output;
+  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
+    valid.fill(static_cast<int64_t>(b) * rows, rows, mb);  // the held-out sequences Trainer::evaluate uses
+    mb.index = 0;
+    mb.loss_scale = 1.0f;
+    positions += mb.loss_positions();
+    if (groups_.replica != 0) continue;
+    // Pipeline 0's stages in order, through slot 0 of each chunk; blocking hand-offs.
+    for (int st = 0; st < layout_.stages(); ++st) {
+      if (layout_.schedule.device_of(0, st) != device_) continue;
+      Chunk& c = chunk(0, st);
+      const Tensor* x_in = &none;
+      if (!c.model->has_embedding()) {
+        if (c.prev) {
+          x_in = &c.prev->x_out[0];
+        } else {
+          p2p_->wait(p2p_->irecv(c.x_in[0].span(), c.prev_device, tags_.tag(comm::MsgKind::Activation, c.id, 0)));
+          x_in = &c.x_in[0];
+        }
+      }
+      Tensor& x_out = c.model->has_head() ? no_output : c.x_out[0];
+      loss += c.model->forward(mb, *x_in, x_out, c.states[0]);
+      if (c.next_device >= 0)
+        p2p_->wait(p2p_->isend(c.x_out[0].span(), c.next_device,
+                               tags_.tag(comm::MsgKind::Activation, layout_.chunk_id(0, st + 1), 0)));
+    }
+  }
+  comm::allreduce_sum({&loss, 1}, MPI_COMM_WORLD, "the validation loss");
+  return positions ? loss / static_cast<double>(positions) : 0.0;
+}
+
+void Executor::load(const std::string& path) {
+  for (auto& c : chunks_) load_safetensors(path, c->params);
+}
+
+std::unique_ptr<Model> Executor::gather_model() {
+  if (groups_.replica != 0) return nullptr;
+  const int S = layout_.stages();
+  if (device_ != 0) {
+    std::vector<Param*> mine;
+    for (int st = 0; st < S; ++st)
+      if (layout_.schedule.device_of(0, st) == device_)
+        for (Param* p : chunk(0, st).params)
+          if (!p->mirror) mine.push_back(p);
+    comm::P2P out(groups_.pipeline.get(), static_cast<int>(mine.size()) + 1);
+    for (Param* p : mine) out.isend(p->value.span(), 0, 0);  // in stage order; MPI keeps the order per pair
+    out.wait_all();
+    return nullptr;
+  }
+  auto full = build_model(cfg_.model, 0, num_blocks(cfg_.model) - 1);
+  comm::P2P in(groups_.pipeline.get(), 1);
+  for (int st = 0; st < S; ++st) {
+    const int d = layout_.schedule.device_of(0, st);
+    if (d == 0) {
+      for (Param* p : chunk(0, st).params)
+        if (!p->mirror) full->find_param(p->name)->value = p->value;
+      continue;
+    }
+    const BlockRange r = layout_.stage_blocks[st];
+    auto names = build_model(cfg_.model, r.first, r.last);  // the stage's parameter list, in order
+    for (Param* p : names->params())
+      if (!p->mirror) in.wait(in.irecv(full->find_param(p->name)->value.span(), d, 0));
+  }
+  return full;
+}
+
+}  // namespace pf

@@ -1,0 +1,101 @@
+#pragma once
+// The executor: one per rank. It holds the model chunks of the stages its device hosts and runs
+// the device's action list of the lowered schedule (layout.hpp) once per training step, mapping
+// each action kind to a handler:
+//   RECV_F / RECV_B  wait for the activation / output gradient (every receive of the step is
+//                    posted at step start into per-(chunk, micro-batch) buffers made once)
+//   F                forward of one micro-batch through the chunk
+//   SEND_F / SEND_B  start the non-blocking send of the output / input gradient (completed at
+//                    step end, before any buffer is written again)
+//   B, I             full backward (input and weight gradients; see below)
+//   W                nothing: our layers do not split their backward, so ZB-H1's I runs the full
+//                    backward and W is a no-op. Results stay exact; only the overlap ZB-H1 would
+//                    win from deferring W is lost (the profile shows W as zero-length).
+//   ALLREDUCE        wait for the chunk's gradient all-reduce among its copies (data-parallel
+//                    replicas and Chimera's twin), which the chunk's last backward started block by
+//                    block, bucketed, so it overlaps the remaining backward work on the device
+//   OPT              the first OPT of a step finishes the gradients (all-reduces, the tied word
+//                    embedding summed over every rank holding a copy, the global gradient norm
+//                    over the pipeline); every OPT steps its chunk's optimizer
+// Anything else is refused with a message naming the kind.
+//
+// Micro-batches: replica w runs global micro-batches w*N .. w*N+N-1 of the step (MicroBatch
+// index j = w*N + m, the single-process trainer's numbering), so losses and gradients are those
+// of single-process training of the same global batch, up to summation order.
+#include "comm/collectives.hpp"
+#include "comm/p2p.hpp"
+#include "comm/world.hpp"
+#include "config/config.hpp"
+#include "data/batches.hpp"
+#include "nn/model.hpp"
+#include "optim/optimizer.hpp"
+#include "runtime/layout.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace pf {
+
+// Start and end (steady clock, ns) of each action of the device's list in one step.
+// `wait` is the part spent waiting for other ranks inside a compute handler (the first OPT of a
+// step finishing the gradients: all-reduces, embedding sum, norm), drawn as idle time.
+struct ActionTime {
+  int64_t start = 0, end = 0, wait = 0;
+};
+
+struct StepOutcome {
+  double loss = 0;       // mean token loss of the global batch (every rank gets it)
+  double grad_norm = 0;  // global gradient norm before clipping
+};
+
+class Executor {
+ public:
+  Executor(const Config& cfg, const Layout& layout, const comm::Groups& groups);
+  ~Executor();
+
+  // One training step. `mbs` holds all W*N micro-batches of the step (filled by fill_step).
+  // `times`, if given, receives each action's start and end. Collective over the world.
+  StepOutcome step(int64_t step, const std::vector<MicroBatch>& mbs, double lr, std::vector<ActionTime>* times);
+  // Mean validation loss of train.eval_batches micro-batches (replica 0's pipeline 0 computes;
+  // every rank gets the result). Collective.
+  double evaluate(Batcher& valid);
+  // Loads every chunk's parameters (mirrors included) from a safetensors file.
+  void load(const std::string& path);
+  // Collective: on world rank 0, a whole model holding every stage's parameters (pipeline 0 of
+  // replica 0), for saving; null elsewhere.
+  std::unique_ptr<Model> gather_model();
+
+  const std::vector<Action>& actions() const { return actions_; }
+  // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
+  int64_t stage_param_bytes(int pipeline, int stage) const;
+
+ private:
+  struct Chunk;
+  Chunk& chunk(int pipeline, int stage);
+  Chunk* find_chunk(int pipeline, int stage);
+  void post_receives();
+  void run_action(size_t index, const Action& a, const std::vector<MicroBatch>& mbs, double lr);
+  void forward(Chunk& c, const MicroBatch& mb, int m);
+  void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
+  void finish_gradients();
+
+  Config cfg_;
+  const Layout& layout_;
+  const comm::Groups& groups_;
+  int device_;
+  std::vector<Action> actions_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  comm::TagScheme tags_;
+  std::unique_ptr<comm::P2P> p2p_;
+  // Tied word embedding: every rank holding a copy (owner or mirror) sums them.
+  comm::Comm embedding_comm_;
+  std::vector<Param*> word_copies_;  // this rank's copies
+  std::unique_ptr<comm::BucketedAllReduce> word_sync_;
+  // Per step.
+  double loss_ = 0, grad_norm_ = 0;
+  bool gradients_finished_ = false;
+  int64_t finish_ns_ = 0;  // time finish_gradients took in this step
+};
+
+}  // namespace pf

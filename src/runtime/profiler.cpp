@@ -1,0 +1,220 @@
+#include "runtime/profiler.hpp"
+
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "core/files.hpp"
+#include "schedule/lower.hpp"
+#include "viz/render.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+namespace pf {
+
+namespace {
+
+double mean(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+bool is_wait(Kind k) { return k == Kind::RECV_F || k == Kind::RECV_B || k == Kind::ALLREDUCE; }
+
+}  // namespace
+
+Timeline measured_timeline(const Layout& layout, const std::vector<std::vector<ActionTime>>& per_rank) {
+  const int ranks = static_cast<int>(per_rank.size());
+  int64_t t0 = INT64_MAX;
+  for (const auto& r : per_rank)
+    for (const ActionTime& t : r) t0 = std::min(t0, t.start);
+  Timeline tl;
+  tl.per_device.resize(ranks);
+  tl.busy.assign(ranks, 0);
+  tl.peak_in_flight.assign(ranks, 0);
+  for (int r = 0; r < ranks; ++r) {
+    const auto& actions = layout.schedule.per_device[r % layout.devices];
+    PF_CHECK(actions.size() == per_rank[r].size(), "rank {} sent {} stamps for {} actions", r, per_rank[r].size(),
+             actions.size());
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const ActionTime& t = per_rank[r][i];
+      // The wait inside an action (OPT finishing the gradients) shows as idle before it.
+      const double start = static_cast<double>(t.start + t.wait - t0) / 1e6, end = static_cast<double>(t.end - t0) / 1e6;
+      tl.per_device[r].push_back({actions[i], start, end});
+      if (is_compute(actions[i].kind)) tl.busy[r] += end - start;
+      tl.step_time = std::max(tl.step_time, end);
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    tl.bubble.push_back(tl.step_time - tl.busy[r]);
+    tl.utilization.push_back(tl.step_time > 0 ? tl.busy[r] / tl.step_time : 0);
+  }
+  return tl;
+}
+
+Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& groups, const Executor& exec,
+                   ProfileOptions opt)
+    : cfg_(cfg), layout_(layout), groups_(groups), opt_(std::move(opt)), total_steps_(cfg.train.steps) {
+  if (!enabled()) return;
+  for (int s : opt_.steps)
+    if (s < 1 || s > total_steps_)
+      usage_error("--profile-steps", "step {} is outside the run's steps 1..{}", s, total_steps_);
+  if (groups.rank == 0) make_dirs(opt_.dir, "--profile-dir");
+  offsets_ = comm::estimate_clock_offsets(MPI_COMM_WORLD);
+  std::vector<double> bytes(layout.stages(), 0);
+  for (int s = 0; s < layout.stages(); ++s) bytes[s] = static_cast<double>(exec.stage_param_bytes(0, s));
+  comm::allreduce_sum(bytes, groups.pipeline.get(), "the stages' parameter sizes");
+  for (double b : bytes) param_bytes_.push_back(static_cast<int64_t>(b));
+}
+
+bool Profiler::wants(int64_t step) const {
+  if (!enabled()) return false;
+  if (opt_.steps.empty()) return step > 0 || total_steps_ == 1;
+  return opt_.steps.count(static_cast<int>(step) + 1) > 0;
+}
+
+void Profiler::record(int64_t step, const std::vector<ActionTime>& times) {
+  std::string mine(times.size() * sizeof(ActionTime), '\0');
+  std::memcpy(mine.data(), times.data(), mine.size());
+  std::vector<std::string> all = comm::gather_bytes(mine, 0, MPI_COMM_WORLD);
+  if (groups_.rank != 0) return;
+  std::vector<std::vector<ActionTime>> per_rank(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    per_rank[r].resize(all[r].size() / sizeof(ActionTime));
+    std::memcpy(per_rank[r].data(), all[r].data(), all[r].size());
+    for (ActionTime& t : per_rank[r]) t.start -= offsets_.offset_ns[r], t.end -= offsets_.offset_ns[r];
+  }
+  MeasuredStep m;
+  m.step = static_cast<int>(step) + 1;
+  m.timeline = measured_timeline(layout_, per_rank);
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    double w = 0;
+    for (const TimedAction& t : m.timeline.per_device[r]) w += is_wait(t.action.kind) ? t.end - t.start : 0;
+    for (const ActionTime& t : per_rank[r]) w += static_cast<double>(t.wait) / 1e6;
+    m.comm_wait.push_back(w);
+  }
+  const Schedule& s = layout_.schedule;
+  const std::string title = fmt::format("measured {} D={} W={} N={} step {}", s.name, layout_.devices,
+                                        layout_.replicas, s.micro_batches, m.step);
+  write_file_atomic(fmt::format("{}/timeline-step{}.svg", opt_.dir, m.step), timeline_svg(m.timeline, {title, "ms", 1}),
+                    "--profile-dir");
+  write_file_atomic(fmt::format("{}/trace-step{}.json", opt_.dir, m.step), chrome_trace(m.timeline, title),
+                    "--profile-dir");
+  measured_.push_back(std::move(m));
+  raw_.push_back(std::move(per_rank));
+}
+
+void Profiler::finish() {
+  if (!enabled() || groups_.rank != 0 || measured_.empty()) return;
+  const int S = layout_.stages(), D = layout_.devices;
+  std::vector<std::vector<double>> f(S), b(S), i_(S), w(S), opt(S), ar(S);
+  std::vector<double> p2p;
+  for (const MeasuredStep& m : measured_) {
+    const Timeline& tl = m.timeline;
+    // When each message was sent: (kind, pipeline, consumer stage, micro-batch, replica) -> ms.
+    std::map<std::tuple<int, int, int, int, int>, double> sent;
+    for (size_t r = 0; r < tl.per_device.size(); ++r)
+      for (const TimedAction& t : tl.per_device[r]) {
+        const Action& a = t.action;
+        const double d = t.end - t.start;
+        const int rep = static_cast<int>(r) / D;
+        switch (a.kind) {
+          case Kind::F: f[a.stage].push_back(d); break;
+          case Kind::B: b[a.stage].push_back(d); break;
+          case Kind::I: i_[a.stage].push_back(d); break;
+          case Kind::W: w[a.stage].push_back(d); break;
+          case Kind::OPT: opt[a.stage].push_back(d); break;
+          case Kind::ALLREDUCE: ar[a.stage].push_back(d); break;
+          case Kind::SEND_F: sent[{0, a.pipeline, a.stage + 1, a.micro_batch, rep}] = t.start; break;
+          case Kind::SEND_B: sent[{1, a.pipeline, a.stage - 1, a.micro_batch, rep}] = t.start; break;
+          default: break;
+        }
+      }
+    // Transfer latency: a receive that was already waiting when the send started ends one
+    // message delay after it.
+    for (size_t r = 0; r < tl.per_device.size(); ++r)
+      for (const TimedAction& t : tl.per_device[r]) {
+        const Action& a = t.action;
+        if (a.kind != Kind::RECV_F && a.kind != Kind::RECV_B) continue;
+        auto it = sent.find({a.kind == Kind::RECV_F ? 0 : 1, a.pipeline, a.stage, a.micro_batch,
+                             static_cast<int>(r) / D});
+        if (it != sent.end() && t.start <= it->second) p2p.push_back(std::max(0.0, t.end - it->second));
+      }
+  }
+  using nlohmann::json;
+  const ModelConfig& mc = cfg_.model;
+  const double act_bytes = 4.0 * cfg_.parallel.micro_batch_size * mc.seq_len * mc.hidden;
+  json stages = json::array();
+  CostModel cost;
+  cost.stages.clear();
+  for (int s = 0; s < S; ++s) {
+    StageCost c;
+    c.forward = mean(f[s]);
+    c.backward = b[s].empty() ? mean(i_[s]) + mean(w[s]) : mean(b[s]);
+    c.optimizer = mean(opt[s]);
+    c.activation_bytes = act_bytes;
+    c.grad_bytes = static_cast<double>(param_bytes_[s]);
+    json j = {{"forward", c.forward}, {"backward", c.backward}, {"optimizer", c.optimizer},
+              {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes}};
+    if (!i_[s].empty()) {
+      c.input_grad = mean(i_[s]);
+      c.weight_grad = mean(w[s]);
+      j["input_grad"] = c.input_grad;
+      j["weight_grad"] = c.weight_grad;
+    }
+    cost.stages.push_back(c);
+    stages.push_back(j);
+  }
+  std::vector<double> all_ar;
+  for (auto& v : ar) all_ar.insert(all_ar.end(), v.begin(), v.end());
+  cost.p2p_latency = median(p2p);
+  cost.allreduce_alpha = mean(all_ar);
+  const Timeline predicted = simulate(layout_.schedule, cost);
+
+  std::vector<double> step_ms, util(measured_.front().timeline.utilization.size(), 0),
+      wait(measured_.front().comm_wait.size(), 0);
+  json steps = json::array();
+  for (const MeasuredStep& m : measured_) {
+    step_ms.push_back(m.timeline.step_time);
+    steps.push_back(m.step);
+    for (size_t r = 0; r < util.size(); ++r) {
+      util[r] += m.timeline.utilization[r] / static_cast<double>(measured_.size());
+      wait[r] += m.comm_wait[r] / static_cast<double>(measured_.size());
+    }
+  }
+  const double measured_step = mean(step_ms);
+  json j = {{"format", "pipefisher-profile"},
+            {"version", 1},
+            {"micro_batch_size", cfg_.parallel.micro_batch_size},
+            {"stages", stages},
+            {"p2p", {{"latency", cost.p2p_latency}, {"bandwidth", 0}}},
+            {"allreduce", {{"alpha", cost.allreduce_alpha}, {"beta", 0}}},
+            {"measured",
+             {{"schedule", layout_.schedule.name}, {"devices", D}, {"replicas", layout_.replicas},
+              {"micro_batches", layout_.micro_batches}, {"steps", steps}, {"time_unit", "ms"},
+              {"step_time", measured_step}, {"step_times", step_ms}, {"utilization", util},
+              {"comm_wait", wait}, {"p2p_samples", p2p.size()},
+              {"predicted_step_time", predicted.step_time},
+              {"predicted_utilization", predicted.utilization}}}};
+  write_file_atomic(opt_.dir + "/profile.json", j.dump(1) + "\n", "--profile-dir");
+  std::string u;
+  for (double x : util) u += fmt::format("{}{:.0f}%", u.empty() ? "" : " ", 100 * x);
+  std::printf("profile: measured step %.2f ms (utilization per rank %s, mean comm wait %.2f ms), simulator with "
+              "this profile predicts %.2f ms; %s/{profile.json, timeline-step*.svg, trace-step*.json}\n",
+              measured_step, u.c_str(), mean(wait), predicted.step_time, opt_.dir.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace pf

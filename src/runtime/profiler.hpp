@@ -1,0 +1,75 @@
+#pragma once
+// The runtime's profiler: the start and end of every action on every rank for chosen steps.
+//
+// Each rank stamps its actions with its own steady clock (Executor::step); at the end of a
+// profiled step the stamps are gathered to world rank 0, moved onto rank 0's clock with the
+// offsets comm::estimate_clock_offsets measured at start-up, and turned into the simulator's
+// Timeline type (one row per rank), so the same renderers draw it:
+//   DIR/timeline-step<k>.svg   the SVG timeline `pipefisher plan --svg` draws, measured
+//   DIR/trace-step<k>.json     Chrome trace-event JSON (Perfetto)
+// and when training ends
+//   DIR/profile.json           the project's profile format (sim/profile.hpp): mean forward and
+//                              backward (I and W for zero-bubble) per stage per micro-batch, the
+//                              optimizer per stage, the point-to-point latency (median delay from
+//                              a send's start to the end of a receive that was already waiting),
+//                              the all-reduce wait as alpha; plus a "measured" object: step time,
+//                              utilization and communication wait per rank, and the step time the
+//                              simulator predicts from this very profile.
+// `pipefisher plan --profile DIR/profile.json` then predicts any schedule from measured costs.
+// Steps are numbered from 1 as the log prints them.
+#include "comm/clock.hpp"
+#include "comm/world.hpp"
+#include "runtime/executor.hpp"
+#include "runtime/layout.hpp"
+#include "sim/sim.hpp"
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+struct ProfileOptions {
+  std::string dir;        // empty = off
+  std::set<int> steps;    // 1-based; empty = every step but the first (warm-up)
+};
+
+// What one profiled step looked like, on rank 0's clock, times in ms from the step's first action.
+struct MeasuredStep {
+  int step = 0;                     // 1-based
+  Timeline timeline;                // one row per world rank
+  std::vector<double> comm_wait;    // [rank] ms spent waiting for messages and collectives
+};
+
+class Profiler {
+ public:
+  // Collective (estimates the clock offsets) when profiling is on.
+  Profiler(const Config& cfg, const Layout& layout, const comm::Groups& groups, const Executor& exec,
+           ProfileOptions opt);
+  bool enabled() const { return !opt_.dir.empty(); }
+  bool wants(int64_t step) const;  // 0-based step index
+  // Collective: gathers the step's action times to rank 0, which writes its SVG and trace.
+  void record(int64_t step, const std::vector<ActionTime>& times);
+  // Rank 0: writes profile.json and prints one summary line. Call after the last step.
+  void finish();
+
+ private:
+  MeasuredStep assemble(int64_t step, const std::vector<std::string>& per_rank) const;
+
+  Config cfg_;
+  const Layout& layout_;
+  const comm::Groups& groups_;
+  ProfileOptions opt_;
+  int total_steps_ = 0;
+  comm::ClockOffsets offsets_;
+  std::vector<int64_t> param_bytes_;  // [stage] gradient bytes
+  std::vector<MeasuredStep> measured_;
+  // Raw per-rank stamps of the measured steps (rank 0), for per-action statistics.
+  std::vector<std::vector<std::vector<ActionTime>>> raw_;  // [profiled step][rank][action]
+};
+
+// The Timeline for one step from each rank's stamps (already on one clock): the basis of the
+// profiler's files; exposed for tests.
+Timeline measured_timeline(const Layout& layout, const std::vector<std::vector<ActionTime>>& per_rank);
+
+}  // namespace pf
