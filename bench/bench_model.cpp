@@ -30,9 +30,10 @@ namespace {
 // The reference product: (2048 x 768) x (768 x 3072), a transformer MLP's shape.
 constexpr int64_t kM = 2048, kK = 768, kN = 3072;
 
-double sgemm_once(Tensor& a, Tensor& b, Tensor& c) {
+// OpenBLAS's own sgemm with its own threads: this machine's sgemm throughput (the reference).
+double sgemm_once(Tensor& a, Tensor& b, Tensor& c, bool ours = false) {
   auto t0 = std::chrono::steady_clock::now();
-  gemm(false, false, kM, kN, kK, 1.0f, a.data(), kK, b.data(), kN, 0.0f, c.data(), kN);
+  (ours ? gemm : blas_gemm)(false, false, kM, kN, kK, 1.0f, a.data(), kK, b.data(), kN, 0.0f, c.data(), kN);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -50,12 +51,14 @@ double sgemm_flops(int threads) {
   return 2.0 * kM * kN * kK / best;
 }
 
+// args: threads, 0 = OpenBLAS's threading / 1 = pf::gemm (OpenMP slices of single-threaded sgemm)
 void BM_Sgemm(benchmark::State& state) {
   const int threads = int(state.range(0));
   set_threads(threads);
   Tensor a({kM, kK}), b({kK, kN}), c({kM, kN});
   a.fill(0.5f), b.fill(0.25f);
-  for (auto _ : state) sgemm_once(a, b, c);
+  for (auto _ : state) sgemm_once(a, b, c, state.range(1) == 1);
+  state.SetLabel(state.range(1) ? "pf::gemm" : "openblas");
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kM * kN * kK * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
@@ -111,7 +114,7 @@ void BM_BlockStep(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_Sgemm)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Sgemm)->ArgNames({"threads", "ours"})->ArgsProduct({{1, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_BlockStep)
     ->ArgNames({"shape", "rows", "threads"})
     ->ArgsProduct({{0}, {8, 32}, {1, 2}})

@@ -3,16 +3,51 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <thread>
 
 namespace pf {
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
+static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// Large products are split across our OpenMP threads, each calling single-threaded OpenBLAS on
+// its slice of C. One thread pool then does all the work: with OpenBLAS's own pool as well, the
+// idle OpenMP workers spin while OpenBLAS computes (and vice versa), which costs up to a core.
+// The split depends only on the thread count, so results are deterministic for a fixed count.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads == 1 || static_cast<double>(m) * n * k < (1 << 18)) {  // OpenBLAS too runs these on one thread
+    sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  BlasSingleThread one;
+  const bool split_rows = m >= n;  // slice C along its longer side, in multiples of 16
+  const int64_t len = split_rows ? m : n;
+  const int64_t per = ((len + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int t = 0; t < threads; ++t) {
+    int64_t lo = std::min(len, t * per), hi = std::min(len, lo + per);
+    if (lo >= hi) continue;
+    if (split_rows)  // rows lo..hi of C need rows lo..hi of op(A)
+      sgemm(trans_a, trans_b, hi - lo, n, k, alpha, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta,
+            c + lo * ldc, ldc);
+    else  // columns lo..hi of C need columns lo..hi of op(B)
+      sgemm(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta, c + lo,
+            ldc);
+  }
+}
+
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void set_threads(int n) {

@@ -6,8 +6,12 @@
 
 namespace pf {
 
+// Large products run on our OpenMP threads (OpenBLAS single-threaded per slice); see blas.cpp.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The same product by OpenBLAS's own threading (the reference the benchmark compares against).
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // Sets OpenMP's and OpenBLAS's thread counts together (n <= 0: all cores). Results are
 // deterministic for a fixed thread count.

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 using namespace pf;
@@ -221,4 +222,25 @@ TEST(Rng, CounterBasedNormalsAreDeterministicAndStandard) {
   double u = 0;
   for (int i = 0; i < n; ++i) u += a.uniform(i);
   EXPECT_NEAR(u / n, 0.5, 0.003);
+}
+
+TEST(Kernels, SplitGemmMatchesNaiveAndBlas) {
+  set_threads(2);
+  // Tall (split by rows) and wide (split by columns) products, all transposes.
+  for (auto [m, n, k] : {std::tuple{301, 40, 150}, std::tuple{37, 290, 160}}) {
+    auto a = randn(m * k, 11), b = randn(k * n, 12);
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        std::vector<float> c(m * n, 1.0f), r(m * n, 1.0f);
+        gemm(ta, tb, m, n, k, 1.5f, a.data(), ta ? m : k, b.data(), tb ? k : n, 1.0f, c.data(), n);
+        blas_gemm(ta, tb, m, n, k, 1.5f, a.data(), ta ? m : k, b.data(), tb ? k : n, 1.0f, r.data(), n);
+        for (int i = 0; i < m; i += 7)
+          for (int j = 0; j < n; ++j) {
+            double s = 0;
+            for (int p = 0; p < k; ++p) s += double(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+            ASSERT_NEAR(c[i * n + j], 1.5 * s + 1.0, 1e-3) << m << "x" << n << " " << ta << tb;
+          }
+        for (int i = 0; i < m * n; ++i) ASSERT_NEAR(c[i], r[i], 1e-3);
+      }
+  }
 }
