@@ -4,6 +4,7 @@
 #include "config/config.hpp"
 #include "core/files.hpp"
 #include "io/safetensors.hpp"
+#include "runtime/train_run.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
@@ -17,6 +18,8 @@ struct TrainArgs {
   std::string config, init, save, log_json;
   std::vector<std::string> sets;
   int steps = 0;
+  std::string profile_dir;
+  std::vector<int> profile_steps;
   bool print_config = false;
 };
 
@@ -30,9 +33,10 @@ int run_train(const TrainArgs& a) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
-  if (cfg.parallel.stages * cfg.parallel.data_parallel > 1)
-    usage_error("parallel.stages", "pipeline/data-parallel training (stages x data_parallel = {}) is not "
-                "available yet in this build; use 1 x 1", cfg.parallel.stages * cfg.parallel.data_parallel);
+  // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
+  if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
+    return run_parallel_training(cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}}});
+  if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
   if (!a.init.empty() && !std::filesystem::is_regular_file(a.init))
     usage_error("--init", "no such file '{}'", a.init);
@@ -87,9 +91,22 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");
   cmd.add_flag("--print-config", a->print_config, "print the resolved configuration (every key) and exit");
-  return [a] { return run_train(*a); };
+  cmd.add_option("--profile-dir", a->profile_dir,
+                 "record every action of every rank: timeline SVG, Chrome trace and profile.json here "
+                 "(runs the MPI runtime, also for one process)");
+  cmd.add_option("--profile-steps", a->profile_steps, "steps to profile, from 1 (default: all but the first)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  return [a] {
+    try {
+      return run_train(*a);
+    } catch (const pf::UsageError&) {
+      if (pf::launcher_rank() > 0) return 2;  // every rank finds the same mistake; rank 0 prints it
+      throw;
+    }
+  };
 }
 
 }  // namespace
 
-PF_COMMAND(train, "train", "train a model (single process; pipeline runs via scripts/pfrun)", setup)
+PF_COMMAND(train, "train", "train a model (one process, or pipeline x data parallel under scripts/pfrun)", setup)

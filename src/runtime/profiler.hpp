@@ -10,7 +10,10 @@
 // and when training ends
 //   DIR/profile.json           the project's profile format (sim/profile.hpp): mean forward and
 //                              backward (I and W for zero-bubble) per stage per micro-batch, the
-//                              optimizer per stage, the point-to-point latency (median delay from
+//                              optimizer per stage (the stage of a device's first OPT also
+//                              carries finishing the gradients: all-reduce waits, the word-embedding
+//                              sum and the norm, as long as the last rank to arrive waited), the
+//                              point-to-point latency (median delay from
 //                              a send's start to the end of a receive that was already waiting),
 //                              the all-reduce wait as alpha; plus a "measured" object: step time,
 //                              utilization and communication wait per rank, and the step time the

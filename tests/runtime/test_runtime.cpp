@@ -1,0 +1,299 @@
+// The MPI runtime under real mpirun (scripts/pfrun, 1 thread per rank): pipeline x data-parallel
+// training of a tiny BERT on the committed sample token file must reproduce single-process
+// training of the same global batch (losses to 1e-6 relative, weights closely), for every
+// schedule; misuse fails with one line and exit 2; a killed rank ends the job; the profiler's
+// measured costs let the simulator predict the measured step time.
+#include "io/safetensors.hpp"
+#include "runtime/layout.hpp"
+#include "schedule/generators.hpp"
+#include "schedule/lower.hpp"
+#include "sim/profile.hpp"
+#include "sim/sim.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Launch {
+  int status = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+Launch run(const std::string& cmd) {
+  auto t0 = std::chrono::steady_clock::now();
+  Launch r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
+
+fs::path work_dir() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("pf_runtime_test_" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+// Tiny BERT (4 blocks, hidden 32) on the committed sample; one thread; no evaluation but at the end.
+fs::path tiny_config() {
+  fs::path p = work_dir() / "tiny.toml";
+  if (!fs::exists(p)) {
+    std::ofstream f(p);
+    f << "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\nmax_position = 16\n"
+      << "[data]\nvocab = \"bert\"\ntrain_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+      << "valid_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+      << "[optim]\nname = \"nvlamb\"\nlr = 1e-2\nwarmup_steps = 1\n"
+      << "[train]\nsteps = 3\nthreads = 1\neval_every = 0\neval_batches = 2\n"
+      << "[parallel]\nmicro_batches = 4\nmicro_batch_size = 2\n";
+  }
+  return p;
+}
+
+std::string train_args(const std::string& name, const std::string& sets) {
+  fs::path out = work_dir() / name;
+  return std::string(PF_BINARY) + " train --config " + tiny_config().string() + " --set train.out_dir=" +
+         out.string() + " --save " + (work_dir() / (name + ".safetensors")).string() + " " + sets;
+}
+
+std::vector<double> losses(const std::string& name) {
+  std::vector<double> v;
+  std::ifstream f(work_dir() / name / "log.jsonl");
+  for (std::string l; std::getline(f, l);) v.push_back(nlohmann::json::parse(l)["loss"].get<double>());
+  return v;
+}
+
+std::map<std::string, std::vector<float>> weights(const std::string& name) {
+  pf::SafetensorsReader r((work_dir() / (name + ".safetensors")).string());
+  std::map<std::string, std::vector<float>> m;
+  for (const auto& e : r.tensors()) {
+    auto& v = m[e.name];
+    v.resize(static_cast<size_t>(pf::shape_numel(e.shape)));
+    r.read_f32(e, v);
+  }
+  return m;
+}
+
+// The single-process run of the same global batch (4 micro-batches of 2 sequences), once.
+const std::string& reference() {
+  static const std::string name = [] {
+    Launch r = run(kEnv + train_args("reference", ""));
+    EXPECT_EQ(r.status, 0) << r.out;
+    return std::string("reference");
+  }();
+  return name;
+}
+
+// Weights: the same arithmetic in a different summation order (gradients accumulated per stage
+// and replica, all-reduced, the tied embedding summed across ranks) differs by float rounding,
+// which three optimizer steps carry into the weights (measured: at most 1.8e-7). 1e-6 absolute
+// on weights of size ~0.02-1 (LayerNorm gains) allows that rounding, while any wrong
+// micro-batch, missing gradient or skipped update moves weights by ~lr = 1e-2.
+constexpr double kWeightTol = 1e-6;
+
+void expect_same_as_reference(const std::string& name, int ranks, const std::string& sets) {
+  const std::string& ref = reference();
+  Launch r = run(kEnv + kPfrun + " -np " + std::to_string(ranks) + " " + train_args(name, sets));
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::vector<double> a = losses(ref), b = losses(name);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u) << r.out;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LE(std::abs(a[i] - b[i]), 1e-6 * std::abs(a[i])) << "step " << i + 1;
+  auto wa = weights(ref), wb = weights(name);
+  ASSERT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  for (auto& [k, v] : wa) {
+    ASSERT_TRUE(wb.count(k)) << k;
+    ASSERT_EQ(v.size(), wb[k].size()) << k;
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::abs(double(v[i]) - wb[k][i]));
+  }
+  EXPECT_LE(worst, kWeightTol) << name;
+  // The weights did move: a run that never stepped would fail the loss check from step 2 on.
+  std::printf("[ %s ] losses %.9f %.9f %.9f, max weight difference %.3g\n", name.c_str(), b[0], b[1], b[2], worst);
+}
+
+TEST(RuntimeEquivalence, OneF1B_2x1) { expect_same_as_reference("1f1b_2x1", 2, "--set parallel.stages=2"); }
+TEST(RuntimeEquivalence, GPipe_2x1) {
+  expect_same_as_reference("gpipe_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=gpipe");
+}
+TEST(RuntimeEquivalence, DataParallel_1x2) {
+  expect_same_as_reference("dp_1x2", 2, "--set parallel.data_parallel=2 --set parallel.micro_batches=2");
+}
+TEST(RuntimeEquivalence, OneF1B_2x2) {
+  expect_same_as_reference("1f1b_2x2", 4,
+                           "--set parallel.stages=2 --set parallel.data_parallel=2 --set parallel.micro_batches=2");
+}
+TEST(RuntimeEquivalence, OneF1B_4x1) { expect_same_as_reference("1f1b_4x1", 4, "--set parallel.stages=4"); }
+TEST(RuntimeEquivalence, Interleaved_D2_V2) {
+  expect_same_as_reference("interleaved_2x1", 2,
+                           "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2");
+}
+TEST(RuntimeEquivalence, Chimera_D2) {
+  expect_same_as_reference("chimera_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=chimera");
+}
+TEST(RuntimeEquivalence, Chimera_D4) {
+  expect_same_as_reference("chimera_4x1", 4, "--set parallel.stages=4 --set parallel.schedule=chimera");
+}
+TEST(RuntimeEquivalence, Chimera_D2_DataParallel2) {
+  expect_same_as_reference("chimera_2x2", 4,
+                           "--set parallel.stages=2 --set parallel.schedule=chimera --set parallel.data_parallel=2 "
+                           "--set parallel.micro_batches=2");
+}
+TEST(RuntimeEquivalence, ZeroBubbleH1_2x1) {
+  expect_same_as_reference("zbh1_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1");
+}
+TEST(RuntimeEquivalence, ExplicitPartition) {
+  expect_same_as_reference("partition_2x1", 2, "--set parallel.stages=2 --set parallel.partition=[3,1]");
+}
+TEST(RuntimeEquivalence, UserScheduleFile) {
+  // A hand-made order (neither GPipe nor 1F1B): device 0 runs two forwards ahead, then alternates.
+  fs::path file = work_dir() / "mine.txt";
+  std::ofstream(file) << "# pipefisher schedule name=mine devices=2 stages=2 pipelines=1 micro_batches=4\n"
+                      << "0: 0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3\n"
+                      << "1: 1F0 1B0 1F1 1F2 1B1 1B2 1F3 1B3\n";
+  expect_same_as_reference("file_2x1", 2, "--set parallel.stages=2 --set parallel.schedule_file=" + file.string());
+}
+
+// Misuse: exit 2 and exactly one line, naming the key.
+void expect_one_line_error(int ranks, const std::string& sets, const std::string& expected) {
+  Launch r = run(kEnv + kPfrun + " -np " + std::to_string(ranks) + " --quiet " + train_args("misuse", sets));
+  EXPECT_EQ(r.status, 2) << r.out;
+  std::istringstream in(r.out);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  EXPECT_EQ(lines[0].rfind("pipefisher: " + expected, 0), 0u) << lines[0];
+}
+
+TEST(RuntimeMisuse, WorldSizeIsNotStagesTimesDataParallel) {
+  expect_one_line_error(2, "--set parallel.stages=3", "parallel.stages: the MPI world has 2 ranks");
+}
+TEST(RuntimeMisuse, MoreStagesThanBlocks) {
+  expect_one_line_error(3, "--set parallel.stages=3 --set model.layers=2", "parallel.stages: 3 pipeline stages");
+}
+TEST(RuntimeMisuse, ChimeraWithOddStages) {
+  expect_one_line_error(3, "--set parallel.stages=3 --set parallel.schedule=chimera --set parallel.micro_batches=3",
+                        "parallel.stages: chimera needs an even number");
+}
+TEST(RuntimeMisuse, InterleavedWithMicroBatchesNotAMultipleOfStages) {
+  expect_one_line_error(2, "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
+                        "--set parallel.micro_batches=3", "parallel.micro_batches: interleaved 1F1B needs a multiple");
+}
+
+// Unit checks of the partition (no MPI).
+TEST(RuntimePartition, BalancedGivesTheRemainderToInteriorStages) {
+  EXPECT_EQ(pf::partition_blocks(4, 2, {}), (std::vector<int>{2, 2}));
+  EXPECT_EQ(pf::partition_blocks(5, 3, {}), (std::vector<int>{2, 2, 1}));
+  EXPECT_EQ(pf::partition_blocks(7, 4, {}), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(pf::partition_blocks(12, 5, {}), (std::vector<int>{2, 3, 3, 2, 2}));
+  EXPECT_EQ(pf::partition_blocks(6, 2, {5, 1}), (std::vector<int>{5, 1}));
+  EXPECT_THROW(pf::partition_blocks(2, 3, {}), pf::UsageError);
+  EXPECT_THROW(pf::partition_blocks(6, 3, {3, 0, 3}), pf::UsageError);
+  EXPECT_THROW(pf::partition_blocks(6, 3, {3, 3}), pf::UsageError);
+}
+
+// A rank SIGKILLed mid-training: every other rank must exit (non-zero, with a message) within
+// 30 s instead of hanging. The ranks print their pids through a shell that execs pipefisher.
+TEST(RuntimeFaults, KilledRankEndsTheJob) {
+  const std::string cmd = kEnv + kPfrun + " -np 2 sh -c 'echo PID $OMPI_COMM_WORLD_RANK $$; exec " +
+                          train_args("killed", "--set parallel.stages=2 --steps 1000000 --set train.log_every=1") +
+                          "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  int victim = -1;
+  bool training = false;
+  std::array<char, 4096> line;
+  while ((victim < 0 || !training) && fgets(line.data(), line.size(), p)) {
+    std::string l = line.data();
+    out += l;
+    if (l.rfind("PID 1 ", 0) == 0) victim = std::stoi(l.substr(6));
+    if (l.rfind("step ", 0) == 0) training = true;
+  }
+  ASSERT_GT(victim, 0) << out;
+  ASSERT_TRUE(training) << out;
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  while (fgets(line.data(), line.size(), p)) out += line.data();
+  const int st = pclose(p);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  EXPECT_LT(seconds, 30.0) << out;
+  EXPECT_TRUE(out.find("signal 9") != std::string::npos || out.find("no progress") != std::string::npos) << out;
+  std::printf("[ killed ] job ended %.2f s after the SIGKILL\n", seconds);
+}
+
+// The profiler: a 2-rank 1F1B run records every action; the simulator fed with the costs it
+// measured predicts the measured step time within 15%; `plan` reads the profile.
+TEST(RuntimeProfiler, SimulatorPredictsTheMeasuredStepTime) {
+  fs::path dir = work_dir() / "profile";
+  // Bigger than the tiny model so that actions take milliseconds (the head dominates stage 1).
+  const std::string sets = "--set parallel.stages=2 --set model.hidden=64 --set model.ffn=256 --set model.seq_len=32 "
+                           "--set model.max_position=32 --set parallel.micro_batches=8 --steps 4 "
+                           "--profile-dir " + dir.string() + " --profile-steps 2,3,4";
+  Launch r = run(kEnv + kPfrun + " -np 2 " + train_args("profiled", sets));
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (int k : {2, 3, 4}) {
+    EXPECT_TRUE(fs::exists(dir / ("timeline-step" + std::to_string(k) + ".svg"))) << k;
+    EXPECT_TRUE(fs::exists(dir / ("trace-step" + std::to_string(k) + ".json"))) << k;
+  }
+  EXPECT_FALSE(fs::exists(dir / "timeline-step1.svg"));
+  nlohmann::json trace = nlohmann::json::parse(std::ifstream(dir / "trace-step3.json"));
+  EXPECT_NE(trace.dump().find("1B7"), std::string::npos);  // device 1's backward of the last micro-batch
+
+  pf::Profile prof = pf::read_profile_json((dir / "profile.json").string());
+  ASSERT_EQ(prof.cost.stages.size(), 2u);
+  for (const auto& c : prof.cost.stages) {
+    EXPECT_GT(c.forward, 0);
+    EXPECT_GT(c.backward, c.forward * 0.5);
+  }
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "profile.json"));
+  const double measured = j["measured"]["step_time"].get<double>();
+  // An independent prediction: the lowered 1F1B the runtime executed, simulated with the profile.
+  pf::Schedule s = pf::lower_communication(pf::make_1f1b(2, 8), {false, true});
+  const double predicted = pf::simulate(s, prof.cost).step_time;
+  EXPECT_NEAR(predicted, j["measured"]["predicted_step_time"].get<double>(), 1e-9 + 1e-9 * predicted);
+  for (const auto& u : j["measured"]["utilization"]) {
+    EXPECT_GT(u.get<double>(), 0.0);
+    EXPECT_LE(u.get<double>(), 1.0);
+  }
+  std::printf("[ profile ] measured step %.3f ms, predicted %.3f ms (%+.1f%%), stage costs F %.3f/%.3f B %.3f/%.3f ms, "
+              "p2p latency %.3f ms\n", measured, predicted, 100 * (predicted - measured) / measured,
+              prof.cost.stages[0].forward, prof.cost.stages[1].forward, prof.cost.stages[0].backward,
+              prof.cost.stages[1].backward, prof.cost.p2p_latency);
+  EXPECT_LE(std::abs(predicted - measured), 0.15 * measured);
+
+  Launch plan = run(std::string(PF_BINARY) + " plan --schedule 1f1b --stages 2 --micro-batches 8 --json --profile " +
+                    (dir / "profile.json").string());
+  EXPECT_EQ(plan.status, 0) << plan.out;
+}
+
+}  // namespace
