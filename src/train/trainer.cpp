@@ -19,7 +19,16 @@ void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>
   for (MicroBatch& mb : mbs) mb.loss_scale = scale;
 }
 
+LrSchedule make_run_lr_schedule(const Config& cfg) {
+  OptimConfig o = cfg.optim;
+  if (cfg.kfac.enabled && cfg.kfac.warmup_steps >= 0) o.warmup_steps = cfg.kfac.warmup_steps;
+  return make_lr_schedule(o, cfg.train.steps);
+}
+
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+  if (cfg.kfac.enabled && cfg.kfac.placement == "bubbles")
+    usage_error("kfac.placement", "'bubbles' places K-FAC work in pipeline bubbles: it needs a pipeline "
+                "(parallel.stages > 1); a single process runs 'inline' or 'skip'");
   set_threads(cfg.train.threads);
   const auto& p = cfg.parallel;
   train_data_ = make_batcher(cfg.model, cfg.data, false);
@@ -32,7 +41,8 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   params_ = model_->params();
   optim_ = make_optimizer(cfg.optim);
   optim_->init(params_);
-  lr_ = make_lr_schedule(cfg.optim, cfg.train.steps);
+  lr_ = make_run_lr_schedule(cfg);
+  if (cfg.kfac.enabled) kfac_ = std::make_unique<KfacPreconditioner>(model_->linears(), cfg.kfac, cfg.model.vocab);
 }
 
 int64_t Trainer::tokens_per_step() const {
@@ -46,11 +56,14 @@ StepStats Trainer::step() {
   fill_step(*train_data_, step_, cfg_.parallel.micro_batch_size, mbs_);
   model_->zero_grad();
   model_->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step_));
+  s.kfac_curvature = kfac_ && kfac_->curvature_step(step_);
+  if (s.kfac_curvature) kfac_->attach();
   for (MicroBatch& mb : mbs_) {
     s.loss += model_->forward(mb, no_input_, no_output_, state_);
     model_->backward(mb, no_output_, no_input_, state_);
   }
   s.lr = lr_.at(step_);
+  if (kfac_) kfac_step(s);
   s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
   optim_->step(params_, s.lr, s.grad_norm);
   s.tokens = tokens_per_step();
@@ -59,8 +72,24 @@ StepStats Trainer::step() {
   return s;
 }
 
+void Trainer::kfac_step(StepStats& s) {
+  if (s.kfac_curvature) {
+    kfac_->detach();
+    kfac_->finish_curvature(mbs_.front().loss_scale);
+  }
+  s.kfac_inversion = kfac_->inversion_step(step_);
+  if (s.kfac_inversion) {
+    const InversionSummary inv = kfac_->invert_all();
+    s.kfac_raised = inv.raised;
+    s.kfac_kept = inv.kept;
+  }
+  kfac_->precondition_all();
+  s.kfac_nu = kfac_->kl_clip(s.lr);
+}
+
 double Trainer::evaluate() {
   // Held-out sequences 0 .. eval_batches*mbs - 1: the same ones at every evaluation.
+  if (kfac_) kfac_->detach();  // evaluation is no curvature (a step that threw may have left taps)
   std::vector<MicroBatch>& mbs = mbs_;
   double loss = 0;
   int64_t positions = 0;

@@ -6,8 +6,18 @@
 // in sequences), micro-batch j (replica j / N, micro-batch j % N) the sequences from s*G + j*mbs,
 // so a pipeline or data-parallel run sees exactly the same data. Gradients are accumulated over
 // the micro-batches; the loss is the mean over all loss positions of the step.
+//
+// K-FAC (kfac.enabled; placement inline or skip, see kfac/preconditioner.hpp): on a curvature
+// step the driver's taps accumulate A and B during the micro-batches' forwards and backwards;
+// after the last backward the factors are committed, on an inversion step re-inverted, and every
+// step the K-FAC layers' gradients are preconditioned (then KL-clipped if kfac.kl_clip > 0).
+// The optimizer's global-norm pre-normalisation (NVLAMB) or clipping then sees the preconditioned
+// gradients, as in the paper's data-parallel script (LAMB on the preconditioned gradients):
+// StepStats::grad_norm is that norm. With kfac.enabled = false no tap is set and the step is
+// exactly the plain one.
 #include "config/config.hpp"
 #include "data/batches.hpp"
+#include "kfac/preconditioner.hpp"
 #include "nn/model.hpp"
 #include "optim/lr_schedule.hpp"
 #include "optim/optimizer.hpp"
@@ -22,10 +32,18 @@ struct StepStats {
   int64_t step = 0;        // 0-based step just taken
   double loss = 0;         // mean token loss of the step
   double lr = 0;
-  double grad_norm = 0;    // global gradient norm before clipping
+  double grad_norm = 0;    // global gradient norm before clipping (after K-FAC's precondition)
   int64_t tokens = 0;      // tokens processed in the step
   double step_time_s = 0;
+  // K-FAC: what this step refreshed, and the factors whose inversion needed more damping.
+  bool kfac_curvature = false, kfac_inversion = false;
+  int kfac_raised = 0, kfac_kept = 0;
+  double kfac_nu = 1;      // KL-clip factor
 };
+
+// The run's learning-rate schedule: optim's, with K-FAC's own warm-up (kfac.warmup_steps, -1 =
+// optim.warmup_steps) when kfac.enabled. The paper shortens K-FAC's warm-up (600 vs 2000 steps).
+LrSchedule make_run_lr_schedule(const Config& cfg);
 
 // Fills the step's micro-batches from `batcher` and sets each one's loss_scale to 1 / (loss
 // positions in the whole step). `mbs` must hold count micro-batches sized for rows x seq.
@@ -42,10 +60,14 @@ class Trainer {
 
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *optim_; }
+  KfacPreconditioner* kfac() { return kfac_.get(); }  // null unless kfac.enabled
   int64_t step_index() const { return step_; }
   int64_t tokens_per_step() const;
 
  private:
+  // K-FAC's part of a step after the last backward: commit, invert, precondition, KL-clip.
+  void kfac_step(StepStats& s);
+
   Config cfg_;
   std::unique_ptr<Model> model_;
   ModelState state_;
@@ -53,6 +75,7 @@ class Trainer {
   std::vector<MicroBatch> mbs_;   // the step's micro-batches, sized once
   std::vector<Param*> params_;
   std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<KfacPreconditioner> kfac_;
   LrSchedule lr_;
   Tensor no_input_, no_output_;   // the whole model takes token ids and ends at the loss
   int64_t step_ = 0;
