@@ -135,6 +135,11 @@ void expect_same_as_reference(const std::string& name, int ranks, const std::str
     for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::abs(double(v[i]) - wb[k][i]));
   }
   EXPECT_LE(worst, kWeightTol) << name;
+  // Evaluation through the pipeline (at the end) sees the single-process validation loss.
+  auto valid = [&](const std::string& n) {
+    return nlohmann::json::parse(std::ifstream(work_dir() / n / "summary.json"))["final_valid_loss"].get<double>();
+  };
+  EXPECT_LE(std::abs(valid(ref) - valid(name)), 1e-6 * std::abs(valid(ref)));
   // The weights did move: a run that never stepped would fail the loss check from step 2 on.
   std::printf("[ %s ] losses %.9f %.9f %.9f, max weight difference %.3g\n", name.c_str(), b[0], b[1], b[2], worst);
 }
@@ -206,6 +211,14 @@ TEST(RuntimeMisuse, ChimeraWithOddStages) {
 TEST(RuntimeMisuse, InterleavedWithMicroBatchesNotAMultipleOfStages) {
   expect_one_line_error(2, "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
                         "--set parallel.micro_batches=3", "parallel.micro_batches: interleaved 1F1B needs a multiple");
+}
+
+TEST(RuntimeMisuse, ScheduleFileWithAKindTheRuntimeDoesNotRun) {
+  fs::path file = work_dir() / "kfac.txt";
+  std::ofstream(file) << "# pipefisher schedule name=mine devices=2 stages=2 pipelines=1 micro_batches=1\n"
+                      << "0: 0F0 0CURV_A0l0 0B0\n1: 1F0 1B0\n";
+  expect_one_line_error(2, "--set parallel.stages=2 --set parallel.micro_batches=1 --set parallel.schedule_file=" +
+                        file.string(), "parallel.schedule_file: '" + file.string() + "': action 0CURV_A0l0 has kind CURV_A");
 }
 
 // Unit checks of the partition (no MPI).
