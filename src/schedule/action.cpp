@@ -47,11 +47,12 @@ std::string to_token(const Action& a) {
   if (has_micro_batch(a.kind)) s += std::to_string(a.micro_batch);
   if (a.pipeline != 0) s += "p" + std::to_string(a.pipeline);
   if (a.layer >= 0) s += "l" + std::to_string(a.layer);
+  if (a.block >= 0) s += "b" + std::to_string(a.block);
   return s;
 }
 
 Action parse_token(std::string_view token, const std::string& where) {
-  static const std::regex re(R"(^(\d+)([A-Z_]+)(\d+)?(?:p(\d+))?(?:l(\d+))?$)");
+  static const std::regex re(R"(^(\d+)([A-Z_]+)(\d+)?(?:p(\d+))?(?:l(\d+))?(?:b(\d+))?$)");
   std::match_results<std::string_view::const_iterator> m;
   if (!std::regex_match(token.begin(), token.end(), m, re))
     usage_error(where, "malformed action '{}' (expected e.g. 3F1, 0B5p1, 2CURV_A1l4, 2INV_Al4)",
@@ -67,6 +68,7 @@ Action parse_token(std::string_view token, const std::string& where) {
   if (m[3].matched) a.micro_batch = std::stoi(m[3].str());
   if (m[4].matched) a.pipeline = std::stoi(m[4].str());
   if (m[5].matched) a.layer = std::stoi(m[5].str());
+  if (m[6].matched) a.block = std::stoi(m[6].str());
   return a;
 }
 

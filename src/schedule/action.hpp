@@ -5,11 +5,11 @@
 // one handler, the simulator to one duration.
 //
 // Text token grammar (one token per action, no spaces; regex in action.cpp):
-//   token  := stage KIND [micro_batch] ["p" pipeline] ["l" layer]
-//   stage, micro_batch, pipeline, layer := decimal integers; KIND := upper-case name below
+//   token  := stage KIND [micro_batch] ["p" pipeline] ["l" layer] ["b" block]
+//   stage, micro_batch, pipeline, layer, block := decimal integers; KIND := upper-case name below
 // Examples: "3F1" (stage 3 forward of micro-batch 1, pipeline 0), "0B5p1" (Chimera's up
 // pipeline), "2CURV_A1l4" (curvature A of layer 4 for micro-batch 1 on stage 2), "2INV_Al4",
-// "1PREC", "1SEND_F0" (stage 1 sends the output activation of micro-batch 0 to stage 2).
+// "2INV_Bl4b1" (diagonal block 1 of B_4, a split inversion piece), "1PREC", "1SEND_F0" (stage 1 sends the output activation of micro-batch 0 to stage 2).
 // Kinds without a micro-batch (INV_*, PREC, ALLREDUCE, OPT, SYNC_CURV) omit the number.
 #include <cstdint>
 #include <optional>
@@ -52,6 +52,8 @@ struct Action {
   int pipeline = 0;     // 0 = down, 1 = up (Chimera); 0 for every other schedule
   int micro_batch = -1; // -1 for kinds without a micro-batch
   int layer = -1;       // layer within the stage (K-FAC kinds), -1 otherwise
+  int block = -1;       // INV_A/INV_B of one diagonal block of a factor split by the PipeFisher
+                        // planner (block-diagonal approximation), -1 = the whole factor
 
   friend bool operator==(const Action&, const Action&) = default;
 };

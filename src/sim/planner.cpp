@@ -1,0 +1,580 @@
+// The PipeFisher planner (see planner.hpp for the rules): precondition placement, the K-FAC
+// work units of each device, splits and inline decisions, greedy first-fit into the gaps of
+// consecutive steps, and the per-step action lists.
+#include "sim/planner.hpp"
+
+#include "core/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+namespace pf {
+
+namespace {
+
+constexpr double kEps = 1e-9;
+
+// An idle interval of one device in one step. `insert_at`: where an action running in it goes
+// in the device's list (after the occupying action before the gap and the sends it started).
+struct StepGap {
+  double start = 0, end = 0;
+  int insert_at = 0;
+  bool leading = false;  // before the device's first occupying action of the step
+};
+
+// Occupying = anything but point-to-point (a receive is a wait: idle; a collective keeps the
+// device in the collective).
+std::vector<StepGap> find_gaps(const Timeline& tl, int d) {
+  std::vector<StepGap> out;
+  const auto& row = tl.per_device[d];
+  double t = 0;
+  int insert = 0;
+  bool leading = true;
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (is_p2p(row[i].action.kind)) continue;
+    if (row[i].start > t + kEps) out.push_back({t, row[i].start, insert, leading});
+    t = std::max(t, row[i].end);
+    leading = false;
+    insert = static_cast<int>(i) + 1;
+    while (insert < static_cast<int>(row.size()) &&
+           (row[insert].action.kind == Kind::SEND_F || row[insert].action.kind == Kind::SEND_B))
+      ++insert;
+  }
+  if (tl.step_time > t + kEps) out.push_back({t, tl.step_time, static_cast<int>(row.size()), leading});
+  return out;
+}
+
+const StageKfacCost& stage_cost(const PlanInput& in, int s) {
+  return in.kfac.size() == 1 ? in.kfac[0] : in.kfac[s];
+}
+
+double base_duration(const PlanInput& in, int d, size_t i) {
+  return in.durations.empty() ? in.cost.duration(in.schedule.per_device[d][i]) : in.durations[d][i];
+}
+
+// A schedule with per-action durations, edited by inserting actions.
+struct TimedSchedule {
+  Schedule s;
+  std::vector<std::vector<double>> dur;
+  void insert(int d, int at, const Action& a, double t) {
+    s.per_device[d].insert(s.per_device[d].begin() + at, a);
+    dur[d].insert(dur[d].begin() + at, t);
+  }
+  Timeline simulate() const { return pf::simulate(s, CostModel{}, &dur); }
+};
+
+bool is_final_backward(Kind k) { return k == Kind::B || k == Kind::W; }
+
+// PREC(p,s) for each hosted stage: in the first gap after the stage's last backward (and
+// ALLREDUCE) where it fits with margin, else before the stage's OPT, else at the device's end.
+TimedSchedule with_precondition(const PlanInput& in) {
+  TimedSchedule ts{in.schedule, {}};
+  for (int d = 0; d < in.schedule.devices; ++d) {
+    ts.dur.emplace_back();
+    for (size_t i = 0; i < in.schedule.per_device[d].size(); ++i) ts.dur[d].push_back(base_duration(in, d, i));
+  }
+  const Timeline tl = ts.simulate();
+  for (int d = 0; d < in.schedule.devices; ++d) {
+    struct Prec {
+      int p, s;
+      double ready;
+      int after;  // index of its last dependency
+    };
+    std::map<std::pair<int, int>, Prec> stages;
+    const auto& row = tl.per_device[d];
+    for (size_t i = 0; i < row.size(); ++i) {
+      const Action& a = row[i].action;
+      if (!is_final_backward(a.kind) && a.kind != Kind::ALLREDUCE) continue;
+      Prec& p = stages.try_emplace({a.pipeline, a.stage}, Prec{a.pipeline, a.stage, 0, -1}).first->second;
+      p.ready = std::max(p.ready, row[i].end);
+      p.after = static_cast<int>(i);
+    }
+    std::vector<Prec> order;
+    for (auto& [k, p] : stages) order.push_back(p);
+    std::stable_sort(order.begin(), order.end(), [](const Prec& a, const Prec& b) { return a.ready < b.ready; });
+    std::vector<StepGap> gaps = find_gaps(tl, d);
+    std::vector<std::pair<int, Prec>> inserts;  // (position in the original list, what)
+    for (const Prec& p : order) {
+      const double t = stage_cost(in, p.s).precondition;
+      int at = -1;
+      for (StepGap& g : gaps) {
+        double s0 = std::max(g.start, p.ready);
+        if (g.insert_at > p.after && s0 + t * (1 + in.margin) <= g.end + kEps) {
+          at = g.insert_at;
+          g.start = s0 + t;
+          break;
+        }
+      }
+      if (at < 0) {
+        at = static_cast<int>(row.size());
+        for (size_t i = 0; i < row.size(); ++i)
+          if (row[i].action.kind == Kind::OPT && row[i].action.pipeline == p.p && row[i].action.stage == p.s)
+            at = static_cast<int>(i);
+      }
+      inserts.push_back({at, p});
+    }
+    // Insert back to front; equal positions keep their readiness order.
+    for (size_t k = inserts.size(); k-- > 0;)
+      ts.insert(d, inserts[k].first, Action{Kind::PREC, inserts[k].second.s, inserts[k].second.p, -1, -1},
+                stage_cost(in, inserts[k].second.s).precondition);
+  }
+  return ts;
+}
+
+// One K-FAC unit of a device, before placement.
+struct Unit {
+  Action a;
+  double dur = 0;
+  double ready = 0;        // from the step's own F/B (curvature), 0 otherwise
+  std::vector<int> deps;   // earlier units of the device
+  int owner = -1;          // replica running it (-1 = every replica)
+  bool inl = false;
+};
+
+struct DeviceUnits {
+  std::vector<Unit> units;
+  std::vector<std::pair<int, int>> stages;  // hosted (pipeline, stage), by first forward
+};
+
+// The units of device d in priority order: CURV_A, CURV_B, SYNC, INV_A, INV_B.
+DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double max_gap,
+                       std::vector<FactorSplit>& splits) {
+  DeviceUnits du;
+  auto& u = du.units;
+  const auto& row = step.per_device[d];
+  std::map<std::pair<int, int>, std::vector<int>> curv_of_stage;
+  std::map<std::tuple<int, int, int, int>, std::vector<int>> curv_of_factor;  // (p, s, side, layer)
+  for (const TimedAction& t : row)
+    if (t.action.kind == Kind::F &&
+        std::find(du.stages.begin(), du.stages.end(), std::pair{t.action.pipeline, t.action.stage}) == du.stages.end())
+      du.stages.push_back({t.action.pipeline, t.action.stage});
+  for (int side = 0; side < 2; ++side)
+    for (const TimedAction& t : row) {
+      const Action& a = t.action;
+      const bool src = side == 0 ? a.kind == Kind::F : (a.kind == Kind::B || a.kind == Kind::I);
+      if (!src) continue;
+      const StageKfacCost& c = stage_cost(in, a.stage);
+      for (int l = 0; l < c.layers(); ++l) {
+        Unit x;
+        x.a = Action{side == 0 ? Kind::CURV_A : Kind::CURV_B, a.stage, a.pipeline, a.micro_batch, l};
+        x.dur = side == 0 ? c.curv_a[l] : c.curv_b[l];
+        x.ready = t.end;
+        curv_of_stage[{a.pipeline, a.stage}].push_back(static_cast<int>(u.size()));
+        curv_of_factor[{a.pipeline, a.stage, side, l}].push_back(static_cast<int>(u.size()));
+        u.push_back(x);
+      }
+    }
+  std::map<std::pair<int, int>, int> sync_of;
+  if (in.replicas > 1)
+    for (auto [p, s] : du.stages) {
+      Unit x;
+      x.a = Action{Kind::SYNC_CURV, s, p, -1, -1};
+      x.dur = stage_cost(in, s).sync;
+      x.deps = curv_of_stage[{p, s}];
+      sync_of[{p, s}] = static_cast<int>(u.size());
+      u.push_back(x);
+    }
+  for (int side = 0; side < 2; ++side)
+    for (auto [p, s] : du.stages) {
+      const StageKfacCost& c = stage_cost(in, s);
+      const Kind kind = side == 0 ? Kind::INV_A : Kind::INV_B;
+      for (int l = 0; l < c.layers(); ++l) {
+        const double whole = side == 0 ? c.inv_a[l] : c.inv_b[l];
+        const int dim = side == 0 ? c.dim_a[l] : c.dim_b[l];
+        std::vector<int> deps = curv_of_factor[{p, s, side, l}];
+        if (sync_of.count({p, s})) deps.push_back(sync_of[{p, s}]);
+        int k = 1;
+        if (whole * (1 + in.margin) > max_gap + kEps) {  // larger than every gap: split if a split fits
+          k = 0;
+          for (int t = 2; t <= dim && k == 0; ++t)
+            if (block_cost(whole, dim, t, 0) * (1 + in.margin) <= max_gap + kEps) k = t;
+        }
+        if (k > 1) {
+          FactorSplit f{p, s, l, kind, k, whole, 0};
+          for (int j = 0; j < k; ++j) {
+            Unit x;
+            x.a = Action{kind, s, p, -1, l, j};
+            x.dur = block_cost(whole, dim, k, j);
+            f.pieces += x.dur;
+            x.deps = deps;
+            u.push_back(x);
+          }
+          splits.push_back(f);
+          continue;
+        }
+        Unit x;
+        x.a = Action{kind, s, p, -1, l};
+        x.dur = whole;
+        x.deps = deps;
+        x.inl = k == 0;  // even a single row would not fit
+        u.push_back(x);
+      }
+    }
+  // Curvature and sync larger than every gap run inline; an inline unit's dependencies run
+  // inline before it (they must precede it in cycle step 0). Walk back to front: deps come first.
+  for (Unit& x : u)
+    if (x.dur * (1 + in.margin) > max_gap + kEps) x.inl = true;
+  for (size_t i = u.size(); i-- > 0;)
+    if (u[i].inl)
+      for (int dep : u[i].deps) u[dep].inl = true;
+  return du;
+}
+
+// Largest first to the least loaded replica (lowest index on a tie): inversion parallelism.
+void assign_inversions(std::vector<Unit>& u, int replicas) {
+  if (replicas <= 1) return;
+  std::vector<int> inv;
+  for (int i = 0; i < static_cast<int>(u.size()); ++i)
+    if (u[i].a.kind == Kind::INV_A || u[i].a.kind == Kind::INV_B) inv.push_back(i);
+  std::stable_sort(inv.begin(), inv.end(), [&](int a, int b) { return u[a].dur > u[b].dur; });
+  std::vector<double> load(replicas, 0);
+  for (int i : inv) {
+    int w = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    u[i].owner = w;
+    load[w] += u[i].dur;
+  }
+}
+
+bool runs_on(const Unit& x, int w) { return x.owner < 0 || x.owner == w; }
+
+// Cycle step 0 of replica w: the step with PREC plus the inline units, each stage's just before
+// its PREC. Returns the schedule and, per inline unit, its index in the device list.
+TimedSchedule with_inline(const TimedSchedule& base, const std::vector<DeviceUnits>& du, int w,
+                          std::vector<std::vector<std::pair<int, int>>>& where) {
+  TimedSchedule ts = base;
+  where.assign(du.size(), {});
+  for (size_t d = 0; d < du.size(); ++d) {
+    for (size_t i = 0; i < du[d].units.size(); ++i) {
+      const Unit& x = du[d].units[i];
+      if (!x.inl || !runs_on(x, w)) continue;
+      auto& list = ts.s.per_device[d];
+      int at = static_cast<int>(list.size());
+      for (size_t j = 0; j < list.size(); ++j)
+        if (list[j].kind == Kind::PREC && list[j].pipeline == x.a.pipeline && list[j].stage == x.a.stage)
+          at = static_cast<int>(j);
+      // The simulator groups collectives of equal (kind, stage) across devices (Chimera twins);
+      // a replica-local sync is timed as plain device work.
+      Action timed = x.a;
+      if (timed.kind == Kind::SYNC_CURV) timed.kind = Kind::PREC;
+      ts.insert(static_cast<int>(d), at, timed, x.dur);
+      for (auto& [unit, idx] : where[d])
+        if (idx >= at) ++idx;
+      where[d].push_back({static_cast<int>(i), at});
+    }
+  }
+  return ts;
+}
+
+// Greedy first fit of one replica's gap units over consecutive steps. Absolute times from the
+// cycle start: step 0 from `step0`, step k >= 1 from `base` shifted.
+struct Placer {
+  const Timeline& step0;
+  const Timeline& base;
+  int d;
+  double margin;
+  struct G {
+    StepGap g;
+    int step;
+    double cursor;
+  };
+  std::vector<G> gaps;
+  int steps = 0;
+
+  double offset(int k) const { return k == 0 ? 0 : step0.step_time + (k - 1) * base.step_time; }
+  void add_step() {
+    const int k = steps++;
+    for (const StepGap& g : find_gaps(k == 0 ? step0 : base, d)) {
+      if (k == 0 && g.leading) continue;  // only the previous cycle's work can run there
+      gaps.push_back({{g.start + offset(k), g.end + offset(k), g.insert_at, g.leading}, k, g.start + offset(k)});
+    }
+  }
+  // Returns (gap index, absolute start). First fit: the earliest gap that takes the unit; best
+  // fit: in the earliest step that has such a gap, the one left with the least room.
+  std::pair<int, double> place(double ready, double dur, bool best_fit) {
+    int found = -1;
+    for (size_t i = 0;; ++i) {
+      while (i >= gaps.size()) {
+        PF_CHECK(steps < 10000, "placement does not terminate (unit of {})", dur);
+        add_step();
+      }
+      G& g = gaps[i];
+      if (found >= 0 && g.step != gaps[found].step) break;
+      if (g.g.end <= ready) continue;
+      double s0 = std::max(g.cursor, ready);
+      if (s0 + dur * (1 + margin) > g.g.end + kEps) continue;
+      if (found < 0 || g.g.end - s0 < gaps[found].g.end - std::max(gaps[found].cursor, ready)) found = static_cast<int>(i);
+      if (!best_fit) break;
+    }
+    G& g = gaps[found];
+    const double s0 = std::max(g.cursor, ready);
+    g.cursor = s0 + dur;
+    return {found, s0};
+  }
+};
+
+// Packings tried per device, the paper's first: priority classes always in order (CURV_A,
+// CURV_B, SYNC, INV_A, INV_B); within a class by readiness or largest first, and first or best
+// fit, chosen separately for curvature (and sync) and for inversion. The one needing the fewest
+// steps wins (the earlier on a tie). Deterministic.
+struct Strategy {
+  bool curv_largest_first, curv_best_fit;  // curvature and sync
+  bool inv_largest_first, inv_best_fit;    // inversion
+  bool largest_first(Kind k) const { return is_inv(k) ? inv_largest_first : curv_largest_first; }
+  bool best_fit(Kind k) const { return is_inv(k) ? inv_best_fit : curv_best_fit; }
+  static bool is_inv(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
+  std::string name() const {
+    auto part = [](bool largest, bool best) {
+      return std::string(largest ? "largest-first " : "ready-order ") + (best ? "best-fit" : "first-fit");
+    };
+    return "curvature " + part(curv_largest_first, curv_best_fit) + ", inversion " + part(inv_largest_first, inv_best_fit);
+  }
+};
+// All 16 combinations, the paper's (ready order, first fit) first.
+std::vector<Strategy> strategies() {
+  std::vector<Strategy> out;
+  for (int i = 0; i < 16; ++i) out.push_back({(i & 1) != 0, (i & 2) != 0, (i & 4) != 0, (i & 8) != 0});
+  return out;
+}
+
+// Placement order of the units: class by class, within a class as the strategy says.
+std::vector<int> placement_order(const std::vector<Unit>& u, const Strategy& st) {
+  std::vector<int> order(u.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto cls = [&](int i) {
+    switch (u[i].a.kind) {
+      case Kind::CURV_A: return 0;
+      case Kind::CURV_B: return 1;
+      case Kind::SYNC_CURV: return 2;
+      case Kind::INV_A: return 3;
+      default: return 4;
+    }
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (cls(a) != cls(b)) return cls(a) < cls(b);
+    return st.largest_first(u[a].a.kind) && u[a].dur > u[b].dur + kEps;
+  });
+  return order;
+}
+
+}  // namespace
+
+KfacPlan plan_kfac(const PlanInput& in) {
+  const Schedule& sch = in.schedule;
+  if (in.replicas < 1) usage_error("--data-parallel", "must be >= 1 (got {})", in.replicas);
+  if (in.margin < 0) usage_error("--margin", "must be >= 0 (got {})", in.margin);
+  if (in.kfac.empty() || (in.kfac.size() != 1 && static_cast<int>(in.kfac.size()) != sch.stages))
+    usage_error("--kfac", "K-FAC costs for {} stages but the schedule has {}", in.kfac.size(), sch.stages);
+  for (const StageKfacCost& c : in.kfac)
+    if (c.layers() < 1 || c.curv_b.size() != c.curv_a.size() || c.inv_a.size() != c.curv_a.size() ||
+        c.inv_b.size() != c.curv_a.size() || c.dim_a.size() != c.curv_a.size() || c.dim_b.size() != c.curv_a.size())
+      usage_error("--kfac", "every stage needs curvature, inversion and sizes for each of its layers");
+  if (!in.durations.empty()) {
+    bool ok = static_cast<int>(in.durations.size()) == sch.devices;
+    for (int d = 0; ok && d < sch.devices; ++d) ok = in.durations[d].size() == sch.per_device[d].size();
+    if (!ok) usage_error("--profile", "measured durations do not have the shape of the schedule");
+  }
+  for (const auto& row : sch.per_device)
+    for (const Action& a : row)
+      if (is_kfac(a.kind))
+        usage_error("--schedule-file", "the schedule already has K-FAC action {}; the planner adds them", to_token(a));
+
+  KfacPlan plan;
+  plan.devices = sch.devices;
+  plan.replicas = in.replicas;
+  plan.step_template = sch;
+  const int D = sch.devices, W = in.replicas;
+
+  const TimedSchedule base = with_precondition(in);
+  plan.base = base.simulate();
+  plan.base_step_time = plan.base.step_time;
+
+  std::vector<DeviceUnits> du(D);
+  for (int d = 0; d < D; ++d) {
+    double max_gap = 0;
+    for (const StepGap& g : find_gaps(plan.base, d)) max_gap = std::max(max_gap, g.end - g.start);
+    du[d] = make_units(in, plan.base, d, max_gap, plan.splits);
+    assign_inversions(du[d].units, W);
+  }
+
+  // Per replica: cycle step 0 (with inline work) and the gap placement.
+  struct ReplicaState {
+    TimedSchedule step0;
+    Timeline tl0;
+    std::vector<std::vector<std::pair<int, int>>> inline_at;  // [device] (unit, index)
+    std::vector<std::vector<int>> gap_of;                     // [device][unit] gap index or -1
+    std::vector<std::vector<double>> start;                   // [device][unit] absolute start
+    std::vector<Placer> placers;
+    std::vector<int> needed;                                  // [device] steps needed
+  };
+  std::vector<ReplicaState> rs;
+  bool any_inline = false;
+  for (int w = 0; w < W; ++w) {
+    ReplicaState r;
+    r.step0 = with_inline(base, du, w, r.inline_at);
+    r.tl0 = r.step0.simulate();
+    rs.push_back(std::move(r));
+  }
+  struct DevicePlacement {
+    Placer placer;
+    std::vector<int> gap_of;
+    std::vector<double> start;
+    int needed = 1;
+  };
+  auto place_device = [&](int w, int d, const Strategy& st) {
+    const ReplicaState& r = rs[w];
+    const auto& u = du[d].units;
+    DevicePlacement p{Placer{r.tl0, plan.base, d, in.margin, {}, 0}, std::vector<int>(u.size(), -1),
+                      std::vector<double>(u.size(), 0.0), 1};
+    std::vector<double> end(u.size(), 0.0);
+    for (auto [i, idx] : r.inline_at[d]) {
+      p.start[i] = r.tl0.per_device[d][idx].start;
+      end[i] = r.tl0.per_device[d][idx].end;
+    }
+    int last_step = 0;
+    bool last_leading_only = false;
+    for (int i : placement_order(u, st)) {
+      if (u[i].inl || !runs_on(u[i], w)) continue;
+      double ready = u[i].ready;
+      for (int dep : u[i].deps) ready = std::max(ready, end[dep]);
+      auto [g, s0] = p.placer.place(ready, u[i].dur, st.best_fit(u[i].a.kind));
+      p.gap_of[i] = g;
+      p.start[i] = s0;
+      end[i] = s0 + u[i].dur;
+      const auto& G = p.placer.gaps[g];
+      if (G.step > last_step) {
+        last_step = G.step;
+        last_leading_only = G.g.leading;
+      } else if (G.step == last_step) {
+        last_leading_only = last_leading_only && G.g.leading;
+      }
+    }
+    p.needed = last_step >= 1 && last_leading_only ? last_step : last_step + 1;
+    return p;
+  };
+  plan.strategy.assign(D, "");
+  for (int d = 0; d < D; ++d) {
+    for (int w = 0; w < W; ++w)
+      if (!rs[w].inline_at[d].empty()) any_inline = true;
+    // Replicas of a device use one strategy, so their curvature and syncs line up.
+    std::vector<DevicePlacement> best;
+    int best_r = 0;
+    for (const Strategy& st : strategies()) {
+      std::vector<DevicePlacement> cand;
+      int r = 0;
+      for (int w = 0; w < W; ++w) {
+        cand.push_back(place_device(w, d, st));
+        r = std::max(r, cand.back().needed);
+      }
+      if (best.empty() || r < best_r) {
+        best = std::move(cand);
+        best_r = r;
+        plan.strategy[d] = st.name();
+      }
+    }
+    for (int w = 0; w < W; ++w) {
+      rs[w].placers.push_back(std::move(best[w].placer));
+      rs[w].gap_of.push_back(std::move(best[w].gap_of));
+      rs[w].start.push_back(std::move(best[w].start));
+      rs[w].needed.push_back(best[w].needed);
+    }
+  }
+
+  // Cycle lengths: per device (max over replicas), or one for all when inline work exists.
+  plan.common_cycle = any_inline;
+  plan.refresh_steps.assign(D, 1);
+  for (int d = 0; d < D; ++d)
+    for (int w = 0; w < W; ++w) plan.refresh_steps[d] = std::max(plan.refresh_steps[d], rs[w].needed[d]);
+  if (any_inline) {
+    int R = *std::max_element(plan.refresh_steps.begin(), plan.refresh_steps.end());
+    plan.refresh_steps.assign(D, R);
+  }
+  // A unit in the leading gap of step R runs in the next cycle's step 0 leading gap (wrapped);
+  // units at steps < R stay where they are.
+  plan.step0 = rs[0].tl0;
+  plan.step0_time = 0;
+  for (const ReplicaState& r : rs) plan.step0_time = std::max(plan.step0_time, r.tl0.step_time);
+  plan.inline_time = plan.step0_time - plan.base_step_time;
+
+  // Placed units, action lists.
+  plan.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
+  plan.first.assign(W, std::vector<std::vector<Action>>(D));
+  plan.kfac_work.assign(D, 0);
+  plan.device_inline.assign(D, 0);
+  plan.bubble.assign(D, 0);
+  plan.lower_bound_refresh_steps.assign(D, -1);
+  plan.utilization_per_device.assign(D, 0);
+  for (int w = 0; w < W; ++w) {
+    ReplicaState& r = rs[w];
+    for (int d = 0; d < D; ++d) {
+      const int R = plan.refresh_steps[d];
+      const auto& u = du[d].units;
+      const Placer& pl = r.placers[d];
+      // (cycle step, insert position, start, unit)
+      struct Ins {
+        int step, at;
+        double start;
+        int unit;
+        bool wrapped;
+      };
+      std::vector<Ins> ins;
+      double work = 0, inl = 0, busy_kfac = 0;
+      for (auto [i, idx] : r.inline_at[d]) {
+        const TimedAction& t = r.tl0.per_device[d][idx];
+        plan.units.push_back({u[i].a, w, d, 0, t.start, t.end, true, false});
+        inl += u[i].dur;
+      }
+      for (size_t i = 0; i < u.size(); ++i) {
+        if (!runs_on(u[i], w)) continue;
+        work += u[i].dur;
+        if (is_compute(u[i].a.kind)) busy_kfac += u[i].dur;
+        if (r.gap_of[d][i] < 0) continue;
+        const auto& G = pl.gaps[r.gap_of[d][i]];
+        const bool wrapped = G.step == R;
+        PF_CHECK(G.step <= R && (!wrapped || G.g.leading), "unit beyond its cycle");
+        const int step = wrapped ? 0 : G.step;
+        const double off = pl.offset(G.step);
+        ins.push_back({step, G.g.insert_at, r.start[d][i] - off, static_cast<int>(i), wrapped});
+        plan.units.push_back({u[i].a, w, d, step, r.start[d][i] - off, r.start[d][i] - off + u[i].dur, false, wrapped});
+      }
+      plan.kfac_work[d] = std::max(plan.kfac_work[d], work);
+      plan.device_inline[d] = std::max(plan.device_inline[d], inl);
+      // Action lists: insert back to front (by position, then start) into each step's list.
+      std::stable_sort(ins.begin(), ins.end(), [](const Ins& a, const Ins& b) {
+        return a.step != b.step ? a.step < b.step : a.at != b.at ? a.at > b.at : a.start > b.start;
+      });
+      auto& cyc = plan.cycle[w][d];
+      for (int k = 0; k < R; ++k) cyc.push_back(k == 0 ? r.step0.s.per_device[d] : base.s.per_device[d]);
+      // Inline syncs were timed as PREC; give them back their kind.
+      for (auto [i, idx] : r.inline_at[d]) cyc[0][idx] = u[i].a;
+      for (const Ins& x : ins) cyc[x.step].insert(cyc[x.step].begin() + x.at, u[x.unit].a);
+      // The first cycle's step 0: without the wrapped units (no previous cycle to finish).
+      {
+        std::vector<Action> wrapped_actions;
+        for (const Ins& x : ins)
+          if (x.wrapped) wrapped_actions.push_back(u[x.unit].a);
+        for (const Action& a : cyc[0]) {
+          auto it = std::find(wrapped_actions.begin(), wrapped_actions.end(), a);
+          if (it != wrapped_actions.end()) wrapped_actions.erase(it);
+          else plan.first[w][d].push_back(a);
+        }
+      }
+      // Utilization over the device's cycle: F/B/PREC each step plus one cycle of K-FAC work.
+      const double time = plan.step0_time + (R - 1) * plan.base_step_time;
+      const double busy_steps = R * plan.base.busy[d];
+      plan.utilization_per_device[d] += (busy_steps + busy_kfac) / time / W;
+    }
+  }
+  for (int d = 0; d < D; ++d) {
+    for (const StepGap& g : find_gaps(plan.base, d)) plan.bubble[d] += g.end - g.start;
+    if (plan.bubble[d] > kEps)
+      plan.lower_bound_refresh_steps[d] = static_cast<int>(std::ceil(plan.kfac_work[d] / plan.bubble[d] - 1e-12));
+  }
+  plan.utilization = std::accumulate(plan.utilization_per_device.begin(), plan.utilization_per_device.end(), 0.0) / D;
+  const int P = plan.period();
+  plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time) / P : plan.base_step_time;
+  return plan;
+}
+
+}  // namespace pf

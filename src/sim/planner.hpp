@@ -1,0 +1,158 @@
+#pragma once
+// The PipeFisher planner: places K-FAC work (curvature, curvature sync, inversion, precondition)
+// into the bubbles of any pipeline schedule (paper section 3.1), shared by the runtime and
+// `pipefisher plan --kfac`.
+//
+// Usage (runtime):
+//   PlanInput in;
+//   in.schedule  = layout.schedule;                 // one step, compute-only or lowered
+//   in.durations = measured;                        // [device][index] ms, same shape (or empty:
+//   in.cost      = ...;                             //  durations from this cost model)
+//   in.kfac      = {StageKfacCost{...}, ...};       // [stage]: measured per-unit durations
+//   in.replicas  = W;  in.margin = 0.05;
+//   KfacPlan plan = plan_kfac(in);
+//   for each step t:  run plan.actions(replica, device, t)   // F/B/comm + K-FAC, in order
+//   and call set_blocks(k) once for every plan.splits entry (block-diagonal factor).
+//
+// Rules (paper 3.1, as its code does them):
+//   CURV_A(p,s,m,l) after F(p,s,m); CURV_B(p,s,m,l) after the input-gradient backward (B, or I
+//   in zero-bubble schedules: the output gradient exists at I, so W need not run first).
+//   SYNC_CURV(p,s) (only W > 1) after every CURV_* of (p,s). INV_A/B(p,s,l) after its
+//   curvature (and the sync). PREC(p,s) every step after the stage's last backward (and its
+//   ALLREDUCE), before its OPT: in the first gap after that which fits, else at the device's end.
+//   Priorities: CURV_A, CURV_B, SYNC, INV_A, INV_B; within a kind, by readiness then layer.
+//   A unit fits a gap if duration * (1 + margin) <= the gap's free time from max(cursor, ready).
+//   What does not fit goes to the gaps of the following steps (copies of the step). The paper's
+//   greedy first fit is tried first; a few other deterministic packings (largest first within a
+//   class, best fit within the earliest step) are tried too and the one needing the fewest steps
+//   is kept per device (`strategy`): on BERT-Large 1F1B D=N=8 first fit needs 3 steps on
+//   devices 0 and 1, where 2 suffice.
+//
+// Refresh cycle. Curvature always uses the micro-batches of the first step of a device's cycle
+// (their activations and errors are kept: M_err^save). A device needs refresh_steps[d] = R steps:
+// its units sit in the gaps of cycle steps 0..R-1, and may also use the leading gap of step R
+// (before any F of that step, where nothing of the new cycle can run): those "wrapped" units are
+// listed at the start of cycle step 0 and run from the second cycle on (actions() omits them in
+// the first cycle). Each device repeats its own cycle: step t runs cycle step t % R_d; data-
+// parallel replicas of a device share R_d (their SYNC_CURVs meet). If any unit runs inline, all
+// devices share one cycle length (the step-0 timeline with inline work is then the one that runs).
+//
+// Staleness. Until an inverse is refreshed the previous one is used. With W = 1 a PREC uses
+// whatever inverse its device holds at that point of its order. With W > 1 the inversions of a
+// stage are shared out among its replicas (largest first to the least loaded, lowest index on a
+// tie); the owner's inverse reaches the others through the next cycle's SYNC_CURV (owners add
+// their fresh inverses, others zeros: the sum is a broadcast; its bytes are in the sync cost), and
+// every replica, owner included, switches to the inverses of cycle c right after the SYNC_CURV of
+// cycle c+1, so replicas stay identical.
+//
+// Units larger than every gap (with margin): an inversion is split into k diagonal blocks (the
+// block-diagonal factor of the paper's appendix A.2: block j of size n_j costs T * (n_j/d)^3;
+// sizes as kfac's split_blocks), the smallest k whose largest block fits; if none does, or for
+// curvature and sync, the unit runs inline: in cycle step 0 just before the stage's PREC (on
+// the critical path; its dependencies are made inline too). `splits` and `inline_time` report it.
+#include "schedule/schedule.hpp"
+#include "sim/cost.hpp"
+#include "sim/sim.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+// A K-FAC Linear layer's shape: A is d_in x d_in, B is d_out x d_out.
+struct LinearShape {
+  int d_in = 0, d_out = 0;
+};
+// The K-FAC Linears of one transformer block. bert: q, k, v, attn-out (d x d), intermediate
+// (d -> ffn), output (ffn -> d); gpt: c_attn (d -> 3d), c_proj, c_fc (d -> ffn), mlp c_proj.
+// UsageError naming --model for another arch.
+std::vector<LinearShape> block_linears(const std::string& arch, int hidden, int ffn);
+
+// Durations of one stage's K-FAC work units (per pipeline copy; Chimera's two copies of a stage
+// each have their own factors and units). Layer index = position in these vectors.
+struct StageKfacCost {
+  std::vector<double> curv_a, curv_b;  // [layer] one micro-batch
+  std::vector<double> inv_a, inv_b;    // [layer] the whole factor
+  std::vector<int> dim_a, dim_b;       // [layer] factor sizes (block splits)
+  double precondition = 0;             // PREC of the stage, every step
+  double sync = 0;                     // SYNC_CURV of the stage (used only when replicas > 1)
+  int layers() const { return static_cast<int>(curv_a.size()); }
+};
+
+// Block-level costs split into per-factor units in proportion to the Linear shapes: curvature
+// by d^2 (A: d_in^2, B: d_out^2; per token), inversion by d^3. `layers` lists the Linears of all
+// blocks of the stage.
+StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double curvature, double inversion,
+                               double precondition, double sync = 0);
+
+// Cost of diagonal block j of a factor of size d split into k blocks, the whole costing `whole`.
+double block_cost(double whole, int d, int k, int j);
+
+struct PlanInput {
+  Schedule schedule;                             // one step, without K-FAC actions
+  std::vector<std::vector<double>> durations;    // [device][index] measured, or empty
+  CostModel cost;                                // durations when `durations` is empty
+  std::vector<StageKfacCost> kfac;               // [stage], or one entry for uniform stages
+  int replicas = 1;                              // W data-parallel replicas per stage
+  double margin = 0.05;
+};
+
+// One placed K-FAC unit of one replica's device, times relative to its cycle step's start.
+struct PlacedUnit {
+  Action action;
+  int replica = 0, device = 0;
+  int step = 0;         // cycle step it runs in
+  double start = 0, end = 0;
+  bool inline_work = false;  // on the critical path (no gap could take it)
+  bool wrapped = false;      // in cycle step 0's leading gap, for the previous cycle
+};
+
+struct FactorSplit {
+  int pipeline = 0, stage = 0, layer = 0;
+  Kind kind = Kind::INV_A;  // INV_A or INV_B
+  int blocks = 1;
+  double whole = 0;         // cost of the unsplit inversion
+  double pieces = 0;        // total cost of the blocks
+};
+
+struct KfacPlan {
+  int devices = 0, replicas = 1;
+  std::vector<int> refresh_steps;              // [device] cycle length R_d
+  std::vector<int> lower_bound_refresh_steps;  // [device] ceil(work / bubble); -1 if no bubble
+  std::vector<double> kfac_work;               // [device] curvature+sync+inversion per cycle (busiest replica)
+  std::vector<double> bubble;                  // [device] gap time per step after PREC
+  std::vector<double> device_inline;           // [device] inline work per cycle (busiest replica)
+  std::vector<double> utilization_per_device;  // [device] busy / time over its cycle
+  std::vector<std::string> strategy;           // [device] packing used (see planner.cpp)
+  double base_step_time = 0;                   // the step with PREC, no inline work
+  double step0_time = 0;                       // cycle step 0 with inline work
+  double step_time = 0;                        // mean over the refresh period (PREC and inline included)
+  double inline_time = 0;                      // step0_time - base_step_time: critical-path cost per cycle
+  double utilization = 0;                      // mean over devices
+  bool common_cycle = false;                   // all devices share one cycle (inline work present)
+  std::vector<FactorSplit> splits;
+  std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
+  Timeline base;                               // the step with PREC (what gaps were taken from)
+  Timeline step0;                              // cycle step 0 with inline work (== base if none)
+  // [replica][device][cycle step] -> actions in order (steady state: wrapped units included).
+  std::vector<std::vector<std::vector<std::vector<Action>>>> cycle;
+  // Cycle step 0 of the first cycle (no wrapped units): [replica][device].
+  std::vector<std::vector<std::vector<Action>>> first;
+  Schedule step_template;                      // the input schedule's header (for schedule_for)
+
+  int period() const;  // max refresh_steps: what a drawing of the whole refresh shows
+  // What device `device` of replica `replica` runs in training step t (0-based).
+  const std::vector<Action>& actions(int replica, int device, int64_t t) const;
+  // The whole step t of one replica as a Schedule (header of the input schedule).
+  Schedule schedule_for(int replica, int64_t t) const;
+  // Steady-state timeline of `steps` consecutive steps from a cycle start (step boundaries at
+  // step_starts), K-FAC units included; for drawing and tracing.
+  Timeline period_timeline(int replica, int steps, std::vector<double>* step_starts) const;
+};
+
+// Throws UsageError (naming the flag) for inconsistent input, e.g. a schedule that already has
+// K-FAC actions or a cost table whose stage count does not match.
+KfacPlan plan_kfac(const PlanInput& in);
+
+}  // namespace pf

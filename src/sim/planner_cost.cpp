@@ -1,0 +1,48 @@
+// The planner's cost inputs: K-FAC Linears of a transformer block and the split of block-level
+// costs into per-factor units (curvature ~ d^2 per token, inversion ~ d^3).
+#include "core/error.hpp"
+#include "sim/planner.hpp"
+
+#include <cmath>
+
+namespace pf {
+
+std::vector<LinearShape> block_linears(const std::string& arch, int d, int ffn) {
+  if (d < 1 || ffn < 1) usage_error("--model", "hidden and ffn sizes must be >= 1 (got {} and {})", d, ffn);
+  if (arch == "bert") return {{d, d}, {d, d}, {d, d}, {d, d}, {d, ffn}, {ffn, d}};
+  if (arch == "gpt") return {{d, 3 * d}, {d, d}, {d, ffn}, {ffn, d}};
+  usage_error("--model", "no K-FAC layer shapes for architecture '{}' (expected bert or gpt)", arch);
+}
+
+StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double curvature, double inversion,
+                               double precondition, double sync) {
+  PF_CHECK(!layers.empty(), "a stage needs at least one K-FAC layer");
+  double sq = 0, cube = 0;
+  for (const LinearShape& l : layers) {
+    const double a = l.d_in, b = l.d_out;
+    sq += a * a + b * b;
+    cube += a * a * a + b * b * b;
+  }
+  StageKfacCost c;
+  for (const LinearShape& l : layers) {
+    const double a = l.d_in, b = l.d_out;
+    c.curv_a.push_back(curvature * a * a / sq);
+    c.curv_b.push_back(curvature * b * b / sq);
+    c.inv_a.push_back(inversion * a * a * a / cube);
+    c.inv_b.push_back(inversion * b * b * b / cube);
+    c.dim_a.push_back(l.d_in);
+    c.dim_b.push_back(l.d_out);
+  }
+  c.precondition = precondition;
+  c.sync = sync;
+  return c;
+}
+
+double block_cost(double whole, int d, int k, int j) {
+  PF_CHECK(d >= 1 && k >= 1 && k <= d && j >= 0 && j < k, "block {} of {} for d={}", j, k, d);
+  // Sizes as kfac's split_blocks: the first d % k blocks get one more row.
+  const double n = d / k + (j < d % k ? 1 : 0);
+  return whole * std::pow(n / d, 3);
+}
+
+}  // namespace pf

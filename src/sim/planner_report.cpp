@@ -1,0 +1,77 @@
+// What a KfacPlan hands out: the action list of any training step, whole-step schedules, and
+// the steady-state timeline of a refresh period for drawing and tracing.
+#include "core/error.hpp"
+#include "sim/planner.hpp"
+
+#include <algorithm>
+
+namespace pf {
+
+int KfacPlan::period() const {
+  return refresh_steps.empty() ? 1 : *std::max_element(refresh_steps.begin(), refresh_steps.end());
+}
+
+const std::vector<Action>& KfacPlan::actions(int replica, int device, int64_t t) const {
+  PF_CHECK(replica >= 0 && replica < replicas && device >= 0 && device < devices && t >= 0,
+           "replica {} device {} step {}", replica, device, t);
+  const int R = refresh_steps[device];
+  if (t == 0) return first[replica][device];
+  return cycle[replica][device][t % R];
+}
+
+Schedule KfacPlan::schedule_for(int replica, int64_t t) const {
+  Schedule s = step_template;
+  for (int d = 0; d < devices; ++d) s.per_device[d] = actions(replica, d, t);
+  return s;
+}
+
+Timeline KfacPlan::period_timeline(int replica, int steps, std::vector<double>* step_starts) const {
+  Timeline tl;
+  tl.per_device.resize(devices);
+  double offset = 0;
+  if (step_starts) step_starts->clear();
+  for (int t = 0; t < steps; ++t) {
+    if (step_starts) step_starts->push_back(offset);
+    // Cycle step 0 of replica 0 carries the inline work (the others' timing differs only there).
+    const bool first_of_cycle = common_cycle && t % period() == 0;
+    const Timeline& st = first_of_cycle ? step0 : base;
+    for (int d = 0; d < devices; ++d) {
+      for (const TimedAction& a : st.per_device[d]) {
+        TimedAction x = a;
+        x.start += offset;
+        x.end += offset;
+        tl.per_device[d].push_back(x);
+      }
+      // Inline units are already in step0's rows (timed as PREC when syncs): fix their kinds.
+      const int k = t % refresh_steps[d];
+      for (const PlacedUnit& u : units) {
+        if (u.replica != replica || u.device != d || u.step != k) continue;
+        if (u.inline_work) {
+          if (!first_of_cycle) continue;
+          for (TimedAction& x : tl.per_device[d])
+            if (x.start == u.start + offset && x.end == u.end + offset && x.action.kind == Kind::PREC &&
+                u.action.kind == Kind::SYNC_CURV)
+              x.action = u.action;
+          continue;
+        }
+        tl.per_device[d].push_back({u.action, u.start + offset, u.end + offset});
+      }
+    }
+    offset += first_of_cycle ? step0_time : base_step_time;
+  }
+  tl.step_time = offset;
+  for (int d = 0; d < devices; ++d) {
+    auto& row = tl.per_device[d];
+    std::stable_sort(row.begin(), row.end(), [](const TimedAction& a, const TimedAction& b) { return a.start < b.start; });
+    double busy = 0;
+    for (const TimedAction& a : row)
+      if (is_compute(a.action.kind)) busy += a.end - a.start;
+    tl.busy.push_back(busy);
+    tl.bubble.push_back(tl.step_time - busy);
+    tl.utilization.push_back(tl.step_time > 0 ? busy / tl.step_time : 0);
+    tl.peak_in_flight.push_back(base.peak_in_flight.empty() ? 0 : base.peak_in_flight[d]);
+  }
+  return tl;
+}
+
+}  // namespace pf
