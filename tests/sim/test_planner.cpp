@@ -171,5 +171,250 @@ TEST(Planner, BertLargeOneFOneBFillsBubblesNearTheLowerBound) {
   EXPECT_NEAR(plan.step_time, 15 * 3 * (kTf + kTb) + 3 * kTprec, 1e-9);
 }
 
+// D = 2, N = 2 GPipe, T_f 1, T_b 2, one layer: curvature 0.5 per factor, inversion 1 (or
+// inv_a), precondition 0.5, no margin. By hand: device 0 runs F0 [0,1] F1 [1,2] B0 [5,7] B1 [7,9]
+// then PREC [9,9.5] (no gap after B1); device 1 F0 [1,2] F1 [2,3] B0 [3,5] B1 [5,7], PREC in its
+// tail gap [7,7.5]. Step 9.5. Gaps: device 0 [2,5); device 1 [0,1) (leading) and [7.5,9.5).
+PlanInput tiny(double inv_a = 1, int D = 2, int N = 2) {
+  PlanInput in;
+  in.schedule = make_gpipe(D, N);
+  in.cost.stages[0].forward = 1;
+  in.cost.stages[0].backward = 2;
+  StageKfacCost c;
+  c.curv_a = {0.5};
+  c.curv_b = {0.5};
+  c.inv_a = {inv_a};
+  c.inv_b = {1};
+  c.dim_a = {4};
+  c.dim_b = {4};
+  c.precondition = 0.5;
+  in.kfac = {c};
+  in.margin = 0;
+  return in;
+}
+
+const PlacedUnit& unit(const KfacPlan& p, int d, const std::string& token, int replica = 0) {
+  for (const PlacedUnit& u : p.units)
+    if (u.device == d && u.replica == replica && to_token(u.action) == token) return u;
+  throw std::runtime_error("no unit " + token);
+}
+
+TEST(Planner, HandComputedGPipe) {
+  PlanInput in = tiny();
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  EXPECT_EQ(p.base_step_time, 9.5);
+  EXPECT_EQ(p.step_time, 9.5);
+  EXPECT_EQ(p.inline_time, 0);
+  EXPECT_EQ(p.bubble, (std::vector<double>{3, 3}));
+  EXPECT_EQ(p.kfac_work, (std::vector<double>{4, 4}));
+  EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>{2, 2}));  // ceil(4 / 3)
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>{2, 2}));
+  // Device 0: curvature A in the gap after the forwards, inversion A right after; curvature B
+  // only after B1 (step 1's gap, at 9.5 + 2), then inversion B.
+  auto at = [&](int d, const char* t) {
+    const PlacedUnit& u = unit(p, d, t);
+    return std::tuple{u.step, u.start, u.end};
+  };
+  EXPECT_EQ(at(0, "0CURV_A0l0"), std::tuple(0, 2.0, 2.5));
+  EXPECT_EQ(at(0, "0CURV_A1l0"), std::tuple(0, 2.5, 3.0));
+  EXPECT_EQ(at(0, "0INV_Al0"), std::tuple(0, 3.0, 4.0));
+  EXPECT_EQ(at(0, "0CURV_B0l0"), std::tuple(1, 2.0, 2.5));
+  EXPECT_EQ(at(0, "0CURV_B1l0"), std::tuple(1, 2.5, 3.0));
+  EXPECT_EQ(at(0, "0INV_Bl0"), std::tuple(1, 3.0, 4.0));
+  // Device 1: all curvature in its tail gap; inversion A in step 1's leading gap, B in its tail.
+  EXPECT_EQ(at(1, "1CURV_A0l0"), std::tuple(0, 7.5, 8.0));
+  EXPECT_EQ(at(1, "1CURV_B1l0"), std::tuple(0, 9.0, 9.5));
+  EXPECT_EQ(at(1, "1INV_Al0"), std::tuple(1, 0.0, 1.0));
+  EXPECT_EQ(at(1, "1INV_Bl0"), std::tuple(1, 7.5, 8.5));
+  // Busy over 2 steps: 2 * (6 + 0.5) + 4 of K-FAC, over 19.
+  EXPECT_DOUBLE_EQ(p.utilization, 17.0 / 19.0);
+  // The action lists the runtime executes.
+  EXPECT_EQ(to_text(p.schedule_for(0, 0)).substr(to_text(p.schedule_for(0, 0)).find("\n0:") + 1),
+            "0: 0F0 0F1 0CURV_A0l0 0CURV_A1l0 0INV_Al0 0B0 0B1 0PREC\n"
+            "1: 1F0 1F1 1B0 1B1 1PREC 1CURV_A0l0 1CURV_A1l0 1CURV_B0l0 1CURV_B1l0\n");
+  EXPECT_EQ(p.actions(0, 1, 1), (std::vector<Action>{{Kind::INV_A, 1, 0, -1, 0}, act(Kind::F, 1, 0), act(Kind::F, 1, 1),
+                                                     act(Kind::B, 1, 0), act(Kind::B, 1, 1), act(Kind::PREC, 1, -1),
+                                                     {Kind::INV_B, 1, 0, -1, 0}}));
+  EXPECT_EQ(p.actions(0, 1, 3), p.actions(0, 1, 1));  // cycle of 2 steps
+  EXPECT_EQ(p.actions(0, 1, 2), p.actions(0, 1, 0));
+}
+
+TEST(Planner, WrappedUnitsRunFromTheSecondCycle) {
+  // Device 1's unit in the leading gap of step R belongs to the previous cycle: listed at the
+  // start of cycle step 0, omitted in the very first step.
+  PlanInput in = tiny(0.5);
+  in.kfac[0].inv_b = {0.5};
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  const PlacedUnit& u = unit(p, 1, "1INV_Bl0");
+  EXPECT_EQ(p.refresh_steps[1], 1);
+  EXPECT_TRUE(u.wrapped);
+  EXPECT_EQ(u.start, 0.5);  // after INV_A in the same leading gap
+  EXPECT_EQ(p.actions(0, 1, 1).front(), (Action{Kind::INV_A, 1, 0, -1, 0}));
+  EXPECT_EQ(p.actions(0, 1, 0).front(), act(Kind::F, 1, 0));
+}
+
+TEST(Planner, SplitsExactlyWhenAUnitExceedsEveryGap) {
+  // Inversion A of 3: device 0's gap is 3 (fits exactly, margin 0), device 1's largest is 2:
+  // split there into 2 blocks of size 2, each (2/4)^3 of the whole.
+  PlanInput in = tiny(3);
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  ASSERT_EQ(p.splits.size(), 1u);
+  EXPECT_EQ(p.splits[0].stage, 1);
+  EXPECT_EQ(p.splits[0].kind, Kind::INV_A);
+  EXPECT_EQ(p.splits[0].blocks, 2);
+  EXPECT_DOUBLE_EQ(p.splits[0].pieces, 2 * 3 * 0.125);  // the block-diagonal cost
+  EXPECT_EQ(unit(p, 1, "1INV_Al0b1").end - unit(p, 1, "1INV_Al0b1").start, 0.375);
+  EXPECT_NO_THROW(unit(p, 0, "0INV_Al0"));
+  EXPECT_EQ(p.inline_time, 0);
+  // With a 5% margin device 0's gap no longer takes 3 either.
+  in.margin = 0.05;
+  EXPECT_EQ(plan_kfac(in).splits.size(), 2u);
+  // Uneven blocks: d = 5 in 2 blocks of 3 and 2 rows.
+  EXPECT_DOUBLE_EQ(block_cost(125, 5, 2, 0), 27);
+  EXPECT_DOUBLE_EQ(block_cost(125, 5, 2, 1), 8);
+}
+
+TEST(Planner, NoBubbleMeansEverythingInline) {
+  PlanInput in = tiny(1, 1, 2);  // D = 1: F0 F1 B0 B1 PREC, no gap at all
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>{1}));
+  EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>{-1}));
+  EXPECT_EQ(p.inline_time, 4);  // 4 curvature units of 0.5 and 2 inversions of 1
+  EXPECT_EQ(p.step_time, 6 + 0.5 + 4);
+  EXPECT_TRUE(p.splits.empty());
+  for (const PlacedUnit& u : p.units) EXPECT_TRUE(u.inline_work);
+  EXPECT_EQ(to_text(p.schedule_for(0, 5)).substr(to_text(p.schedule_for(0, 5)).find("\n0:") + 1),
+            "0: 0F0 0F1 0B0 0B1 0CURV_A0l0 0CURV_A1l0 0CURV_B0l0 0CURV_B1l0 0INV_Al0 0INV_Bl0 0PREC\n");
+}
+
+TEST(Planner, PrioritiesOrderUnitsOfEqualReadiness) {
+  // Device 1 of the tiny case: every unit is ready by its tail gap; they run CURV_A, CURV_B,
+  // then INV_A, INV_B (the paper's priorities), not in readiness or size order.
+  PlanInput in = tiny();
+  in.kfac[0].inv_b = {0.25};
+  in.kfac[0].inv_a = {0.75};
+  KfacPlan p = plan_kfac(in);
+  std::vector<std::string> order;
+  for (const Action& a : p.actions(0, 1, 1))
+    if (is_kfac(a.kind) && a.kind != Kind::PREC) order.push_back(to_token(a));
+  // Both inversions wrapped into the leading gap (A first), then this cycle's curvature.
+  EXPECT_EQ(order, (std::vector<std::string>{"1INV_Al0", "1INV_Bl0", "1CURV_A0l0", "1CURV_A1l0", "1CURV_B0l0",
+                                             "1CURV_B1l0"}));
+  const auto& first = p.actions(0, 1, 0);
+  std::vector<std::string> step0;
+  for (const Action& a : first)
+    if (is_kfac(a.kind) && a.kind != Kind::PREC) step0.push_back(to_token(a));
+  EXPECT_EQ(step0, (std::vector<std::string>{"1CURV_A0l0", "1CURV_A1l0", "1CURV_B0l0", "1CURV_B1l0"}));
+}
+
+TEST(Planner, EveryScheduleGivesAValidPlan) {
+  struct Case {
+    const char* name;
+    int D, N, V;
+  };
+  for (Case c : {Case{"gpipe", 4, 4, 1}, {"1f1b", 4, 8, 1}, {"interleaved", 2, 4, 2}, {"interleaved", 4, 8, 3},
+                 {"chimera", 4, 4, 1}, {"chimera", 4, 8, 1}, {"zb-h1", 4, 4, 1}, {"naive", 3, 2, 1}}) {
+    PlanInput in = bert_large("1f1b", c.D, c.N, 1);
+    in.schedule = make_schedule(c.name, c.D, c.N, c.V);
+    KfacPlan p = plan_kfac(in);
+    SCOPED_TRACE(c.name);
+    check_plan(in, p);
+    for (int d = 0; d < c.D; ++d) {
+      EXPECT_GE(p.refresh_steps[d], 1);
+      // A lower bound while every step has the same gaps (inline work lengthens step 0).
+      if (p.lower_bound_refresh_steps[d] > 0 && !p.common_cycle) EXPECT_GE(p.refresh_steps[d], p.lower_bound_refresh_steps[d]);
+    }
+    // Chimera: each device fills in the K-FAC work of both of its stages.
+    if (std::string(c.name) == "chimera")
+      for (int d = 0; d < c.D; ++d) {
+        std::set<int> pipes;
+        for (const PlacedUnit& u : p.units)
+          if (u.device == d) pipes.insert(u.action.pipeline);
+        EXPECT_EQ(pipes, (std::set<int>{0, 1}));
+      }
+    // Zero-bubble: curvature B follows I (the output gradient exists there).
+    if (std::string(c.name) == "zb-h1") {
+      const PlacedUnit& u = unit(p, 3, "3CURV_B0l0");
+      double i_end = 0;
+      for (const TimedAction& t : p.base.per_device[3])
+        if (t.action == act(Kind::I, 3, 0)) i_end = t.end;
+      EXPECT_GE(u.start + u.step * p.base_step_time, i_end);
+    }
+    // Every step's schedule, with its K-FAC actions, round-trips through text and CSV.
+    for (int t = 0; t < 3; ++t) {
+      Schedule s = p.schedule_for(0, t);
+      EXPECT_EQ(to_text(parse_text(to_text(s), "t")), to_text(s));
+    }
+    Schedule s0 = p.schedule_for(0, 0);
+    EXPECT_NO_THROW(validate(s0));
+    EXPECT_EQ(to_text(parse_csv(to_csv(s0), "t")), to_text(s0));
+  }
+}
+
+TEST(Planner, DataAndInversionParallelism) {
+  // W = 2: both replicas compute curvature and sync it at the same point; the inversions of a
+  // device are shared out (largest first to the least loaded).
+  PlanInput in = bert_large("1f1b", 4, 4, 1, 2);
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  for (int d = 0; d < 4; ++d) {
+    double inv[2] = {0, 0};
+    for (const PlacedUnit& u : p.units)
+      if (u.device == d && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B)) inv[u.replica] += u.end - u.start;
+    EXPECT_GT(inv[0], 0);
+    EXPECT_GT(inv[1], 0);
+    const StageKfacCost& c = in.kfac[0];
+    double total = 0;
+    for (int l = 0; l < c.layers(); ++l) total += c.inv_a[l] + c.inv_b[l];
+    for (const FactorSplit& f : p.splits)
+      if (f.stage == d) total += f.pieces - f.whole;  // split factors cost their blocks
+    EXPECT_NEAR(inv[0] + inv[1], total, 1e-9);
+    EXPECT_NEAR(inv[0], inv[1], 2 * *std::max_element(c.inv_a.begin(), c.inv_a.end()));
+    const PlacedUnit& s0 = unit(p, d, to_token({Kind::SYNC_CURV, d, 0, -1, -1}), 0);
+    const PlacedUnit& s1 = unit(p, d, to_token({Kind::SYNC_CURV, d, 0, -1, -1}), 1);
+    EXPECT_EQ(std::tuple(s0.step, s0.start), std::tuple(s1.step, s1.start));
+  }
+  // Less inversion work per replica: no more steps than with W = 1.
+  KfacPlan one = plan_kfac(bert_large("1f1b", 4, 4, 1, 1));
+  for (int d = 0; d < 4; ++d) EXPECT_LE(p.kfac_work[d], one.kfac_work[d] + in.kfac[0].sync);
+}
+
+TEST(Planner, MeasuredDurationsPerAction) {
+  // The runtime's input: durations per action of the schedule instead of a cost model.
+  PlanInput in = tiny();
+  in.durations = {{1, 1, 2, 2}, {1, 1, 2, 2}};
+  in.cost.stages[0].forward = 100;  // ignored
+  KfacPlan p = plan_kfac(in);
+  EXPECT_EQ(p.base_step_time, 9.5);
+  in.durations[0].pop_back();
+  EXPECT_THROW(plan_kfac(in), UsageError);
+}
+
+TEST(Planner, SplitInversionTokensRoundTrip) {
+  Action a{Kind::INV_B, 2, 1, -1, 4, 3};
+  EXPECT_EQ(to_token(a), "2INV_Bp1l4b3");
+  EXPECT_EQ(parse_token("2INV_Bp1l4b3", "t"), a);
+  EXPECT_EQ(parse_token("2INV_Al4", "t").block, -1);
+}
+
+TEST(Planner, ShapesSplitCostsByDSquaredAndDCubed) {
+  auto bert = block_linears("bert", 2, 8);  // q k v o: 2x2, intermediate 2->8, output 8->2
+  StageKfacCost c = split_stage_cost(bert, 84, 1104, 1);
+  // sum of squares: A 4*4 + 4 + 64 = 84, B the same: 168 -> 0.5 per unit of d^2.
+  EXPECT_DOUBLE_EQ(c.curv_a[0], 2);
+  EXPECT_DOUBLE_EQ(c.curv_a[5], 32);
+  EXPECT_DOUBLE_EQ(c.curv_b[4], 32);
+  // cubes: A 4*8 + 8 + 512 = 552, B the same: 1104 -> 1 per unit of d^3.
+  EXPECT_DOUBLE_EQ(c.inv_b[4], 512);
+  EXPECT_DOUBLE_EQ(c.inv_a[0], 8);
+  auto gpt = block_linears("gpt", 2, 8);
+  EXPECT_EQ(gpt[0].d_out, 6);
+  EXPECT_THROW(block_linears("t5", 2, 8), UsageError);
+}
+
 }  // namespace
 }  // namespace pf
