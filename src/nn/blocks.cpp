@@ -101,6 +101,10 @@ float EmbeddingBlock::forward(const MicroBatch& mb, const Tensor&, Tensor& x_out
   auto& st = static_cast<EmbeddingState&>(bs);
   int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
   check_holds(x_out, N * C, "embedding x_out");
+  PF_CHECK(static_cast<int64_t>(mb.tokens.size()) >= N, "micro-batch has {} tokens, needs {}", mb.tokens.size(), N);
+  bool in_range = true;
+  for (int64_t n = 0; n < N; ++n) in_range &= (mb.tokens[n] >= 0) & (mb.tokens[n] < cfg_.vocab);
+  PF_CHECK(in_range, "token id outside the vocabulary of {}", cfg_.vocab);
   const int32_t* types = mb.token_types.empty() ? nullptr : mb.token_types.data();
   if (bert_) {
     embedding_forward(st.e.data(), mb.tokens.data(), types, wte_.value.data(), wpe_.value.data(),
@@ -450,6 +454,7 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
   auto& st = static_cast<HeadState&>(bs);
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, V = cfg_.vocab;
   PF_CHECK(static_cast<int64_t>(st.rows.size()) >= N, "head: micro-batch larger than its state");
+  PF_CHECK(static_cast<int64_t>(mb.labels.size()) >= N, "micro-batch has {} labels, needs {}", mb.labels.size(), N);
   check_holds(x_in, N * C, "head x_in");
   // Only the labelled tokens matter (BERT: the masked 15%): gather them first.
   int64_t M = 0;

@@ -6,6 +6,11 @@
 // Memory: a BlockState holds one micro-batch's activations (what its backward needs), made once by
 // make_state. Backward's temporaries live in the block and are shared by all its states (a block
 // runs one backward at a time); make_state sizes them too. forward/backward allocate nothing.
+// A block copies its input into its state, so the caller may reuse x_in after forward.
+//
+// Attention masks: BERT uses MicroBatch::attn_mask (padding keys get probability 0); GPT is causal
+// and ignores attn_mask (its batches are unpadded windows). Dropout (cfg.dropout > 0) applies to
+// the embedding output and to both residual branches; attention probabilities are not dropped.
 #include "config/config.hpp"
 #include "core/kernels.hpp"
 #include "nn/block.hpp"

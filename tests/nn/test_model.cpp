@@ -239,3 +239,13 @@ TEST(Model, HuggingFaceNamesAndLinears) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, ModelTest, ::testing::Values("bert", "gpt"));
+
+TEST(Model, RefusesTokensOutsideTheVocabulary) {
+  ModelConfig c = tiny_config("bert");
+  auto m = full_model(c);
+  MicroBatch mb = tiny_batch(c);
+  mb.tokens[3] = c.vocab;
+  ModelState st = m->make_state(mb.rows, mb.seq);
+  Tensor none;
+  EXPECT_THROW(m->forward(mb, none, none, st), std::logic_error);
+}
