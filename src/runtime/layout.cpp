@@ -41,6 +41,11 @@ Schedule compute_schedule(const Config& cfg) {
     if (s.micro_batches != p.micro_batches)
       usage_error("parallel.schedule_file", "'{}' has {} micro-batches but parallel.micro_batches = {}",
                   p.schedule_file, s.micro_batches, p.micro_batches);
+    // Two pipelines only as Chimera places them: the gradient groups pair device i with D-1-i.
+    if (s.pipelines > 1 && (s.pipelines != 2 || s.stages != s.devices ||
+                            s.stage_device != default_stage_device(s.devices, s.stages, 2)))
+      usage_error("parallel.schedule_file", "'{}': two pipelines must be placed as Chimera's (stage s of the up "
+                  "pipeline on device D-1-s, D stages per pipeline)", p.schedule_file);
     // Communication and optimizer actions are re-derived by lowering; anything else must have a handler.
     for (auto& list : s.per_device) {
       std::erase_if(list, [](const Action& a) {
@@ -76,8 +81,6 @@ std::vector<int> partition_blocks(int layers, int stages, const std::vector<int>
     for (int k = 1; k + 1 < stages; ++k)
       if (explicit_counts[k] == 0)
         usage_error("parallel.partition", "stage {} gets no transformer block and holds nothing", k);
-    if (stages > 1 && explicit_counts[0] == 0 && explicit_counts[stages - 1] == 0 && layers == 0)
-      usage_error("parallel.partition", "no transformer blocks to place");
     return explicit_counts;
   }
   if (stages > layers)
