@@ -6,12 +6,19 @@
 //                   --micro-batch-size 32 --layers-per-stage 3 --json
 //   pipefisher plan --schedule-file mine.csv --trace t.json
 //   pipefisher plan --sweep --schedule chimera --profile bert_base.csv --csv sweep.csv --svg sweep.svg
+//   pipefisher plan --kfac --schedule 1f1b --stages 8 --micro-batches 8 --tf 31.17 --tb 48.84 \
+//                   --tcurv 82.35 --tinv 242.55 --tprec 26.7 --model bert-large --layers-per-stage 3
+//     PipeFisher: K-FAC work placed into the bubbles (sim/planner.hpp); costs per stage per
+//     micro-batch, split per factor by the preset's Linear shapes (d^2 curvature, d^3 inversion)
+//     over --layers-per-stage blocks (default 1; with the paper's CSV it also scales the costs).
 // Times are in milliseconds (flags and profiles alike).
 #include "command.hpp"
+#include "config/config.hpp"
 #include "core/error.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/validate.hpp"
 #include "sim/memory.hpp"
+#include "sim/planner.hpp"
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
 #include "sim/sweep.hpp"
@@ -30,10 +37,12 @@ namespace pf::app {
 namespace {
 
 struct PlanArgs {
-  std::string schedule, schedule_file, profile, svg, trace, csv;
+  std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
-  bool json = false, sweep = false;
+  bool json = false, sweep = false, kfac = false;
+  int data_parallel = 1;
+  double margin = 0.05;
   std::vector<int> sweep_stages = {4, 8, 16, 32};
   CLI::App* app = nullptr;
   bool given(const char* flag) const { return app->count(flag) > 0; }
@@ -48,7 +57,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 std::vector<Profile> load_profiles(const PlanArgs& a) {
   if (a.profile.empty()) {
     for (const char* f : {"--micro-batch-size", "--layers-per-stage"})
-      if (a.given(f) && !(a.sweep && std::string(f) == "--micro-batch-size"))
+      if (a.given(f) && !(a.sweep && std::string(f) == "--micro-batch-size") &&
+          !(a.kfac && std::string(f) == "--layers-per-stage"))  // --kfac: blocks whose Linears split the costs
         usage_error(f, "only applies with --profile");
     Profile p;
     p.micro_batch_size = a.micro_batch_size > 0 ? a.micro_batch_size : 1;
@@ -65,7 +75,7 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
   for (const char* f : {"--tf", "--tb", "--tcurv", "--tinv", "--tprec"})
     if (a.given(f)) usage_error(f, "durations come from --profile; give one or the other");
   if (ends_with(a.profile, ".json")) {
-    if (a.given("--layers-per-stage")) usage_error("--layers-per-stage", "only applies to the paper's CSV profile (the JSON profile is per stage)");
+    if (a.given("--layers-per-stage") && !a.kfac) usage_error("--layers-per-stage", "only applies to the paper's CSV profile (the JSON profile is per stage)");
     Profile p = read_profile_json(a.profile);
     if (a.given("--micro-batch-size") && a.micro_batch_size != p.micro_batch_size)
       usage_error("--micro-batch-size", "{} but the profile was measured at micro-batch size {}", a.micro_batch_size,
@@ -119,7 +129,84 @@ int run_sweep_mode(const PlanArgs& a) {
   return 0;
 }
 
+
+// --kfac: plan PipeFisher on the simulated step and report it (JSON `kfac`, summary, drawings).
+nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const std::string& title) {
+  ModelConfig m;
+  try {
+    apply_model_preset(m, a.model);
+  } catch (const UsageError&) {
+    std::string names;
+    for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    usage_error("--model", "unknown preset '{}' (expected one of {})", a.model, names);
+  }
+  const int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
+  std::vector<LinearShape> layers;
+  for (int b = 0; b < blocks; ++b)
+    for (const LinearShape& l : block_linears(m.arch, m.hidden, m.ffn)) layers.push_back(l);
+  PlanInput in;
+  in.schedule = s;
+  in.cost = prof.cost;
+  in.replicas = a.data_parallel;
+  in.margin = a.margin;
+  for (const StageCost& c : prof.cost.stages) {
+    // Curvature sync: all-reduce of the stage's factors, plus the fresh inverses it broadcasts
+    // (planner.hpp), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
+    double floats = 0;
+    for (const LinearShape& l : layers) floats += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
+    double bytes = c.curvature_bytes > 0 ? 2 * c.curvature_bytes : 2 * 4 * floats;
+    in.kfac.push_back(split_stage_cost(layers, c.curvature, c.inversion, c.precondition,
+                                       prof.cost.allreduce_alpha + prof.cost.allreduce_beta * bytes));
+  }
+  KfacPlan p = plan_kfac(in);
+  const int P = p.period();
+  std::vector<double> starts;
+  Timeline tl = p.period_timeline(0, P, &starts);
+  const std::string kt = fmt::format("{} + PipeFisher ({} steps{})", title, P,
+                                     a.data_parallel > 1 ? fmt::format(", replica 0 of {}", a.data_parallel) : "");
+  if (!a.svg.empty()) {
+    SvgOptions o{kt};
+    o.step_starts = starts;
+    write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
+  }
+  if (!a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, kt), "--trace");
+
+  nlohmann::json lb = nlohmann::json::array(), per = nlohmann::json::array(), splits = nlohmann::json::array();
+  for (int d = 0; d < s.devices; ++d) {
+    lb.push_back(p.lower_bound_refresh_steps[d] < 0 ? nlohmann::json(nullptr) : nlohmann::json(p.lower_bound_refresh_steps[d]));
+    per.push_back({{"device", d}, {"refresh_steps", p.refresh_steps[d]}, {"lower_bound_refresh_steps", lb.back()},
+                   {"bubble", p.bubble[d]}, {"kfac_work", p.kfac_work[d]}, {"inline_work", p.device_inline[d]},
+                   {"utilization", p.utilization_per_device[d]}, {"strategy", p.strategy[d]}});
+  }
+  for (const FactorSplit& f : p.splits)
+    splits.push_back({{"pipeline", f.pipeline}, {"stage", f.stage}, {"layer", f.layer},
+                      {"factor", f.kind == Kind::INV_A ? "A" : "B"}, {"blocks", f.blocks}, {"whole", f.whole},
+                      {"pieces", f.pieces}});
+  return {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
+          {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
+          {"period", P}, {"common_cycle", p.common_cycle}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
+          {"model", a.model}, {"layers_per_stage", blocks}, {"splits", splits}, {"per_device", per},
+          {"timeline_text", timeline_text(tl)}};
+}
+
+void print_kfac(const nlohmann::json& k) {
+  fmt::print("PipeFisher ({} model shapes, margin {:g}, W={}): refresh steps per device {} (lower bound {}), "
+             "step time {:.3f} incl. precondition, inline work on the critical path {:.3f} per refresh, "
+             "utilization {:.1f}% over the refresh period\n",
+             k["model"].get<std::string>(), k["margin"].get<double>(), k["data_parallel"].get<int>(),
+             k["refresh_steps"].dump(), k["lower_bound_refresh_steps"].dump(), k["step_time"].get<double>(),
+             k["inline_time"].get<double>(), 100 * k["utilization"].get<double>());
+  if (!k["splits"].empty())
+    fmt::print("{} inversions larger than every bubble split into diagonal blocks (block-diagonal factor)\n",
+               k["splits"].size());
+  fmt::print("\n{}", k["timeline_text"].get<std::string>());
+}
+
 int run(const PlanArgs& a) {
+  if (!a.kfac)
+    for (const char* f : {"--model", "--data-parallel", "--margin"})
+      if (a.given(f)) usage_error(f, "only applies with --kfac");
+  if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
@@ -151,8 +238,10 @@ int run(const PlanArgs& a) {
   MemoryReport mem = memory_model(s, tl, prof.memory);
   const std::string title = fmt::format("{} D={} N={}{}", s.name, s.devices, s.micro_batches,
                                         s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
-  if (!a.svg.empty()) write_file_atomic(a.svg, timeline_svg(tl, {title}), "--svg");
-  if (!a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, title), "--trace");
+  nlohmann::json kfac;
+  if (a.kfac) kfac = run_kfac(a, s, prof, title);  // draws the whole refresh period
+  if (!a.kfac && !a.svg.empty()) write_file_atomic(a.svg, timeline_svg(tl, {title}), "--svg");
+  if (!a.kfac && !a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, title), "--trace");
   if (!a.csv.empty()) write_file_atomic(a.csv, to_csv(s), "--csv");
 
   const int peak = *std::max_element(tl.peak_in_flight.begin(), tl.peak_in_flight.end());
@@ -170,6 +259,10 @@ int run(const PlanArgs& a) {
                     {"activations", mem.activations}, {"err_peak", mem.err_peak}, {"m_pipe", mem.m_pipe},
                     {"activations_in_flight", mem.activations_in_flight}, {"m_pipe_in_flight", mem.m_pipe_in_flight},
                     {"curv", mem.curv}, {"inv", mem.inv}, {"err_save", mem.err_save}, {"m_kfac", mem.m_kfac}}}};
+    if (a.kfac) {
+      kfac.erase("timeline_text");
+      j["kfac"] = kfac;
+    }
     fmt::print("{}\n", j.dump(1));
     return 0;
   }
@@ -180,7 +273,8 @@ int run(const PlanArgs& a) {
   fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "
              "M_kfac+ {:.1f} MB\n\n",
              mem.device, mem.m_pipe, mem.m_pipe_in_flight, mem.m_kfac);
-  fmt::print("{}", timeline_text(tl));
+  if (a.kfac) print_kfac(kfac);
+  else fmt::print("{}", timeline_text(tl));
   return 0;
 }
 
@@ -227,6 +321,12 @@ Runner setup(CLI::App& app) {
   app.add_option("--svg", a->svg, "Write the timeline (or the sweep chart) as SVG");
   app.add_option("--trace", a->trace, "Write a Chrome trace-event JSON (open in Perfetto)");
   app.add_option("--csv", a->csv, "Write the schedule as CSV (or the sweep table)");
+  app.add_flag("--kfac", a->kfac, "PipeFisher: place K-FAC work into the bubbles and report it");
+  app.add_option("--model", a->model, "Model preset whose Linear shapes split the K-FAC costs (default bert-base)");
+  app.add_option("--data-parallel", a->data_parallel, "Replicas W per stage (curvature sync, inversions shared)")
+      ->check(positive);
+  app.add_option("--margin", a->margin, "Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default 0.05)")
+      ->check(nonneg);
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
   app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
   return [a] { return run(*a); };

@@ -41,7 +41,9 @@ double nice_step(double range, int target) {
 std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
   const int devices = static_cast<int>(tl.per_device.size());
   const double left = 70, top = 58, row_h = 26, gap = 6, right = 20;
-  const double span = tl.step_time * opt.steps;
+  const bool multi = !opt.step_starts.empty();
+  const int copies = multi ? 1 : opt.steps;
+  const double span = tl.step_time * copies;
   const double scale = span > 0 ? opt.width / span : 1;
   const double rows_bottom = top + devices * (row_h + gap);
   const double legend_y = rows_bottom + 42;
@@ -69,7 +71,7 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
                      left - 8, y + row_h / 2 + 4, d);
     o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", left, y,
                      opt.width, row_h);
-    for (int k = 0; k < opt.steps; ++k)
+    for (int k = 0; k < copies; ++k)
       for (const TimedAction& t : tl.per_device[d]) {
         const Action& a = t.action;
         const double x0 = left + (k * tl.step_time + t.start) * scale, w = (t.end - t.start) * scale;
@@ -99,11 +101,15 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
       }
   }
   // Step boundaries and labels.
-  for (int k = 0; k <= opt.steps; ++k) {
-    double x = left + k * tl.step_time * scale;
+  std::vector<double> bounds = opt.step_starts;
+  if (!multi)
+    for (int k = 0; k < opt.steps; ++k) bounds.push_back(k * tl.step_time);
+  bounds.push_back(span);
+  for (size_t k = 0; k < bounds.size(); ++k) {
+    double x = left + bounds[k] * scale;
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\" "
                      "stroke-dasharray=\"4 3\"/>\n", x, top - 14, x, rows_bottom);
-    if (k < opt.steps)
+    if (k + 1 < bounds.size())
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"11\" fill=\"#333\">step {}</text>\n", x + 4,
                        top - 4, k + 1);
   }

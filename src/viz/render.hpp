@@ -10,6 +10,7 @@
 #include "sim/sim.hpp"
 
 #include <string>
+#include <vector>
 
 namespace pf {
 
@@ -18,6 +19,9 @@ struct SvgOptions {
   std::string unit = "ms";
   int steps = 2;            // consecutive steps drawn (each starts when the previous one ends)
   int width = 1200;         // pixels of the time axis
+  // If set: `tl` already spans several steps (a PipeFisher refresh period) starting at these
+  // times; it is drawn once with a boundary at each (and `steps` is ignored).
+  std::vector<double> step_starts;
 };
 
 std::string timeline_svg(const Timeline& tl, const SvgOptions& opt);
