@@ -186,7 +186,9 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
         std::vector<int> deps = curv_of_factor[{p, s, side, l}];
         if (sync_of.count({p, s})) deps.push_back(sync_of[{p, s}]);
         int k = 1;
-        if (whole * (1 + in.margin) > max_gap + kEps) {  // larger than every gap: split if a split fits
+        if (max_gap <= kEps) {
+          k = 0;  // no gap at all: inline
+        } else if (whole * (1 + in.margin) > max_gap + kEps) {  // larger than every gap: split if a split fits
           k = 0;
           for (int t = 2; t <= dim && k == 0; ++t)
             if (block_cost(whole, dim, t, 0) * (1 + in.margin) <= max_gap + kEps) k = t;
@@ -215,7 +217,7 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
   // Curvature and sync larger than every gap run inline; an inline unit's dependencies run
   // inline before it (they must precede it in cycle step 0). Walk back to front: deps come first.
   for (Unit& x : u)
-    if (x.dur * (1 + in.margin) > max_gap + kEps) x.inl = true;
+    if (max_gap <= kEps || x.dur * (1 + in.margin) > max_gap + kEps) x.inl = true;
   for (size_t i = u.size(); i-- > 0;)
     if (u[i].inl)
       for (int dep : u[i].deps) u[dep].inl = true;

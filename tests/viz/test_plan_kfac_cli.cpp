@@ -1,0 +1,99 @@
+// `pipefisher plan --kfac` end to end: the `kfac` JSON on a hand-computable case, the SVG of
+// the refresh period, and bad arguments (exit 2, one line).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+
+namespace {
+
+struct PlanRun {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string tmp(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / "pf_test_plan_kfac";
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+PlanRun plan(const std::string& args) {
+  const std::string err = tmp("stderr.txt");
+  std::string cmd = std::string(PF_BINARY) + " plan " + args + " 2>" + err;
+  PlanRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err);
+  return r;
+}
+
+void expect_usage(const std::string& args, const std::string& reason) {
+  PlanRun r = plan(args);
+  EXPECT_EQ(r.status, 2) << args;
+  EXPECT_EQ(r.err.find(reason), 0u) << args << "\n" << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line expected:\n" << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(PlanKfacCli, HandComputableJson) {
+  // GPipe D = N = 2, T_f 1, T_b 2, PREC 0.5: step 9.5 (device 0 adds PREC at the end, device 1
+  // in its tail gap), 3 of bubble per device; curvature 1 per micro-batch and inversion 1 per
+  // stage: ceil((2 * 1 + 1) / 3) = 1 step at best; curvature B of micro-batch 1 is ready only at
+  // device 0's end of step, so 2 steps; busy 2 * 6.5 + 3 over 19.
+  PlanRun r = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out)["kfac"];
+  EXPECT_EQ(j["refresh_steps"], nlohmann::json({2, 2}));
+  EXPECT_EQ(j["lower_bound_refresh_steps"], nlohmann::json({1, 1}));
+  EXPECT_DOUBLE_EQ(j["step_time"].get<double>(), 9.5);
+  EXPECT_DOUBLE_EQ(j["inline_time"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(j["utilization"].get<double>(), 16.0 / 19.0);
+  EXPECT_EQ(j["splits"].size(), 0u);
+  EXPECT_EQ(j["per_device"][1]["bubble"].get<double>(), 3);
+}
+
+TEST(PlanKfacCli, NoBubbleRunsInlineAndTheSummarySaysSo) {
+  PlanRun r = plan("--kfac --schedule gpipe --stages 1 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out)["kfac"];
+  EXPECT_EQ(j["refresh_steps"], nlohmann::json({1}));
+  EXPECT_TRUE(j["lower_bound_refresh_steps"][0].is_null());
+  EXPECT_NEAR(j["inline_time"].get<double>(), 3, 1e-12);  // 2 micro-batches x 1 + 1 (summed per factor)
+  EXPECT_NEAR(j["step_time"].get<double>(), 6 + 0.5 + 3, 1e-12);
+  PlanRun t = plan("--kfac --schedule gpipe --stages 1 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5");
+  EXPECT_NE(t.out.find("inline work on the critical path 3.000 per refresh"), std::string::npos) << t.out;
+}
+
+TEST(PlanKfacCli, SvgShowsEveryStepOfTheRefreshPeriod) {
+  const std::string svg = tmp("kfac.svg");
+  PlanRun r = plan("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --tcurv 3 --tinv 10 --tprec 0.5 --svg " + svg);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string s = slurp(svg);
+  for (const char* want : {"curvature A", "curvature B", "inversion A", "inversion B", "precondition", "step 1", "step 2"})
+    EXPECT_NE(s.find(want), std::string::npos) << want;
+}
+
+TEST(PlanKfacCli, BadArgumentsExitTwoWithOneLine) {
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --data-parallel 2",
+               "pipefisher: --data-parallel: only applies with --kfac");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --margin 0.1", "pipefisher: --margin: only applies with --kfac");
+  expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --model nope", "pipefisher: --model: unknown preset 'nope'");
+  expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --data-parallel 0", "pipefisher: --data-parallel: ");
+  expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --margin -1", "pipefisher: --margin: ");
+  expect_usage("--kfac --sweep --schedule chimera", "pipefisher: --kfac: not available with --sweep");
+}
+
+}  // namespace
