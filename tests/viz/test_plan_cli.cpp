@@ -1,5 +1,6 @@
 // `pipefisher plan` end to end: runs the built program (PF_BINARY) and checks exit status,
 // the one-line reasons for bad arguments, and the JSON numbers against the closed forms.
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -18,7 +19,7 @@ struct PlanRun {
 };
 
 std::string tmp(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / "pf_test_plan";
+  auto dir = std::filesystem::temp_directory_path() / ("pf_test_plan_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }

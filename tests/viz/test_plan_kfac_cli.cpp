@@ -1,5 +1,6 @@
 // `pipefisher plan --kfac` end to end: the `kfac` JSON on a hand-computable case, the SVG of
 // the refresh period, and bad arguments (exit 2, one line).
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -17,7 +18,7 @@ struct PlanRun {
 };
 
 std::string tmp(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / "pf_test_plan_kfac";
+  auto dir = std::filesystem::temp_directory_path() / ("pf_test_plan_kfac_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }

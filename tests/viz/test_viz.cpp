@@ -6,6 +6,7 @@
 #include "viz/style.hpp"
 #include "viz/sweep_chart.hpp"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -104,7 +105,7 @@ TEST(Text, TerminalRowsShowKindsAndIdle) {
 }
 
 TEST(Files, AtomicWriteLeavesNoTemporary) {
-  auto dir = std::filesystem::temp_directory_path() / "pf_test_viz";
+  auto dir = std::filesystem::temp_directory_path() / ("pf_test_viz_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto path = (dir / "out.svg").string();
   write_file_atomic(path, "hello", "--svg");
