@@ -132,7 +132,12 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   if (!c.model.preset.empty()) apply_model_preset(c.model, c.model.preset);
   auto& m = c.model;
   r.get("model.arch", m.arch);
-  if (!r.has("model.layer_norm_eps") && m.arch == "gpt") m.layer_norm_eps = 1e-5f;
+  if (m.preset.empty() && m.arch == "gpt") {
+    // An architecture without a preset takes its own vocabulary and table sizes.
+    m.layer_norm_eps = 1e-5f;
+    m.vocab = 50257;
+    m.max_position = 1024;
+  }
   r.get("model.layers", m.layers);
   r.get("model.hidden", m.hidden);
   r.get("model.heads", m.heads);
@@ -182,6 +187,8 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("train.log_json", t.log_json);
   r.get("train.checkpoint_dir", t.checkpoint_dir);
   r.get("train.checkpoint_every", t.checkpoint_every);
+  r.get("train.keep_checkpoints", t.keep_checkpoints);
+  r.get("train.on_nonfinite", t.on_nonfinite);
 
   auto& p = c.parallel;
   r.get("parallel.stages", p.stages);
@@ -202,6 +209,8 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("kfac.diag_limit", k.diag_limit);
   r.get("kfac.placement", k.placement);
   r.get("kfac.distributed", k.distributed);
+  r.get("kfac.spd_pipelining", k.spd_pipelining);
+  r.get("kfac.spd_balance", k.spd_balance);
   r.get("kfac.warmup_steps", k.warmup_steps);
 
   r.refuse_unknown();
@@ -324,6 +333,9 @@ void Config::validate() const {
   require(!train.out_dir.empty(), "train.out_dir", "must not be empty{}", std::string());
   require(train.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0 (got {})",
           train.checkpoint_every);
+  require(train.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1 (got {})", train.keep_checkpoints);
+  require(train.on_nonfinite == "skip" || train.on_nonfinite == "stop", "train.on_nonfinite",
+          "must be 'skip' or 'stop' (got '{}')", train.on_nonfinite);
 
   const auto& p = parallel;
   require(p.stages > 0, "parallel.stages", "must be positive (got {})", p.stages);
@@ -350,6 +362,12 @@ void Config::validate() const {
   require(kfac.diag_limit > 0, "kfac.diag_limit", "must be positive (got {})", kfac.diag_limit);
   one_of(kfac.placement, {"bubbles", "inline", "skip"}, "kfac.placement");
   one_of(kfac.distributed, {"d-kfac", "mpd-kfac", "spd-kfac"}, "kfac.distributed");
+  if (kfac.distributed != "spd-kfac") {
+    require(kfac.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
+            kfac.distributed);
+    require(kfac.spd_balance, "kfac.spd_balance", "only applies with kfac.distributed = spd-kfac (got {})",
+            kfac.distributed);
+  }
 }
 
 void Config::check_files() const {
@@ -385,7 +403,9 @@ std::string Config::to_toml() const {
                             {"eval_every", train.eval_every}, {"eval_batches", train.eval_batches},
                             {"out_dir", train.out_dir}, {"log_json", train.log_json},
                             {"checkpoint_dir", train.checkpoint_dir},
-                            {"checkpoint_every", train.checkpoint_every}}},
+                            {"checkpoint_every", train.checkpoint_every},
+                            {"keep_checkpoints", train.keep_checkpoints},
+                            {"on_nonfinite", train.on_nonfinite}}},
       {"parallel", toml::table{{"stages", parallel.stages}, {"data_parallel", parallel.data_parallel},
                                {"schedule", parallel.schedule}, {"schedule_file", parallel.schedule_file},
                                {"micro_batches", parallel.micro_batches},
@@ -395,7 +415,8 @@ std::string Config::to_toml() const {
       {"kfac", toml::table{{"enabled", kfac.enabled}, {"damping", kfac.damping}, {"ema", kfac.ema},
                            {"kl_clip", kfac.kl_clip}, {"inverse_every", kfac.inverse_every},
                            {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},
-                           {"distributed", kfac.distributed}, {"warmup_steps", kfac.warmup_steps}}},
+                           {"distributed", kfac.distributed}, {"spd_pipelining", kfac.spd_pipelining},
+                           {"spd_balance", kfac.spd_balance}, {"warmup_steps", kfac.warmup_steps}}},
   };
   std::ostringstream ss;
   ss << t << "\n";

@@ -9,15 +9,16 @@
 namespace pf {
 
 struct ModelConfig {
+  // Defaults: bert-mini's shape (the built-in default job).
   std::string preset;          // bert-tiny, bert-mini, ..., gpt2-small: sets the sizes below
   std::string arch = "bert";   // bert (post-LN, MLM head) | gpt (pre-LN, causal LM head)
-  int layers = 2;
-  int hidden = 128;
-  int heads = 2;
-  int ffn = 512;
+  int layers = 4;
+  int hidden = 256;
+  int heads = 4;
+  int ffn = 1024;
   int seq_len = 128;           // tokens per sequence
-  int max_position = 512;      // size of the position-embedding table
-  int vocab = 30522;
+  int max_position = 512;      // size of the position-embedding table (gpt: 1024)
+  int vocab = 30522;           // gpt: 50257
   int type_vocab = 2;          // BERT token types (unused by gpt)
   float dropout = 0.0f;        // off by default
   float layer_norm_eps = 1e-12f;
@@ -36,7 +37,7 @@ struct DataConfig {
 
 struct OptimConfig {
   std::string name = "nvlamb";  // nvlamb | adamw | sgd
-  double lr = 1e-3;
+  double lr = 1e-2;
   int warmup_steps = 10;
   double decay_power = 0.5;     // polynomial decay after warm-up
   double weight_decay = 0.01;
@@ -46,17 +47,19 @@ struct OptimConfig {
 };
 
 struct TrainConfig {
-  int steps = 50;
+  int steps = 80;
   uint64_t seed = 42;
   int threads = 0;              // 0 = all cores (divided among local ranks)
   bool deterministic = true;    // same seed + thread count => same bits
   int log_every = 1;
-  int eval_every = 25;          // validation loss every K steps (0 = only at the end)
+  int eval_every = 20;          // validation loss every K steps (0 = only at the end)
   int eval_batches = 4;
   std::string out_dir = "runs/default";
   std::string log_json;         // one JSON object per step
   std::string checkpoint_dir;
-  int checkpoint_every = 0;
+  int checkpoint_every = 0;     // steps between checkpoints in checkpoint_dir (0 = only on SIGINT/SIGTERM)
+  int keep_checkpoints = 2;     // the newest K complete checkpoints are kept
+  std::string on_nonfinite = "skip";  // NaN/Inf loss or gradient: skip the step's update | stop the run
 };
 
 struct ParallelConfig {
@@ -79,6 +82,8 @@ struct KfacConfig {
   int diag_limit = 10000;       // layers with more outputs keep only diag(B)
   std::string placement = "bubbles";  // bubbles | inline | skip
   std::string distributed = "spd-kfac";
+  bool spd_pipelining = true;   // spd-kfac: factor all-reduces overlapped with compute, fused (Table IV)
+  bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
   int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
 };
 

@@ -22,6 +22,11 @@ TEST(Config, DefaultsAreValid) {
   EXPECT_EQ(c.model.arch, "bert");
   EXPECT_EQ(c.model.gelu, "erf");
   EXPECT_EQ(c.data.train_file, "data/corpus/train.bert.bin");
+  EXPECT_EQ(c.model.hidden, 256);  // the default job is bert-mini-shaped
+  Config g = Config::from_toml_string("", {"model.arch=gpt"});
+  EXPECT_EQ(g.model.vocab, 50257);
+  EXPECT_EQ(g.data.vocab, "gpt2");
+  EXPECT_FLOAT_EQ(g.model.layer_norm_eps, 1e-5f);
 }
 
 TEST(Config, PresetThenExplicitKeysWin) {
@@ -39,11 +44,11 @@ TEST(Config, PresetThenExplicitKeysWin) {
 
 TEST(Config, OverridesParseTomlValues) {
   Config c = Config::from_toml_string("", {"optim.lr=2e-4", "data.shuffle=false", "optim.name=adamw",
-                                           "parallel.partition=[1,1]", "train.out_dir=runs/x"});
+                                           "parallel.partition=[3,1]", "train.out_dir=runs/x"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 2e-4);
   EXPECT_FALSE(c.data.shuffle);
   EXPECT_EQ(c.optim.name, "adamw");
-  EXPECT_EQ(c.parallel.partition, (std::vector<int>{1, 1}));
+  EXPECT_EQ(c.parallel.partition, (std::vector<int>{3, 1}));
   EXPECT_EQ(c.train.out_dir, "runs/x");
 }
 
@@ -57,7 +62,7 @@ TEST(Config, BadInputNamesTheKey) {
   EXPECT_EQ(error_of("", {"optim.name=adam"}), "optim.name: 'adam' is not one of nvlamb, adamw, sgd");
   EXPECT_EQ(error_of("", {"model.preset=bert-huge"}).rfind("model.preset: unknown preset 'bert-huge'", 0), 0u);
   EXPECT_EQ(error_of("", {"parallel.partition=[1,2]"}),
-            "parallel.partition: assigns 3 transformer blocks but model.layers = 2");
+            "parallel.partition: assigns 3 transformer blocks but model.layers = 4");
   EXPECT_EQ(error_of("", {"model.seq_len=1024"}), "model.seq_len: 1024 exceeds model.max_position = 512");
   EXPECT_EQ(error_of("", {"model.vocab=1000"}),
             "model.vocab: 1000 is smaller than the bert tokenizer's vocabulary (30522)");
