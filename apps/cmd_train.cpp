@@ -3,19 +3,22 @@
 #include "command.hpp"
 #include "config/config.hpp"
 #include "core/files.hpp"
+#include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/train_run.hpp"
+#include "train/checkpointing.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
 
 namespace {
 
 struct TrainArgs {
-  std::string config, init, save, log_json;
+  std::string config, init, save, log_json, resume;
   std::vector<std::string> sets;
   int steps = 0;
   std::string profile_dir;
@@ -35,15 +38,32 @@ int run_train(const TrainArgs& a) {
   }
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
-    return run_parallel_training(cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}}});
+    return run_parallel_training(
+        cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}}, a.resume});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
   if (!a.init.empty() && !std::filesystem::is_regular_file(a.init))
     usage_error("--init", "no such file '{}'", a.init);
+  if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
+  // The checkpoint to resume from, verified (checksums) before anything is written.
+  std::unique_ptr<CheckpointReader> resume;
+  if (!a.resume.empty()) {
+    resume = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.resume));
+    check_resume(cfg, resume->manifest());
+    if (resume->manifest().step >= cfg.train.steps)
+      usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train",
+                  resume->manifest().step, cfg.train.steps);
+  }
 
   // Everything that can be refused has been: from here on the run writes its outputs.
   Trainer trainer(cfg);
   if (!a.init.empty()) load_safetensors(a.init, trainer.model().params());
+  if (resume) {
+    load_train_state(*resume, trainer.state());
+    trainer.set_step_index(resume->manifest().step);
+    std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(resume->manifest().step));
+    resume.reset();  // unmaps the files
+  }
   const std::string& out = cfg.train.out_dir;
   make_dirs(out, "train.out_dir");
   write_file_atomic(out + "/config.toml", cfg.to_toml());
@@ -62,12 +82,37 @@ int run_train(const TrainArgs& a) {
   auto t0 = std::chrono::steady_clock::now();
   RunLog log(cfg.train.steps, cfg.train.log_every, logs);
   double valid = 0;
-  for (int s = 0; s < cfg.train.steps; ++s) {
+  const std::string ckpt_dir = checkpoint_dir_of(cfg);
+  auto save_checkpoint = [&](int64_t steps_done) {
+    const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
+    std::filesystem::remove_all(step_dir);  // an interrupted earlier attempt at this step
+    make_dirs(step_dir, "train.checkpoint_dir");
+    CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, "1 process"),
+                         write_stage_state(step_dir, 0, trainer.state())};
+    commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
+  };
+  install_stop_signals();
+  for (int64_t s = trainer.step_index(); s < cfg.train.steps; ++s) {
     StepStats st = trainer.step();
+    if (st.nonfinite) {
+      std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
+                   static_cast<long long>(s + 1), std::isfinite(st.loss) ? "gradient" : "loss", st.loss, st.grad_norm,
+                   cfg.train.on_nonfinite == "stop" ? "; stopping (train.on_nonfinite = stop)" : ", step skipped");
+      if (cfg.train.on_nonfinite == "stop") return 1;
+    }
     std::optional<double> v;
     bool last = s + 1 == cfg.train.steps;
     if (last || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0)) v = valid = trainer.evaluate();
     log.step(st, v);
+    const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
+                          (s + 1) % cfg.train.checkpoint_every == 0;
+    if (periodic || stop_signal()) save_checkpoint(s + 1);
+    if (stop_signal()) {
+      std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
+                   signal_name(stop_signal()), static_cast<long long>(s + 1),
+                   checkpoint_step_dir(ckpt_dir, s + 1).c_str(), ckpt_dir.c_str());
+      return 128 + stop_signal();
+    }
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -87,6 +132,8 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--set", a->sets, "override a configuration key: --set model.layers=4 (repeatable)")
       ->allow_extra_args(false);
   cmd.add_option("--init", a->init, "initial weights (safetensors)");
+  cmd.add_option("--resume", a->resume,
+                 "continue from the newest complete checkpoint in this directory (train.checkpoint_dir)");
   cmd.add_option("--save", a->save, "also save the final weights here (safetensors)");
   cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");

@@ -55,6 +55,9 @@ void Optimizer::step(std::span<Param* const> params, double lr, double grad_norm
            slots_.size());
   for (size_t i = 0; i < params.size(); ++i)
     PF_CHECK(params[i] == slots_[i].param, "param {} ('{}') is not the one given to init()", i, params[i]->name);
+  // A non-finite global norm means a NaN/Inf gradient somewhere: the update would write it into
+  // every parameter. The step is skipped (state and step count unchanged); the loop reports it.
+  if (!std::isfinite(grad_norm)) return;
   ++steps_;
   const float scale = static_cast<float>(clip_scale(grad_norm));
   for (Slot& s : slots_) update(s, lr, steps_, scale);

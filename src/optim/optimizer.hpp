@@ -9,8 +9,9 @@
 // in a fixed order, so the bits do not depend on the thread count); mirrors are left out of it,
 // their owner counts once. When the norm exceeds `grad_clip` (> 0) the gradients are scaled by
 // grad_clip / norm inside the update (NVLAMB's pre-normalisation; clip_grad_norm_ for the others);
-// Param::grad itself is not modified; a non-finite norm is not clipped (the step then yields NaN:
-// the training loop is the one to check for it). Mirrors are stepped like any parameter: given the same
+// Param::grad itself is not modified; a non-finite norm skips the update altogether (parameters,
+// state and step count stay as they were: a NaN/Inf gradient never reaches the weights; the
+// training loop reports it). Mirrors are stepped like any parameter: given the same
 // gradient and state as their owner they stay equal to it.
 #include "config/config.hpp"
 #include "core/tensor.hpp"

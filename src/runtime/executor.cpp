@@ -373,4 +373,10 @@ std::unique_ptr<Model> Executor::gather_model() {
   return full;
 }
 
+std::vector<Executor::ChunkState> Executor::chunk_states() {
+  std::vector<ChunkState> out;
+  for (auto& c : chunks_) out.push_back({c->pipeline, c->stage, {c->params, c->optim.get(), nullptr}});
+  return out;
+}
+
 }  // namespace pf

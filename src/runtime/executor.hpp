@@ -30,6 +30,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/layout.hpp"
+#include "train/checkpointing.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -65,6 +66,13 @@ class Executor {
   // Collective: on world rank 0, a whole model holding every stage's parameters (pipeline 0 of
   // replica 0), for saving; null elsewhere.
   std::unique_ptr<Model> gather_model();
+  // Checkpoints (train/checkpointing.hpp): each hosted chunk's parameters and optimizer, in
+  // (pipeline, stage) order.
+  struct ChunkState {
+    int pipeline = 0, stage = 0;
+    TrainState state;
+  };
+  std::vector<ChunkState> chunk_states();
 
   const std::vector<Action>& actions() const { return actions_; }
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.

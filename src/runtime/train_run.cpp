@@ -1,19 +1,27 @@
 #include "runtime/train_run.hpp"
 
 #include "comm/collectives.hpp"
+#include "comm/small.hpp"
 #include "comm/world.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "dkfac/dp_train.hpp"
+#include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
 #include "optim/lr_schedule.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
 #include "schedule/validate.hpp"
+#include "train/checkpointing.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -70,6 +78,16 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   }
   cfg.check_files();
   if (!a.init.empty() && !std::filesystem::is_regular_file(a.init)) usage_error("--init", "no such file '{}'", a.init);
+  if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
+  // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
+  std::unique_ptr<CheckpointReader> resume;
+  if (!a.resume.empty()) {
+    resume = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.resume));
+    check_resume(cfg, resume->manifest());
+    if (resume->manifest().step >= cfg.train.steps)
+      usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train",
+                  resume->manifest().step, cfg.train.steps);
+  }
   comm::Groups groups = comm::make_groups(world, cfg.parallel.stages, cfg.parallel.data_parallel);
   set_threads(threads_per_rank(cfg));
 
@@ -78,6 +96,13 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   auto valid_data = make_batcher(cfg.model, cfg.data, true);
   Executor exec(cfg, layout, groups);
   if (!a.init.empty()) exec.load(a.init);
+  int64_t first_step = 0;
+  if (resume) {
+    for (auto& c : exec.chunk_states()) load_train_state(*resume, c.state);
+    first_step = resume->manifest().step;
+    if (root) std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(first_step));
+    resume.reset();
+  }
   Profiler profiler(cfg, layout, groups, exec, a.profile);
 
   // Rank 0's outputs, prepared before the first step so a bad path fails every rank now.
@@ -110,16 +135,61 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   std::vector<ActionTime> times;
   auto t0 = std::chrono::steady_clock::now();
   double valid = 0;
-  for (int s = 0; s < cfg.train.steps; ++s) {
+  const std::string ckpt_dir = checkpoint_dir_of(cfg);
+  const std::string layout_name = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout.schedule.name,
+                                              p.data_parallel);
+  // Collective. Rank 0 makes the step directory; the ranks holding pipeline 0 of replica 0 write
+  // their stages; rank 0 gathers the files' checksums and commits the manifest, then `latest`.
+  auto save_checkpoint = [&](int64_t steps_done) {
+    const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
+    on_root_agreed(world, [&] {
+      std::filesystem::remove_all(step_dir);  // an interrupted earlier attempt at this step
+      make_dirs(step_dir, "train.checkpoint_dir");
+    });
+    nlohmann::json mine = nlohmann::json::array();
+    std::string err;
+    try {
+      if (groups.replica == 0)
+        for (auto& c : exec.chunk_states())
+          if (c.pipeline == 0)
+            for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, c.state))
+              mine.push_back({f.name, f.bytes, f.sha256});
+    } catch (const UsageError& e) {
+      err = e.what();
+    }
+    const auto all = comm::gather_bytes(err.empty() ? "F" + mine.dump() : "E" + err, 0, MPI_COMM_WORLD);
+    on_root_agreed(world, [&] {
+      CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, layout_name), {}};
+      for (const std::string& r : all) {
+        if (r[0] == 'E') throw UsageError(r.substr(1));
+        for (const auto& f : nlohmann::json::parse(r.substr(1)))
+          m.files.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(), f[2].get<std::string>()});
+      }
+      commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
+    });
+  };
+  install_stop_signals();
+  for (int64_t s = first_step; s < cfg.train.steps; ++s) {
     auto ts = std::chrono::steady_clock::now();
     StepStats st;
     st.step = s;
     fill_step(*train_data, s, p.micro_batch_size, mbs);
+    test_poison_step(s, mbs);  // TEST HOOK: no-op unless PF_TEST_POISON_STEP is set
     st.lr = lr.at(s);
     const bool prof = profiler.wants(s);
     StepOutcome o = exec.step(s, mbs, st.lr, prof ? &times : nullptr);
     st.loss = o.loss;
     st.grad_norm = o.grad_norm;
+    // Every rank has the same loss (world sum) and norm (pipeline sum of all-reduced gradients); a
+    // non-finite norm made every optimizer skip its update (optim/optimizer.hpp).
+    st.nonfinite = !std::isfinite(o.loss) || !std::isfinite(o.grad_norm);
+    if (st.nonfinite) {
+      if (root)
+        std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
+                     static_cast<long long>(s + 1), std::isfinite(o.loss) ? "gradient" : "loss", o.loss, o.grad_norm,
+                     cfg.train.on_nonfinite == "stop" ? "; stopping (train.on_nonfinite = stop)" : ", step skipped");
+      if (cfg.train.on_nonfinite == "stop") return 1;
+    }
     st.tokens = tokens;
     st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (prof) profiler.record(s, times);
@@ -127,6 +197,21 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     if (s + 1 == cfg.train.steps || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0))
       v = valid = exec.evaluate(*valid_data);
     if (root) log->step(st, v);
+    // SIGINT/SIGTERM reach the ranks at different moments: they agree to stop after the step in
+    // which any of them saw one.
+    double sig = stop_signal();
+    comm::allreduce_sum({&sig, 1}, MPI_COMM_WORLD, "the stop flag");
+    const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
+                          (s + 1) % cfg.train.checkpoint_every == 0;
+    if (periodic || sig > 0) save_checkpoint(s + 1);
+    if (sig > 0) {
+      const int signo = stop_signal() ? stop_signal() : SIGTERM;
+      if (root)
+        std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
+                     signal_name(signo), static_cast<long long>(s + 1), checkpoint_step_dir(ckpt_dir, s + 1).c_str(),
+                     ckpt_dir.c_str());
+      return 128 + signo;
+    }
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -152,6 +237,7 @@ int launcher_rank() { return std::max(0, env_int("OMPI_COMM_WORLD_RANK", "PMI_RA
 int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
   comm::World world;
   try {
+    if (is_dp_kfac_run(cfg)) return run_dp_kfac_training(world, std::move(cfg), {args.init, args.save, "", args.profile.dir});
     return train(world, std::move(cfg), args);
   } catch (const UsageError&) {
     if (world.rank() == 0) throw;

@@ -12,6 +12,7 @@ namespace pf {
 struct ParallelRunArgs {
   std::string init, save;  // --init, --save (safetensors)
   ProfileOptions profile;  // --profile-dir, --profile-steps
+  std::string resume;      // --resume: a checkpoint directory
 };
 
 // Initialises MPI (comm::World), trains, finalises. Returns the exit status. A UsageError found

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 namespace pf {
 
@@ -54,18 +55,33 @@ StepStats Trainer::step() {
   StepStats s;
   s.step = step_;
   fill_step(*train_data_, step_, cfg_.parallel.micro_batch_size, mbs_);
+  test_poison_step(step_, mbs_);  // TEST HOOK: no-op unless PF_TEST_POISON_STEP is set
   model_->zero_grad();
   model_->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step_));
   s.kfac_curvature = kfac_ && kfac_->curvature_step(step_);
-  if (s.kfac_curvature) kfac_->attach();
+  // With kfac.ema = 0 the factors accumulate in place: keep the previous ones in case this step's
+  // curvature turns out non-finite.
+  if (s.kfac_curvature) kfac_before_ = kfac_->state(), kfac_->attach();
   for (MicroBatch& mb : mbs_) {
     s.loss += model_->forward(mb, no_input_, no_output_, state_);
     model_->backward(mb, no_output_, no_input_, state_);
   }
   s.lr = lr_.at(step_);
-  if (kfac_) kfac_step(s);
-  s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
-  optim_->step(params_, s.lr, s.grad_norm);
+  // A NaN/Inf loss or gradient is caught here, before it reaches K-FAC's factors or the weights.
+  if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(optim_->grad_sq_norm(params_)))) {
+    s.nonfinite = true;
+    if (s.kfac_curvature) {
+      kfac_->detach();
+      kfac_->load_state(kfac_before_);
+      kfac_->finish_curvature(1.0);  // nothing pending after the restore: only clears the row counts
+    }
+    s.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    if (kfac_) kfac_step(s);
+    s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
+    s.nonfinite = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
+    if (!s.nonfinite) optim_->step(params_, s.lr, s.grad_norm);
+  }
   s.tokens = tokens_per_step();
   s.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++step_;

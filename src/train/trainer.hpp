@@ -21,6 +21,7 @@
 #include "nn/model.hpp"
 #include "optim/lr_schedule.hpp"
 #include "optim/optimizer.hpp"
+#include "train/checkpointing.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,9 @@ struct StepStats {
   bool kfac_curvature = false, kfac_inversion = false;
   int kfac_raised = 0, kfac_kept = 0;
   double kfac_nu = 1;      // KL-clip factor
+  // The loss or the gradient norm was NaN/Inf: the step changed no weight, optimizer or K-FAC
+  // state (the loop then skips on, or stops: train.on_nonfinite).
+  bool nonfinite = false;
 };
 
 // The run's learning-rate schedule: optim's, with K-FAC's own warm-up (kfac.warmup_steps, -1 =
@@ -62,6 +66,10 @@ class Trainer {
   Optimizer& optimizer() { return *optim_; }
   KfacPreconditioner* kfac() { return kfac_.get(); }  // null unless kfac.enabled
   int64_t step_index() const { return step_; }
+  // Resuming from a checkpoint: the next step() runs step `s`.
+  void set_step_index(int64_t s) { step_ = s; }
+  // Parameters, optimizer and K-FAC, for checkpoints (train/checkpointing.hpp).
+  TrainState state() { return {params_, optim_.get(), kfac_.get()}; }
   int64_t tokens_per_step() const;
 
  private:
@@ -78,6 +86,7 @@ class Trainer {
   std::unique_ptr<KfacPreconditioner> kfac_;
   LrSchedule lr_;
   Tensor no_input_, no_output_;   // the whole model takes token ids and ends at the loss
+  NamedTensors kfac_before_;      // K-FAC state before a curvature step, restored if it turns non-finite
   int64_t step_ = 0;
 };
 

@@ -1,0 +1,130 @@
+#include "train/checkpointing.hpp"
+
+#include "core/error.hpp"
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+
+namespace pf {
+
+namespace {
+
+int64_t sequences_per_step(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  return static_cast<int64_t>(p.data_parallel) * p.micro_batches * p.micro_batch_size;
+}
+
+volatile std::sig_atomic_t g_stop = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop = sig; }
+
+}  // namespace
+
+std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t step, const std::string& layout) {
+  const int64_t g = sequences_per_step(cfg);
+  return {
+      {"train.seed", std::to_string(cfg.train.seed)},
+      {"data.seed", std::to_string(cfg.data.seed)},
+      {"data.shuffle", cfg.data.shuffle ? "true" : "false"},
+      {"sequences_per_step", std::to_string(g)},
+      {"data_position", std::to_string(step * g)},  // next sequence index the run reads
+      {"dropout_rng", fmt::format("(train.seed, step) = ({}, {})", cfg.train.seed, step)},
+      {"optim.name", cfg.optim.name},
+      {"kfac.enabled", cfg.kfac.enabled ? "true" : "false"},
+      {"train.steps", std::to_string(cfg.train.steps)},
+      {"layout", layout},
+  };
+}
+
+void check_resume(const Config& cfg, const CheckpointManifest& m) {
+  const auto now = checkpoint_info(cfg, m.step, "");
+  const std::pair<const char*, const char*> keys[] = {
+      {"train.seed", "train.seed"},
+      {"data.seed", "data.seed"},
+      {"data.shuffle", "data.shuffle"},
+      {"sequences_per_step", "parallel.micro_batches"},  // x micro_batch_size x data_parallel
+      {"optim.name", "optim.name"},
+      {"kfac.enabled", "kfac.enabled"},
+  };
+  for (auto [fact, key] : keys) {
+    auto it = m.info.find(fact);
+    if (it == m.info.end()) continue;  // not recorded: nothing to compare
+    if (it->second != now.at(fact))
+      usage_error(key, "the checkpoint at step {} was written with {} = {}, this configuration has {}", m.step, fact,
+                  it->second, now.at(fact));
+  }
+}
+
+std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st) {
+  std::vector<SafetensorsTensor> weights, state;
+  for (const Param* p : st.params)
+    if (!p->mirror) weights.push_back({p->name, p->value.shape(), p->value.span(), false});
+  // Optimizer state of mirrors equals their owner's (same gradients, same updates): left out.
+  for (auto& [name, t] : st.optim->state_tensors()) {
+    const std::string owner = name.substr(0, name.rfind('.'));
+    bool mirror = false;
+    for (const Param* p : st.params) mirror |= p->mirror && p->name == owner;
+    if (!mirror) state.push_back({name, t->shape(), t->span(), false});
+  }
+  NamedTensors kfac;
+  if (st.kfac) kfac = st.kfac->state();
+  for (const auto& [name, t] : kfac) state.push_back({name, t.shape(), t.span(), false});
+  SafetensorsMetadata meta{{"optimizer", st.optim->name()}, {"optimizer_steps", std::to_string(st.optim->step_count())}};
+  std::vector<CheckpointFile> out;
+  out.push_back(write_checkpoint_tensors(step_dir, fmt::format("weights-stage-{}.safetensors", stage), weights));
+  out.push_back(write_checkpoint_tensors(step_dir, fmt::format("state-stage-{}.safetensors", stage), state, meta));
+  return out;
+}
+
+void load_train_state(const CheckpointReader& r, const TrainState& st) {
+  r.load_params(st.params);
+  for (auto& [name, t] : st.optim->state_tensors()) r.read(name, t->shape(), t->span());
+  const std::string steps = r.state_metadata("optimizer_steps");
+  char* end = nullptr;
+  const long long n = std::strtoll(steps.c_str(), &end, 10);
+  if (steps.empty() || *end != '\0' || n < 0) usage_error(r.dir(), "no valid \"optimizer_steps\" in the state files");
+  st.optim->set_step_count(n);
+  if (st.kfac) {
+    NamedTensors kfac = st.kfac->state();  // names and shapes, filled from the checkpoint
+    for (auto& [name, t] : kfac) r.read(name, t.shape(), t.span());
+    st.kfac->load_state(kfac);
+  }
+}
+
+std::string checkpoint_dir_of(const Config& cfg) {
+  if (!cfg.train.checkpoint_dir.empty()) return cfg.train.checkpoint_dir;
+  return (std::filesystem::path(cfg.train.out_dir) / "checkpoints").string();
+}
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;  // a second signal takes the default action: the impatient user wins
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int stop_signal() { return g_stop; }
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    default: return "a signal";
+  }
+}
+
+bool test_poison_step(int64_t step, std::vector<MicroBatch>& mbs) {
+  static const char* at = std::getenv("PF_TEST_POISON_STEP");
+  if (!at || std::atoll(at) != step) return false;
+  static const char* kind = std::getenv("PF_TEST_POISON_KIND");
+  const bool inf = kind && std::string(kind) == "inf";
+  for (MicroBatch& mb : mbs)
+    mb.loss_scale = inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  return true;
+}
+
+}  // namespace pf

@@ -1,0 +1,58 @@
+#pragma once
+// What a training process saves in a checkpoint (io/checkpoint.hpp) and restores on resume, plus
+// the run's stop signals and the numerical-fault test hook. Shared by the single-process loop
+// (apps/cmd_train.cpp) and the MPI loop (runtime/train_run.cpp).
+//
+// Per stage: weights-stage-S.safetensors holds its parameter values (mirrors left out: their
+// owner's file has them) and state-stage-S.safetensors its optimizer state ("<param>.exp_avg", ...)
+// and K-FAC state ("<layer>.kfac.A", "_inv", "_counters": factors, inverses and the refresh
+// counters), with the optimizer's step count in the metadata. Everything else a step depends on is a
+// pure function of the step number and the configuration: the data position (sequence
+// step * global batch, data/batches.hpp), dropout's random numbers (Model::set_dropout_step(seed,
+// step)) and K-FAC's refresh pattern (curvature_step(step)). The manifest records those facts,
+// and a resume refuses a configuration that disagrees with them.
+#include "config/config.hpp"
+#include "core/micro_batch.hpp"
+#include "io/checkpoint.hpp"
+#include "kfac/preconditioner.hpp"
+#include "optim/optimizer.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+// One process's share of the training state (one stage, or the whole model).
+struct TrainState {
+  std::vector<Param*> params;         // mirrors included (they load like their owner)
+  Optimizer* optim = nullptr;
+  KfacPreconditioner* kfac = nullptr;  // null without K-FAC
+};
+
+// The run facts a manifest records for a checkpoint after `step` steps.
+std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t step, const std::string& layout);
+// Refuses (UsageError naming the key) a configuration whose seeds, batch or optimizer differ from
+// those the checkpoint was written with: the resumed run would not continue the same one.
+void check_resume(const Config& cfg, const CheckpointManifest& m);
+
+// Writes weights-stage-S and state-stage-S into step_dir; returns the two files.
+std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st);
+// Restores parameters, optimizer state and step count, and K-FAC state, by name.
+void load_train_state(const CheckpointReader& r, const TrainState& st);
+
+// The directory checkpoints go to: train.checkpoint_dir, or out_dir/checkpoints when that is empty
+// (a stop signal still writes one).
+std::string checkpoint_dir_of(const Config& cfg);
+
+// SIGINT / SIGTERM set a flag the loop reads at the end of each step (a second signal kills).
+void install_stop_signals();
+int stop_signal();  // the signal received, 0 if none
+const char* signal_name(int sig);
+
+// TEST HOOK (tests/faults only): when the environment sets PF_TEST_POISON_STEP=k, step k's loss
+// scale becomes NaN (or +Inf with PF_TEST_POISON_KIND=inf), so its loss and every gradient are
+// non-finite. Returns true when it poisoned. Never set it in a real run.
+bool test_poison_step(int64_t step, std::vector<MicroBatch>& mbs);
+
+}  // namespace pf
