@@ -1,0 +1,92 @@
+#pragma once
+// Helpers for tests that run the built `pipefisher` program (tests/checkpoint, tests/faults): a
+// tiny BERT on the committed sample text, one thread per process, a private temporary directory.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace pf_test {
+
+namespace fs = std::filesystem;
+
+struct Launch {
+  int status = -1;  // exit status, or -1 when killed by a signal
+  std::string out;  // stdout and stderr
+};
+
+inline Launch run(const std::string& cmd) {
+  Launch r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+inline const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+inline const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
+inline const std::string kBinary = PF_BINARY;
+
+inline fs::path work_dir(const std::string& program) {
+  static fs::path d = [&] {
+    fs::path p = fs::temp_directory_path() / ("pf_" + program + "_" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+// Tiny BERT (4 blocks, hidden 32, 6 steps, NVLAMB); `extra` is appended TOML.
+inline fs::path tiny_config(const fs::path& dir, const std::string& extra = "") {
+  fs::path p = dir / "tiny.toml";
+  std::ofstream f(p);
+  f << "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\nmax_position = 16\n"
+    << "[data]\nvocab = \"bert\"\ntrain_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+    << "valid_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+    << "[optim]\nname = \"nvlamb\"\nlr = 1e-2\nwarmup_steps = 1\n"
+    << "[train]\nsteps = 6\nthreads = 1\neval_every = 0\neval_batches = 2\n"
+    << "[parallel]\nmicro_batches = 4\nmicro_batch_size = 2\n"
+    << extra;
+  return p;
+}
+
+// "pipefisher train --config CFG --set train.out_dir=DIR/out-NAME --log-json DIR/NAME.jsonl SETS"
+inline std::string train_cmd(const fs::path& dir, const std::string& name, const std::string& sets) {
+  return kEnv + kBinary + " train --config " + (dir / "tiny.toml").string() + " --set train.out_dir=" +
+         (dir / ("out-" + name)).string() + " --log-json " + (dir / (name + ".jsonl")).string() + " " + sets;
+}
+inline std::string mpi_train_cmd(int np, const fs::path& dir, const std::string& name, const std::string& sets) {
+  return kEnv + kPfrun + " -np " + std::to_string(np) + " " + kBinary + " train --config " +
+         (dir / "tiny.toml").string() + " --set train.out_dir=" + (dir / ("out-" + name)).string() +
+         " --log-json " + (dir / (name + ".jsonl")).string() + " " + sets;
+}
+
+// Step number -> JSON record of a run's log.
+inline std::map<int64_t, nlohmann::json> read_log(const fs::path& path) {
+  std::map<int64_t, nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) {
+      auto j = nlohmann::json::parse(line);
+      out[j["step"].get<int64_t>()] = j;
+    }
+  return out;
+}
+
+inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+}  // namespace pf_test
