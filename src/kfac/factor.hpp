@@ -111,6 +111,9 @@ class KfacFactor {
   // Symmetric [dim, dim] block-diagonal (dense) or [dim] (diagonal); the identity until the first
   // successful inversion (so preconditioning passes the gradient through unchanged before it).
   const Tensor& inverse() const { return inverse_; }
+  // Data-parallel placement (dkfac/distributed_kfac.hpp): one rank inverts, the others write the
+  // broadcast inverse here (same layout as inverse(); counters are not touched).
+  Tensor& received_inverse() { return inverse_; }
 
   // --- counters ---
   int64_t commits() const { return commits_; }          // curvature updates (steps)

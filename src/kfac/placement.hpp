@@ -1,0 +1,45 @@
+#pragma once
+// Where the inversions of K-FAC factors run when W ranks hold the same factors (data-parallel
+// replicas of a model, or of a pipeline stage), and which of them travel as broadcasts.
+//
+// Load-balancing placement (SPD-KFAC, Shi et al., Algorithm 1): factors in descending dimension
+// (ties: the earlier factor first); for each, with t_comp its inversion time and t_comm the
+// broadcast of its inverse (upper triangle), both from measured models:
+//   t_comp < t_comm  -> non-communicated (NCT): every rank inverts it itself; every load += t_comp
+//   otherwise        -> communicated (CT): the rank with the least load (lowest index on a tie)
+//                       inverts and broadcasts it; its load += t_comp + t_comm (Eq. 21)
+// The paper's listing adds d_i to the loads (and the SPD authors' code n, with a fixed size
+// threshold for NCTs); we add the modelled times, which is what Eq. 21 minimises.
+//
+// Round-robin placement (MPD-KFAC, Eq. 22): factor i goes to rank i % W, all communicated.
+//
+// Pure functions of their inputs: every rank computes the same placement from the same models.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace pf {
+
+inline constexpr int kEveryRank = -1;  // owner of a non-communicated factor
+
+struct InversionPlacement {
+  std::vector<int> owner;     // [factor] rank that inverts and broadcasts it, or kEveryRank
+  std::vector<int> order;     // factor indices in the order they were placed (descending dimension)
+  std::vector<double> load;   // [rank] modelled seconds of inversion + broadcast
+  // Factors rank r inverts (its own CTs and every NCT), in placement order.
+  std::vector<int> inverted_by(int rank) const;
+  int communicated() const;   // number of CTs
+  double makespan() const;    // max load
+};
+
+using CostOfDim = std::function<double(int64_t d)>;
+
+// Algorithm 1. dims: factor dimensions; ranks >= 1; inv_time / bcast_time: modelled seconds for a
+// d x d factor (a diagonal factor may pass a smaller "dimension" for its cost).
+InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time,
+                                       const CostOfDim& bcast_time);
+// Eq. 22 (MPD-KFAC). Loads are filled from the same models when given (else 0).
+InversionPlacement place_round_robin(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time = {},
+                                     const CostOfDim& bcast_time = {});
+
+}  // namespace pf
