@@ -105,6 +105,7 @@ void install_stop_signals() {
   sa.sa_flags = SA_RESETHAND;  // a second signal takes the default action: the impatient user wins
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
 }
 
 int stop_signal() { return g_stop; }
@@ -113,6 +114,7 @@ const char* signal_name(int sig) {
   switch (sig) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
     default: return "a signal";
   }
 }

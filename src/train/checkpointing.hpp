@@ -45,7 +45,11 @@ void load_train_state(const CheckpointReader& r, const TrainState& st);
 // (a stop signal still writes one).
 std::string checkpoint_dir_of(const Config& cfg);
 
-// SIGINT / SIGTERM set a flag the loop reads at the end of each step (a second signal kills).
+// SIGINT / SIGTERM / SIGUSR1 set a flag the loop reads at the end of each step (a second signal
+// kills). Under mpirun: mpirun forwards SIGTERM to the ranks but SIGKILLs them
+// odls_base_sigkill_timeout seconds later (OpenMPI's default: 1 s), which may cut the final
+// checkpoint short (the previous one stays intact); SIGUSR1 is forwarded without killing anything,
+// so `kill -USR1 <mpirun pid>` always leaves time for it.
 void install_stop_signals();
 int stop_signal();  // the signal received, 0 if none
 const char* signal_name(int sig);
