@@ -3,6 +3,7 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
+#include "runtime/pipefisher.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -33,6 +34,7 @@ struct Executor::Chunk {
   int prev_device = -1, next_device = -1;  // neighbour stage on another device
   std::vector<comm::Ticket> recv_f, recv_b;  // [slot]
   size_t last_backward = SIZE_MAX;     // action index of the backward that completes the gradients
+  int last_backward_mb = -1;           // its micro-batch (K-FAC steps insert actions: indices move)
   std::vector<std::vector<size_t>> ready_after_block;  // [block] -> grad_sync buffers final after it
   std::unique_ptr<comm::BucketedAllReduce> grad_sync;
   bool synced = false;                 // grad_sync waited for in this step
@@ -68,7 +70,7 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
       c = find_chunk(a.pipeline, a.stage);
     }
     if (a.kind == Kind::F) c->slot.at(a.micro_batch) = static_cast<int>(c->states.size()), c->states.emplace_back();
-    if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i;
+    if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i, c->last_backward_mb = a.micro_batch;
   }
   for (auto& c : chunks_) {
     const BlockRange r = layout.stage_blocks.at(c->stage);
@@ -130,9 +132,8 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
   if (!word_copies_.empty() && embedding_comm_.size() > 1)
     word_sync_ = std::make_unique<comm::BucketedAllReduce>(embedding_comm_.get(),
                                                            std::vector{word_copies_.front()->grad.span()});
+  if (cfg.kfac.enabled) kfac_setup();
 }
-
-Executor::~Executor() = default;
 
 Executor::Chunk* Executor::find_chunk(int pipeline, int stage) {
   for (auto& c : chunks_)
@@ -179,14 +180,21 @@ StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, dou
     c->synced = false;
   }
   post_receives();
-  if (times) times->assign(actions_.size(), {});
-  for (size_t i = 0; i < actions_.size(); ++i) {
+  step_ = step;
+  const std::vector<Action>& list = step_actions(step);
+  if (kfac_) {
+    kfac_begin_step(step, mbs);
+    if (!times && step < kProfileSteps) times = &kfac_times_;  // K-FAC profiling needs the stamps
+  }
+  if (times) times->assign(list.size(), {});
+  for (size_t i = 0; i < list.size(); ++i) {
     const int64_t t0 = times ? now_ns() : 0;
     finish_ns_ = 0;
-    run_action(i, actions_[i], mbs, lr);
+    run_action(i, list[i], mbs, lr);
     if (times) (*times)[i] = {t0, now_ns(), finish_ns_};
   }
   p2p_->wait_all();  // sends done: the next step may write their buffers
+  if (kfac_) kfac_end_step(step, list, times ? *times : kfac_times_);
   double loss = loss_;
   comm::allreduce_sum({&loss, 1}, MPI_COMM_WORLD, "the step's loss");
   return {loss, grad_norm_};
@@ -212,7 +220,7 @@ void Executor::run_action(size_t index, const Action& a, const std::vector<Micro
     case Kind::B:
     case Kind::I: {
       Chunk& c = chunk(a.pipeline, a.stage);
-      backward(c, global_mb(), m, index == c.last_backward);
+      backward(c, global_mb(), m, m == c.last_backward_mb);
       return;
     }
     case Kind::W:
@@ -241,6 +249,7 @@ void Executor::run_action(size_t index, const Action& a, const std::vector<Micro
       return;
     }
     default:
+      if (kfac_action(a)) return;
       throw UsageError(fmt::format("schedule: action {} has kind {}, which the runtime has no handler for",
                                    to_token(a), kind_name(a.kind)));
   }
@@ -280,6 +289,8 @@ void Executor::finish_gradients() {
   const int64_t t0 = now_ns();
   for (auto& c : chunks_)
     if (c->grad_sync && !c->synced) c->grad_sync->wait(), c->synced = true;
+  // The norm needs every stage's preconditioned gradients: a PREC the plan put after this OPT runs now.
+  for (size_t i = 0; kfac_ && i < chunks_.size(); ++i) kfac_precondition(*chunks_[i], i);
   // Tied word embedding: local copies summed into the first, summed over the group, copied back.
   if (!word_copies_.empty()) {
     std::span<float> sum = word_copies_.front()->grad.span();
@@ -377,6 +388,228 @@ std::vector<Executor::ChunkState> Executor::chunk_states() {
   std::vector<ChunkState> out;
   for (auto& c : chunks_) out.push_back({c->pipeline, c->stage, {c->params, c->optim.get(), nullptr}});
   return out;
+}
+
+// --- K-FAC (runtime/pipefisher.hpp) ---
+
+struct Executor::KfacState {
+  bool bubbles = false;
+  std::vector<std::unique_ptr<ChunkKfac>> chunk;  // [chunk index]
+  std::vector<comm::Comm> holders;                // [chunk] the stage's copies (own stream), or none
+  std::vector<Action> inline_list;                // lowered + each chunk's PREC before the first OPT
+  std::vector<int> lowered_index;                 // [inline_list index] -> actions_ index, -1 for PREC
+  std::unique_ptr<KfacPlan> plan;
+  std::vector<double> dur_sum;                    // [actions_ index] profiled ms
+  int dur_samples = 0;
+  std::vector<ChunkKfacTimes> times;              // [chunk]
+};
+
+Executor::~Executor() = default;
+
+void Executor::kfac_setup() {
+  kfac_ = std::make_unique<KfacState>();
+  KfacState& k = *kfac_;
+  k.bubbles = cfg_.kfac.placement == "bubbles";
+  if (k.bubbles && (layout_.replicas > 1 || layout_.pipelines() > 1))
+    usage_error("kfac.placement", "'bubbles' with data-parallel replicas or Chimera is not implemented in the "
+                "runtime yet; use 'inline' or 'skip' (or parallel.data_parallel = 1 and another schedule)");
+  const int N = layout_.micro_batches;
+  for (auto& c : chunks_) {
+    k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
+                                                  static_cast<int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len));
+    k.times.emplace_back();
+  }
+  // Factor sums among a stage's copies get their own communicators (another stream of
+  // collectives than the gradient buckets), made in stage order on every member.
+  k.holders.resize(chunks_.size());
+  if (layout_.grad_sync) {
+    std::vector<size_t> order(chunks_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return chunks_[a]->stage < chunks_[b]->stage; });
+    for (size_t i : order) {
+      MPI_Comm base = layout_.pipelines() > 1 ? groups_.holders_comm(chunks_[i]->stage) : groups_.data_parallel.get();
+      MPI_Comm dup = MPI_COMM_NULL;
+      comm::check(MPI_Comm_dup(base, &dup), "MPI_Comm_dup(kfac holders)");
+      k.holders[i] = comm::Comm(dup);
+    }
+  }
+  // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
+  // just before the device's first OPT.
+  size_t first_opt = actions_.size();
+  for (size_t i = 0; i < actions_.size(); ++i)
+    if (actions_[i].kind == Kind::OPT) {
+      first_opt = i;
+      break;
+    }
+  std::vector<Chunk*> by_stage;
+  for (auto& c : chunks_) by_stage.push_back(c.get());
+  std::sort(by_stage.begin(), by_stage.end(), [](Chunk* a, Chunk* b) { return a->stage < b->stage; });
+  for (size_t i = 0; i <= actions_.size(); ++i) {
+    if (i == first_opt)
+      for (Chunk* c : by_stage) k.inline_list.push_back({Kind::PREC, c->stage, c->pipeline, -1, -1}), k.lowered_index.push_back(-1);
+    if (i < actions_.size()) k.inline_list.push_back(actions_[i]), k.lowered_index.push_back(static_cast<int>(i));
+  }
+  k.dur_sum.assign(actions_.size(), 0.0);
+}
+
+const std::vector<Action>& Executor::step_actions(int64_t step) const {
+  if (!kfac_) return actions_;
+  if (kfac_->plan && step >= kProfileSteps) return kfac_->plan->actions(groups_.replica, device_, step - kProfileSteps);
+  return kfac_->inline_list;
+}
+
+void Executor::kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
+  KfacState& k = *kfac_;
+  const float scale = mbs.empty() ? 1.0f : mbs.front().loss_scale;
+  for (auto& ck : k.chunk) {
+    if (!k.bubbles) {
+      ck->begin_step(step, false, ck->pre().curvature_step(step), scale);
+    } else if (!k.plan) {
+      ck->begin_step(step, true, false, scale);  // profiling: save, then timed units at PREC
+    } else {
+      const int R = k.plan->refresh_steps.at(device_);
+      ck->begin_step(step, (step - kProfileSteps) % R == 0, false, scale);
+    }
+  }
+}
+
+bool Executor::kfac_action(const Action& a) {
+  if (!kfac_) return false;
+  size_t i = 0;
+  while (i < chunks_.size() && !(chunks_[i]->pipeline == a.pipeline && chunks_[i]->stage == a.stage)) ++i;
+  PF_CHECK(i < chunks_.size(), "device {} does not host stage {} of pipeline {}", device_, a.stage, a.pipeline);
+  ChunkKfac& ck = *kfac_->chunk[i];
+  switch (a.kind) {
+    case Kind::CURV_A: ck.curvature(Side::A, a.layer, a.micro_batch); return true;
+    case Kind::CURV_B: ck.curvature(Side::B, a.layer, a.micro_batch); return true;
+    case Kind::INV_A: ck.invert(Side::A, a.layer, a.block); return true;
+    case Kind::INV_B: ck.invert(Side::B, a.layer, a.block); return true;
+    case Kind::PREC: kfac_precondition(*chunks_[i], i); return true;
+    default: return false;
+  }
+}
+
+void Executor::kfac_precondition(Chunk& c, size_t index) {
+  KfacState& k = *kfac_;
+  ChunkKfac& ck = *k.chunk[index];
+  if (ck.preconditioned()) return;
+  if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;  // precondition the summed gradient
+  MPI_Comm holders = k.holders[index].get();
+  if (!k.bubbles)
+    ck.inline_refresh(step_, ck.pre().curvature_step(step_), ck.pre().inversion_step(step_), holders, nullptr);
+  else if (!k.plan)
+    ck.inline_refresh(step_, true, true, holders, &k.times[index]);
+  else
+    ck.precondition(step_);
+}
+
+void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
+  KfacState& k = *kfac_;
+  if (!k.bubbles || k.plan) return;
+  for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
+    const int j = k.lowered_index[i];
+    if (j >= 0) k.dur_sum[j] += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
+  }
+  ++k.dur_samples;
+  if (step + 1 == kProfileSteps) kfac_plan();
+}
+
+// Every rank contributes its measured means to one all-reduce, so every rank plans from the
+// same numbers (the same bits) and gets the same plan.
+void Executor::kfac_plan() {
+  KfacState& k = *kfac_;
+  const Schedule& s = layout_.schedule;
+  const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
+  std::vector<size_t> off(D + 1, 0);
+  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
+  int Lmax = 1;
+  for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
+  const size_t per_stage = 3 + 6 * static_cast<size_t>(Lmax);
+  std::vector<double> v(off[D] + S * per_stage, 0.0);
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Kind kd = actions_[i].kind;
+    if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W || kd == Kind::OPT)
+      v[off[device_] + i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
+  }
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ChunkKfac& ck = *k.chunk[c];
+    const ChunkKfacTimes& t = k.times[c];
+    double* e = &v[off[D] + chunks_[c]->stage * per_stage];
+    e[0] += 1;
+    e[1] += ck.layers();
+    e[2] += t.prec / std::max(1, t.prec_samples);
+    for (int l = 0; l < ck.layers(); ++l) {
+      e[3 + l] += t.curv_a[l] / std::max(1, t.curv_samples);
+      e[3 + Lmax + l] += t.curv_b[l] / std::max(1, t.curv_samples);
+      e[3 + 2 * Lmax + l] += t.inv_a[l] / std::max(1, t.inv_samples);
+      e[3 + 3 * Lmax + l] += t.inv_b[l] / std::max(1, t.inv_samples);
+      e[3 + 4 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_in());
+      e[3 + 5 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_out());
+    }
+  }
+  comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
+  // The planner places K-FAC units in the step's gaps; the optimizer steps end each device's list
+  // (lowering appends them), so they are left out of the planned step and appended to every list.
+  PlanInput in;
+  in.schedule = s;
+  in.replicas = W;
+  std::vector<std::vector<Action>> opts(D);
+  for (int d = 0; d < D; ++d) {
+    auto& list = in.schedule.per_device[d];
+    std::vector<double> dur;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].kind == Kind::OPT) {
+        opts[d].push_back(list[i]);
+      } else {
+        PF_CHECK(opts[d].empty(), "device {}: {} after an OPT", d, to_token(list[i]));
+        dur.push_back(v[off[d] + i]);
+      }
+    std::erase_if(list, [](const Action& a) { return a.kind == Kind::OPT; });
+    in.durations.push_back(std::move(dur));
+  }
+  for (int st = 0; st < S; ++st) {
+    const double* e = &v[off[D] + st * per_stage];
+    const double n = std::max(1.0, e[0]);
+    StageKfacCost c;
+    c.precondition = e[2] / n;
+    for (int l = 0; l < static_cast<int>(e[1] / n + 0.5); ++l) {
+      c.curv_a.push_back(e[3 + l] / n);
+      c.curv_b.push_back(e[3 + Lmax + l] / n);
+      c.inv_a.push_back(e[3 + 2 * Lmax + l] / n);
+      c.inv_b.push_back(e[3 + 3 * Lmax + l] / n);
+      c.dim_a.push_back(static_cast<int>(e[3 + 4 * Lmax + l] / n + 0.5));
+      c.dim_b.push_back(static_cast<int>(e[3 + 5 * Lmax + l] / n + 0.5));
+    }
+    in.kfac.push_back(std::move(c));
+  }
+  k.plan = std::make_unique<KfacPlan>(plan_kfac(in));
+  for (int w = 0; w < W; ++w)
+    for (int d = 0; d < D; ++d) {
+      for (auto& step : k.plan->cycle[w][d]) step.insert(step.end(), opts[d].begin(), opts[d].end());
+      k.plan->first[w][d].insert(k.plan->first[w][d].end(), opts[d].begin(), opts[d].end());
+    }
+  const KfacPlan& p = *k.plan;
+  for (const FactorSplit& f : p.splits)
+    for (size_t c = 0; c < chunks_.size(); ++c)
+      if (chunks_[c]->pipeline == f.pipeline && chunks_[c]->stage == f.stage)
+        k.chunk[c]->split(f.layer, f.kind == Kind::INV_A ? Side::A : Side::B, f.blocks, kProfileSteps);
+  if (groups_.rank == 0) {
+    std::string r;
+    for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
+    std::printf("pipefisher: planned from %d profiled steps: refresh every %s steps (per device), %zu split "
+                "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
+                "units in bubbles)\n",
+                kProfileSteps, r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
+                p.base_step_time);
+    std::fflush(stdout);
+  }
+}
+
+void Executor::write_kfac_record(const std::string& path) {
+  if (!kfac_) return;
+  std::vector<const ChunkKfac*> mine;
+  for (auto& c : kfac_->chunk) mine.push_back(c.get());
+  write_refresh_record(mine, path, groups_.rank);
 }
 
 }  // namespace pf

@@ -75,6 +75,10 @@ class Executor {
   std::vector<ChunkState> chunk_states();
 
   const std::vector<Action>& actions() const { return actions_; }
+  // The action list of step `step` (the lowered schedule, or with K-FAC units: pipefisher.hpp).
+  const std::vector<Action>& step_actions(int64_t step) const;
+  // Collective: rank 0 writes the K-FAC refresh record (pipefisher.hpp) to `path`; no-op without K-FAC.
+  void write_kfac_record(const std::string& path);
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
   int64_t stage_param_bytes(int pipeline, int stage) const;
 
@@ -87,6 +91,14 @@ class Executor {
   void forward(Chunk& c, const MicroBatch& mb, int m);
   void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
   void finish_gradients();
+  // K-FAC (runtime/pipefisher.hpp; executor_kfac.cpp).
+  struct KfacState;
+  void kfac_setup();
+  void kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs);
+  bool kfac_action(const Action& a);  // false: not a K-FAC kind
+  void kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
+  void kfac_plan();
+  void kfac_precondition(Chunk& c, size_t index);
 
   Config cfg_;
   const Layout& layout_;
@@ -104,6 +116,9 @@ class Executor {
   double loss_ = 0, grad_norm_ = 0;
   bool gradients_finished_ = false;
   int64_t finish_ns_ = 0;  // time finish_gradients took in this step
+  std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
+  int64_t step_ = 0;
+  std::vector<ActionTime> kfac_times_;  // K-FAC profiling steps
 };
 
 }  // namespace pf

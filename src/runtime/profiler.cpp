@@ -36,6 +36,13 @@ bool is_wait(Kind k) { return k == Kind::RECV_F || k == Kind::RECV_B || k == Kin
 }  // namespace
 
 Timeline measured_timeline(const Layout& layout, const std::vector<std::vector<ActionTime>>& per_rank) {
+  std::vector<std::vector<Action>> actions;
+  for (size_t r = 0; r < per_rank.size(); ++r) actions.push_back(layout.schedule.per_device[r % layout.devices]);
+  return measured_timeline(actions, per_rank);
+}
+
+Timeline measured_timeline(const std::vector<std::vector<Action>>& per_rank_actions,
+                           const std::vector<std::vector<ActionTime>>& per_rank) {
   const int ranks = static_cast<int>(per_rank.size());
   int64_t t0 = INT64_MAX;
   for (const auto& r : per_rank)
@@ -45,7 +52,7 @@ Timeline measured_timeline(const Layout& layout, const std::vector<std::vector<A
   tl.busy.assign(ranks, 0);
   tl.peak_in_flight.assign(ranks, 0);
   for (int r = 0; r < ranks; ++r) {
-    const auto& actions = layout.schedule.per_device[r % layout.devices];
+    const auto& actions = per_rank_actions[r];
     PF_CHECK(actions.size() == per_rank[r].size(), "rank {} sent {} stamps for {} actions", r, per_rank[r].size(),
              actions.size());
     for (size_t i = 0; i < actions.size(); ++i) {
@@ -86,19 +93,30 @@ bool Profiler::wants(int64_t step) const {
 }
 
 void Profiler::record(int64_t step, const std::vector<ActionTime>& times) {
-  std::string mine(times.size() * sizeof(ActionTime), '\0');
-  std::memcpy(mine.data(), times.data(), mine.size());
+  record(step, times, layout_.schedule.per_device[groups_.stage]);
+}
+
+void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions) {
+  // Each rank's stamps followed by its action list (both trivially copyable).
+  PF_CHECK(times.size() == actions.size(), "{} stamps for {} actions", times.size(), actions.size());
+  std::string mine(times.size() * (sizeof(ActionTime) + sizeof(Action)), '\0');
+  std::memcpy(mine.data(), times.data(), times.size() * sizeof(ActionTime));
+  std::memcpy(mine.data() + times.size() * sizeof(ActionTime), actions.data(), actions.size() * sizeof(Action));
   std::vector<std::string> all = comm::gather_bytes(mine, 0, MPI_COMM_WORLD);
   if (groups_.rank != 0) return;
   std::vector<std::vector<ActionTime>> per_rank(all.size());
+  std::vector<std::vector<Action>> per_rank_actions(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
-    per_rank[r].resize(all[r].size() / sizeof(ActionTime));
-    std::memcpy(per_rank[r].data(), all[r].data(), all[r].size());
+    const size_t n = all[r].size() / (sizeof(ActionTime) + sizeof(Action));
+    per_rank[r].resize(n);
+    per_rank_actions[r].resize(n);
+    std::memcpy(per_rank[r].data(), all[r].data(), n * sizeof(ActionTime));
+    std::memcpy(per_rank_actions[r].data(), all[r].data() + n * sizeof(ActionTime), n * sizeof(Action));
     for (ActionTime& t : per_rank[r]) t.start -= offsets_.offset_ns[r], t.end -= offsets_.offset_ns[r];
   }
   MeasuredStep m;
   m.step = static_cast<int>(step) + 1;
-  m.timeline = measured_timeline(layout_, per_rank);
+  m.timeline = measured_timeline(per_rank_actions, per_rank);
   for (size_t r = 0; r < per_rank.size(); ++r) {
     double w = 0;
     for (const TimedAction& t : m.timeline.per_device[r]) w += is_wait(t.action.kind) ? t.end - t.start : 0;

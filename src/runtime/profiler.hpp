@@ -53,6 +53,8 @@ class Profiler {
   bool wants(int64_t step) const;  // 0-based step index
   // Collective: gathers the step's action times to rank 0, which writes its SVG and trace.
   void record(int64_t step, const std::vector<ActionTime>& times);
+  // The same for a step whose action list is not the lowered schedule (K-FAC units inserted).
+  void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions);
   // Rank 0: writes profile.json and prints one summary line. Call after the last step.
   void finish();
 
@@ -74,5 +76,8 @@ class Profiler {
 // The Timeline for one step from each rank's stamps (already on one clock): the basis of the
 // profiler's files; exposed for tests.
 Timeline measured_timeline(const Layout& layout, const std::vector<std::vector<ActionTime>>& per_rank);
+// With each rank's own action list of the step ([rank]).
+Timeline measured_timeline(const std::vector<std::vector<Action>>& actions,
+                           const std::vector<std::vector<ActionTime>>& per_rank);
 
 }  // namespace pf

@@ -131,7 +131,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     std::fflush(stdout);
   }
 
-  const LrSchedule lr = make_lr_schedule(cfg.optim, cfg.train.steps);
+  const LrSchedule lr = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
   std::vector<ActionTime> times;
   auto t0 = std::chrono::steady_clock::now();
   double valid = 0;
@@ -192,7 +192,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     }
     st.tokens = tokens;
     st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (prof) profiler.record(s, times);
+    if (prof) profiler.record(s, times, exec.step_actions(s));
     std::optional<double> v;
     if (s + 1 == cfg.train.steps || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0))
       v = valid = exec.evaluate(*valid_data);
@@ -216,6 +216,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::unique_ptr<Model> model = exec.gather_model();
+  if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
   profiler.finish();
   if (root) {
     std::vector<const Param*> params;

@@ -1,0 +1,203 @@
+#include "runtime/pipefisher.hpp"
+
+#include "comm/collectives.hpp"
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "core/files.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+
+namespace pf {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+int side_of(Side s) { return s == Side::A ? 0 : 1; }
+Side other(Side s) { return s == Side::A ? Side::B : Side::A; }
+}  // namespace
+
+ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of,
+                     int64_t rows)
+    : cfg_(cfg), replica_(replica), micro_batches_(micro_batches), slot_of_(std::move(slot_of)), rows_(rows) {
+  pre_ = std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab);
+  for (int s : slot_of_) slots_ += s >= 0;
+  const int L = layers();
+  curv_count_.assign(L, {0, 0});
+  committed_.assign(L, {-1, -1});
+  if (cfg.kfac.placement == "bubbles")  // M_err^save: allocated once
+    for (int l = 0; l < L; ++l) {
+      saved_a_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_in()}), std::vector<int64_t>(slots_, 0)});
+      saved_b_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_out()}), std::vector<int64_t>(slots_, 0)});
+    }
+}
+
+ChunkKfac::~ChunkKfac() { attach(false); }
+
+void ChunkKfac::attach(bool on) {
+  for (size_t i = 0; i < pre_->size(); ++i) {
+    Linear& l = pre_->linear(i);
+    if (on) l.set_tap(this);
+    else if (l.tap() == this) l.set_tap(nullptr);
+  }
+}
+
+void ChunkKfac::begin_step(int64_t t, bool save, bool taps, float loss_scale) {
+  preconditioned_ = false;
+  saving_ = save;
+  tapping_ = taps;
+  // A new cycle's buffers take over at the first copy, not now: the previous cycle's wrapped
+  // units (in this step's leading gap, before any forward) still read the old ones.
+  if (save) next_cycle_ = {t, loss_scale};
+  if (taps) loss_scale_ = loss_scale;
+  attach(save || taps);
+}
+
+void ChunkKfac::save(Saved& s, int micro_batch, const float* x, int64_t rows, int64_t cols) {
+  if (next_cycle_.first >= 0) {
+    cycle_step_ = next_cycle_.first;
+    loss_scale_ = next_cycle_.second;
+    next_cycle_.first = -1;
+  }
+  const int m = micro_batch - replica_ * micro_batches_;
+  const int k = slot_of_.at(m);
+  PF_CHECK(k >= 0 && rows <= rows_, "kfac save: micro-batch {} ({} rows) not held here", micro_batch, rows);
+  std::memcpy(s.data.data() + k * rows_ * cols, x, static_cast<size_t>(rows * cols) * sizeof(float));
+  s.rows[k] = rows;
+}
+
+void ChunkKfac::on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) {
+  const int i = pre_->index_of(l);
+  if (i < 0) return;
+  if (saving_) save(saved_a_[i], micro_batch, x, rows, cols);
+  if (tapping_) pre_->curvature(i, Side::A, x, rows);
+}
+
+void ChunkKfac::on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) {
+  const int i = pre_->index_of(l);
+  if (i < 0) return;
+  if (saving_) save(saved_b_[i], micro_batch, g, rows, cols);
+  if (tapping_) pre_->curvature(i, Side::B, g, rows);
+}
+
+void ChunkKfac::committed(int layer, Side s, int64_t step) { committed_[layer][side_of(s)] = step; }
+
+void ChunkKfac::curvature(Side s, int layer, int m) {
+  const int k = slot_of_.at(m);
+  PF_CHECK(k >= 0, "CURV for micro-batch {} not held by this chunk", m);
+  Saved& sv = (s == Side::A ? saved_a_ : saved_b_).at(layer);
+  pre_->curvature(layer, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
+  // The cycle's last micro-batch of this factor: commit (scaled by the convention).
+  if (++curv_count_[layer][side_of(s)] == slots_) {
+    curv_count_[layer][side_of(s)] = 0;
+    if (pre_->finish_curvature(layer, s, loss_scale_)) committed(layer, s, cycle_step_);
+  }
+}
+
+void ChunkKfac::invert(Side s, int layer, int block) {
+  if (committed_[layer][side_of(s)] < 0) return;  // nothing to invert yet
+  KfacLayer& kl = pre_->layer(layer);
+  if (block < 0) pre_->invert(layer, s);
+  else kl.invert_block(s, block, cfg_.kfac.damping);
+  inverse_[{layer, side_of(s), block}] = {committed_[layer][side_of(s)], committed_[layer][side_of(other(s))]};
+}
+
+void ChunkKfac::precondition(int64_t t) {
+  pre_->precondition_all();
+  preconditioned_ = true;
+  for (auto& [key, id] : inverse_) {
+    auto it = used_.find(key);
+    if (it != used_.end() && it->second == id) continue;
+    used_[key] = id;
+    events_.push_back({pre_->layer(std::get<0>(key)).name(), std::get<1>(key), std::get<2>(key), t, id});
+  }
+}
+
+void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times) {
+  const int L = layers();
+  if (curvature) {
+    attach(false);
+    if (times) {  // profiling: the units one by one from the saved buffers
+      times->curv_a.resize(L, 0), times->curv_b.resize(L, 0);
+      for (int l = 0; l < L; ++l)
+        for (Side s : {Side::A, Side::B}) {
+          const auto t0 = std::chrono::steady_clock::now();
+          Saved& sv = (s == Side::A ? saved_a_ : saved_b_)[l];
+          for (int k = 0; k < slots_; ++k) pre_->curvature(l, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
+          (s == Side::A ? times->curv_a : times->curv_b)[l] += ms_since(t0) / slots_;
+        }
+      ++times->curv_samples;
+    }
+    // The stage's copies (replicas, Chimera's twin) sum their factors and row counts.
+    std::vector<Tensor> rows(1, Tensor(Shape{2 * L}));
+    for (int l = 0; l < L; ++l)
+      for (Side s : {Side::A, Side::B}) rows[0][2 * l + side_of(s)] = static_cast<float>(pre_->pending_rows(l, s));
+    if (holders != MPI_COMM_NULL) {
+      std::vector<std::span<float>> bufs;
+      for (int l = 0; l < L; ++l)
+        for (Side s : {Side::A, Side::B}) bufs.push_back(pre_->layer(l).factor(s).accumulator().span());
+      bufs.push_back(rows[0].span());
+      comm::BucketedAllReduce sum(holders, std::move(bufs));
+      sum.start();
+      sum.wait();
+    }
+    for (int l = 0; l < L; ++l)
+      for (Side s : {Side::A, Side::B})
+        if (pre_->finish_curvature(l, s, loss_scale_, static_cast<int64_t>(rows[0][2 * l + side_of(s)])))
+          committed(l, s, t);
+  }
+  if (inversion)
+    for (Side s : {Side::A, Side::B})
+      for (int l = 0; l < L; ++l) {
+        const auto t0 = std::chrono::steady_clock::now();
+        invert(s, l, -1);
+        if (times) {
+          times->inv_a.resize(L, 0), times->inv_b.resize(L, 0);
+          (s == Side::A ? times->inv_a : times->inv_b)[l] += ms_since(t0);
+        }
+      }
+  if (times && inversion) ++times->inv_samples;
+  const auto t0 = std::chrono::steady_clock::now();
+  precondition(t);
+  if (times) times->prec += ms_since(t0), ++times->prec_samples;
+}
+
+void ChunkKfac::split(int layer, Side s, int blocks, int64_t t) {
+  pre_->layer(layer).factor(s).set_blocks(blocks);
+  splits_.push_back({pre_->layer(layer).name(), side_of(s), blocks, t});
+}
+
+void write_refresh_record(const std::vector<const ChunkKfac*>& mine, const std::string& path, int rank) {
+  using nlohmann::json;
+  json ev = json::array(), sp = json::array();
+  for (const ChunkKfac* c : mine) {
+    for (const RefreshEvent& e : c->events())
+      ev.push_back({e.layer, e.side, e.block, e.use_step, e.id.curv_step, e.id.pi_step});
+    for (const SplitEvent& s : c->splits()) sp.push_back({s.layer, s.side, s.blocks, s.from_step});
+  }
+  const std::vector<std::string> all = comm::gather_bytes(json{ev, sp}.dump(), 0, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  // Chimera's twins and data-parallel replicas record the same changes: keep one of each.
+  std::map<std::string, json> events, splits;
+  for (const std::string& s : all) {
+    const json j = json::parse(s);
+    for (const json& e : j[0]) events.emplace(e.dump(), e);
+    for (const json& e : j[1]) splits.emplace(e.dump(), e);
+  }
+  json out = {{"events", json::array()}, {"splits", json::array()}};
+  auto key = [](const json& e) { return std::tuple(e[3].get<int64_t>(), e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>()); };
+  std::vector<json> evs;
+  for (auto& [k, e] : events) evs.push_back(e);
+  std::sort(evs.begin(), evs.end(), [&](const json& a, const json& b) { return key(a) < key(b); });
+  for (const json& e : evs)
+    out["events"].push_back({{"layer", e[0]}, {"side", e[1]}, {"block", e[2]}, {"use_step", e[3]},
+                             {"curv_step", e[4]}, {"pi_step", e[5]}});
+  for (auto& [k, e] : splits)
+    out["splits"].push_back({{"layer", e[0]}, {"side", e[1]}, {"blocks", e[2]}, {"from_step", e[3]}});
+  write_file_atomic(path, out.dump(1) + "\n");
+}
+
+}  // namespace pf

@@ -1,0 +1,141 @@
+#pragma once
+// PipeFisher in the runtime: the K-FAC state of one model chunk (stage copy) on one rank and the
+// work units the executor's handlers call (CURV_A / CURV_B / INV_A / INV_B / PREC).
+//
+// Placements (kfac.placement):
+//   inline   every step (or every kfac.inverse_every for inversion) on the critical path: the
+//            taps accumulate curvature during the step's forwards/backwards; a PREC action just
+//            before the device's first OPT commits (after summing over the stage's copies when
+//            there are several: data-parallel replicas, Chimera's twin), inverts and
+//            preconditions. The same pattern as the single-process Trainer.
+//   skip     the same with curvature and inversion only every kfac.inverse_every steps.
+//   bubbles  PipeFisher. Steps 0 .. kProfileSteps-1 run inline K-FAC (refresh every step) with
+//            every unit timed on the rank where it runs (steady clock): curvature per layer per
+//            micro-batch, inversion per factor, precondition per stage, plus F/B/OPT. Then every
+//            rank feeds the same all-reduced means to the planner (sim/planner.hpp) and runs its
+//            static multi-step schedule: step t runs plan.actions(w, d, t - kProfileSteps).
+//
+// M_err^save. On the first step of a device's refresh cycle the chunk's tap copies every K-FAC
+// layer's inputs and output gradients of every micro-batch into buffers allocated once; CURV
+// units of the whole cycle read them. A factor is committed after its last CURV of the cycle
+// (W = 1 pipelines only; see below). INV inverts the committed factor (or one diagonal block of a
+// split factor) with pi-damping from the traces committed at that moment; the new inverse is used
+// by the next PREC; until then the previous one is.
+//
+// Refresh record. Each chunk records, at every PREC, which inverse each factor (or block) uses:
+// the step whose micro-batches built the factor and the step of the other factor that set pi.
+// Rank 0 writes the changes as out_dir/kfac_refresh.json, so a single-process K-FAC loop can follow
+// exactly the same pattern (tests/runtime/kfac_reference.hpp).
+//
+// Not yet: bubbles with data-parallel replicas or Chimera (the planner's SYNC_CURV and the twin
+// factor sum): refused with a UsageError naming kfac.placement; inline/skip handle both.
+#include "comm/world.hpp"
+#include "config/config.hpp"
+#include "kfac/preconditioner.hpp"
+#include "nn/model.hpp"
+#include "sim/planner.hpp"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace pf {
+
+inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
+
+// Which inverse a precondition uses: built from the factor of step curv_step, pi from the other
+// side's factor of step pi_step (-1 = none committed: pi = 1).
+struct InverseId {
+  int64_t curv_step = -1, pi_step = -1;
+  friend bool operator==(const InverseId&, const InverseId&) = default;
+};
+
+// One change: from step use_step on, (layer, side, block) uses inverse `id`. block -1 = whole.
+struct RefreshEvent {
+  std::string layer;
+  int side = 0;  // 0 = A, 1 = B
+  int block = -1;
+  int64_t use_step = 0;
+  InverseId id;
+};
+// A factor switched to `blocks` diagonal blocks before step from_step.
+struct SplitEvent {
+  std::string layer;
+  int side = 0;
+  int blocks = 1;
+  int64_t from_step = 0;
+};
+
+// Measured costs of one chunk's K-FAC units (sums; counts alongside), ms.
+struct ChunkKfacTimes {
+  std::vector<double> curv_a, curv_b, inv_a, inv_b;  // [layer]
+  double prec = 0;
+  int curv_samples = 0, inv_samples = 0, prec_samples = 0;
+};
+
+class ChunkKfac final : public LinearTap {
+ public:
+  // model: the chunk's model; replica/micro_batches: to map a micro-batch index to the chunk's
+  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch.
+  ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of, int64_t rows);
+  ~ChunkKfac() override;
+
+  KfacPreconditioner& pre() { return *pre_; }
+  // Step start. save: copy the layers' inputs/gradients (the cycle's first step, or profiling);
+  // taps: accumulate curvature directly (inline / skip curvature steps).
+  void begin_step(int64_t t, bool save, bool taps, float loss_scale);
+  // Work units (bubbles). m: local micro-batch.
+  void curvature(Side s, int layer, int m);
+  void invert(Side s, int layer, int block);
+  // Precondition every layer; records the inverses used at step t.
+  void precondition(int64_t t);
+  bool preconditioned() const { return preconditioned_; }
+  // Inline refresh at PREC: commit the step's curvature (summed over `holders` when not null),
+  // invert when asked, precondition. With `times`, curvature comes from the saved buffers, unit
+  // by unit, and each unit is timed.
+  void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
+  // Switch a factor to block-diagonal from step t on.
+  void split(int layer, Side s, int blocks, int64_t t);
+
+  const std::vector<RefreshEvent>& events() const { return events_; }
+  const std::vector<SplitEvent>& splits() const { return splits_; }
+  int layers() const { return static_cast<int>(pre_->size()); }
+
+  void on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) override;
+  void on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) override;
+
+ private:
+  struct Saved {
+    Tensor data;        // [slots * rows, d]
+    std::vector<int64_t> rows;  // [slot]
+  };
+  void save(Saved& s, int micro_batch, const float* x, int64_t rows, int64_t cols);
+  void committed(int layer, Side s, int64_t step);
+  void attach(bool on);
+
+  const Config& cfg_;
+  std::unique_ptr<KfacPreconditioner> pre_;
+  int replica_, micro_batches_;
+  std::vector<int> slot_of_;
+  int slots_ = 0;
+  int64_t rows_ = 0;
+  std::vector<Saved> saved_a_, saved_b_;  // [layer]
+  bool saving_ = false, tapping_ = false, preconditioned_ = false;
+  int64_t cycle_step_ = 0;  // step whose micro-batches the saved buffers hold
+  float loss_scale_ = 1.0f;
+  std::pair<int64_t, float> next_cycle_{-1, 1.0f};  // a cycle starting at this step's first copy
+  std::vector<std::array<int, 2>> curv_count_;          // [layer][side] CURV units this cycle
+  std::vector<std::array<int64_t, 2>> committed_;       // [layer][side] step of the committed factor
+  std::map<std::tuple<int, int, int>, InverseId> inverse_, used_;  // (layer, side, block)
+  std::vector<RefreshEvent> events_;
+  std::vector<SplitEvent> splits_;
+};
+
+// Rank 0 writes every rank's refresh record (deduplicated by layer name) to `path` as JSON:
+// {"events": [{layer, side, block, use_step, curv_step, pi_step}], "splits": [...]}. Collective.
+void write_refresh_record(const std::vector<const ChunkKfac*>& mine, const std::string& path, int rank);
+
+}  // namespace pf

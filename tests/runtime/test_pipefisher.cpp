@@ -1,0 +1,280 @@
+// PipeFisher in the runtime (runtime/pipefisher.hpp) under real mpirun, 1 thread per rank: K-FAC
+// training of a tiny BERT with any schedule gives the weights of single-process K-FAC with the
+// same refresh pattern (same staleness), to 1e-5.
+//
+// bubbles: the run's refresh record (kfac_refresh.json: from which step each factor's inverse is
+// used, built from which step's micro-batches, pi from which step's other factor) drives an
+// independent single-process loop below (Model + KfacPreconditioner + optimizer) that keeps every
+// committed factor and re-inverts from it when the record says so.
+// inline / skip: the single-process Trainer's own K-FAC branch is the reference.
+#include "core/blas.hpp"
+#include "data/batches.hpp"
+#include "io/safetensors.hpp"
+#include "kfac/preconditioner.hpp"
+#include "nn/model.hpp"
+#include "optim/optimizer.hpp"
+#include "train/trainer.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path dir() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("pf_pipefisher_test_" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+const char* kConfig =
+    "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\nmax_position = 16\n"
+    "[data]\nvocab = \"bert\"\ntrain_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+    "valid_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+    "[optim]\nname = \"nvlamb\"\nlr = 1e-2\nwarmup_steps = 1\n"
+    "[train]\nsteps = 8\nthreads = 1\neval_every = 0\neval_batches = 1\n"
+    "[parallel]\nmicro_batches = 4\nmicro_batch_size = 2\n"
+    "[kfac]\nenabled = true\ndamping = 1e-2\n";
+
+fs::path config_file() {
+  fs::path p = dir() / "tiny.toml";
+  if (!fs::exists(p)) std::ofstream(p) << kConfig;
+  return p;
+}
+
+struct Launched {
+  int status = -1;
+  std::string out;
+};
+
+Launched launch(int ranks, const std::string& name, const std::string& sets) {
+  const std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_SOURCE_DIR "/scripts/pfrun -np " +
+                          std::to_string(ranks) + " " PF_BINARY " train --config " + config_file().string() +
+                          " --set train.out_dir=" + (dir() / name).string() + " --save " +
+                          (dir() / (name + ".safetensors")).string() + " " + sets + " 2>&1";
+  Launched r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::map<std::string, std::vector<float>> saved_weights(const fs::path& file) {
+  pf::SafetensorsReader r(file.string());
+  std::map<std::string, std::vector<float>> m;
+  for (const auto& e : r.tensors()) {
+    auto& v = m[e.name];
+    v.resize(static_cast<size_t>(pf::shape_numel(e.shape)));
+    r.read_f32(e, v);
+  }
+  return m;
+}
+
+pf::Config load_config(const std::vector<std::string>& sets) {
+  return pf::Config::load(config_file().string(), sets);
+}
+
+// Single-process K-FAC following a refresh record exactly.
+std::map<std::string, std::vector<float>> reference_following(const pf::Config& cfg, const nlohmann::json& rec) {
+  using namespace pf;
+  set_threads(1);
+  const auto& p = cfg.parallel;
+  auto data = make_batcher(cfg.model, cfg.data, false);
+  auto model = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
+  model->init(cfg.train.seed);
+  ModelState state = model->make_state(p.micro_batch_size, cfg.model.seq_len);
+  std::vector<MicroBatch> mbs(static_cast<size_t>(p.data_parallel) * p.micro_batches);
+  for (MicroBatch& mb : mbs) mb.resize(p.micro_batch_size, cfg.model.seq_len);
+  std::vector<Param*> params = model->params();
+  auto optim = make_optimizer(cfg.optim);
+  optim->init(params);
+  KfacPreconditioner pre(model->linears(), cfg.kfac, cfg.model.vocab);
+  const LrSchedule lr = make_run_lr_schedule(cfg);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < pre.size(); ++i) index[pre.linear(i).name()] = i;
+  auto side_of = [](int s) { return s == 0 ? Side::A : Side::B; };
+  // Steps whose factor each (layer, side) needs kept: curvature and pi sources.
+  std::map<std::pair<size_t, int>, std::vector<int64_t>> needed;
+  for (const auto& e : rec["events"]) {
+    const size_t i = index.at(e["layer"]);
+    const int s = e["side"];
+    needed[{i, s}].push_back(e["curv_step"]);
+    if (e["pi_step"].get<int64_t>() >= 0) needed[{i, 1 - s}].push_back(e["pi_step"]);
+  }
+  auto needs = [&](size_t i, int64_t t) {
+    for (int s : {0, 1})
+      for (int64_t x : needed[{i, s}])
+        if (x == t) return true;
+    return false;
+  };
+  std::map<std::tuple<size_t, int, int64_t>, Tensor> history;  // committed factors
+  const Tensor none;
+  Tensor no_output;
+  for (int64_t t = 0; t < cfg.train.steps; ++t) {
+    for (const auto& sp : rec["splits"])
+      if (sp["from_step"].get<int64_t>() == t)
+        pre.layer(index.at(sp["layer"])).factor(side_of(sp["side"])).set_blocks(sp["blocks"]);
+    fill_step(*data, t, p.micro_batch_size, mbs);
+    model->zero_grad();
+    model->set_dropout_step(cfg.train.seed, static_cast<uint64_t>(t));
+    for (size_t i = 0; i < pre.size(); ++i) pre.linear(i).set_tap(needs(i, t) ? &pre : nullptr);
+    for (MicroBatch& mb : mbs) {
+      model->forward(mb, none, no_output, state);
+      model->backward(mb, no_output, no_output, state);
+    }
+    for (size_t i = 0; i < pre.size(); ++i) {
+      if (pre.linear(i).tap() != &pre) continue;
+      pre.linear(i).set_tap(nullptr);
+      for (int s : {0, 1}) {
+        pre.finish_curvature(i, side_of(s), mbs.front().loss_scale);
+        history[{i, s, t}] = pre.layer(i).factor(side_of(s)).value();
+      }
+    }
+    for (const auto& e : rec["events"]) {
+      if (e["use_step"].get<int64_t>() != t) continue;
+      const size_t i = index.at(e["layer"]);
+      const int s = e["side"];
+      const int64_t curv = e["curv_step"], pi = e["pi_step"];
+      KfacLayer& kl = pre.layer(i);
+      for (int side : {0, 1}) {
+        const int64_t from = side == s ? curv : pi;
+        KfacFactor& f = kl.factor(side_of(side));
+        f.set_value(from >= 0 ? history.at({i, side, from}) : Tensor(f.value().shape()));
+      }
+      if (e["block"].get<int>() < 0) kl.invert(side_of(s), cfg.kfac.damping);
+      else kl.invert_block(side_of(s), e["block"], cfg.kfac.damping);
+    }
+    pre.precondition_all();
+    const double norm = std::sqrt(optim->grad_sq_norm(params));
+    optim->step(params, lr.at(t), norm);
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (Param* q : params)
+    if (!q->mirror) out[q->name].assign(q->value.data(), q->value.data() + q->value.numel());
+  return out;
+}
+
+std::map<std::string, std::vector<float>> trainer_weights(const pf::Config& cfg) {
+  pf::Trainer tr(cfg);
+  for (int t = 0; t < cfg.train.steps; ++t) tr.step();
+  std::map<std::string, std::vector<float>> out;
+  for (pf::Param* q : tr.model().params())
+    if (!q->mirror) out[q->name].assign(q->value.data(), q->value.data() + q->value.numel());
+  return out;
+}
+
+// Largest |difference| over every saved tensor; the run must have moved the weights (a run that
+// did nothing would also "agree" with a reference that did nothing).
+void expect_close(const std::map<std::string, std::vector<float>>& got,
+                  const std::map<std::string, std::vector<float>>& want, const std::string& what) {
+  double worst = 0;
+  size_t compared = 0;
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) continue;
+    ASSERT_EQ(it->second.size(), w.size()) << name;
+    for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(double(it->second[i]) - w[i]));
+    ++compared;
+  }
+  EXPECT_GT(compared, 20u) << what;
+  EXPECT_LE(worst, 1e-5) << what; std::printf("%s worst %g\n", what.c_str(), worst);
+}
+
+void expect_bubbles_match(const std::string& name, int ranks, const std::string& sets,
+                          const std::vector<std::string>& cfg_sets) {
+  Launched r = launch(ranks, name, sets + " --set kfac.placement=bubbles");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("pipefisher: planned from 2 profiled steps"), std::string::npos) << r.out;
+  std::ifstream f(dir() / name / "kfac_refresh.json");
+  const nlohmann::json rec = nlohmann::json::parse(f);
+  // After profiling (steps 0, 1: refreshed every step) some inverse must come from the plan's
+  // cycles: built at step >= 2 and used later than it was built (staleness), for each factor.
+  int planned = 0, stale = 0;
+  for (const auto& e : rec["events"]) {
+    planned += e["curv_step"].get<int64_t>() >= 2;
+    stale += e["use_step"].get<int64_t>() > e["curv_step"].get<int64_t>();
+  }
+  EXPECT_GT(planned, 0) << r.out;
+  EXPECT_GT(stale, 0) << rec.dump(1);
+  pf::Config cfg = load_config(cfg_sets);
+  cfg.kfac.placement = "inline";  // the reference loop decides by the record, not the placement
+  expect_close(saved_weights(dir() / (name + ".safetensors")), reference_following(cfg, rec), name);
+}
+
+TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {
+  expect_bubbles_match("gpipe", 2, "--set parallel.stages=2 --set parallel.schedule=gpipe", {});
+  expect_bubbles_match("1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b", {});
+  expect_bubbles_match("interleaved", 2,
+                       "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2", {});
+  expect_bubbles_match("zbh1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1", {});
+  expect_bubbles_match("1f1b_4", 4, "--set parallel.stages=4 --set parallel.schedule=1f1b", {});
+}
+
+TEST(PipeFisherRuntime, InlineAndSkipEqualTrainer) {
+  struct Case {
+    std::string name;
+    int ranks;
+    std::string sets;
+    std::vector<std::string> cfg;
+  };
+  const std::vector<Case> cases = {
+      {"inline_1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=inline",
+       {"kfac.placement=inline"}},
+      {"skip_gpipe", 2,
+       "--set parallel.stages=2 --set parallel.schedule=gpipe --set kfac.placement=skip --set kfac.inverse_every=3",
+       {"kfac.placement=skip", "kfac.inverse_every=3"}},
+      {"inline_chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera --set kfac.placement=inline",
+       {"kfac.placement=inline"}},
+      {"skip_dp2", 4,
+       "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 --set parallel.micro_batches=2 "
+       "--set kfac.placement=skip --set kfac.inverse_every=2",
+       {"parallel.data_parallel=2", "parallel.micro_batches=2", "kfac.placement=skip", "kfac.inverse_every=2"}},
+  };
+  for (const Case& c : cases) {
+    Launched r = launch(c.ranks, c.name, c.sets);
+    ASSERT_EQ(r.status, 0) << r.out;
+    expect_close(saved_weights(dir() / (c.name + ".safetensors")), trainer_weights(load_config(c.cfg)), c.name);
+  }
+}
+
+// K-FAC must matter: the same 1F1B run with K-FAC off ends elsewhere (by far more than 1e-5).
+TEST(PipeFisherRuntime, KfacChangesTheWeights) {
+  Launched r = launch(2, "plain_1f1b", "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.enabled=false");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto plain = saved_weights(dir() / "plain_1f1b.safetensors");
+  const auto kfac = trainer_weights(load_config({"kfac.placement=inline"}));
+  double worst = 0;
+  for (const auto& [name, w] : kfac)
+    if (plain.count(name))
+      for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(double(plain.at(name)[i]) - w[i]));
+  EXPECT_GT(worst, 1e-3);
+}
+
+TEST(PipeFisherRuntime, BubblesWithReplicasRefusedWithOneLine) {
+  Launched r = launch(4, "dp_bubbles",
+                 "--set parallel.stages=2 --set parallel.data_parallel=2 --set parallel.micro_batches=2 "
+                 "--set kfac.placement=bubbles");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("kfac.placement"), std::string::npos) << r.out;
+}
+
+}  // namespace
