@@ -10,6 +10,8 @@ PKGS=(
   libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   librsvg2-bin
+  clang libclang-rt-14-dev libomp-dev python3   # scripts/fuzz.sh: libFuzzer + sanitizers, clang's OpenMP, seeds
+  iproute2                                      # tests/faults: two "hosts" in network namespaces
   nodejs npm
 )
 missing=()

@@ -179,7 +179,8 @@ void SafetensorsReader::parse() {
       }
       continue;
     }
-    auto bad = [&](const char* what) { usage_error(f, "tensor '{}': {}", name, what); };
+    const std::string& tensor = name;  // clang 14 (the fuzz build) cannot capture a structured binding
+    auto bad = [&](const char* what) { usage_error(f, "tensor '{}': {}", tensor, what); };
     if (!info.is_object()) bad("entry is not an object");
     if (!info.contains("dtype") || !info["dtype"].is_string()) bad("missing or non-string \"dtype\"");
     if (!info.contains("shape") || !info["shape"].is_array()) bad("missing or non-array \"shape\"");

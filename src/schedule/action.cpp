@@ -51,6 +51,14 @@ std::string to_token(const Action& a) {
   return s;
 }
 
+namespace {
+// A number of an action token; refused (not std::out_of_range) beyond what any schedule uses.
+int token_number(const std::string& digits, std::string_view token, const std::string& where) {
+  if (digits.size() > 7) usage_error(where, "action '{}': number {} is too large", token, digits);
+  return std::stoi(digits);
+}
+}  // namespace
+
 Action parse_token(std::string_view token, const std::string& where) {
   static const std::regex re(R"(^(\d+)([A-Z_]+)(\d+)?(?:p(\d+))?(?:l(\d+))?(?:b(\d+))?$)");
   std::match_results<std::string_view::const_iterator> m;
@@ -58,17 +66,17 @@ Action parse_token(std::string_view token, const std::string& where) {
     usage_error(where, "malformed action '{}' (expected e.g. 3F1, 0B5p1, 2CURV_A1l4, 2INV_Al4)",
                 token);
   Action a;
-  a.stage = std::stoi(m[1].str());
+  a.stage = token_number(m[1].str(), token, where);
   auto kind = kind_from_name(m[2].str());
   if (!kind) usage_error(where, "unknown action kind '{}' in '{}'", m[2].str(), token);
   a.kind = *kind;
   if (has_micro_batch(a.kind) != m[3].matched)
     usage_error(where, "action '{}': kind {} {} a micro-batch number", token, m[2].str(),
                 has_micro_batch(a.kind) ? "needs" : "takes no");
-  if (m[3].matched) a.micro_batch = std::stoi(m[3].str());
-  if (m[4].matched) a.pipeline = std::stoi(m[4].str());
-  if (m[5].matched) a.layer = std::stoi(m[5].str());
-  if (m[6].matched) a.block = std::stoi(m[6].str());
+  if (m[3].matched) a.micro_batch = token_number(m[3].str(), token, where);
+  if (m[4].matched) a.pipeline = token_number(m[4].str(), token, where);
+  if (m[5].matched) a.layer = token_number(m[5].str(), token, where);
+  if (m[6].matched) a.block = token_number(m[6].str(), token, where);
   return a;
 }
 

@@ -34,6 +34,12 @@ std::string header(const Schedule& s) {
   return h;
 }
 
+// A header number; refused (not std::out_of_range or a huge allocation) above 100000.
+int header_number(const std::string& digits, const std::string& where) {
+  if (digits.size() > 6 || std::stoi(digits) > 100000) usage_error(where, "header number {} is too large", digits);
+  return std::stoi(digits);
+}
+
 // Parses the '#' header lines shared by both forms; returns false for a non-header line.
 bool parse_header_line(const std::string& line, Schedule& s, const std::string& where) {
   static const std::regex head(
@@ -43,16 +49,16 @@ bool parse_header_line(const std::string& line, Schedule& s, const std::string& 
   if (line.empty() || line[0] != '#') return false;
   if (std::regex_match(line, m, head)) {
     s.name = m[1];
-    s.devices = std::stoi(m[2]);
-    s.stages = std::stoi(m[3]);
-    s.pipelines = std::stoi(m[4]);
-    s.micro_batches = std::stoi(m[5]);
+    s.devices = header_number(m[2], where);
+    s.stages = header_number(m[3], where);
+    s.pipelines = header_number(m[4], where);
+    s.micro_batches = header_number(m[5], where);
     if (s.devices < 1 || s.stages < 1 || s.pipelines < 1 || s.pipelines > 2 || s.micro_batches < 1)
       usage_error(where, "header needs devices, stages, micro_batches >= 1 and pipelines 1 or 2");
     s.stage_device = default_stage_device(s.devices, s.stages, s.pipelines);
     s.per_device.assign(s.devices, {});
   } else if (std::regex_match(line, m, map)) {
-    int p = std::stoi(m[1]);
+    int p = header_number(m[1], where);
     if (s.devices == 0) usage_error(where, "'# map' line before the '# pipefisher schedule' header");
     if (p >= s.pipelines) usage_error(where, "map for pipeline {} but pipelines={}", p, s.pipelines);
     std::istringstream in(m[2].str());
@@ -77,7 +83,7 @@ int parse_device(const std::string& cell, const Schedule& s, const std::string& 
   static const std::regex num(R"(^\s*(\d+)\s*$)");
   std::smatch m;
   if (!std::regex_match(cell, m, num)) usage_error(where, "expected a device index, got '{}'", cell);
-  int d = std::stoi(m[1]);
+  int d = header_number(m[1], where);
   if (d >= s.devices) usage_error(where, "device {} out of range (devices={})", d, s.devices);
   return d;
 }
