@@ -60,7 +60,8 @@ open(f"{d}/fuzz_schedule/csv", "w").write(
     "\x01# pipefisher schedule name=gpipe devices=2 stages=2 pipelines=1 micro_batches=2\n"
     "device,t0,t1,t2,t3,t4,t5\n0,0F0,0F1,,0B0,,0B1\n1,,1F0,1B0,1F1,1B1\n")
 PY
-{ printf '\x01'; head -n 3000 "$root/data/vocab/bert-base-uncased.txt"; } > "$seeds/fuzz_tokenizer_files/bert"
+{ printf '\x01'; head -n 3000 "$root/data/vocab/bert-base-uncased.txt" 2>/dev/null || printf '[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n##b\n'; } \
+  > "$seeds/fuzz_tokenizer_files/bert"
 { printf '\x00{"!": 0, "a": 1, "b": 2, "ab": 3, "\\u0120a": 4, "\\u0120": 5}'; printf '\x00'
   printf '#version: 0.2\na b\n\xc4\xa0 a\n'; } > "$seeds/fuzz_tokenizer_files/gpt2"
 head -c 2000 "$root/data/sample/moby-dick-1-20.txt" > "$seeds/fuzz_tokenize_text/a"
@@ -68,6 +69,10 @@ head -c 2000 "$root/data/sample/moby-dick-1-20.txt" > "$seeds/fuzz_tokenize_text
 
 status=0
 for t in "${targets[@]}"; do
+  if [[ $t == fuzz_tokenize_text && ! -f "$root/data/vocab/gpt2-encoder.json" ]]; then
+    echo "== $t: skipped (needs data/vocab: scripts/fetch-data.sh)"
+    continue
+  fi
   corpus="$build/corpus/$t"
   findings="$build/findings/$t"
   mkdir -p "$corpus" "$findings"

@@ -102,7 +102,9 @@ void install_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;  // a second signal takes the default action: the impatient user wins
+  // A second signal takes the default action (the impatient user wins); interrupted system calls
+  // (a checkpoint being written) restart instead of failing with EINTR.
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
