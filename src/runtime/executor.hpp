@@ -118,6 +118,7 @@ class Executor {
   int64_t finish_ns_ = 0;  // time finish_gradients took in this step
   std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
   int64_t step_ = 0;
+  int64_t step_ns_ = 0;  // duration of the last step's action list
   std::vector<ActionTime> kfac_times_;  // K-FAC profiling steps
 };
 

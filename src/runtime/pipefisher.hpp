@@ -27,8 +27,19 @@
 // Rank 0 writes the changes as out_dir/kfac_refresh.json, so a single-process K-FAC loop can follow
 // exactly the same pattern (tests/runtime/kfac_reference.hpp).
 //
-// Not yet: bubbles with data-parallel replicas or Chimera (the planner's SYNC_CURV and the twin
-// factor sum): refused with a UsageError naming kfac.placement; inline/skip handle both.
+// Copies of a stage (data-parallel replicas, Chimera's two pipelines). Single-process K-FAC
+// builds each factor over ALL micro-batches of the step, so each copy accumulates the factors of
+// its own micro-batches and the copies all-reduce the sums (and row counts) before the commit,
+// exactly like gradients (own communicator per stage, posted in stage order); every copy then
+// inverts the same factors, so the copies' inverses and weights stay identical. inline and skip
+// do this at the PREC before the first OPT, for every schedule.
+//
+// Not yet: bubbles with copies. The planner emits SYNC_CURV only for W > 1 and plans each
+// device's cycle separately, so Chimera's twins (on devices i and D-1-i) would refresh from
+// different steps and meet in their factor sums at different points; W > 1 needs the planner's
+// inverse broadcast on the next cycle's SYNC_CURV. Both are refused with a UsageError naming
+// kfac.placement. Nor does a run re-plan when durations drift (the plan made after profiling is
+// kept for the whole run).
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "kfac/preconditioner.hpp"
@@ -45,6 +56,9 @@
 namespace pf {
 
 inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
+// Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
+// paper's 5%. (20% measured no better on this shared 2-core machine: bench/RESULTS.md.)
+inline constexpr double kPlanMargin = 0.05;
 
 // Which inverse a precondition uses: built from the factor of step curv_step, pi from the other
 // side's factor of step pi_step (-1 = none committed: pi = 1).
