@@ -81,6 +81,11 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
   // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
   std::unique_ptr<CheckpointReader> resume;
+  // The runtime's K-FAC (runtime/pipefisher.hpp) keeps its factors in ChunkKfac, which
+  // chunk_states() does not expose yet: its checkpoints hold weights and optimizer state only.
+  if (!a.resume.empty() && cfg.kfac.enabled)
+    usage_error("--resume", "the MPI runtime does not checkpoint K-FAC state yet; resume K-FAC runs in one process "
+                "(parallel.stages = 1) or with kfac.enabled = false");
   if (!a.resume.empty()) {
     resume = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.resume));
     check_resume(cfg, resume->manifest());

@@ -293,6 +293,10 @@ TEST(Resume, RefusesWhatCannotContinue) {
   EXPECT_TRUE(contains(none.out, "--resume: no checkpoint directory")) << none.out;
   Launch both = run(train_cmd(dir(), "refuse5", "--resume " + ck.string() + " --init " + (ck / "x").string()));
   EXPECT_EQ(both.status, 2) << both.out;
+  // The MPI runtime's K-FAC state is not checkpointed (yet): refused rather than resumed wrongly.
+  Launch kfac = run(mpi_train_cmd(2, dir(), "refuse6", "--set parallel.stages=2 --set kfac.enabled=true --resume " + ck.string()));
+  EXPECT_EQ(kfac.status, 2) << kfac.out;
+  EXPECT_TRUE(contains(kfac.out, "--resume: the MPI runtime does not checkpoint K-FAC state yet")) << kfac.out;
 }
 
 }  // namespace
