@@ -42,8 +42,13 @@ int run_train(const TrainArgs& a) {
         cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}}, a.resume});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
-  if (!a.init.empty() && !std::filesystem::is_regular_file(a.init))
-    usage_error("--init", "no such file '{}'", a.init);
+  // --init: a safetensors file, or a checkpoint directory (its newest complete checkpoint's
+  // weights, by name, whatever layout wrote it).
+  const bool init_dir = !a.init.empty() && std::filesystem::is_directory(a.init);
+  if (!a.init.empty() && !init_dir && !std::filesystem::is_regular_file(a.init))
+    usage_error("--init", "no such file or checkpoint directory '{}'", a.init);
+  std::unique_ptr<CheckpointReader> init_ckpt;
+  if (init_dir) init_ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.init, "--init"));
   if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
   // The checkpoint to resume from, verified (checksums) before anything is written.
   std::unique_ptr<CheckpointReader> resume;
@@ -57,7 +62,8 @@ int run_train(const TrainArgs& a) {
 
   // Everything that can be refused has been: from here on the run writes its outputs.
   Trainer trainer(cfg);
-  if (!a.init.empty()) load_safetensors(a.init, trainer.model().params());
+  if (init_ckpt) init_ckpt->load_params(trainer.model().params());
+  else if (!a.init.empty()) load_safetensors(a.init, trainer.model().params());
   if (resume) {
     load_train_state(*resume, trainer.state());
     trainer.set_step_index(resume->manifest().step);
@@ -131,7 +137,7 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--config", a->config, "TOML configuration file (default: the built-in default job)");
   cmd.add_option("--set", a->sets, "override a configuration key: --set model.layers=4 (repeatable)")
       ->allow_extra_args(false);
-  cmd.add_option("--init", a->init, "initial weights (safetensors)");
+  cmd.add_option("--init", a->init, "initial weights: a safetensors file or a checkpoint directory");
   cmd.add_option("--resume", a->resume,
                  "continue from the newest complete checkpoint in this directory (train.checkpoint_dir)");
   cmd.add_option("--save", a->save, "also save the final weights here (safetensors)");

@@ -77,7 +77,11 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     throw;
   }
   cfg.check_files();
-  if (!a.init.empty() && !std::filesystem::is_regular_file(a.init)) usage_error("--init", "no such file '{}'", a.init);
+  const bool init_dir = !a.init.empty() && std::filesystem::is_directory(a.init);  // a checkpoint directory
+  if (!a.init.empty() && !init_dir && !std::filesystem::is_regular_file(a.init))
+    usage_error("--init", "no such file or checkpoint directory '{}'", a.init);
+  std::unique_ptr<CheckpointReader> init_ckpt;
+  if (init_dir) init_ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.init, "--init"));
   if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
   // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
   std::unique_ptr<CheckpointReader> resume;
@@ -100,7 +104,12 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   auto train_data = make_batcher(cfg.model, cfg.data, false);
   auto valid_data = make_batcher(cfg.model, cfg.data, true);
   Executor exec(cfg, layout, groups);
-  if (!a.init.empty()) exec.load(a.init);
+  if (init_ckpt) {
+    for (auto& c : exec.chunk_states()) init_ckpt->load_params(c.state.params);
+    init_ckpt.reset();
+  } else if (!a.init.empty()) {
+    exec.load(a.init);
+  }
   int64_t first_step = 0;
   if (resume) {
     for (auto& c : exec.chunk_states()) load_train_state(*resume, c.state);

@@ -246,7 +246,7 @@ TEST(Resume, TwoStagePipelineIsBitIdentical) {
 
 // Saved by a 4-stage pipeline, loaded by name: the weights of its last checkpoint are exactly the
 // model the run saved (gathered), and one process resumes from its step-3 checkpoint with the
-// pipeline's losses (to rounding: the summation order differs).
+// pipeline's losses (to rounding: the summation order differs); --init reads a checkpoint directory.
 TEST(Resume, FourStageCheckpointLoadsIntoOneProcess) {
   tiny_config(dir());
   const fs::path ck = dir() / "four-ckpt";
@@ -266,6 +266,14 @@ TEST(Resume, FourStageCheckpointLoadsIntoOneProcess) {
   for (pf::Param* p : whole->params())
     ASSERT_EQ(std::memcmp(p->value.data(), saved->find_param(p->name)->value.data(), p->value.numel() * sizeof(float)), 0)
         << p->name;
+
+  // --init takes a checkpoint directory too: the same first step as from the gathered file.
+  Launch from_dir = run(train_cmd(dir(), "init-dir", "--steps 1 --init " + ck.string()));
+  Launch from_file = run(train_cmd(dir(), "init-file", "--steps 1 --init " + (dir() / "out-four" / "model.safetensors").string()));
+  ASSERT_EQ(from_dir.status, 0) << from_dir.out;
+  ASSERT_EQ(from_file.status, 0) << from_file.out;
+  EXPECT_EQ(read_log(dir() / "init-dir.jsonl").at(1)["loss"].get<double>(),
+            read_log(dir() / "init-file.jsonl").at(1)["loss"].get<double>());
 
   fs::remove_all(ck / "step-000006");
   Launch one = run(train_cmd(dir(), "four-resumed", "--resume " + ck.string()));
