@@ -413,9 +413,9 @@ void Executor::kfac_setup() {
   kfac_ = std::make_unique<KfacState>();
   KfacState& k = *kfac_;
   k.bubbles = cfg_.kfac.placement == "bubbles";
-  if (k.bubbles && (layout_.replicas > 1 || layout_.pipelines() > 1))
-    usage_error("kfac.placement", "'bubbles' with data-parallel replicas or Chimera is not implemented in the "
-                "runtime yet; use 'inline' or 'skip' (or parallel.data_parallel = 1 and another schedule)");
+  if (k.bubbles && layout_.pipelines() > 1)
+    usage_error("kfac.placement", "'bubbles' with Chimera is not implemented in the runtime yet; use 'inline' or "
+                "'skip', or another schedule");
   const int N = layout_.micro_batches;
   for (auto& c : chunks_) {
     k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
@@ -488,6 +488,7 @@ bool Executor::kfac_action(const Action& a) {
     case Kind::INV_A: ck.invert(Side::A, a.layer, a.block); return true;
     case Kind::INV_B: ck.invert(Side::B, a.layer, a.block); return true;
     case Kind::PREC: kfac_precondition(*chunks_[i], i); return true;
+    case Kind::SYNC_CURV: ck.sync(step_); return true;
     default: return false;
   }
 }
@@ -538,7 +539,7 @@ void Executor::kfac_plan() {
   for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
   int Lmax = 1;
   for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
-  const size_t per_stage = 3 + 6 * static_cast<size_t>(Lmax);
+  const size_t per_stage = 4 + 6 * static_cast<size_t>(Lmax);  // last: the curvature sync
   std::vector<double> v(off[D] + S * per_stage, 0.0);
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Kind kd = actions_[i].kind;
@@ -552,6 +553,7 @@ void Executor::kfac_plan() {
     e[0] += 1;
     e[1] += ck.layers();
     e[2] += t.prec / std::max(1, t.prec_samples);
+    e[per_stage - 1] += t.sync / std::max(1, t.curv_samples);
     for (int l = 0; l < ck.layers(); ++l) {
       e[3 + l] += t.curv_a[l] / std::max(1, t.curv_samples);
       e[3 + Lmax + l] += t.curv_b[l] / std::max(1, t.curv_samples);
@@ -587,6 +589,9 @@ void Executor::kfac_plan() {
     const double n = std::max(1.0, e[0]);
     StageKfacCost c;
     c.precondition = e[2] / n;
+    // Never zero: a zero-length SYNC_CURV would tie in start time with the inversions after it,
+    // and the planner's list order breaks ties by start only.
+    c.sync = std::max(e[per_stage - 1] / n, 1e-3);
     for (int l = 0; l < static_cast<int>(e[1] / n + 0.5); ++l) {
       c.curv_a.push_back(e[3 + l] / n);
       c.curv_b.push_back(e[3 + Lmax + l] / n);
@@ -604,6 +609,8 @@ void Executor::kfac_plan() {
       k.plan->first[w][d].insert(k.plan->first[w][d].end(), opts[d].begin(), opts[d].end());
     }
   const KfacPlan& p = *k.plan;
+  if (W > 1)  // from now on factors are committed at SYNC_CURV and inverses travel with it
+    for (size_t i = 0; i < chunks_.size(); ++i) k.chunk[i]->set_replicated(k.holders[i].get());
   for (const FactorSplit& f : p.splits)
     for (size_t c = 0; c < chunks_.size(); ++c)
       if (chunks_[c]->pipeline == f.pipeline && chunks_[c]->stage == f.stage)

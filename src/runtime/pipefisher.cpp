@@ -93,6 +93,7 @@ void ChunkKfac::curvature(Side s, int layer, int m) {
   // The cycle's last micro-batch of this factor: commit (scaled by the convention).
   if (++curv_count_[layer][side_of(s)] == slots_) {
     curv_count_[layer][side_of(s)] = 0;
+    if (sync_comm_ != MPI_COMM_NULL) return;  // committed at SYNC_CURV
     if (pre_->finish_curvature(layer, s, loss_scale_)) committed(layer, s, cycle_step_);
   }
 }
@@ -100,9 +101,26 @@ void ChunkKfac::curvature(Side s, int layer, int m) {
 void ChunkKfac::invert(Side s, int layer, int block) {
   if (committed_[layer][side_of(s)] < 0) return;  // nothing to invert yet
   KfacLayer& kl = pre_->layer(layer);
+  KfacFactor& f = kl.factor(s);
+  if (sync_comm_ != MPI_COMM_NULL) stash_ = f.inverse();  // the inverse in use stays until SYNC_CURV
   if (block < 0) pre_->invert(layer, s);
   else kl.invert_block(s, block, cfg_.kfac.damping);
-  inverse_[{layer, side_of(s), block}] = {committed_[layer][side_of(s)], committed_[layer][side_of(other(s))]};
+  if (sync_comm_ == MPI_COMM_NULL) {
+    inverse_[{layer, side_of(s), block}] = {committed_[layer][side_of(s)], committed_[layer][side_of(other(s))]};
+    return;
+  }
+  // Set the fresh piece aside for the broadcast; put the one in use back.
+  Tensor& out = pending_[layer][side_of(s)];
+  const Tensor& in = f.inverse();
+  const int64_t d = f.dim();
+  const int64_t first = block < 0 ? 0 : f.blocks()[block].offset, size = block < 0 ? d : f.blocks()[block].size;
+  if (f.diagonal())
+    std::memcpy(out.data() + first, in.data() + first, static_cast<size_t>(size) * sizeof(float));
+  else
+    for (int64_t r = first; r < first + size; ++r)
+      std::memcpy(out.data() + r * d + first, in.data() + r * d + first, static_cast<size_t>(size) * sizeof(float));
+  flags_[2 * layer + side_of(s)] += 1.0f;
+  f.received_inverse() = stash_;
 }
 
 void ChunkKfac::precondition(int64_t t) {
@@ -140,9 +158,11 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
       for (int l = 0; l < L; ++l)
         for (Side s : {Side::A, Side::B}) bufs.push_back(pre_->layer(l).factor(s).accumulator().span());
       bufs.push_back(rows[0].span());
+      const auto t0 = std::chrono::steady_clock::now();
       comm::BucketedAllReduce sum(holders, std::move(bufs));
       sum.start();
       sum.wait();
+      if (times) times->sync += ms_since(t0);
     }
     for (int l = 0; l < L; ++l)
       for (Side s : {Side::A, Side::B})
@@ -163,6 +183,54 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
   const auto t0 = std::chrono::steady_clock::now();
   precondition(t);
   if (times) times->prec += ms_since(t0), ++times->prec_samples;
+}
+
+void ChunkKfac::set_replicated(MPI_Comm comm) {
+  sync_comm_ = comm;
+  for (int l = 0; l < layers(); ++l)
+    pending_.push_back({Tensor(pre_->layer(l).a().inverse().shape()), Tensor(pre_->layer(l).b().inverse().shape())});
+  flags_ = Tensor(Shape{2 * static_cast<int64_t>(layers())});
+}
+
+void ChunkKfac::sync(int64_t t) {
+  const int L = layers();
+  Tensor rows(Shape{2 * static_cast<int64_t>(L)});
+  std::vector<std::span<float>> bufs;
+  for (int l = 0; l < L; ++l)
+    for (Side s : {Side::A, Side::B}) {
+      rows[2 * l + side_of(s)] = static_cast<float>(pre_->pending_rows(l, s));
+      bufs.push_back(pre_->layer(l).factor(s).accumulator().span());
+      bufs.push_back(pending_[l][side_of(s)].span());
+    }
+  bufs.push_back(rows.span());
+  bufs.push_back(flags_.span());
+  comm::BucketedAllReduce sum(sync_comm_, std::move(bufs));
+  sum.start();
+  sum.wait();
+  // The previous cycle's inverses (built from the factors committed now, before this commit).
+  for (int l = 0; l < L; ++l)
+    for (Side s : {Side::A, Side::B}) {
+      if (flags_[2 * l + side_of(s)] > 0) {
+        // Block by block: a split factor's off-block entries keep what they held, as a local
+        // inversion of its blocks leaves them.
+        KfacFactor& f = pre_->layer(l).factor(s);
+        const Tensor& in = pending_[l][side_of(s)];
+        Tensor& out = f.received_inverse();
+        const int64_t d = f.dim();
+        if (f.diagonal()) out = in;
+        else
+          for (const FactorBlock& b : f.blocks())
+            for (int64_t r = b.offset; r < b.offset + b.size; ++r)
+              std::memcpy(out.data() + r * d + b.offset, in.data() + r * d + b.offset,
+                          static_cast<size_t>(b.size) * sizeof(float));
+        inverse_[{l, side_of(s), -1}] = {committed_[l][side_of(s)], committed_[l][side_of(other(s))]};
+      }
+      pending_[l][side_of(s)].zero();
+    }
+  flags_.zero();
+  for (int l = 0; l < L; ++l)
+    for (Side s : {Side::A, Side::B})
+      if (pre_->finish_curvature(l, s, loss_scale_, static_cast<int64_t>(rows[2 * l + side_of(s)]))) committed(l, s, cycle_step_);
 }
 
 void ChunkKfac::split(int layer, Side s, int blocks, int64_t t) {

@@ -34,11 +34,10 @@
 // inverts the same factors, so the copies' inverses and weights stay identical. inline and skip
 // do this at the PREC before the first OPT, for every schedule.
 //
-// Not yet: bubbles with copies. The planner emits SYNC_CURV only for W > 1 and plans each
-// device's cycle separately, so Chimera's twins (on devices i and D-1-i) would refresh from
-// different steps and meet in their factor sums at different points; W > 1 needs the planner's
-// inverse broadcast on the next cycle's SYNC_CURV. Both are refused with a UsageError naming
-// kfac.placement. Nor does a run re-plan when durations drift (the plan made after profiling is
+// bubbles with W > 1 replicas: the planner's SYNC_CURV (set_replicated below). Not yet: bubbles
+// with Chimera. The planner emits SYNC_CURV only for W > 1 and plans each device's cycle
+// separately, so Chimera's twins (on devices i and D-1-i) would refresh from different steps and
+// meet in their factor sums at different points: refused with a UsageError naming kfac.placement. Nor does a run re-plan when durations drift (the plan made after profiling is
 // kept for the whole run).
 #include "comm/world.hpp"
 #include "config/config.hpp"
@@ -46,6 +45,7 @@
 #include "nn/model.hpp"
 #include "sim/planner.hpp"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -87,6 +87,7 @@ struct SplitEvent {
 struct ChunkKfacTimes {
   std::vector<double> curv_a, curv_b, inv_a, inv_b;  // [layer]
   double prec = 0;
+  double sync = 0;  // the factor sum among the stage's copies (W > 1)
   int curv_samples = 0, inv_samples = 0, prec_samples = 0;
 };
 
@@ -111,6 +112,13 @@ class ChunkKfac final : public LinearTap {
   // invert when asked, precondition. With `times`, curvature comes from the saved buffers, unit
   // by unit, and each unit is timed.
   void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
+  // Data + inversion parallelism (bubbles, W > 1; paper 3.2, as the planner plans it): factors
+  // are committed at SYNC_CURV, which all-reduces the cycle's sums and row counts among the
+  // stage's replicas over `comm` and also carries the previous cycle's inverses (the owner of
+  // each inversion adds its fresh inverse, the others zeros: a broadcast); every replica switches
+  // to them right there. INV then writes this replica's pieces aside until the next SYNC_CURV.
+  void set_replicated(MPI_Comm comm);
+  void sync(int64_t t);
   // Switch a factor to block-diagonal from step t on.
   void split(int layer, Side s, int blocks, int64_t t);
 
@@ -144,6 +152,10 @@ class ChunkKfac final : public LinearTap {
   std::vector<std::array<int, 2>> curv_count_;          // [layer][side] CURV units this cycle
   std::vector<std::array<int64_t, 2>> committed_;       // [layer][side] step of the committed factor
   std::map<std::tuple<int, int, int>, InverseId> inverse_, used_;  // (layer, side, block)
+  MPI_Comm sync_comm_ = MPI_COMM_NULL;          // set: W > 1 bubbles
+  std::vector<std::array<Tensor, 2>> pending_;  // [layer][side] this replica's fresh inverses
+  Tensor flags_;                                // [2 * layer + side] pieces inverted this cycle
+  Tensor stash_;
   std::vector<RefreshEvent> events_;
   std::vector<SplitEvent> splits_;
 };
