@@ -185,8 +185,10 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
   if (times) times->prec += ms_since(t0), ++times->prec_samples;
 }
 
-void ChunkKfac::set_replicated(MPI_Comm comm) {
+void ChunkKfac::set_replicated(MPI_Comm comm, int copies) {
   sync_comm_ = comm;
+  copies_ = copies;
+  pending_.clear();
   for (int l = 0; l < layers(); ++l)
     pending_.push_back({Tensor(pre_->layer(l).a().inverse().shape()), Tensor(pre_->layer(l).b().inverse().shape())});
   flags_ = Tensor(Shape{2 * static_cast<int64_t>(layers())});
@@ -214,7 +216,11 @@ void ChunkKfac::sync(int64_t t) {
         // Block by block: a split factor's off-block entries keep what they held, as a local
         // inversion of its blocks leaves them.
         KfacFactor& f = pre_->layer(l).factor(s);
-        const Tensor& in = pending_[l][side_of(s)];
+        // Chimera: each pipeline's holders invert every piece once (the same bits from the same
+        // summed factor): the sum is copies x the inverse, exactly (a power of two).
+        Tensor& in = pending_[l][side_of(s)];
+        if (copies_ > 1)
+          for (float& x : in.span()) x /= static_cast<float>(copies_);
         Tensor& out = f.received_inverse();
         const int64_t d = f.dim();
         if (f.diagonal()) out = in;

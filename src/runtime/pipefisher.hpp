@@ -34,11 +34,10 @@
 // inverts the same factors, so the copies' inverses and weights stay identical. inline and skip
 // do this at the PREC before the first OPT, for every schedule.
 //
-// bubbles with W > 1 replicas: the planner's SYNC_CURV (set_replicated below). Not yet: bubbles
-// with Chimera. The planner emits SYNC_CURV only for W > 1 and plans each device's cycle
-// separately, so Chimera's twins (on devices i and D-1-i) would refresh from different steps and
-// meet in their factor sums at different points: refused with a UsageError naming kfac.placement. Nor does a run re-plan when durations drift (the plan made after profiling is
-// kept for the whole run).
+// bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below). Chimera's
+// twins (devices i and D-1-i) share one cycle; their syncs are pinned at the end of one cycle
+// step, in stage order (sim/planner.hpp), so both sum the same micro-batches and switch inverses
+// at the same step.
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "kfac/preconditioner.hpp"
@@ -117,7 +116,9 @@ class ChunkKfac final : public LinearTap {
   // stage's replicas over `comm` and also carries the previous cycle's inverses (the owner of
   // each inversion adds its fresh inverse, the others zeros: a broadcast); every replica switches
   // to them right there. INV then writes this replica's pieces aside until the next SYNC_CURV.
-  void set_replicated(MPI_Comm comm);
+  // copies: how many holders invert each piece (Chimera: its 2 pipelines; replicas of one
+  // pipeline share the pieces out).
+  void set_replicated(MPI_Comm comm, int copies);
   void sync(int64_t t);
   // Switch a factor to block-diagonal from step t on.
   void split(int layer, Side s, int blocks, int64_t t);
@@ -152,7 +153,8 @@ class ChunkKfac final : public LinearTap {
   std::vector<std::array<int, 2>> curv_count_;          // [layer][side] CURV units this cycle
   std::vector<std::array<int64_t, 2>> committed_;       // [layer][side] step of the committed factor
   std::map<std::tuple<int, int, int>, InverseId> inverse_, used_;  // (layer, side, block)
-  MPI_Comm sync_comm_ = MPI_COMM_NULL;          // set: W > 1 bubbles
+  MPI_Comm sync_comm_ = MPI_COMM_NULL;          // set: W > 1 or Chimera bubbles
+  int copies_ = 1;
   std::vector<std::array<Tensor, 2>> pending_;  // [layer][side] this replica's fresh inverses
   Tensor flags_;                                // [2 * layer + side] pieces inverted this cycle
   Tensor stash_;

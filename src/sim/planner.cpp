@@ -6,9 +6,11 @@
 #include "core/error.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 namespace pf {
 
@@ -131,6 +133,7 @@ struct Unit {
   std::vector<int> deps;   // earlier units of the device
   int owner = -1;          // replica running it (-1 = every replica)
   bool inl = false;
+  bool pinned = false;     // Chimera: at the end of cycle step K (syncs, then inline inversions)
 };
 
 struct DeviceUnits {
@@ -167,12 +170,14 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
       }
     }
   std::map<std::pair<int, int>, int> sync_of;
-  if (in.replicas > 1)
+  const bool chimera = in.schedule.pipelines > 1;
+  if (in.replicas > 1 || chimera)
     for (auto [p, s] : du.stages) {
       Unit x;
       x.a = Action{Kind::SYNC_CURV, s, p, -1, -1};
       x.dur = stage_cost(in, s).sync;
       x.deps = curv_of_stage[{p, s}];
+      x.pinned = chimera;
       sync_of[{p, s}] = static_cast<int>(u.size());
       u.push_back(x);
     }
@@ -217,10 +222,16 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
   // Curvature and sync larger than every gap run inline; an inline unit's dependencies run
   // inline before it (they must precede it in cycle step 0). Walk back to front: deps come first.
   for (Unit& x : u)
-    if (max_gap <= kEps || x.dur * (1 + in.margin) > max_gap + kEps) x.inl = true;
+    if (!x.pinned && (max_gap <= kEps || x.dur * (1 + in.margin) > max_gap + kEps)) x.inl = true;
   for (size_t i = u.size(); i-- > 0;)
     if (u[i].inl)
-      for (int dep : u[i].deps) u[dep].inl = true;
+      for (int dep : u[i].deps)
+        if (!u[dep].pinned) u[dep].inl = true;
+  // Chimera: an inversion that must run inline waits for its (pinned) sync: it runs right after
+  // it, at the end of cycle step K, on the critical path.
+  if (chimera)
+    for (Unit& x : u)
+      if (x.inl && (x.a.kind == Kind::INV_A || x.a.kind == Kind::INV_B)) x.inl = false, x.pinned = true;
   return du;
 }
 
@@ -250,7 +261,7 @@ TimedSchedule with_inline(const TimedSchedule& base, const std::vector<DeviceUni
   for (size_t d = 0; d < du.size(); ++d) {
     for (size_t i = 0; i < du[d].units.size(); ++i) {
       const Unit& x = du[d].units[i];
-      if (!x.inl || !runs_on(x, w)) continue;
+      if (!x.inl || x.pinned || !runs_on(x, w)) continue;
       auto& list = ts.s.per_device[d];
       int at = static_cast<int>(list.size());
       for (size_t j = 0; j < list.size(); ++j)
@@ -392,11 +403,22 @@ KfacPlan plan_kfac(const PlanInput& in) {
   plan.base = base.simulate();
   plan.base_step_time = plan.base.step_time;
 
+  std::vector<double> max_gap(D, 0.0);
+  for (int d = 0; d < D; ++d)
+    for (const StepGap& g : find_gaps(plan.base, d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
+  // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
+  // preconditioning): the split and inline decisions use the smallest largest gap among the
+  // devices hosting any of the device's stages.
+  std::vector<double> decide_gap = max_gap;
+  for (int d = 0; d < D; ++d)
+    for (int e = 0; e < D; ++e)
+      for (int p = 0; p < sch.pipelines; ++p)
+        for (int q = 0; q < sch.pipelines; ++q)
+          for (int st = 0; st < sch.stages; ++st)
+            if (sch.device_of(p, st) == d && sch.device_of(q, st) == e) decide_gap[d] = std::min(decide_gap[d], max_gap[e]);
   std::vector<DeviceUnits> du(D);
   for (int d = 0; d < D; ++d) {
-    double max_gap = 0;
-    for (const StepGap& g : find_gaps(plan.base, d)) max_gap = std::max(max_gap, g.end - g.start);
-    du[d] = make_units(in, plan.base, d, max_gap, plan.splits);
+    du[d] = make_units(in, plan.base, d, decide_gap[d], plan.splits);
     assign_inversions(du[d].units, W);
   }
 
@@ -424,7 +446,10 @@ KfacPlan plan_kfac(const PlanInput& in) {
     std::vector<double> start;
     int needed = 1;
   };
-  auto place_device = [&](int w, int d, const Strategy& st) {
+  // Chimera: the K-FAC units of cycle step >= sync_step + 1 that wait for a pinned sync start no
+  // earlier than that step; curv_only: place curvature only (to find the sync step).
+  int sync_step = -1;
+  auto place_device = [&](int w, int d, const Strategy& st, bool curv_only = false) {
     const ReplicaState& r = rs[w];
     const auto& u = du[d].units;
     DevicePlacement p{Placer{r.tl0, plan.base, d, in.margin, {}, 0}, std::vector<int>(u.size(), -1),
@@ -434,10 +459,24 @@ KfacPlan plan_kfac(const PlanInput& in) {
       p.start[i] = r.tl0.per_device[d][idx].start;
       end[i] = r.tl0.per_device[d][idx].end;
     }
-    int last_step = 0;
+    // Pinned syncs: one after the other from the end of cycle step K (stage order).
+    if (sync_step >= 0) {
+      double t = p.placer.offset(sync_step + 1);
+      std::vector<int> syncs;
+      for (size_t i = 0; i < u.size(); ++i)
+        if (u[i].pinned && u[i].a.kind == Kind::SYNC_CURV) syncs.push_back(static_cast<int>(i));
+      std::stable_sort(syncs.begin(), syncs.end(), [&](int a, int b) {
+        return std::pair(u[a].a.stage, u[a].a.pipeline) < std::pair(u[b].a.stage, u[b].a.pipeline);
+      });
+      for (int i : syncs) t += u[i].dur;
+      for (int i : syncs) end[i] = t;  // what follows waits for the device's last sync
+    }
+    int last_step = 0, curv_last = 0;
     bool last_leading_only = false;
     for (int i : placement_order(u, st)) {
-      if (u[i].inl || !runs_on(u[i], w)) continue;
+      if (u[i].inl || u[i].pinned || !runs_on(u[i], w)) continue;
+      const bool curv = u[i].a.kind == Kind::CURV_A || u[i].a.kind == Kind::CURV_B;
+      if (curv_only && !curv) continue;
       double ready = u[i].ready;
       for (int dep : u[i].deps) ready = std::max(ready, end[dep]);
       auto [g, s0] = p.placer.place(ready, u[i].dur, st.best_fit(u[i].a.kind));
@@ -445,6 +484,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
       p.start[i] = s0;
       end[i] = s0 + u[i].dur;
       const auto& G = p.placer.gaps[g];
+      if (curv) curv_last = std::max(curv_last, G.step);
       if (G.step > last_step) {
         last_step = G.step;
         last_leading_only = G.g.leading;
@@ -453,8 +493,26 @@ KfacPlan plan_kfac(const PlanInput& in) {
       }
     }
     p.needed = last_step >= 1 && last_leading_only ? last_step : last_step + 1;
+    if (curv_only) p.needed = curv_last;
+    // The pinned syncs end cycle step sync_step: the cycle includes it, and curvature must not
+    // come later (such a packing is not usable).
+    if (sync_step >= 0) p.needed = curv_last > sync_step ? INT_MAX : std::max(p.needed, sync_step + 1);
     return p;
   };
+  // Chimera: every holder of a stage (twins on devices i and D-1-i, and their replicas) sums its
+  // curvature at one point, pinned at the end of cycle step K (K = the latest step any device
+  // needs for its curvature, with its best curvature packing), in stage order: blocking
+  // collectives there cannot deadlock (every rank has posted all its sends of the step), where
+  // syncs in gaps at different points of the twins' lists could.
+  if (sch.pipelines > 1) {
+    int K = 0;
+    for (int d = 0; d < D; ++d) {
+      int best = INT_MAX;
+      for (const Strategy& st : strategies()) best = std::min(best, place_device(0, d, st, true).needed);
+      K = std::max(K, best);
+    }
+    sync_step = K;
+  }
   plan.strategy.assign(D, "");
   for (int d = 0; d < D; ++d) {
     for (int w = 0; w < W; ++w)
@@ -484,11 +542,12 @@ KfacPlan plan_kfac(const PlanInput& in) {
   }
 
   // Cycle lengths: per device (max over replicas), or one for all when inline work exists.
-  plan.common_cycle = any_inline;
+  plan.common_cycle = any_inline || sch.pipelines > 1;
+  plan.sync_step = sync_step;
   plan.refresh_steps.assign(D, 1);
   for (int d = 0; d < D; ++d)
     for (int w = 0; w < W; ++w) plan.refresh_steps[d] = std::max(plan.refresh_steps[d], rs[w].needed[d]);
-  if (any_inline) {
+  if (plan.common_cycle) {
     int R = *std::max_element(plan.refresh_steps.begin(), plan.refresh_steps.end());
     plan.refresh_steps.assign(D, R);
   }
@@ -540,6 +599,28 @@ KfacPlan plan_kfac(const PlanInput& in) {
         ins.push_back({step, G.g.insert_at, r.start[d][i] - off, static_cast<int>(i), wrapped});
         plan.units.push_back({u[i].a, w, d, step, r.start[d][i] - off, r.start[d][i] - off + u[i].dur, false, wrapped});
       }
+      // Pinned units (Chimera): after everything of cycle step K, syncs in stage order, then the
+      // inversions that could not go into any gap.
+      {
+        std::vector<int> pinned;
+        for (size_t i = 0; i < u.size(); ++i)
+          if (u[i].pinned && runs_on(u[i], w)) pinned.push_back(static_cast<int>(i));
+        std::stable_sort(pinned.begin(), pinned.end(), [&](int a, int b) {
+          const bool ia = u[a].a.kind != Kind::SYNC_CURV, ib = u[b].a.kind != Kind::SYNC_CURV;
+          return std::tuple(ia, u[a].a.stage, u[a].a.pipeline) < std::tuple(ib, u[b].a.stage, u[b].a.pipeline);
+        });
+        const int K = plan.sync_step;
+        const int at = static_cast<int>((K == 0 ? r.step0.s : base.s).per_device[d].size());
+        double t = K == 0 ? r.tl0.step_time : plan.base.step_time;
+        for (int i : pinned) {
+          ins.push_back({K, at, t, i, false});
+          PlacedUnit pu{u[i].a, w, d, K, t, t + u[i].dur, true, false};
+          pu.at_step_end = true;
+          plan.units.push_back(pu);
+          t += u[i].dur;
+          inl += u[i].dur;
+        }
+      }
       plan.kfac_work[d] = std::max(plan.kfac_work[d], work);
       plan.device_inline[d] = std::max(plan.device_inline[d], inl);
       // Action lists: insert back to front (by position, then start) into each step's list.
@@ -575,7 +656,12 @@ KfacPlan plan_kfac(const PlanInput& in) {
   }
   plan.utilization = std::accumulate(plan.utilization_per_device.begin(), plan.utilization_per_device.end(), 0.0) / D;
   const int P = plan.period();
-  plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time) / P : plan.base_step_time;
+  // Chimera's pinned units lengthen cycle step K (the busiest device's, as a bound).
+  double pinned = 0;
+  for (const PlacedUnit& u : plan.units)
+    if (u.at_step_end) pinned = std::max(pinned, u.end - (u.step == 0 ? plan.step0_time : plan.base_step_time));
+  plan.inline_time += pinned;
+  plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time + pinned) / P : plan.base_step_time;
   return plan;
 }
 

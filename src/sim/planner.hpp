@@ -45,6 +45,17 @@
 // every replica, owner included, switches to the inverses of cycle c right after the SYNC_CURV of
 // cycle c+1, so replicas stay identical.
 //
+// Chimera (every stage held by two devices, the twins i and D-1-i, plus their replicas): the
+// holders must sum their curvature and switch inverses at the same point, so a SYNC_CURV per
+// stage is emitted even with W = 1, as with W > 1, but pinned: at the very end of cycle step K
+// (after every other action of that step, before the optimizer), in stage order, on every device;
+// K is the latest cycle step any device needs for its curvature (each with its best curvature
+// packing). Blocking collectives there cannot deadlock: every rank has posted its sends of the
+// step (syncs placed in gaps would sit at different points of the twins' lists and could). The
+// inversions follow from cycle step K+1 on; all devices share one cycle length. A Chimera
+// inversion that fits no gap runs right after the syncs, also pinned. Pinned units count as
+// inline work (on the critical path: `inline_time`, `step_time`); a drawing does not show them.
+//
 // Units larger than every gap (with margin): an inversion is split into k diagonal blocks (the
 // block-diagonal factor of the paper's appendix A.2: block j of size n_j costs T * (n_j/d)^3;
 // sizes as kfac's split_blocks), the smallest k whose largest block fits; if none does, or for
@@ -106,6 +117,7 @@ struct PlacedUnit {
   double start = 0, end = 0;
   bool inline_work = false;  // on the critical path (no gap could take it)
   bool wrapped = false;      // in cycle step 0's leading gap, for the previous cycle
+  bool at_step_end = false;  // Chimera: pinned after everything of cycle step `step` (inline_work too)
 };
 
 struct FactorSplit {
@@ -130,7 +142,8 @@ struct KfacPlan {
   double step_time = 0;                        // mean over the refresh period (PREC and inline included)
   double inline_time = 0;                      // step0_time - base_step_time: critical-path cost per cycle
   double utilization = 0;                      // mean over devices
-  bool common_cycle = false;                   // all devices share one cycle (inline work present)
+  bool common_cycle = false;                   // all devices share one cycle (inline work present, or Chimera)
+  int sync_step = -1;                          // Chimera: the cycle step whose end has the syncs (-1: none)
   std::vector<FactorSplit> splits;
   std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
   Timeline base;                               // the step with PREC (what gaps were taken from)

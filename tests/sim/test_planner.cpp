@@ -53,7 +53,7 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
     }
     for (auto [p, st] : stages) {
       const StageKfacCost& c = in.kfac.size() == 1 ? in.kfac[0] : in.kfac[st];
-      if (W > 1)
+      if (W > 1 || s.pipelines > 1)
         for (int w = 0; w < W; ++w) expect.insert(to_token({Kind::SYNC_CURV, st, p, -1, -1}));
       for (Kind k : {Kind::INV_A, Kind::INV_B})
         for (int l = 0; l < c.layers(); ++l) {
@@ -123,7 +123,7 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
         const auto& list = plan.cycle[w][d][k];
         std::map<std::string, double> unit_start;
         for (const PlacedUnit* u : mine)
-          if (u->step == k && !u->inline_work) unit_start[to_token(u->action)] = u->start;
+          if (u->step == k && (!u->inline_work || u->at_step_end)) unit_start[to_token(u->action)] = u->start;
         std::vector<Action> own;
         double last = -1;
         for (const Action& a : list) {
@@ -414,6 +414,66 @@ TEST(Planner, ShapesSplitCostsByDSquaredAndDCubed) {
   auto gpt = block_linears("gpt", 2, 8);
   EXPECT_EQ(gpt[0].d_out, 6);
   EXPECT_THROW(block_linears("t5", 2, 8), UsageError);
+}
+
+
+namespace {
+// Chimera: the twins (devices i and D-1-i hold stages i and D-1-i, one of each pipeline) sync at
+// one point: the end of cycle step K, in stage order, after every other action of that step; all
+// devices share one cycle; the twins split the same factors into the same blocks.
+void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
+  SCOPED_TRACE(what);
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  const int D = p.devices;
+  ASSERT_GE(p.sync_step, 0);
+  EXPECT_TRUE(p.common_cycle);
+  for (int d = 0; d < D; ++d) {
+    EXPECT_EQ(p.refresh_steps[d], p.refresh_steps[0]);
+    EXPECT_GT(p.refresh_steps[d], p.sync_step);
+    for (int w = 0; w < p.replicas; ++w) {
+      const auto& list = p.cycle[w][d][p.sync_step];
+      // The list's tail: the device's two syncs, stage order, then only the inversions that fit
+      // no gap (pinned after them).
+      size_t pinned_inv = 0;
+      for (const PlacedUnit& u : p.units)
+        pinned_inv += u.replica == w && u.device == d && u.at_step_end && u.action.kind != Kind::SYNC_CURV;
+      ASSERT_GE(list.size(), 2 + pinned_inv);
+      const Action& a = list[list.size() - 2 - pinned_inv];
+      const Action& b = list[list.size() - 1 - pinned_inv];
+      for (size_t i = list.size() - pinned_inv; i < list.size(); ++i)
+        EXPECT_TRUE(list[i].kind == Kind::INV_A || list[i].kind == Kind::INV_B) << to_token(list[i]);
+      EXPECT_EQ(a.kind, Kind::SYNC_CURV);
+      EXPECT_EQ(b.kind, Kind::SYNC_CURV);
+      EXPECT_EQ(std::set<int>({a.stage, b.stage}), std::set<int>({d, D - 1 - d}));
+      EXPECT_LT(a.stage, b.stage);
+      // No sync anywhere else in the cycle.
+      int syncs = 0;
+      for (const auto& step : p.cycle[w][d])
+        for (const Action& x : step) syncs += x.kind == Kind::SYNC_CURV;
+      EXPECT_EQ(syncs, 2);
+      // Every inversion after the syncs: in a later cycle step (or wrapped into the next cycle).
+      for (const PlacedUnit& u : p.units)
+        if (u.replica == w && u.device == d && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B))
+          EXPECT_TRUE(u.wrapped || u.step > p.sync_step || u.at_step_end) << to_token(u.action);
+    }
+  }
+  // Twins split alike: (stage, layer, kind) -> blocks is the same for both pipelines.
+  std::map<std::tuple<int, int, int>, std::set<int>> blocks;
+  for (const FactorSplit& f : p.splits) blocks[{f.stage, f.layer, static_cast<int>(f.kind)}].insert(f.pipeline);
+  for (auto& [k, pipes] : blocks) EXPECT_EQ(pipes, (std::set<int>{0, 1}));
+}
+}  // namespace
+
+TEST(Planner, ChimeraTwinsSyncTogetherAtTheEndOfOneCycleStep) {
+  for (int D : {2, 4}) {
+    PlanInput in = bert_large("1f1b", D, 8, 24 / D);
+    in.schedule = make_schedule("chimera", D, 8);
+    expect_chimera_syncs(in, "chimera D=" + std::to_string(D));
+  }
+  PlanInput in = bert_large("1f1b", 4, 8, 6, 2);
+  in.schedule = make_schedule("chimera", 4, 8);
+  expect_chimera_syncs(in, "chimera D=4 W=2");
 }
 
 }  // namespace
