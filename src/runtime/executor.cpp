@@ -184,8 +184,7 @@ StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, dou
   step_ = step;
   const std::vector<Action>& list = step_actions(step);
   if (kfac_) {
-    kfac_begin_step(step, mbs);
-    if (!times && step < kProfileSteps) times = &kfac_times_;  // K-FAC profiling needs the stamps
+    if (kfac_begin_step(step, mbs) && !times) times = &kfac_times_;  // K-FAC profiling needs the stamps
   }
   if (times) times->assign(list.size(), {});
   const int64_t step_t0 = now_ns();
@@ -406,6 +405,16 @@ struct Executor::KfacState {
   int dur_samples = 0;
   std::vector<ChunkKfacTimes> times;              // [chunk]
   int drift_steps = 0;                            // consecutive steps far over the plan
+  double profiled_compute = 0;                    // this rank's F/B/I/W ms per step in the profile
+  // Profiling phase: steps [profile_start, profile_start + kProfileSteps); the plan made at its
+  // end runs its step 0 at plan_start.
+  int64_t profile_start = 0, plan_start = kProfileSteps;
+  // Re-planning (drift): every device finishes its current cycle (boundary), runs plain steps
+  // (no K-FAC units but PREC) until replan_at, where all re-profile together.
+  int64_t boundary = -1, replan_at = -1;
+  std::vector<Action> drain_first, drain_plain, reprofile_first;
+  bool profiling(int64_t t) const { return !plan || (t >= profile_start && t < profile_start + kProfileSteps); }
+  bool draining(int64_t t) const { return replan_at >= 0 && t >= boundary && t < replan_at; }
 };
 
 Executor::~Executor() = default;
@@ -455,23 +464,29 @@ void Executor::kfac_setup() {
 
 const std::vector<Action>& Executor::step_actions(int64_t step) const {
   if (!kfac_) return actions_;
-  if (kfac_->plan && step >= kProfileSteps) return kfac_->plan->actions(groups_.replica, device_, step - kProfileSteps);
-  return kfac_->inline_list;
+  const KfacState& k = *kfac_;
+  if (k.replan_at >= 0 && step == k.replan_at) return k.reprofile_first;
+  if (k.profiling(step)) return k.inline_list;
+  if (k.draining(step)) return step == k.boundary ? k.drain_first : k.drain_plain;
+  return k.plan->actions(groups_.replica, device_, step - k.plan_start);
 }
 
-void Executor::kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
+bool Executor::kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
   KfacState& k = *kfac_;
   const float scale = mbs.empty() ? 1.0f : mbs.front().loss_scale;
   for (auto& ck : k.chunk) {
     if (!k.bubbles) {
       ck->begin_step(step, false, ck->pre().curvature_step(step), scale);
-    } else if (!k.plan) {
+    } else if (k.profiling(step)) {
       ck->begin_step(step, true, false, scale);  // profiling: save, then timed units at PREC
+    } else if (k.draining(step)) {
+      ck->begin_step(step, false, false, scale);  // no new cycle before re-profiling
     } else {
       const int R = k.plan->refresh_steps.at(device_);
-      ck->begin_step(step, (step - kProfileSteps) % R == 0, false, scale);
+      ck->begin_step(step, (step - k.plan_start) % R == 0, false, scale);
     }
   }
+  return k.bubbles;  // stamps: profiling, and the drift check
 }
 
 bool Executor::kfac_action(const Action& a) {
@@ -499,8 +514,10 @@ void Executor::kfac_precondition(Chunk& c, size_t index) {
   MPI_Comm holders = k.holders[index].get();
   if (!k.bubbles)
     ck.inline_refresh(step_, ck.pre().curvature_step(step_), ck.pre().inversion_step(step_), holders, nullptr);
-  else if (!k.plan)
+  else if (k.profiling(step_)) {
+    ck.set_replicated(MPI_COMM_NULL, 1);  // re-profiling: inline, as at the start (pending inverses dropped)
     ck.inline_refresh(step_, true, true, holders, &k.times[index]);
+  }
   else
     ck.precondition(step_);
 }
@@ -508,23 +525,85 @@ void Executor::kfac_precondition(Chunk& c, size_t index) {
 void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
   KfacState& k = *kfac_;
   if (!k.bubbles) return;
-  if (k.plan) {
-    // Drift: the measured step far over the planned one for several steps means the durations no
-    // longer match the profile. Logged (rank 0's view); the plan is kept (no re-planning yet).
-    const double ms = static_cast<double>(step_ns_) / 1e6, planned = k.plan->step_time;
-    k.drift_steps = ms > 1.3 * planned ? k.drift_steps + 1 : 0;
-    if (k.drift_steps == 3 && groups_.rank == 0)
-      std::printf("pipefisher: step %lld took %.1f ms, over 30%% above the planned %.1f ms for 3 steps: durations "
-                  "drifted from the profile (the plan is kept)\n",
-                  static_cast<long long>(step) + 1, ms, planned);
+  if (!k.profiling(step)) {
+    if (k.replan_at < 0) {
+      double compute = 0;
+      for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
+        const Kind kd = list[i].kind;
+        if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W)
+          compute += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
+      }
+      kfac_drift(step, compute);
+    }
     return;
+  }
+  if (step == k.profile_start) {  // a fresh profile
+    std::fill(k.dur_sum.begin(), k.dur_sum.end(), 0.0);
+    k.dur_samples = 0;
+    for (ChunkKfacTimes& t : k.times) t = {};
   }
   for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
     const int j = k.lowered_index[i];
     if (j >= 0) k.dur_sum[j] += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
   }
   ++k.dur_samples;
-  if (step + 1 == kProfileSteps) kfac_plan();
+  if (step + 1 == k.profile_start + kProfileSteps) {
+    k.plan_start = step + 1;
+    k.replan_at = -1;
+    kfac_plan();
+  }
+}
+
+// Drift: this rank's forward/backward time of a step (the durations the plan was made from;
+// the whole step also counts waits, which the plan does not model) over 1.3x its profile for 3
+// steps on any rank means the durations no longer match the profile. The decision is collective (every rank must switch at the same
+// step): each device finishes its current cycle (its boundary), runs plain steps until the last
+// device's boundary, then all re-profile (kProfileSteps inline steps) and re-plan.
+// Tests only: PF_TEST_DRIFT_AT_STEP=n counts steps n, n+1, n+2 as 10x their measured time.
+void Executor::kfac_drift(int64_t step, double ms) {
+  KfacState& k = *kfac_;
+  if (const char* e = std::getenv("PF_TEST_DRIFT_AT_STEP")) {
+    const int64_t n = std::atoll(e);
+    if (step >= n && step < n + 3) ms *= 10;
+  }
+  const double planned = k.profiled_compute;
+  k.drift_steps = ms > 1.3 * planned ? k.drift_steps + 1 : 0;
+  double flag = k.drift_steps >= 3 ? 1 : 0;
+  comm::allreduce_sum({&flag, 1}, MPI_COMM_WORLD, "the drift decision");
+  if (flag == 0) return;
+  k.drift_steps = 0;
+  const KfacPlan& p = *k.plan;
+  const int64_t next = step + 1 - k.plan_start;  // plan step of the next training step
+  auto boundary = [&](int d) {
+    const int64_t R = p.refresh_steps[d];
+    return k.plan_start + (next + R - 1) / R * R;
+  };
+  k.replan_at = 0;
+  for (int d = 0; d < p.devices; ++d) k.replan_at = std::max(k.replan_at, boundary(d));
+  k.boundary = boundary(device_);
+  // The cycle's units wrapped into the next cycle's leading gap (the front of cycle step 0) still
+  // run, first thing at the boundary; then only F/B, communication, PREC and OPT.
+  const std::vector<Action>& steady = p.cycle[groups_.replica][device_][0];
+  std::vector<Action> first = p.first[groups_.replica][device_], wrapped;
+  for (const Action& a : steady) {
+    auto it = std::find(first.begin(), first.end(), a);
+    if (it != first.end()) first.erase(it);
+    else wrapped.push_back(a);
+  }
+  k.drain_plain.clear();
+  for (const Action& a : p.first[groups_.replica][device_])
+    if (!is_kfac(a.kind) || a.kind == Kind::PREC) k.drain_plain.push_back(a);
+  k.drain_first = wrapped;
+  k.drain_first.insert(k.drain_first.end(), k.drain_plain.begin(), k.drain_plain.end());
+  k.reprofile_first = k.boundary == k.replan_at ? wrapped : std::vector<Action>{};
+  k.reprofile_first.insert(k.reprofile_first.end(), k.inline_list.begin(), k.inline_list.end());
+  k.profile_start = k.replan_at;
+  if (groups_.rank == 0) {
+    std::printf("pipefisher: step %lld: forward/backward %.1f ms, over 30%% above the profiled %.1f ms for 3 steps "
+                "(on some rank): durations drifted; re-profiling from step %lld and re-planning\n",
+                static_cast<long long>(step) + 1, ms, planned, static_cast<long long>(k.replan_at) + 1);
+    std::fflush(stdout);
+  }
 }
 
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
@@ -539,10 +618,12 @@ void Executor::kfac_plan() {
   for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
   const size_t per_stage = 4 + 6 * static_cast<size_t>(Lmax);  // last: the curvature sync
   std::vector<double> v(off[D] + S * per_stage, 0.0);
+  k.profiled_compute = 0;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Kind kd = actions_[i].kind;
     if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W || kd == Kind::OPT)
       v[off[device_] + i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
+    if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) k.profiled_compute += k.dur_sum[i] / std::max(1, k.dur_samples);
   }
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const ChunkKfac& ck = *k.chunk[c];
@@ -620,17 +701,25 @@ void Executor::kfac_plan() {
   // SYNC_CURV and inverses travel with it.
   if (W > 1 || layout_.pipelines() > 1)
     for (size_t i = 0; i < chunks_.size(); ++i) k.chunk[i]->set_replicated(k.holders[i].get(), layout_.pipelines());
-  for (const FactorSplit& f : p.splits)
-    for (size_t c = 0; c < chunks_.size(); ++c)
-      if (chunks_[c]->pipeline == f.pipeline && chunks_[c]->stage == f.stage)
-        k.chunk[c]->split(f.layer, f.kind == Kind::INV_A ? Side::A : Side::B, f.blocks, kProfileSteps);
+  // Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int l = 0; l < k.chunk[c]->layers(); ++l)
+      for (Side sd : {Side::A, Side::B}) {
+        int blocks = 1;
+        for (const FactorSplit& f : p.splits)
+          if (chunks_[c]->pipeline == f.pipeline && chunks_[c]->stage == f.stage && f.layer == l &&
+              (f.kind == Kind::INV_A) == (sd == Side::A))
+            blocks = f.blocks;
+        if (k.chunk[c]->pre().layer(l).factor(sd).num_blocks() != blocks) k.chunk[c]->split(l, sd, blocks, k.plan_start);
+      }
   if (groups_.rank == 0) {
     std::string r;
     for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
-    std::printf("pipefisher: planned from %d profiled steps: refresh every %s steps (per device), %zu split "
+    std::printf("pipefisher: planned from %d profiled steps (steps %lld-%lld): refresh every %s steps (per device), %zu split "
                 "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
                 "units in bubbles)\n",
-                kProfileSteps, r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
+                kProfileSteps, static_cast<long long>(k.profile_start) + 1, static_cast<long long>(k.plan_start),
+                r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
                 p.base_step_time);
     std::fflush(stdout);
   }

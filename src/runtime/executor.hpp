@@ -94,10 +94,11 @@ class Executor {
   // K-FAC (runtime/pipefisher.hpp; executor_kfac.cpp).
   struct KfacState;
   void kfac_setup();
-  void kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs);
+  bool kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs);  // true: a profiling step
   bool kfac_action(const Action& a);  // false: not a K-FAC kind
   void kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
   void kfac_plan();
+  void kfac_drift(int64_t step, double compute_ms);
   void kfac_precondition(Chunk& c, size_t index);
 
   Config cfg_;

@@ -189,6 +189,7 @@ void ChunkKfac::set_replicated(MPI_Comm comm, int copies) {
   sync_comm_ = comm;
   copies_ = copies;
   pending_.clear();
+  if (comm == MPI_COMM_NULL) return;
   for (int l = 0; l < layers(); ++l)
     pending_.push_back({Tensor(pre_->layer(l).a().inverse().shape()), Tensor(pre_->layer(l).b().inverse().shape())});
   flags_ = Tensor(Shape{2 * static_cast<int64_t>(layers())});

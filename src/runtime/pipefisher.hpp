@@ -14,6 +14,11 @@
 //            micro-batch, inversion per factor, precondition per stage, plus F/B/OPT. Then every
 //            rank feeds the same all-reduced means to the planner (sim/planner.hpp) and runs its
 //            static multi-step schedule: step t runs plan.actions(w, d, t - kProfileSteps).
+//            Re-planning: when a rank's forward/backward time per step exceeds 1.3x its profile for
+//            3 steps (decided collectively at step end), each device finishes its current cycle
+//            (wrapped units included), runs plain steps (F/B, PREC, OPT) until the last device's
+//            cycle boundary, then all re-profile kProfileSteps inline steps and plan again.
+//            Pending inverses of replicated chunks are dropped; the record shows the new pattern.
 //
 // M_err^save. On the first step of a device's refresh cycle the chunk's tap copies every K-FAC
 // layer's inputs and output gradients of every micro-batch into buffers allocated once; CURV
@@ -117,7 +122,8 @@ class ChunkKfac final : public LinearTap {
   // each inversion adds its fresh inverse, the others zeros: a broadcast); every replica switches
   // to them right there. INV then writes this replica's pieces aside until the next SYNC_CURV.
   // copies: how many holders invert each piece (Chimera: its 2 pipelines; replicas of one
-  // pipeline share the pieces out).
+  // pipeline share the pieces out). MPI_COMM_NULL: back to committing at the last CURV and
+  // installing inverses at INV (re-profiling); this replica's pending inverses are dropped.
   void set_replicated(MPI_Comm comm, int copies);
   void sync(int64_t t);
   // Switch a factor to block-diagonal from step t on.

@@ -580,7 +580,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
         bool wrapped;
       };
       std::vector<Ins> ins;
-      double work = 0, inl = 0, busy_kfac = 0;
+      double work = 0, inl = 0, busy_kfac = 0, pinned_time = 0;
       for (auto [i, idx] : r.inline_at[d]) {
         const TimedAction& t = r.tl0.per_device[d][idx];
         plan.units.push_back({u[i].a, w, d, 0, t.start, t.end, true, false});
@@ -619,6 +619,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
           plan.units.push_back(pu);
           t += u[i].dur;
           inl += u[i].dur;
+          pinned_time += u[i].dur;
         }
       }
       plan.kfac_work[d] = std::max(plan.kfac_work[d], work);
@@ -644,7 +645,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
         }
       }
       // Utilization over the device's cycle: F/B/PREC each step plus one cycle of K-FAC work.
-      const double time = plan.step0_time + (R - 1) * plan.base_step_time;
+      const double time = plan.step0_time + (R - 1) * plan.base_step_time + pinned_time;
       const double busy_steps = R * plan.base.busy[d];
       plan.utilization_per_device[d] += (busy_steps + busy_kfac) / time / W;
     }

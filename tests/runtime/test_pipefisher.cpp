@@ -299,6 +299,55 @@ TEST(PipeFisherRuntime, BubblesWithChimeraEqualSingleProcessWithSamePattern) {
                        {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05");
 }
 
+// Re-plan on drift: a test hook counts steps 4, 5, 6 as 10x their measured forward/backward time;
+// after the third step over 1.3x the profile every rank finishes its cycle, then all re-profile
+// and re-plan. The refresh record carries the
+// new pattern (profiling refreshes inside the run, then the new plan's), and the weights still
+// equal the single process following it.
+TEST(PipeFisherRuntime, DriftReplansAndStillEqualsSingleProcess) {
+  struct Case {
+    std::string name;
+    int ranks;
+    std::string sets;
+    std::vector<std::string> cfg;
+  };
+  for (const Case& c :
+       {Case{"drift_1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b", {}},
+        Case{"drift_chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera", {}},
+        Case{"drift_2x2", 4,
+             "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
+             "--set parallel.micro_batches=2",
+             {"parallel.data_parallel=2", "parallel.micro_batches=2"}}}) {
+    const std::string env =
+        std::string("PF_TEST_DRIFT_AT_STEP=4") + (c.name == "drift_chimera" ? " PF_TEST_KFAC_COST_SCALE=0.0001" : "");
+    // launch() exports the first variable; the second is inherited by mpirun's local ranks.
+    Launched r = launch(c.ranks, c.name, c.sets + " --set train.steps=14 --set kfac.placement=bubbles", env);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("re-profiling from step"), std::string::npos) << r.out;
+    // Planned twice: after steps 1-2 and after the re-profile.
+    size_t plans = 0;
+    for (size_t at = r.out.find("pipefisher: planned from"); at != std::string::npos;
+         at = r.out.find("pipefisher: planned from", at + 1))
+      ++plans;
+    EXPECT_GE(plans, 2u) << r.out;
+    std::ifstream f(dir() / c.name / "kfac_refresh.json");
+    const nlohmann::json rec = nlohmann::json::parse(f);
+    // Refreshed every step while re-profiling (from step 5 at the earliest): two consecutive steps
+    // each use their own factors.
+    std::map<int64_t, int> fresh;  // step -> inverses built from that very step
+    for (const auto& e : rec["events"])
+      if (e["use_step"] == e["curv_step"]) ++fresh[e["use_step"].get<int64_t>()];
+    int reprofiled = 0;
+    for (auto& [t, n] : fresh) reprofiled += t >= 5 && fresh.count(t + 1);
+    EXPECT_GT(reprofiled, 0) << rec.dump(1);
+    std::vector<std::string> sets = c.cfg;
+    sets.push_back("train.steps=14");
+    pf::Config cfg = load_config(sets);
+    cfg.kfac.placement = "inline";
+    expect_close(saved_weights(dir() / (c.name + ".safetensors")), reference_following(cfg, rec), c.name);
+  }
+}
+
 // 2 stages x 2 replicas: each stage has 4 holders (2 twins x 2 replicas); the replicas of a
 // device share its inversions out, each pipeline's holders together invert every piece once.
 TEST(PipeFisherRuntime, BubblesWithChimeraAndReplicasEqualSingleProcessWithSamePattern) {
