@@ -40,7 +40,7 @@ struct PlanArgs {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
-  bool json = false, sweep = false, kfac = false;
+  bool json = false, sweep = false, kfac = false, whole_inversions = false;
   int data_parallel = 1;
   double margin = 0.05;
   std::vector<int> sweep_stages = {4, 8, 16, 32};
@@ -149,6 +149,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   in.cost = prof.cost;
   in.replicas = a.data_parallel;
   in.margin = a.margin;
+  in.split_to_shorten = !a.whole_inversions;
   for (const StageCost& c : prof.cost.stages) {
     // Curvature sync: all-reduce of the stage's factors, plus the fresh inverses it broadcasts
     // (planner.hpp), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
@@ -197,14 +198,15 @@ void print_kfac(const nlohmann::json& k) {
              k["refresh_steps"].dump(), k["lower_bound_refresh_steps"].dump(), k["step_time"].get<double>(),
              k["inline_time"].get<double>(), 100 * k["utilization"].get<double>());
   if (!k["splits"].empty())
-    fmt::print("{} inversions larger than every bubble split into diagonal blocks (block-diagonal factor)\n",
+    fmt::print("{} inversions split into diagonal blocks (block-diagonal factor: larger than every bubble, or "
+               "shortening the refresh period)\n",
                k["splits"].size());
   fmt::print("\n{}", k["timeline_text"].get<std::string>());
 }
 
 int run(const PlanArgs& a) {
   if (!a.kfac)
-    for (const char* f : {"--model", "--data-parallel", "--margin"})
+    for (const char* f : {"--model", "--data-parallel", "--margin", "--whole-inversions"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
@@ -327,6 +329,8 @@ Runner setup(CLI::App& app) {
       ->check(positive);
   app.add_option("--margin", a->margin, "Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default 0.05)")
       ->check(nonneg);
+  app.add_flag("--whole-inversions", a->whole_inversions,
+               "Split an inversion only when it exceeds every bubble (not also when that shortens the refresh period)");
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
   app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
   return [a] { return run(*a); };

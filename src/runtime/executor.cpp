@@ -567,7 +567,8 @@ void Executor::kfac_drift(int64_t step, double ms) {
     if (step >= n && step < n + 3) ms *= 10;
   }
   const double planned = k.profiled_compute;
-  k.drift_steps = ms > 1.3 * planned ? k.drift_steps + 1 : 0;
+  // Over 30% and over 1 ms: scheduler noise on a tiny step is not drift.
+  k.drift_steps = ms > 1.3 * planned && ms > planned + 1.0 ? k.drift_steps + 1 : 0;
   double flag = k.drift_steps >= 3 ? 1 : 0;
   comm::allreduce_sum({&flag, 1}, MPI_COMM_WORLD, "the drift decision");
   if (flag == 0) return;

@@ -106,6 +106,13 @@ void ChunkKfac::invert(Side s, int layer, int block) {
   if (block < 0) pre_->invert(layer, s);
   else kl.invert_block(s, block, cfg_.kfac.damping);
   if (sync_comm_ == MPI_COMM_NULL) {
+    // A whole inversion supersedes the factor's block inversions (a re-profile right after a
+    // cycle's wrapped block inversions, in the same step): the record must not replay them after it.
+    if (block < 0)
+      for (auto* m : {&inverse_, &used_})
+        std::erase_if(*m, [&](const auto& e) {
+          return std::get<0>(e.first) == layer && std::get<1>(e.first) == side_of(s) && std::get<2>(e.first) >= 0;
+        });
     inverse_[{layer, side_of(s), block}] = {committed_[layer][side_of(s)], committed_[layer][side_of(other(s))]};
     return;
   }

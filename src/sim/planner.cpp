@@ -142,8 +142,11 @@ struct DeviceUnits {
 };
 
 // The units of device d in priority order: CURV_A, CURV_B, SYNC, INV_A, INV_B.
+// force: (pipeline, stage, side, layer) -> blocks for inversions that would run whole (the
+// "split when it shortens the refresh period" policy below).
+using ForcedSplits = std::map<std::tuple<int, int, int, int>, int>;
 DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double max_gap,
-                       std::vector<FactorSplit>& splits) {
+                       std::vector<FactorSplit>& splits, const ForcedSplits& force = {}) {
   DeviceUnits du;
   auto& u = du.units;
   const auto& row = step.per_device[d];
@@ -198,6 +201,7 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
           for (int t = 2; t <= dim && k == 0; ++t)
             if (block_cost(whole, dim, t, 0) * (1 + in.margin) <= max_gap + kEps) k = t;
         }
+        if (k == 1 && force.count({p, s, side, l})) k = force.at({p, s, side, l});
         if (k > 1) {
           FactorSplit f{p, s, l, kind, k, whole, 0};
           for (int j = 0; j < k; ++j) {
@@ -514,12 +518,13 @@ KfacPlan plan_kfac(const PlanInput& in) {
     sync_step = K;
   }
   plan.strategy.assign(D, "");
-  for (int d = 0; d < D; ++d) {
+  for (int d = 0; d < D; ++d)
     for (int w = 0; w < W; ++w)
       if (!rs[w].inline_at[d].empty()) any_inline = true;
-    // Replicas of a device use one strategy, so their curvature and syncs line up.
-    std::vector<DevicePlacement> best;
+  // Replicas of a device use one strategy, so their curvature and syncs line up.
+  auto place_best = [&](int d, std::vector<DevicePlacement>& best, std::string& name) {
     int best_r = 0;
+    best.clear();
     for (const Strategy& st : strategies()) {
       std::vector<DevicePlacement> cand;
       int r = 0;
@@ -530,7 +535,50 @@ KfacPlan plan_kfac(const PlanInput& in) {
       if (best.empty() || r < best_r) {
         best = std::move(cand);
         best_r = r;
-        plan.strategy[d] = st.name();
+        name = st.name();
+      }
+    }
+    return best_r;
+  };
+  for (int d = 0; d < D; ++d) {
+    std::vector<DevicePlacement> best;
+    const int best_r = place_best(d, best, plan.strategy[d]);
+    // Split when it shortens the refresh period: the largest whole inversions of the device, one
+    // more at a time, into 2 diagonal blocks (then 3, 4), until the device needs fewer steps; the
+    // first such set is kept (`splits`), else none. A block-diagonal factor is cheaper to invert
+    // (k blocks: 1/k^2 of the work) but approximates the factor (paper appendix A.2). Only while
+    // every device's cycle is its own (no inline work, one pipeline): the others' plans stay.
+    if (in.split_to_shorten && !any_inline && sch.pipelines == 1 && best_r > 1) {
+      std::vector<int> large;  // whole inversions, largest first
+      const auto& u = du[d].units;
+      for (int i = 0; i < static_cast<int>(u.size()); ++i)
+        if ((u[i].a.kind == Kind::INV_A || u[i].a.kind == Kind::INV_B) && u[i].a.block < 0 && !u[i].inl)
+          large.push_back(i);
+      std::stable_sort(large.begin(), large.end(), [&](int a, int b) { return u[a].dur > u[b].dur + kEps; });
+      bool done = false;
+      for (int k = 2; k <= 4 && !done; ++k) {
+        ForcedSplits force;
+        for (size_t n = 0; n < large.size() && !done; ++n) {
+          const Action& a = du[d].units[large[n]].a;
+          force[{a.pipeline, a.stage, a.kind == Kind::INV_A ? 0 : 1, a.layer}] = k;
+          std::vector<FactorSplit> trial_splits;
+          DeviceUnits trial = make_units(in, plan.base, d, decide_gap[d], trial_splits, force);
+          assign_inversions(trial.units, W);
+          std::swap(du[d], trial);
+          std::vector<DevicePlacement> cand;
+          std::string name;
+          if (place_best(d, cand, name) < best_r) {
+            done = true;
+            best = std::move(cand);
+            plan.strategy[d] = name + ", split to shorten the refresh period";
+            std::erase_if(plan.splits, [&](const FactorSplit& f) {
+              return std::find(du[d].stages.begin(), du[d].stages.end(), std::pair{f.pipeline, f.stage}) != du[d].stages.end();
+            });
+            plan.splits.insert(plan.splits.end(), trial_splits.begin(), trial_splits.end());
+          } else {
+            std::swap(du[d], trial);
+          }
+        }
       }
     }
     for (int w = 0; w < W; ++w) {

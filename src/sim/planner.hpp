@@ -61,6 +61,13 @@
 // sizes as kfac's split_blocks), the smallest k whose largest block fits; if none does, or for
 // curvature and sync, the unit runs inline: in cycle step 0 just before the stage's PREC (on
 // the critical path; its dependencies are made inline too). `splits` and `inline_time` report it.
+//
+// Split when it shortens the refresh period (PlanInput::split_to_shorten, on by default): when a
+// device (one pipeline, no inline work anywhere) needs more than one step, its whole inversions,
+// largest first, are split into 2 diagonal blocks one more at a time (then 3, then 4) until it
+// needs fewer steps; that first set is kept and reported in `splits` (its `strategy` says so),
+// else nothing is split. A block-diagonal factor costs 1/k^2 of the inversion but approximates
+// the factor (the trade the paper's appendix A.2 makes).
 #include "schedule/schedule.hpp"
 #include "sim/cost.hpp"
 #include "sim/sim.hpp"
@@ -107,6 +114,9 @@ struct PlanInput {
   std::vector<StageKfacCost> kfac;               // [stage], or one entry for uniform stages
   int replicas = 1;                              // W data-parallel replicas per stage
   double margin = 0.05;
+  // Split a device's largest inversions into diagonal blocks when that lowers its refresh steps
+  // (see planner.cpp); off: only units larger than every gap are split.
+  bool split_to_shorten = true;
 };
 
 // One placed K-FAC unit of one replica's device, times relative to its cycle step's start.

@@ -153,12 +153,27 @@ TEST(Planner, BertLargeOneFOneBFillsBubblesNearTheLowerBound) {
   KfacPlan plan = plan_kfac(in);
   check_plan(in, plan);
   EXPECT_EQ(plan.inline_time, 0);
-  EXPECT_TRUE(plan.splits.empty());
-  // 7 of 8 devices refresh at the lower bound (2 steps, 91.1% busy); device 1 needs 3: its
-  // three 37.5 ms inversions (4096-wide factors) fit only its one long gap per step, which
-  // curvature spilling from step 0 already fills (no packing fits them into 2 steps).
-  EXPECT_GT(plan.utilization, 0.895);
-  for (int d = 0; d < 8; ++d) EXPECT_EQ(plan.refresh_steps[d], d == 1 ? 3 : 2) << d;
+  // Every device refreshes at the lower bound, 2 steps, over 90% busy. Device 1 gets there by
+  // splitting one 37.5 ms inversion (the 4096-wide A of the first block's output Linear) into
+  // 2 diagonal blocks (9.4 ms in all): whole, its three such inversions fit only its one long
+  // gap per step, which curvature spilling from step 0 already fills (3 steps, 89.55%).
+  EXPECT_GT(plan.utilization, 0.90);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(plan.refresh_steps[d], 2) << d;
+  ASSERT_EQ(plan.splits.size(), 1u);
+  EXPECT_EQ(plan.splits[0].stage, 1);
+  EXPECT_EQ(plan.splits[0].layer, 5);
+  EXPECT_EQ(plan.splits[0].kind, Kind::INV_A);
+  EXPECT_EQ(plan.splits[0].blocks, 2);
+  EXPECT_DOUBLE_EQ(plan.splits[0].pieces, plan.splits[0].whole / 4);  // 2 blocks of (1/2)^3
+  EXPECT_NE(plan.strategy[1].find("split to shorten the refresh period"), std::string::npos);
+  // Without the policy: nothing split, device 1 needs 3 steps.
+  PlanInput whole = in;
+  whole.split_to_shorten = false;
+  KfacPlan unsplit = plan_kfac(whole);
+  EXPECT_TRUE(unsplit.splits.empty());
+  EXPECT_GT(unsplit.utilization, 0.895);
+  EXPECT_LT(unsplit.utilization, 0.90);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(unsplit.refresh_steps[d], d == 1 ? 3 : 2) << d;
   // With finer units (6 blocks per stage) every device refreshes in 2 steps: over 90%.
   KfacPlan fine = plan_kfac(bert_large("1f1b", 8, 8, 6));
   EXPECT_GT(fine.utilization, 0.90);
@@ -190,6 +205,7 @@ PlanInput tiny(double inv_a = 1, int D = 2, int N = 2) {
   c.precondition = 0.5;
   in.kfac = {c};
   in.margin = 0;
+  in.split_to_shorten = false;  // the base rules (SplitsWhenThatShortensTheRefreshPeriod: the policy)
   return in;
 }
 
@@ -253,6 +269,29 @@ TEST(Planner, WrappedUnitsRunFromTheSecondCycle) {
   EXPECT_EQ(u.start, 0.5);  // after INV_A in the same leading gap
   EXPECT_EQ(p.actions(0, 1, 1).front(), (Action{Kind::INV_A, 1, 0, -1, 0}));
   EXPECT_EQ(p.actions(0, 1, 0).front(), act(Kind::F, 1, 0));
+}
+
+TEST(Planner, SplitsWhenThatShortensTheRefreshPeriod) {
+  // tiny() with the policy: device 1 (gaps [0,1) leading and [7.5,9.5)) needs 2 steps whole
+  // (curvature 2 after the backwards, inversions 1 + 1). Split into 2 blocks of 2 rows, each
+  // inversion costs 2 * (2/4)^3 = 0.25: curvature B [7.5,8.5), INV_A blocks [8.5,8.75),
+  // [8.75,9), INV_B's [9,9.5): one step. Device 0's curvature B waits for B1 (ends at 9), so
+  // splitting cannot shorten its 2 steps: nothing split there.
+  PlanInput in = tiny();
+  in.split_to_shorten = true;
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>{2, 1}));
+  EXPECT_EQ(p.kfac_work, (std::vector<double>{4, 2.5}));
+  ASSERT_EQ(p.splits.size(), 2u);
+  for (const FactorSplit& f : p.splits) {
+    EXPECT_EQ(f.stage, 1);
+    EXPECT_EQ(f.blocks, 2);
+    EXPECT_EQ(f.whole, 1);
+    EXPECT_EQ(f.pieces, 0.25);
+  }
+  EXPECT_NE(p.strategy[1].find("split to shorten the refresh period"), std::string::npos);
+  EXPECT_EQ(p.inline_time, 0);
 }
 
 TEST(Planner, SplitsExactlyWhenAUnitExceedsEveryGap) {

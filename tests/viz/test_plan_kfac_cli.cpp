@@ -53,8 +53,10 @@ TEST(PlanKfacCli, HandComputableJson) {
   // GPipe D = N = 2, T_f 1, T_b 2, PREC 0.5: step 9.5 (device 0 adds PREC at the end, device 1
   // in its tail gap), 3 of bubble per device; curvature 1 per micro-batch and inversion 1 per
   // stage: ceil((2 * 1 + 1) / 3) = 1 step at best; curvature B of micro-batch 1 is ready only at
-  // device 0's end of step, so 2 steps; busy 2 * 6.5 + 3 over 19.
-  PlanRun r = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
+  // device 0's end of step, so 2 steps; busy 2 * 6.5 + 3 over 19. --whole-inversions: no split
+  // to shorten the refresh period (below).
+  PlanRun r = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json "
+                   "--whole-inversions");
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out)["kfac"];
   EXPECT_EQ(j["refresh_steps"], nlohmann::json({2, 2}));
@@ -64,6 +66,15 @@ TEST(PlanKfacCli, HandComputableJson) {
   EXPECT_DOUBLE_EQ(j["utilization"].get<double>(), 16.0 / 19.0);
   EXPECT_EQ(j["splits"].size(), 0u);
   EXPECT_EQ(j["per_device"][1]["bubble"].get<double>(), 3);
+  // By default device 1 splits its inversion (2 blocks, 1/4 of the work) and refreshes every step.
+  PlanRun d = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
+  ASSERT_EQ(d.status, 0) << d.err;
+  auto k = nlohmann::json::parse(d.out)["kfac"];
+  EXPECT_EQ(k["refresh_steps"], nlohmann::json({2, 1}));
+  ASSERT_EQ(k["splits"].size(), 1u);
+  EXPECT_EQ(k["splits"][0]["stage"], 1);
+  expect_usage("--schedule gpipe --stages 2 --micro-batches 2 --whole-inversions",
+               "pipefisher: --whole-inversions: only applies with --kfac");
 }
 
 TEST(PlanKfacCli, NoBubbleRunsInlineAndTheSummarySaysSo) {
