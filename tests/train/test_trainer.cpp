@@ -18,6 +18,10 @@ double weight_sum(Model& m) {
 }  // namespace
 
 TEST(Trainer, PlainStepsKeepTheirBits) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "the bits are pinned for the Release build's code generation; the sanitizer build "
+                  "(RelWithDebInfo, instrumented) rounds differently";
+#endif
   Config c = test::sample_config();
   Trainer t(c);
   const double loss[] = {0x1.4b15bdp+3, 0x1.4bc48cp+3, 0x1.4afdeep+3, 0x1.4a27cp+3};
