@@ -91,7 +91,7 @@ int run_train(const TrainArgs& a) {
   const std::string ckpt_dir = checkpoint_dir_of(cfg);
   auto save_checkpoint = [&](int64_t steps_done) {
     const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
-    std::filesystem::remove_all(step_dir);  // an interrupted earlier attempt at this step
+    remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
     make_dirs(step_dir, "train.checkpoint_dir");
     CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, "1 process"),
                          write_stage_state(step_dir, 0, trainer.state())};

@@ -151,6 +151,12 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
   return {name, static_cast<uint64_t>(fs::file_size(path)), sha256_file(path)};
 }
 
+void remove_checkpoint(const std::string& step_dir) {
+  std::error_code ec;
+  fs::remove(fs::path(step_dir) / "manifest.json", ec);
+  fs::remove_all(step_dir, ec);
+}
+
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& m, int keep) {
   const std::string step_dir = checkpoint_step_dir(dir, m.step);
   nlohmann::ordered_json j;
@@ -179,7 +185,7 @@ void commit_checkpoint(const std::string& dir, const CheckpointManifest& m, int 
       ++kept;
       continue;
     }
-    fs::remove_all(p, ec);
+    remove_checkpoint(p.string());
   }
 }
 

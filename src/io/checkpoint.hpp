@@ -58,6 +58,10 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
 // (and incomplete leftovers older than this one).
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& manifest, int keep);
 
+// Deletes a step directory, its manifest first: a directory that still has a manifest is always
+// complete, whenever the deletion is cut short.
+void remove_checkpoint(const std::string& step_dir);
+
 // Parses a manifest's text; `what` names it in errors. Refuses anything malformed (wrong types,
 // a file name with a path in it, a bad checksum string, a duplicate file) with a UsageError.
 CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::string& what);

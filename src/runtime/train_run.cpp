@@ -157,7 +157,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   auto save_checkpoint = [&](int64_t steps_done) {
     const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
     on_root_agreed(world, [&] {
-      std::filesystem::remove_all(step_dir);  // an interrupted earlier attempt at this step
+      remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
       make_dirs(step_dir, "train.checkpoint_dir");
     });
     nlohmann::json mine = nlohmann::json::array();

@@ -40,10 +40,22 @@ inline const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 inline const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
 inline const std::string kBinary = PF_BINARY;
 
+// Removes the work directory (checkpoints of tens of MB) when the program's tests end.
+struct RemoveAtEnd : ::testing::Environment {
+  fs::path dir;
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+  }
+};
+
 inline fs::path work_dir(const std::string& program) {
   static fs::path d = [&] {
     fs::path p = fs::temp_directory_path() / ("pf_" + program + "_" + std::to_string(getpid()));
     fs::create_directories(p);
+    auto* env = new RemoveAtEnd;  // gtest owns it
+    env->dir = p;
+    ::testing::AddGlobalTestEnvironment(env);
     return p;
   }();
   return d;
