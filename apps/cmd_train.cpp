@@ -71,10 +71,7 @@ int run_train(const TrainArgs& a) {
     resume.reset();  // unmaps the files
   }
   const std::string& out = cfg.train.out_dir;
-  make_dirs(out, "train.out_dir");
-  write_file_atomic(out + "/config.toml", cfg.to_toml());
-  std::vector<std::string> logs{out + "/log.jsonl"};
-  if (!cfg.train.log_json.empty()) logs.push_back(cfg.train.log_json);
+  std::unique_ptr<RunLog> log = open_run_outputs(cfg);
 
   const auto& m = cfg.model;
   std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step "
@@ -86,7 +83,6 @@ int run_train(const TrainArgs& a) {
   std::fflush(stdout);
 
   auto t0 = std::chrono::steady_clock::now();
-  RunLog log(cfg.train.steps, cfg.train.log_every, logs);
   double valid = 0;
   const std::string ckpt_dir = checkpoint_dir_of(cfg);
   auto save_checkpoint = [&](int64_t steps_done) {
@@ -109,7 +105,7 @@ int run_train(const TrainArgs& a) {
     std::optional<double> v;
     bool last = s + 1 == cfg.train.steps;
     if (last || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0)) v = valid = trainer.evaluate();
-    log.step(st, v);
+    log->step(st, v);
     const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
                           (s + 1) % cfg.train.checkpoint_every == 0;
     if (periodic || stop_signal()) save_checkpoint(s + 1);
@@ -126,7 +122,7 @@ int run_train(const TrainArgs& a) {
   for (Param* p : trainer.model().params()) params.push_back(p);
   save_safetensors(out + "/model.safetensors", params);
   if (!a.save.empty()) save_safetensors(a.save, params);
-  write_file_atomic(out + "/summary.json", log.summary(valid, wall));
+  write_file_atomic(out + "/summary.json", log->summary(valid, wall));
   std::printf("outputs: %s/{config.toml, log.jsonl, model.safetensors, summary.json}%s\n", out.c_str(),
               a.save.empty() ? "" : (", " + a.save).c_str());
   return 0;

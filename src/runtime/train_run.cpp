@@ -123,11 +123,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const std::string& out = cfg.train.out_dir;
   std::unique_ptr<RunLog> log;
   on_root_agreed(world, [&] {
-    make_dirs(out, "train.out_dir");
-    write_file_atomic(out + "/config.toml", cfg.to_toml());
-    std::vector<std::string> logs{out + "/log.jsonl"};
-    if (!cfg.train.log_json.empty()) logs.push_back(cfg.train.log_json);
-    log = std::make_unique<RunLog>(cfg.train.steps, cfg.train.log_every, logs);
+    log = open_run_outputs(cfg);
   });
 
   std::vector<MicroBatch> mbs(static_cast<size_t>(p.data_parallel) * p.micro_batches);

@@ -1,6 +1,7 @@
 #include "train/run_log.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -63,6 +64,15 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
                static_cast<long long>(steps_), first_loss_, last_loss_, final_valid_loss,
                j["tokens_per_s"].get<double>(), wall_s);
   return j.dump(2) + "\n";
+}
+
+std::unique_ptr<RunLog> open_run_outputs(const Config& cfg) {
+  const std::string& out = cfg.train.out_dir;
+  make_dirs(out, "train.out_dir");
+  write_file_atomic(out + "/config.toml", cfg.to_toml());
+  std::vector<std::string> logs{out + "/log.jsonl"};
+  if (!cfg.train.log_json.empty()) logs.push_back(cfg.train.log_json);
+  return std::make_unique<RunLog>(cfg.train.steps, cfg.train.log_every, std::move(logs));
 }
 
 }  // namespace pf

@@ -4,6 +4,7 @@
 #include "train/trainer.hpp"
 
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,5 +30,9 @@ class RunLog {
   double first_loss_ = 0, last_loss_ = 0, tokens_ = 0, busy_s_ = 0;
   int64_t steps_ = 0;
 };
+
+// Makes train.out_dir, writes the resolved config.toml there and opens the step logs
+// (out_dir/log.jsonl, and train.log_json when set). Every training path starts its outputs here.
+std::unique_ptr<RunLog> open_run_outputs(const Config& cfg);
 
 }  // namespace pf
