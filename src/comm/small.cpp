@@ -1,11 +1,15 @@
 #include "comm/small.hpp"
 
+#include "comm/collectives.hpp"
 #include "comm/wait.hpp"
+#include "comm/world.hpp"
 #include "core/error.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <numeric>
+#include <thread>
 
 namespace pf::comm {
 
@@ -44,6 +48,31 @@ void barrier(MPI_Comm comm, const char* what) {
   MPI_Request req = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
   wait(req, {what, comm, -1});
+}
+
+void on_root_agreed(int world_rank, const std::function<void()>& fn) {
+  std::string err;
+  if (world_rank == 0) {
+    try {
+      fn();
+    } catch (const UsageError& e) {
+      err = e.what();
+    }
+  }
+  uint64_t n = err.size();
+  broadcast_bytes(&n, sizeof n, 0, MPI_COMM_WORLD);
+  err.resize(n);
+  if (n) broadcast_bytes(err.data(), n, 0, MPI_COMM_WORLD);
+  if (n) throw UsageError(err);
+}
+
+int threads_per_rank(int configured) {
+  if (configured > 0) return configured;
+  MPI_Comm local = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
+  Comm owned(local);
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, cores / owned.size());
 }
 
 }  // namespace pf::comm

@@ -5,6 +5,7 @@
 // sleeps instead of spinning and is covered by the watchdog.
 #include <mpi.h>
 
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,5 +17,12 @@ void allreduce_sum(std::span<double> values, MPI_Comm comm, const char* what = "
 // Every member's bytes, in rank order, at `root` (empty elsewhere).
 std::vector<std::string> gather_bytes(const std::string& mine, int root, MPI_Comm comm);
 void barrier(MPI_Comm comm, const char* what = "barrier");
+
+// Runs `fn` on world rank 0 only; a UsageError it throws is thrown on every rank (rank 0's
+// message travels by broadcast), so no rank is left waiting in a collective.
+void on_root_agreed(int world_rank, const std::function<void()>& fn);
+
+// Threads per rank: `configured` when > 0, else the cores shared among the ranks on this host.
+int threads_per_rank(int configured);
 
 }  // namespace pf::comm

@@ -23,33 +23,7 @@ namespace pf {
 
 namespace {
 
-int threads_per_rank(const Config& cfg) {
-  if (cfg.train.threads > 0) return cfg.train.threads;
-  MPI_Comm local = MPI_COMM_NULL;
-  comm::check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local),
-              "MPI_Comm_split_type");
-  comm::Comm owned(local);
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, cores / owned.size());
-}
 
-// Rank 0 runs fn; its UsageError is thrown on every rank (the message travels by broadcast).
-template <class Fn>
-void on_root_agreed(const comm::World& world, Fn fn) {
-  std::string err;
-  if (world.rank() == 0) {
-    try {
-      fn();
-    } catch (const UsageError& e) {
-      err = e.what();
-    }
-  }
-  uint64_t n = err.size();
-  comm::broadcast_bytes(&n, sizeof n, 0, MPI_COMM_WORLD);
-  err.resize(n);
-  if (n) comm::broadcast_bytes(err.data(), n, 0, MPI_COMM_WORLD);
-  if (n) throw UsageError(err);
-}
 
 // Seconds of one inversion of a made-up SPD d x d factor (for the perf model).
 double time_inversion(int64_t d) {
@@ -79,7 +53,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
   cfg.check_files();
   if (!a.init.empty() && !std::filesystem::is_regular_file(a.init)) usage_error("--init", "no such file '{}'", a.init);
   comm::Groups groups = comm::make_groups(world, 1, p.data_parallel);
-  const int threads = threads_per_rank(cfg);
+  const int threads = comm::threads_per_rank(cfg.train.threads);
   set_threads(threads);
 
   auto train_data = make_batcher(cfg.model, cfg.data, false);
@@ -117,7 +91,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
 
   const std::string& out = cfg.train.out_dir;
   std::unique_ptr<RunLog> log;
-  on_root_agreed(world, [&] {
+  comm::on_root_agreed(world.rank(), [&] {
     log = open_run_outputs(cfg);
   });
 

@@ -38,34 +38,7 @@ int env_int(const char* a, const char* b, int dflt) {
   return dflt;
 }
 
-// Runs `fn` on world rank 0 only; a UsageError it throws is thrown on every rank (rank 0's
-// message travels by broadcast), so no rank is left waiting in a collective.
-void on_root_agreed(const comm::World& world, const std::function<void()>& fn) {
-  std::string err;
-  if (world.rank() == 0) {
-    try {
-      fn();
-    } catch (const UsageError& e) {
-      err = e.what();
-    }
-  }
-  uint64_t n = err.size();
-  comm::broadcast_bytes(&n, sizeof n, 0, MPI_COMM_WORLD);
-  err.resize(n);
-  if (n) comm::broadcast_bytes(err.data(), n, 0, MPI_COMM_WORLD);
-  if (n) throw UsageError(err);
-}
 
-// Threads per rank: train.threads, or the cores shared among the ranks on this host.
-int threads_per_rank(const Config& cfg) {
-  if (cfg.train.threads > 0) return cfg.train.threads;
-  MPI_Comm local = MPI_COMM_NULL;
-  comm::check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local),
-              "MPI_Comm_split_type");
-  comm::Comm owned(local);
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, cores / owned.size());
-}
 
 int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const bool root = world.rank() == 0;
@@ -98,7 +71,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
                   resume->manifest().step, cfg.train.steps);
   }
   comm::Groups groups = comm::make_groups(world, cfg.parallel.stages, cfg.parallel.data_parallel);
-  set_threads(threads_per_rank(cfg));
+  set_threads(comm::threads_per_rank(cfg.train.threads));
 
   const ParallelConfig& p = cfg.parallel;
   auto train_data = make_batcher(cfg.model, cfg.data, false);
@@ -122,7 +95,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   // Rank 0's outputs, prepared before the first step so a bad path fails every rank now.
   const std::string& out = cfg.train.out_dir;
   std::unique_ptr<RunLog> log;
-  on_root_agreed(world, [&] {
+  comm::on_root_agreed(world.rank(), [&] {
     log = open_run_outputs(cfg);
   });
 
@@ -152,7 +125,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   // their stages; rank 0 gathers the files' checksums and commits the manifest, then `latest`.
   auto save_checkpoint = [&](int64_t steps_done) {
     const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
-    on_root_agreed(world, [&] {
+    comm::on_root_agreed(world.rank(), [&] {
       remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
       make_dirs(step_dir, "train.checkpoint_dir");
     });
@@ -168,7 +141,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
       err = e.what();
     }
     const auto all = comm::gather_bytes(err.empty() ? "F" + mine.dump() : "E" + err, 0, MPI_COMM_WORLD);
-    on_root_agreed(world, [&] {
+    comm::on_root_agreed(world.rank(), [&] {
       CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, layout_name), {}};
       for (const std::string& r : all) {
         if (r[0] == 'E') throw UsageError(r.substr(1));

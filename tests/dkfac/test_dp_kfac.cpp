@@ -190,7 +190,10 @@ TEST(DpKfac, MeasuresThePerfModelOnceAndCachesIt) {
   ASSERT_TRUE(fs::exists(cached));
   std::ifstream f(cached);
   const pf::comm::PerfModel m = pf::comm::perf_model_from_json(std::string(std::istreambuf_iterator<char>(f), {}));
-  EXPECT_GT(m.allreduce.beta, 0);
+  // Measured, not defaulted. On a loaded machine the size term can drown in noise, and the fit
+  // then keeps a constant (beta = 0, see fit_linear): the cost as a whole must still be positive.
+  EXPECT_GE(m.allreduce.beta, 0);
+  EXPECT_GT(m.allreduce.alpha + m.allreduce.beta, 0);
   EXPECT_GT(m.inversion.c, 0);
   const Launch again = train("measured2", 2, "--set train.steps=1", "measured");
   ASSERT_EQ(again.status, 0) << again.out;
