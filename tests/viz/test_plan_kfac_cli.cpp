@@ -10,44 +10,11 @@
 #include <fstream>
 #include <sys/wait.h>
 
+#include "plan_cli.hpp"
+
 namespace {
 
-struct PlanRun {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string tmp(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("pf_test_plan_kfac_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
-PlanRun plan(const std::string& args) {
-  const std::string err = tmp("stderr.txt");
-  std::string cmd = std::string(PF_BINARY) + " plan " + args + " 2>" + err;
-  PlanRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = slurp(err);
-  return r;
-}
-
-void expect_usage(const std::string& args, const std::string& reason) {
-  PlanRun r = plan(args);
-  EXPECT_EQ(r.status, 2) << args;
-  EXPECT_EQ(r.err.find(reason), 0u) << args << "\n" << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line expected:\n" << r.err;
-  EXPECT_TRUE(r.out.empty()) << r.out;
-}
+using namespace pf::test;
 
 TEST(PlanKfacCli, HandComputableJson) {
   // GPipe D = N = 2, T_f 1, T_b 2, PREC 0.5: step 9.5 (device 0 adds PREC at the end, device 1
