@@ -100,24 +100,33 @@ std::string to_text(const Schedule& s) {
   return out;
 }
 
-Schedule parse_text(const std::string& text, const std::string& source) {
+// The line loop both forms share: '#' header lines fill `s`; every other non-blank line (blank =
+// only characters of `blank`) goes to on_row(line, "source:line") once the header is complete.
+template <typename OnRow>
+Schedule parse_lines(const std::string& text, const std::string& source, const char* blank, OnRow on_row) {
   Schedule s;
   std::istringstream in(text);
   std::string line;
   for (int ln = 1; std::getline(in, line); ++ln) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::string where = fmt::format("{}:{}", source, ln);
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (line.find_first_not_of(blank) == std::string::npos) continue;
     if (parse_header_line(line, s, where)) continue;
     check_header_seen(s, source);
+    on_row(s, line, where);
+  }
+  check_header_seen(s, source);
+  return s;
+}
+
+Schedule parse_text(const std::string& text, const std::string& source) {
+  return parse_lines(text, source, " \t", [](Schedule& s, const std::string& line, const std::string& where) {
     auto colon = line.find(':');
     if (colon == std::string::npos) usage_error(where, "expected '<device>: <actions...>'");
     int d = parse_device(line.substr(0, colon), s, where);
     std::istringstream toks(line.substr(colon + 1));
     for (std::string t; toks >> t;) s.per_device[d].push_back(parse_token(t, where));
-  }
-  check_header_seen(s, source);
-  return s;
+  });
 }
 
 std::string to_csv(const Schedule& s) {
@@ -140,15 +149,7 @@ std::string to_csv(const Schedule& s) {
 }
 
 Schedule parse_csv(const std::string& text, const std::string& source) {
-  Schedule s;
-  std::istringstream in(text);
-  std::string line;
-  for (int ln = 1; std::getline(in, line); ++ln) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    std::string where = fmt::format("{}:{}", source, ln);
-    if (line.find_first_not_of(" \t,") == std::string::npos) continue;
-    if (parse_header_line(line, s, where)) continue;
-    check_header_seen(s, source);
+  return parse_lines(text, source, " \t,", [](Schedule& s, const std::string& line, const std::string& where) {
     std::vector<std::string> cells;
     std::istringstream row(line);
     for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
@@ -158,9 +159,7 @@ Schedule parse_csv(const std::string& text, const std::string& source) {
       if (b == std::string::npos) continue;  // idle step
       s.per_device[d].push_back(parse_token(cells[c].substr(b, e - b + 1), fmt::format("{}:{}", where, c + 1)));
     }
-  }
-  check_header_seen(s, source);
-  return s;
+  });
 }
 
 Schedule read_schedule_file(const std::string& path) {
