@@ -177,7 +177,9 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
         valid_data->fill(static_cast<int64_t>(b) * p.micro_batch_size, p.micro_batch_size, mb);
         mb.index = 0;
         mb.loss_scale = 1.0f;
+        model->set_training(false);
         vl += model->forward(mb, none, no_output, st);
+        model->set_training(true);
         positions += mb.loss_positions();
       }
       v = valid = positions ? vl / static_cast<double>(positions) : 0.0;

@@ -114,7 +114,7 @@ float EmbeddingBlock::forward(const MicroBatch& mb, const Tensor&, Tensor& x_out
     embedding_forward(x_out.data(), mb.tokens.data(), nullptr, wte_.value.data(), wpe_.value.data(), nullptr, N,
                       mb.seq, C);
   }
-  if (cfg_.dropout > 0) dropout_forward(x_out.data(), st.keep.data(), N * C, cfg_.dropout, dropout_rng(drop_key_, mb.index));
+  if (training_ && cfg_.dropout > 0) dropout_forward(x_out.data(), st.keep.data(), N * C, cfg_.dropout, dropout_rng(drop_key_, mb.index));
   return 0.0f;
 }
 
@@ -273,13 +273,13 @@ float TransformerBlock::forward_bert(const MicroBatch& mb, float* out, BlockStat
   attention_forward(st.a.data(), st.probs.data(), st.q.data(), st.k.data(), st.v.data(), C, B, T, H, C / H,
                     /*causal=*/false, mask);
   wo.forward(i, st.a.data(), N, st.r1.data());
-  if (cfg_.dropout > 0) dropout_forward(st.r1.data(), st.keep1.data(), N * C, cfg_.dropout, dropout_rng(drop_attn_key_, i));
+  if (training_ && cfg_.dropout > 0) dropout_forward(st.r1.data(), st.keep1.data(), N * C, cfg_.dropout, dropout_rng(drop_attn_key_, i));
   add_inplace(st.r1.data(), st.x.data(), N * C);
   ln1_->forward(st.h1.data(), st.mean1.data(), st.rstd1.data(), st.r1.data(), N);
   wfc.forward(i, st.h1.data(), N, st.f.data());
   gelu_forward(st.g.data(), st.f.data(), N * F, gelu_);
   wout.forward(i, st.g.data(), N, st.h2r2.data());
-  if (cfg_.dropout > 0) dropout_forward(st.h2r2.data(), st.keep2.data(), N * C, cfg_.dropout, dropout_rng(drop_mlp_key_, i));
+  if (training_ && cfg_.dropout > 0) dropout_forward(st.h2r2.data(), st.keep2.data(), N * C, cfg_.dropout, dropout_rng(drop_mlp_key_, i));
   add_inplace(st.h2r2.data(), st.h1.data(), N * C);
   ln2_->forward(out, st.mean2.data(), st.rstd2.data(), st.h2r2.data(), N);
   return 0.0f;
@@ -335,13 +335,13 @@ float TransformerBlock::forward_gpt(const MicroBatch& mb, float* out, BlockState
   attention_forward(st.a.data(), st.probs.data(), qkv, qkv + C, qkv + 2 * C, 3 * C, B, T, H, C / H,
                     /*causal=*/true, nullptr);
   wproj.forward(i, st.a.data(), N, st.r1.data());
-  if (cfg_.dropout > 0) dropout_forward(st.r1.data(), st.keep1.data(), N * C, cfg_.dropout, dropout_rng(drop_attn_key_, i));
+  if (training_ && cfg_.dropout > 0) dropout_forward(st.r1.data(), st.keep1.data(), N * C, cfg_.dropout, dropout_rng(drop_attn_key_, i));
   add_inplace(st.r1.data(), st.x.data(), N * C);
   ln2_->forward(st.h2r2.data(), st.mean2.data(), st.rstd2.data(), st.r1.data(), N);
   wfc.forward(i, st.h2r2.data(), N, st.f.data());
   gelu_forward(st.g.data(), st.f.data(), N * F, gelu_);
   wproj2.forward(i, st.g.data(), N, out);
-  if (cfg_.dropout > 0) dropout_forward(out, st.keep2.data(), N * C, cfg_.dropout, dropout_rng(drop_mlp_key_, i));
+  if (training_ && cfg_.dropout > 0) dropout_forward(out, st.keep2.data(), N * C, cfg_.dropout, dropout_rng(drop_mlp_key_, i));
   add_inplace(out, st.r1.data(), N * C);
   return 0.0f;
 }

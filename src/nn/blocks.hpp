@@ -33,12 +33,16 @@ class ModelBlock : public Block {
     dropout_seed_ = seed;
     dropout_step_ = step;
   }
+  // Dropout applies only while training; evaluation forwards run without it (and are not
+  // followed by a backward).
+  void set_training(bool on) { training_ = on; }
 
  protected:
   CounterRng dropout_rng(uint64_t site_key, int micro_batch) const {
     return {stream_key(stream_key(site_key, dropout_seed_), (dropout_step_ << 16) + static_cast<uint64_t>(micro_batch))};
   }
   uint64_t dropout_seed_ = 0, dropout_step_ = 0;
+  bool training_ = true;
 };
 
 // Fills a parameter: N(0, std) drawn from stream_key(seed, name), in parallel and the same bits

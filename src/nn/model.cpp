@@ -53,6 +53,10 @@ void Model::zero_grad() {
   for (Param* p : params()) p->grad.zero();
 }
 
+void Model::set_training(bool on) {
+  for (auto& b : blocks_) b->set_training(on);
+}
+
 void Model::set_dropout_step(uint64_t seed, uint64_t step) {
   for (auto& b : blocks_) b->set_dropout_step(seed, step);
 }

@@ -48,6 +48,8 @@ class Model {
   void zero_grad();
   // Dropout (when cfg.dropout > 0) draws from (seed, step, micro-batch index).
   void set_dropout_step(uint64_t seed, uint64_t step);
+  // false for evaluation: no dropout (see ModelBlock::set_training).
+  void set_training(bool on);
 
   ModelState make_state(int max_rows, int seq) const;
   // x_in: (rows, seq, hidden) unless the range starts at the embedding; x_out: the same unless it

@@ -341,7 +341,9 @@ double Executor::evaluate(Batcher& valid) {
         }
       }
       Tensor& x_out = c.model->has_head() ? no_output : c.x_out[0];
+      c.model->set_training(false);
       loss += c.model->forward(mb, *x_in, x_out, c.states[0]);
+      c.model->set_training(true);
       if (c.next_device >= 0)
         p2p_->wait(p2p_->isend(c.x_out[0].span(), c.next_device,
                                tags_.tag(comm::MsgKind::Activation, layout_.chunk_id(0, st + 1), 0)));

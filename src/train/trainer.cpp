@@ -110,6 +110,7 @@ double Trainer::evaluate() {
   double loss = 0;
   int64_t positions = 0;
   const int rows = cfg_.parallel.micro_batch_size;
+  model_->set_training(false);
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
     MicroBatch& mb = mbs[0];
     valid_data_->fill(static_cast<int64_t>(b) * rows, rows, mb);
@@ -118,6 +119,7 @@ double Trainer::evaluate() {
     loss += model_->forward(mb, no_input_, no_output_, state_);
     positions += mb.loss_positions();
   }
+  model_->set_training(true);
   return positions ? loss / static_cast<double>(positions) : 0.0;
 }
 

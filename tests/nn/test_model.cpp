@@ -193,6 +193,21 @@ TEST(Model, BertPaddingTokensDoNotChangeTheLoss) {
   EXPECT_NE(m->forward(mb, none, none, st), l);
 }
 
+TEST_P(ModelTest, EvaluationRunsWithoutDropout) {
+  ModelConfig plain = tiny_config(GetParam()), dropped = plain;
+  dropped.dropout = 0.3f;
+  auto a = full_model(plain), b = full_model(dropped);
+  MicroBatch mb = tiny_batch(plain);
+  ModelState sa = a->make_state(mb.rows, mb.seq), sb = b->make_state(mb.rows, mb.seq);
+  Tensor none;
+  const float reference = a->forward(mb, none, none, sa);
+  EXPECT_NE(b->forward(mb, none, none, sb), reference);  // training: dropout applies
+  b->set_training(false);
+  EXPECT_EQ(b->forward(mb, none, none, sb), reference);  // evaluation: the same bits as no dropout
+  b->set_training(true);
+  EXPECT_NE(b->forward(mb, none, none, sb), reference);
+}
+
 TEST(Model, GptIsCausal) {
   // Changing the last token changes only the last position's loss: remove it from the labels and
   // the loss must be unchanged.
