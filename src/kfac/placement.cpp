@@ -22,7 +22,16 @@ double InversionPlacement::makespan() const { return load.empty() ? 0 : *std::ma
 
 InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time,
                                        const CostOfDim& bcast_time) {
+  std::vector<double> comp, comm;
+  for (int64_t d : dims) comp.push_back(inv_time(d)), comm.push_back(bcast_time(d));
+  return place_load_balanced(dims, ranks, comp, comm);
+}
+
+InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ranks, const std::vector<double>& inv_time,
+                                       const std::vector<double>& bcast_time) {
   PF_CHECK(ranks >= 1, "placement over {} ranks", ranks);
+  PF_CHECK(inv_time.size() == dims.size() && bcast_time.size() == dims.size(), "placement: {} dims, {} and {} costs",
+           dims.size(), inv_time.size(), bcast_time.size());
   InversionPlacement p;
   p.owner.assign(dims.size(), kEveryRank);
   p.load.assign(static_cast<size_t>(ranks), 0.0);
@@ -30,7 +39,7 @@ InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ran
   std::iota(p.order.begin(), p.order.end(), 0);
   std::stable_sort(p.order.begin(), p.order.end(), [&](int a, int b) { return dims[a] > dims[b]; });
   for (int f : p.order) {
-    const double comp = inv_time(dims[f]), comm = bcast_time(dims[f]);
+    const double comp = inv_time[f], comm = bcast_time[f];
     if (ranks == 1 || comp < comm) {  // non-communicated: everyone inverts it
       for (double& l : p.load) l += comp;
       continue;

@@ -38,6 +38,10 @@ using CostOfDim = std::function<double(int64_t d)>;
 // d x d factor (a diagonal factor may pass a smaller "dimension" for its cost).
 InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time,
                                        const CostOfDim& bcast_time);
+// The same with each factor's own modelled times ([factor] seconds, or any one unit), e.g. the
+// PipeFisher planner's measured per-factor inversion times; the order is still by dimension.
+InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ranks, const std::vector<double>& inv_time,
+                                       const std::vector<double>& bcast_time);
 // Eq. 22 (MPD-KFAC). Loads are filled from the same models when given (else 0).
 InversionPlacement place_round_robin(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time = {},
                                      const CostOfDim& bcast_time = {});

@@ -10,7 +10,8 @@ namespace pf {
 namespace {
 constexpr std::array<std::string_view, kNumKinds> kNames = {
     "F",   "B",      "I",      "W",         "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-    "ALLREDUCE", "OPT", "CURV_A", "CURV_B", "SYNC_CURV", "INV_A", "INV_B", "PREC"};
+    "ALLREDUCE", "OPT", "CURV_A", "CURV_B", "SYNC_CURV", "INV_A", "INV_B", "PREC",
+    "BCAST_INV_A", "BCAST_INV_B"};
 }
 
 std::string_view kind_name(Kind k) { return kNames[static_cast<int>(k)]; }
@@ -34,11 +35,12 @@ bool has_micro_batch(Kind k) {
 bool is_p2p(Kind k) {
   return k == Kind::SEND_F || k == Kind::RECV_F || k == Kind::SEND_B || k == Kind::RECV_B;
 }
-bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV; }
+bool is_bcast_inv(Kind k) { return k == Kind::BCAST_INV_A || k == Kind::BCAST_INV_B; }
+bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV || is_bcast_inv(k); }
 bool is_compute(Kind k) { return !is_p2p(k) && !is_collective(k); }
 bool is_kfac(Kind k) {
   return k == Kind::CURV_A || k == Kind::CURV_B || k == Kind::SYNC_CURV || k == Kind::INV_A ||
-         k == Kind::INV_B || k == Kind::PREC;
+         k == Kind::INV_B || k == Kind::PREC || is_bcast_inv(k);
 }
 
 std::string to_token(const Action& a) {

@@ -10,7 +10,8 @@
 // Examples: "3F1" (stage 3 forward of micro-batch 1, pipeline 0), "0B5p1" (Chimera's up
 // pipeline), "2CURV_A1l4" (curvature A of layer 4 for micro-batch 1 on stage 2), "2INV_Al4",
 // "2INV_Bl4b1" (diagonal block 1 of B_4, a split inversion piece), "1PREC", "1SEND_F0" (stage 1 sends the output activation of micro-batch 0 to stage 2).
-// Kinds without a micro-batch (INV_*, PREC, ALLREDUCE, OPT, SYNC_CURV) omit the number.
+// "2BCAST_INV_Al4b1" (broadcast of that piece's inverse among the stage's replicas).
+// Kinds without a micro-batch (INV_*, BCAST_INV_*, PREC, ALLREDUCE, OPT, SYNC_CURV) omit the number.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,16 +36,19 @@ enum class Kind : uint8_t {
   INV_A,      // inversion of A_l
   INV_B,      // inversion of B_l
   PREC,       // precondition the gradients of a stage
+  BCAST_INV_A,  // broadcast of the inverse of A_l (or one diagonal block) from the replica that
+  BCAST_INV_B,  // inverted it to the stage's other replicas (PipeFisher, W > 1), upper triangle
 };
-inline constexpr int kNumKinds = 16;
+inline constexpr int kNumKinds = 18;
 
 std::string_view kind_name(Kind k);             // "F", "SEND_F", "CURV_A", ...
 std::optional<Kind> kind_from_name(std::string_view name);
 bool has_micro_batch(Kind k);                   // F B I W SEND/RECV CURV_A/B
 bool is_compute(Kind k);                        // counts as busy device time
 bool is_p2p(Kind k);                            // SEND_* / RECV_*
-bool is_collective(Kind k);                     // ALLREDUCE, SYNC_CURV: all copies start together
-bool is_kfac(Kind k);                           // CURV_*, SYNC_CURV, INV_*, PREC
+bool is_collective(Kind k);                     // ALLREDUCE, SYNC_CURV, BCAST_INV_*: all copies start together
+bool is_kfac(Kind k);                           // CURV_*, SYNC_CURV, INV_*, BCAST_INV_*, PREC
+bool is_bcast_inv(Kind k);                      // BCAST_INV_A / BCAST_INV_B
 
 struct Action {
   Kind kind = Kind::F;
@@ -52,7 +56,7 @@ struct Action {
   int pipeline = 0;     // 0 = down, 1 = up (Chimera); 0 for every other schedule
   int micro_batch = -1; // -1 for kinds without a micro-batch
   int layer = -1;       // layer within the stage (K-FAC kinds), -1 otherwise
-  int block = -1;       // INV_A/INV_B of one diagonal block of a factor split by the PipeFisher
+  int block = -1;       // INV_A/INV_B (BCAST_INV_*) of one diagonal block of a factor split by the PipeFisher
                         // planner (block-diagonal approximation), -1 = the whole factor
 
   friend bool operator==(const Action&, const Action&) = default;

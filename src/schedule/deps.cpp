@@ -51,7 +51,7 @@ Dependencies build_dependencies(const Schedule& s) {
   Dependencies deps;
   deps.waits_for.resize(s.devices);
   deps.group_of.resize(s.devices);
-  std::map<std::tuple<int, int, int>, int> group_ids;
+  std::map<std::tuple<int, int, int, int>, int> group_ids;
   for (int d = 0; d < s.devices; ++d) {
     const auto& order = s.per_device[d];
     deps.waits_for[d].resize(order.size());
@@ -102,6 +102,8 @@ Dependencies build_dependencies(const Schedule& s) {
           need_all(ix.final_backward, std::pair{p, st});
           need(ix.find(Kind::ALLREDUCE, p, st, -1));
           break;
+        case Kind::BCAST_INV_A:
+        case Kind::BCAST_INV_B: break;  // the previous refresh cycle's inverse: nothing of this step
         case Kind::OPT:
           need_all(ix.final_backward, std::pair{p, st});
           need(ix.find(Kind::ALLREDUCE, p, st, -1));
@@ -109,7 +111,7 @@ Dependencies build_dependencies(const Schedule& s) {
           break;
       }
       if (is_collective(a.kind)) {
-        auto [it, fresh] = group_ids.emplace(std::tuple{static_cast<int>(a.kind), st, a.layer},
+        auto [it, fresh] = group_ids.emplace(std::tuple{static_cast<int>(a.kind), st, a.layer, a.block},
                                              static_cast<int>(deps.groups.size()));
         if (fresh) deps.groups.emplace_back();
         deps.group_of[d][i] = it->second;

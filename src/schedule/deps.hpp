@@ -11,8 +11,9 @@
 //   ALLREDUCE(p,s) every final backward (B or W) of (p,s)
 //   PREC(p,s)     every final backward of (p,s), ALLREDUCE(p,s)
 //   OPT(p,s)      every final backward of (p,s), ALLREDUCE(p,s), PREC(p,s)
-// (only the listed actions that exist in the schedule). Collective kinds (ALLREDUCE, SYNC_CURV)
-// with the same (kind, stage, layer) on different devices form a group that starts together:
+//   BCAST_INV_A/B nothing (it sends the previous refresh cycle's inverse)
+// (only the listed actions that exist in the schedule). Collective kinds (ALLREDUCE, SYNC_CURV,
+// BCAST_INV_*) with the same (kind, stage, layer, block) on different devices form a group that starts together:
 // the copies of one stage (Chimera's down and up pipelines, data-parallel replicas).
 // Communication semantics: sends are buffered (isend), receives and data waits block.
 #include "schedule/schedule.hpp"

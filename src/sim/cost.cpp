@@ -17,6 +17,8 @@ double CostModel::duration(const Action& a) const {
     case Kind::CURV_A: case Kind::CURV_B: return c.curvature / half_layer;
     case Kind::INV_A: case Kind::INV_B: return c.inversion / half_layer;
     case Kind::PREC: return c.precondition;
+    // Timed by the PipeFisher planner from its broadcast model (PlanInput::bcast_*).
+    case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return 0;
   }
   return 0;
 }

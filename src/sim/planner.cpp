@@ -17,6 +17,7 @@ namespace pf {
 namespace {
 
 constexpr double kEps = 1e-9;
+constexpr double kMinCollective = 1e-6;  // shortest broadcast unit (time units of the input)
 
 // An idle interval of one device in one step. `insert_at`: where an action running in it goes
 // in the device's list (after the occupying action before the gap and the sends it started).
@@ -139,6 +140,7 @@ struct Unit {
 struct DeviceUnits {
   std::vector<Unit> units;
   std::vector<std::pair<int, int>> stages;  // hosted (pipeline, stage), by first forward
+  std::vector<StagePlacement> placements;   // W > 1 (place_inversions)
 };
 
 // The units of device d in priority order: CURV_A, CURV_B, SYNC, INV_A, INV_B.
@@ -239,18 +241,72 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
   return du;
 }
 
-// Largest first to the least loaded replica (lowest index on a tie): inversion parallelism.
-void assign_inversions(std::vector<Unit>& u, int replicas) {
-  if (replicas <= 1) return;
-  std::vector<int> inv;
-  for (int i = 0; i < static_cast<int>(u.size()); ++i)
-    if (u[i].a.kind == Kind::INV_A || u[i].a.kind == Kind::INV_B) inv.push_back(i);
-  std::stable_sort(inv.begin(), inv.end(), [&](int a, int b) { return u[a].dur > u[b].dur; });
-  std::vector<double> load(replicas, 0);
-  for (int i : inv) {
-    int w = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    u[i].owner = w;
-    load[w] += u[i].dur;
+// Broadcast of one inverse piece of size n: alpha + beta * bytes (4-byte floats: the upper
+// triangle, or the n entries of a diagonal factor).
+double bcast_time(const PlanInput& in, int64_t n, bool diagonal) {
+  const double floats = diagonal ? static_cast<double>(n) : static_cast<double>(n) * (n + 1) / 2;
+  return in.bcast_alpha + in.bcast_beta * 4 * floats;
+}
+
+// W > 1: SPD-KFAC's Algorithm 1 (kfac/placement.hpp) over the inversion pieces of each hosted
+// stage: NCT pieces run on every replica, CT pieces on their owner, each CT followed by a
+// BCAST_INV unit on every replica (the previous cycle's inverse, before the stage's SYNC_CURV:
+// chained in placement order, the sync after the last). Inline and pinned as the sync is.
+void place_inversions(const PlanInput& in, DeviceUnits& du, double max_gap) {
+  const int W = in.replicas;
+  du.placements.clear();
+  if (W <= 1) return;
+  auto& u = du.units;
+  const bool chimera = in.schedule.pipelines > 1;
+  for (auto [p, s] : du.stages) {
+    const StageKfacCost& c = stage_cost(in, s);
+    StagePlacement sp;
+    sp.pipeline = p, sp.stage = s;
+    std::vector<int> idx;  // [piece] unit index
+    int sync = -1;
+    for (int i = 0; i < static_cast<int>(u.size()); ++i) {
+      const Action& a = u[i].a;
+      if (a.pipeline != p || a.stage != s) continue;
+      if (a.kind == Kind::SYNC_CURV) sync = i;
+      if (a.kind != Kind::INV_A && a.kind != Kind::INV_B) continue;
+      const bool is_a = a.kind == Kind::INV_A;
+      const int d = is_a ? c.dim_a[a.layer] : c.dim_b[a.layer];
+      int64_t n = d;
+      if (a.block >= 0) {  // sizes as kfac's split_blocks: the first d % k blocks get one more row
+        int k = 0;
+        for (const Unit& x : u) k += x.a.kind == a.kind && x.a.pipeline == p && x.a.stage == s && x.a.layer == a.layer;
+        n = d / k + (a.block < d % k ? 1 : 0);
+      }
+      const bool diag = !is_a && !c.diag_b.empty() && c.diag_b[a.layer] != 0;
+      idx.push_back(i);
+      sp.pieces.push_back(a);
+      sp.dims.push_back(n);
+      sp.inv_time.push_back(u[i].dur);
+      sp.bcast_time.push_back(bcast_time(in, n, diag));
+    }
+    PF_CHECK(sync >= 0, "no SYNC_CURV for stage {} of pipeline {}", s, p);
+    sp.placement = place_load_balanced(sp.dims, W, sp.inv_time, sp.bcast_time);
+    std::vector<int> chain;  // the stage's broadcasts, in placement order
+    for (int k : sp.placement.order) {
+      u[idx[k]].owner = sp.placement.owner[k];  // kEveryRank (-1): every replica
+      if (sp.placement.owner[k] == kEveryRank) continue;
+      const Action& inv = u[idx[k]].a;
+      Unit b;
+      b.a = Action{inv.kind == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, s, p, -1, inv.layer, inv.block};
+      // Never zero: a zero-length unit would tie in start time with the next one, and list
+      // order breaks ties by start only.
+      b.dur = std::max(sp.bcast_time[k], kMinCollective);
+      if (!chain.empty()) b.deps.push_back(chain.back());
+      b.pinned = chimera;
+      b.inl = !chimera && (max_gap <= kEps || b.dur * (1 + in.margin) > max_gap + kEps);
+      chain.push_back(static_cast<int>(u.size()));
+      u.push_back(b);
+    }
+    if (!chain.empty()) u[sync].deps.push_back(chain.back());
+    // An inline sync needs its broadcasts inline before it; an inline broadcast the earlier ones.
+    for (size_t j = chain.size(); j-- > 0;)
+      if (!chimera && (u[sync].inl || (j + 1 < chain.size() && u[chain[j + 1]].inl))) u[chain[j]].inl = true;
+    du.placements.push_back(std::move(sp));
   }
 }
 
@@ -263,8 +319,20 @@ TimedSchedule with_inline(const TimedSchedule& base, const std::vector<DeviceUni
   TimedSchedule ts = base;
   where.assign(du.size(), {});
   for (size_t d = 0; d < du.size(); ++d) {
-    for (size_t i = 0; i < du[d].units.size(); ++i) {
-      const Unit& x = du[d].units[i];
+    // Unit order, but a stage's broadcasts right before its sync (they chain into it).
+    const auto& units = du[d].units;
+    std::vector<size_t> order;
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (is_bcast_inv(units[i].a.kind)) continue;
+      if (units[i].a.kind == Kind::SYNC_CURV)
+        for (size_t j = 0; j < units.size(); ++j)
+          if (is_bcast_inv(units[j].a.kind) && units[j].a.stage == units[i].a.stage &&
+              units[j].a.pipeline == units[i].a.pipeline)
+            order.push_back(j);
+      order.push_back(i);
+    }
+    for (size_t i : order) {
+      const Unit& x = units[i];
       if (!x.inl || x.pinned || !runs_on(x, w)) continue;
       auto& list = ts.s.per_device[d];
       int at = static_cast<int>(list.size());
@@ -274,7 +342,7 @@ TimedSchedule with_inline(const TimedSchedule& base, const std::vector<DeviceUni
       // The simulator groups collectives of equal (kind, stage) across devices (Chimera twins);
       // a replica-local sync is timed as plain device work.
       Action timed = x.a;
-      if (timed.kind == Kind::SYNC_CURV) timed.kind = Kind::PREC;
+      if (is_collective(timed.kind)) timed.kind = Kind::PREC;
       ts.insert(static_cast<int>(d), at, timed, x.dur);
       for (auto& [unit, idx] : where[d])
         if (idx >= at) ++idx;
@@ -338,7 +406,8 @@ struct Placer {
 struct Strategy {
   bool curv_largest_first, curv_best_fit;  // curvature and sync
   bool inv_largest_first, inv_best_fit;    // inversion
-  bool largest_first(Kind k) const { return is_inv(k) ? inv_largest_first : curv_largest_first; }
+  // Broadcasts keep their chain order (placement order, the same on every replica).
+  bool largest_first(Kind k) const { return is_inv(k) ? inv_largest_first : !is_bcast_inv(k) && curv_largest_first; }
   bool best_fit(Kind k) const { return is_inv(k) ? inv_best_fit : curv_best_fit; }
   static bool is_inv(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
   std::string name() const {
@@ -363,9 +432,10 @@ std::vector<int> placement_order(const std::vector<Unit>& u, const Strategy& st)
     switch (u[i].a.kind) {
       case Kind::CURV_A: return 0;
       case Kind::CURV_B: return 1;
-      case Kind::SYNC_CURV: return 2;
-      case Kind::INV_A: return 3;
-      default: return 4;
+      case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return 2;
+      case Kind::SYNC_CURV: return 3;
+      case Kind::INV_A: return 4;
+      default: return 5;
     }
   };
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -377,15 +447,27 @@ std::vector<int> placement_order(const std::vector<Unit>& u, const Strategy& st)
 
 }  // namespace
 
+int StagePlacement::owner_of(const Action& a) const {
+  const Kind inv = a.kind == Kind::BCAST_INV_A ? Kind::INV_A : a.kind == Kind::BCAST_INV_B ? Kind::INV_B : a.kind;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k] == Action{inv, a.stage, a.pipeline, -1, a.layer, a.block}) return placement.owner[k];
+  PF_CHECK(false, "{} is no inversion piece of stage {} pipeline {}", to_token(a), stage, pipeline);
+  return kEveryRank;
+}
+
 KfacPlan plan_kfac(const PlanInput& in) {
   const Schedule& sch = in.schedule;
   if (in.replicas < 1) usage_error("--data-parallel", "must be >= 1 (got {})", in.replicas);
   if (in.margin < 0) usage_error("--margin", "must be >= 0 (got {})", in.margin);
+  if (in.bcast_alpha < 0 || in.bcast_beta < 0)
+    usage_error(in.bcast_alpha < 0 ? "--bcast-alpha" : "--bcast-beta", "must be >= 0 (got {})",
+                in.bcast_alpha < 0 ? in.bcast_alpha : in.bcast_beta);
   if (in.kfac.empty() || (in.kfac.size() != 1 && static_cast<int>(in.kfac.size()) != sch.stages))
     usage_error("--kfac", "K-FAC costs for {} stages but the schedule has {}", in.kfac.size(), sch.stages);
   for (const StageKfacCost& c : in.kfac)
     if (c.layers() < 1 || c.curv_b.size() != c.curv_a.size() || c.inv_a.size() != c.curv_a.size() ||
-        c.inv_b.size() != c.curv_a.size() || c.dim_a.size() != c.curv_a.size() || c.dim_b.size() != c.curv_a.size())
+        c.inv_b.size() != c.curv_a.size() || c.dim_a.size() != c.curv_a.size() || c.dim_b.size() != c.curv_a.size() ||
+        (!c.diag_b.empty() && c.diag_b.size() != c.curv_a.size()))
       usage_error("--kfac", "every stage needs curvature, inversion and sizes for each of its layers");
   if (!in.durations.empty()) {
     bool ok = static_cast<int>(in.durations.size()) == sch.devices;
@@ -423,7 +505,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
   std::vector<DeviceUnits> du(D);
   for (int d = 0; d < D; ++d) {
     du[d] = make_units(in, plan.base, d, decide_gap[d], plan.splits);
-    assign_inversions(du[d].units, W);
+    place_inversions(in, du[d], decide_gap[d]);
   }
 
   // Per replica: cycle step 0 (with inline work) and the gap placement.
@@ -468,9 +550,10 @@ KfacPlan plan_kfac(const PlanInput& in) {
       double t = p.placer.offset(sync_step + 1);
       std::vector<int> syncs;
       for (size_t i = 0; i < u.size(); ++i)
-        if (u[i].pinned && u[i].a.kind == Kind::SYNC_CURV) syncs.push_back(static_cast<int>(i));
+        if (u[i].pinned && is_collective(u[i].a.kind)) syncs.push_back(static_cast<int>(i));
       std::stable_sort(syncs.begin(), syncs.end(), [&](int a, int b) {
-        return std::pair(u[a].a.stage, u[a].a.pipeline) < std::pair(u[b].a.stage, u[b].a.pipeline);
+        return std::tuple(u[a].a.stage, u[a].a.pipeline, u[a].a.kind == Kind::SYNC_CURV) <
+               std::tuple(u[b].a.stage, u[b].a.pipeline, u[b].a.kind == Kind::SYNC_CURV);
       });
       for (int i : syncs) t += u[i].dur;
       for (int i : syncs) end[i] = t;  // what follows waits for the device's last sync
@@ -563,7 +646,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
           force[{a.pipeline, a.stage, a.kind == Kind::INV_A ? 0 : 1, a.layer}] = k;
           std::vector<FactorSplit> trial_splits;
           DeviceUnits trial = make_units(in, plan.base, d, decide_gap[d], trial_splits, force);
-          assign_inversions(trial.units, W);
+          place_inversions(in, trial, decide_gap[d]);
           std::swap(du[d], trial);
           std::vector<DevicePlacement> cand;
           std::string name;
@@ -588,6 +671,12 @@ KfacPlan plan_kfac(const PlanInput& in) {
       rs[w].needed.push_back(best[w].needed);
     }
   }
+
+  for (int d = 0; d < D; ++d)
+    for (StagePlacement& sp : du[d].placements) {
+      sp.device = d;
+      plan.placements.push_back(sp);
+    }
 
   // Cycle lengths: per device (max over replicas), or one for all when inline work exists.
   plan.common_cycle = any_inline || sch.pipelines > 1;
@@ -653,9 +742,11 @@ KfacPlan plan_kfac(const PlanInput& in) {
         std::vector<int> pinned;
         for (size_t i = 0; i < u.size(); ++i)
           if (u[i].pinned && runs_on(u[i], w)) pinned.push_back(static_cast<int>(i));
+        // Per stage (stage order): its broadcasts (chain order), then its sync; then inversions.
         std::stable_sort(pinned.begin(), pinned.end(), [&](int a, int b) {
-          const bool ia = u[a].a.kind != Kind::SYNC_CURV, ib = u[b].a.kind != Kind::SYNC_CURV;
-          return std::tuple(ia, u[a].a.stage, u[a].a.pipeline) < std::tuple(ib, u[b].a.stage, u[b].a.pipeline);
+          const bool ia = !is_collective(u[a].a.kind), ib = !is_collective(u[b].a.kind);
+          return std::tuple(ia, u[a].a.stage, u[a].a.pipeline, u[a].a.kind == Kind::SYNC_CURV) <
+                 std::tuple(ib, u[b].a.stage, u[b].a.pipeline, u[b].a.kind == Kind::SYNC_CURV);
         });
         const int K = plan.sync_step;
         const int at = static_cast<int>((K == 0 ? r.step0.s : base.s).per_device[d].size());

@@ -38,12 +38,20 @@
 // devices share one cycle length (the step-0 timeline with inline work is then the one that runs).
 //
 // Staleness. Until an inverse is refreshed the previous one is used. With W = 1 a PREC uses
-// whatever inverse its device holds at that point of its order. With W > 1 the inversions of a
-// stage are shared out among its replicas (largest first to the least loaded, lowest index on a
-// tie); the owner's inverse reaches the others through the next cycle's SYNC_CURV (owners add
-// their fresh inverses, others zeros: the sum is a broadcast; its bytes are in the sync cost), and
-// every replica, owner included, switches to the inverses of cycle c right after the SYNC_CURV of
-// cycle c+1, so replicas stay identical.
+// whatever inverse its device holds at that point of its order.
+//
+// W > 1: the inversion units of a stage (whole factors, or the diagonal blocks of a split one)
+// are placed over its replicas by SPD-KFAC's Algorithm 1 (place_load_balanced, kfac/placement.hpp):
+// by dimension, largest first; a unit whose inversion time (its planned duration) is below the
+// broadcast of its inverse (PlanInput::bcast_*: alpha + beta * bytes of the upper triangle, or of
+// the d floats of a diagonal factor) is non-communicated (NCT): every replica inverts it; else
+// (CT) the least loaded replica inverts it and a BCAST_INV_A/B unit on every replica broadcasts
+// it. A split factor's blocks are placed as separate pieces (each its own size and costs): they
+// are separate units in the gaps, and a block is what a replica inverts and sends. The broadcasts
+// of cycle c's inverses run in cycle c+1 just before the stage's SYNC_CURV, one after the other
+// in placement order (so every replica posts the stage's collectives in the same order), and every
+// replica, owner included, switches to all inverses of cycle c (NCT and CT) right after that
+// SYNC_CURV, so replicas stay identical. `placements` reports each stage's placement.
 //
 // Chimera (every stage held by two devices, the twins i and D-1-i, plus their replicas): the
 // holders must sum their curvature and switch inverses at the same point, so a SYNC_CURV per
@@ -68,6 +76,7 @@
 // needs fewer steps; that first set is kept and reported in `splits` (its `strategy` says so),
 // else nothing is split. A block-diagonal factor costs 1/k^2 of the inversion but approximates
 // the factor (the trade the paper's appendix A.2 makes).
+#include "kfac/placement.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/cost.hpp"
 #include "sim/sim.hpp"
@@ -93,6 +102,7 @@ struct StageKfacCost {
   std::vector<double> curv_a, curv_b;  // [layer] one micro-batch
   std::vector<double> inv_a, inv_b;    // [layer] the whole factor
   std::vector<int> dim_a, dim_b;       // [layer] factor sizes (block splits)
+  std::vector<int> diag_b;             // [layer] 1: B kept diagonal (d floats to broadcast); empty: none
   double precondition = 0;             // PREC of the stage, every step
   double sync = 0;                     // SYNC_CURV of the stage (used only when replicas > 1)
   int layers() const { return static_cast<int>(curv_a.size()); }
@@ -113,6 +123,9 @@ struct PlanInput {
   CostModel cost;                                // durations when `durations` is empty
   std::vector<StageKfacCost> kfac;               // [stage], or one entry for uniform stages
   int replicas = 1;                              // W data-parallel replicas per stage
+  // Broadcast of an inverse among the replicas (W > 1): bcast_alpha + bcast_beta * bytes, 4-byte
+  // floats of the upper triangle (the comm performance model's fit; 0, 0: every piece is CT).
+  double bcast_alpha = 0, bcast_beta = 0;
   double margin = 0.05;
   // Split a device's largest inversions into diagonal blocks when that lowers its refresh steps
   // (see planner.cpp); off: only units larger than every gap are split.
@@ -138,6 +151,17 @@ struct FactorSplit {
   double pieces = 0;        // total cost of the blocks
 };
 
+// Algorithm 1 over one stage's inversion pieces (W > 1): pieces[k] is the INV_A/INV_B action
+// (block -1 = whole factor) of placement index k; placement.owner[k] == kEveryRank: NCT.
+struct StagePlacement {
+  int pipeline = 0, stage = 0, device = 0;
+  std::vector<Action> pieces;
+  std::vector<int64_t> dims;
+  std::vector<double> inv_time, bcast_time;  // [piece] as the placement used them
+  InversionPlacement placement;
+  int owner_of(const Action& inv_or_bcast) const;  // replica, kEveryRank, or PF_CHECK failure
+};
+
 struct KfacPlan {
   int devices = 0, replicas = 1;
   std::vector<int> refresh_steps;              // [device] cycle length R_d
@@ -155,6 +179,7 @@ struct KfacPlan {
   bool common_cycle = false;                   // all devices share one cycle (inline work present, or Chimera)
   int sync_step = -1;                          // Chimera: the cycle step whose end has the syncs (-1: none)
   std::vector<FactorSplit> splits;
+  std::vector<StagePlacement> placements;      // W > 1: each hosted (pipeline, stage)'s inversion placement
   std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)

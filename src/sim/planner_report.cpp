@@ -42,7 +42,7 @@ Timeline KfacPlan::period_timeline(int replica, int steps, std::vector<double>* 
         x.end += offset;
         tl.per_device[d].push_back(x);
       }
-      // Inline units are already in step0's rows (timed as PREC when syncs): fix their kinds.
+      // Inline units are already in step0's rows (timed as PREC when syncs or broadcasts): fix their kinds.
       const int k = t % refresh_steps[d];
       for (const PlacedUnit& u : units) {
         if (u.replica != replica || u.device != d || u.step != k) continue;
@@ -50,7 +50,7 @@ Timeline KfacPlan::period_timeline(int replica, int steps, std::vector<double>* 
           if (!first_of_cycle) continue;
           for (TimedAction& x : tl.per_device[d])
             if (x.start == u.start + offset && x.end == u.end + offset && x.action.kind == Kind::PREC &&
-                u.action.kind == Kind::SYNC_CURV)
+                is_collective(u.action.kind))
               x.action = u.action;
           continue;
         }

@@ -22,6 +22,8 @@ const KindStyle& kind_style(Kind k) {
       {"#E15759", "inversion A", 'i'},         // INV_A
       {"#FF9D9A", "inversion B", 'i'},         // INV_B
       {"#B07AA1", "precondition", 'p'},        // PREC
+      {"#76B7B2", "broadcast inverse A", 'x'}, // BCAST_INV_A
+      {"#A0CBE8", "broadcast inverse B", 'x'}, // BCAST_INV_B
   }};
   return table[static_cast<int>(k)];
 }

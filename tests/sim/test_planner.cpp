@@ -38,6 +38,19 @@ bool occupying(Kind k) { return !is_p2p(k); }
 void check_plan(const PlanInput& in, const KfacPlan& plan) {
   const Schedule& s = in.schedule;
   const int D = s.devices, W = in.replicas;
+  // Every replica of a device posts its collectives (broadcasts, syncs) in the same order: blocking
+  // collectives on the stage's communicator must not cross.
+  for (int d = 0; d < D; ++d)
+    for (int k = 0; k < static_cast<int>(plan.cycle[0][d].size()); ++k) {
+      std::vector<std::string> first;
+      for (int w = 0; w < W; ++w) {
+        std::vector<std::string> coll;
+        for (const Action& a : plan.cycle[w][d][k])
+          if (a.kind == Kind::SYNC_CURV || is_bcast_inv(a.kind)) coll.push_back(to_token(a));
+        if (w == 0) first = coll;
+        EXPECT_EQ(coll, first) << "device " << d << " cycle step " << k << " replica " << w;
+      }
+    }
   auto offset = [&](int k) { return k == 0 ? 0.0 : plan.step0_time + (k - 1) * plan.base_step_time; };
   // Expected units per device (one cycle, all replicas together).
   for (int d = 0; d < D; ++d) {
@@ -55,12 +68,27 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
       const StageKfacCost& c = in.kfac.size() == 1 ? in.kfac[0] : in.kfac[st];
       if (W > 1 || s.pipelines > 1)
         for (int w = 0; w < W; ++w) expect.insert(to_token({Kind::SYNC_CURV, st, p, -1, -1}));
+      // W > 1: an NCT piece is inverted by every replica; a CT piece by its owner, and
+      // broadcast on every replica (plan.placements, checked in InversionsPlacedByAlgorithm1).
+      const StagePlacement* sp = nullptr;
+      for (const StagePlacement& x : plan.placements)
+        if (x.pipeline == p && x.stage == st && x.device == d) sp = &x;
+      ASSERT_EQ(sp != nullptr, W > 1) << "device " << d;
       for (Kind k : {Kind::INV_A, Kind::INV_B})
         for (int l = 0; l < c.layers(); ++l) {
           int blocks = 1;
           for (const FactorSplit& f : plan.splits)
             if (f.pipeline == p && f.stage == st && f.layer == l && f.kind == k) blocks = f.blocks;
-          for (int j = 0; j < blocks; ++j) expect.insert(to_token({k, st, p, -1, l, blocks > 1 ? j : -1}));
+          for (int j = 0; j < blocks; ++j) {
+            const Action inv{k, st, p, -1, l, blocks > 1 ? j : -1};
+            const int owner = sp ? sp->owner_of(inv) : kEveryRank;
+            for (int w = 0; w < (owner == kEveryRank ? W : 1); ++w) expect.insert(to_token(inv));
+            if (owner == kEveryRank) continue;
+            for (int w = 0; w < W; ++w)
+              expect.insert(to_token({k == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, st, p, -1, l, inv.block}));
+            for (const PlacedUnit& u : plan.units)
+              if (u.device == d && u.action == inv) EXPECT_EQ(u.replica, owner) << to_token(inv);
+          }
         }
     }
     for (const PlacedUnit& u : plan.units)
@@ -110,7 +138,8 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
           for (const PlacedUnit* v : mine) {
             const Action& b = v->action;
             if (b.stage != a.stage || b.pipeline != a.pipeline) continue;
-            bool dep = a.kind == Kind::SYNC_CURV ? (b.kind == Kind::CURV_A || b.kind == Kind::CURV_B)
+            // The sync after the stage's broadcasts (of the previous cycle's inverses).
+            bool dep = a.kind == Kind::SYNC_CURV ? (b.kind == Kind::CURV_A || b.kind == Kind::CURV_B || is_bcast_inv(b.kind))
                                                  : (b.kind == Kind::SYNC_CURV ||
                                                     (b.kind == (a.kind == Kind::INV_A ? Kind::CURV_A : Kind::CURV_B) &&
                                                      b.layer == a.layer));
@@ -140,7 +169,7 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
         const Timeline& tl = k == 0 ? plan.step0 : plan.base;
         ASSERT_EQ(own.size(), tl.per_device[d].size());
         for (size_t i = 0; i < own.size(); ++i)
-          if (!(own[i].kind == Kind::SYNC_CURV && tl.per_device[d][i].action.kind == Kind::PREC))
+          if (!(is_collective(own[i].kind) && tl.per_device[d][i].action.kind == Kind::PREC))
             EXPECT_EQ(own[i], tl.per_device[d][i].action) << "device " << d << " step " << k << " at " << i;
       }
     }
@@ -422,6 +451,60 @@ TEST(Planner, DataAndInversionParallelism) {
   for (int d = 0; d < 4; ++d) EXPECT_LE(p.kfac_work[d], one.kfac_work[d] + in.kfac[0].sync);
 }
 
+TEST(Planner, InversionsPlacedByAlgorithm1) {
+  // W = 2 with a broadcast model under which the 1024-wide factors are cheaper to invert than to
+  // broadcast (NCT: every replica inverts them) and the 4096-wide ones are not (CT: one owner,
+  // then a broadcast): beta between the two thresholds t_inv(d) / bytes(d) (d^3 against d^2).
+  PlanInput in = bert_large("1f1b", 4, 4, 1, 2);
+  const StageKfacCost& c = in.kfac[0];
+  auto bytes = [](double d) { return 4 * d * (d + 1) / 2; };
+  const double beta = std::sqrt(c.inv_a[0] / bytes(1024) * (c.inv_a[5] / bytes(4096)));
+  in.bcast_alpha = 0;
+  in.bcast_beta = beta;
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  ASSERT_EQ(p.placements.size(), 4u);
+  int nct = 0, ct = 0;
+  for (const StagePlacement& sp : p.placements) {
+    // The same placement from place_load_balanced on dims and costs computed here.
+    std::vector<int64_t> dims;
+    std::vector<double> inv, bc;
+    std::vector<std::string> tokens;
+    for (Kind k : {Kind::INV_A, Kind::INV_B})
+      for (int l = 0; l < c.layers(); ++l) {
+        const int d = k == Kind::INV_A ? c.dim_a[l] : c.dim_b[l];
+        const double whole = k == Kind::INV_A ? c.inv_a[l] : c.inv_b[l];
+        int blocks = 1;
+        for (const FactorSplit& f : p.splits)
+          if (f.stage == sp.stage && f.layer == l && f.kind == k) blocks = f.blocks;
+        for (int j = 0; j < blocks; ++j) {
+          const int64_t n = blocks == 1 ? d : d / blocks + (j < d % blocks ? 1 : 0);
+          dims.push_back(n);
+          inv.push_back(blocks == 1 ? whole : block_cost(whole, d, blocks, j));
+          bc.push_back(beta * bytes(static_cast<double>(n)));
+          tokens.push_back(to_token({k, sp.stage, 0, -1, l, blocks == 1 ? -1 : j}));
+        }
+      }
+    const InversionPlacement want = place_load_balanced(dims, 2, inv, bc);
+    ASSERT_EQ(sp.pieces.size(), tokens.size());
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      const int owner = sp.owner_of(parse_token(tokens[k], "t"));
+      EXPECT_EQ(owner, want.owner[k]) << tokens[k];
+      // 1024-wide: NCT; 4096-wide (whole): CT.
+      if (dims[k] == 1024) EXPECT_EQ(owner, kEveryRank) << tokens[k];
+      if (dims[k] == 4096) EXPECT_NE(owner, kEveryRank) << tokens[k];
+      (owner == kEveryRank ? nct : ct) += 1;
+    }
+    EXPECT_EQ(sp.placement.load, want.load);
+  }
+  EXPECT_GT(nct, 0);
+  EXPECT_GT(ct, 0);
+  // Broadcasts in the plan: one unit per CT piece on each replica, before the stage's sync.
+  int bcasts = 0;
+  for (const PlacedUnit& u : p.units) bcasts += is_bcast_inv(u.action.kind);
+  EXPECT_EQ(bcasts, 2 * ct);
+}
+
 TEST(Planner, MeasuredDurationsPerAction) {
   // The runtime's input: durations per action of the schedule instead of a cost model.
   PlanInput in = tiny();
@@ -472,20 +555,29 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
     EXPECT_GT(p.refresh_steps[d], p.sync_step);
     for (int w = 0; w < p.replicas; ++w) {
       const auto& list = p.cycle[w][d][p.sync_step];
-      // The list's tail: the device's two syncs, stage order, then only the inversions that fit
-      // no gap (pinned after them).
-      size_t pinned_inv = 0;
+      // The list's tail: per stage (stage order) its broadcasts (W > 1) then its sync, then only
+      // the inversions that fit no gap (pinned after them).
+      size_t pinned_inv = 0, pinned_bcast = 0;
       for (const PlacedUnit& u : p.units)
-        pinned_inv += u.replica == w && u.device == d && u.at_step_end && u.action.kind != Kind::SYNC_CURV;
-      ASSERT_GE(list.size(), 2 + pinned_inv);
-      const Action& a = list[list.size() - 2 - pinned_inv];
-      const Action& b = list[list.size() - 1 - pinned_inv];
+        if (u.replica == w && u.device == d && u.at_step_end) {
+          pinned_bcast += is_bcast_inv(u.action.kind);
+          pinned_inv += u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B;
+        }
+      if (p.replicas == 1) EXPECT_EQ(pinned_bcast, 0u);
+      ASSERT_GE(list.size(), 2 + pinned_bcast + pinned_inv);
+      const size_t tail = list.size() - 2 - pinned_bcast - pinned_inv;
+      std::vector<int> sync_stages;
+      for (size_t i = tail; i < list.size() - pinned_inv; ++i) {
+        const Action& x = list[i];
+        ASSERT_TRUE(x.kind == Kind::SYNC_CURV || is_bcast_inv(x.kind)) << to_token(x);
+        if (x.kind == Kind::SYNC_CURV) sync_stages.push_back(x.stage);
+        else EXPECT_TRUE(sync_stages.empty() || sync_stages.back() < x.stage) << "broadcast after its sync";
+      }
       for (size_t i = list.size() - pinned_inv; i < list.size(); ++i)
         EXPECT_TRUE(list[i].kind == Kind::INV_A || list[i].kind == Kind::INV_B) << to_token(list[i]);
-      EXPECT_EQ(a.kind, Kind::SYNC_CURV);
-      EXPECT_EQ(b.kind, Kind::SYNC_CURV);
-      EXPECT_EQ(std::set<int>({a.stage, b.stage}), std::set<int>({d, D - 1 - d}));
-      EXPECT_LT(a.stage, b.stage);
+      ASSERT_EQ(sync_stages.size(), 2u);
+      EXPECT_EQ(std::set<int>(sync_stages.begin(), sync_stages.end()), std::set<int>({d, D - 1 - d}));
+      EXPECT_LT(sync_stages[0], sync_stages[1]);
       // No sync anywhere else in the cycle.
       int syncs = 0;
       for (const auto& step : p.cycle[w][d])
