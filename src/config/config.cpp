@@ -212,6 +212,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("kfac.spd_pipelining", k.spd_pipelining);
   r.get("kfac.spd_balance", k.spd_balance);
   r.get("kfac.warmup_steps", k.warmup_steps);
+  r.get("kfac.replan_on_drift", k.replan_on_drift);
 
   r.refuse_unknown();
   c.validate();
@@ -416,7 +417,8 @@ std::string Config::to_toml() const {
                            {"kl_clip", kfac.kl_clip}, {"inverse_every", kfac.inverse_every},
                            {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},
                            {"distributed", kfac.distributed}, {"spd_pipelining", kfac.spd_pipelining},
-                           {"spd_balance", kfac.spd_balance}, {"warmup_steps", kfac.warmup_steps}}},
+                           {"spd_balance", kfac.spd_balance}, {"warmup_steps", kfac.warmup_steps},
+                           {"replan_on_drift", kfac.replan_on_drift}}},
   };
   std::ostringstream ss;
   ss << t << "\n";

@@ -85,6 +85,9 @@ struct KfacConfig {
   bool spd_pipelining = true;   // spd-kfac: factor all-reduces overlapped with compute, fused (Table IV)
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
   int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
+  // bubbles: re-profile and re-plan when step durations drift (timing-driven, so a run that
+  // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/pipefisher.hpp)
+  bool replan_on_drift = true;
 };
 
 struct Config {

@@ -126,6 +126,10 @@ class KfacFactor {
   void save(const std::string& prefix, NamedTensors& out) const;
   // Loads what save wrote; a missing tensor or a wrong shape is a UsageError naming the tensor.
   void load(const std::string& prefix, const NamedTensors& in);
+  // A run stopped mid-accumulation (the pipeline runtime's checkpoints): after load(), the
+  // micro-batches pending in accumulator() and the trace of the last commit (with ema 0 the
+  // factor is summed in place, so its entries no longer give that trace).
+  void restore_accumulation(int64_t pending, double trace) { pending_ = pending, trace_ = trace; }
 
  private:
   bool try_invert(const FactorBlock& b, double damping, int* info);

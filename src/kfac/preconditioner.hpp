@@ -77,6 +77,7 @@ class KfacPreconditioner final : public LinearTap {
   // One micro-batch's curvature of one factor: adds x^T x (x: [rows, d] row-major), unscaled.
   void curvature(size_t i, Side s, const float* x, int64_t rows);
   int64_t pending_rows(size_t i, Side s) const { return layers_[i].rows[s == Side::A ? 0 : 1]; }
+  void set_pending_rows(size_t i, Side s, int64_t n) { layers_[i].rows[s == Side::A ? 0 : 1] = n; }  // checkpoints
   // Scales the step's sum by the convention and commits it. total_rows: T (-1 = the rows counted
   // here; a data-parallel sync passes the sum over replicas). False when nothing was accumulated.
   bool finish_curvature(size_t i, Side s, double loss_scale, int64_t total_rows = -1);

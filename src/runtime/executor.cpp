@@ -1,9 +1,12 @@
 #include "runtime/executor.hpp"
 
+#include "comm/perf_model.hpp"
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/pipefisher.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 namespace pf {
 
@@ -388,12 +392,6 @@ std::unique_ptr<Model> Executor::gather_model() {
   return full;
 }
 
-std::vector<Executor::ChunkState> Executor::chunk_states() {
-  std::vector<ChunkState> out;
-  for (auto& c : chunks_) out.push_back({c->pipeline, c->stage, {c->params, c->optim.get(), nullptr}});
-  return out;
-}
-
 // --- K-FAC (runtime/pipefisher.hpp) ---
 
 struct Executor::KfacState {
@@ -403,10 +401,13 @@ struct Executor::KfacState {
   std::vector<Action> inline_list;                // lowered + each chunk's PREC before the first OPT
   std::vector<int> lowered_index;                 // [inline_list index] -> actions_ index, -1 for PREC
   std::unique_ptr<KfacPlan> plan;
+  std::vector<double> plan_input;                 // the all-reduced profile the plan was made from
+  double plan_scale = 1.0;                        // PF_TEST_KFAC_COST_SCALE at planning
   std::vector<double> dur_sum;                    // [actions_ index] profiled ms
   int dur_samples = 0;
   std::vector<ChunkKfacTimes> times;              // [chunk]
   int drift_steps = 0;                            // consecutive steps far over the plan
+  std::optional<std::pair<double, double>> bcast_model;  // W > 1: ms, ms per byte (kfac_bcast_model)
   double profiled_compute = 0;                    // this rank's F/B/I/W ms per step in the profile
   // Profiling phase: steps [profile_start, profile_start + kProfileSteps); the plan made at its
   // end runs its step 0 at plan_start.
@@ -504,6 +505,15 @@ bool Executor::kfac_action(const Action& a) {
     case Kind::INV_B: ck.invert(Side::B, a.layer, a.block); return true;
     case Kind::PREC: kfac_precondition(*chunks_[i], i); return true;
     case Kind::SYNC_CURV: ck.sync(step_); return true;
+    case Kind::BCAST_INV_A:
+    case Kind::BCAST_INV_B: {
+      int owner = kEveryRank;
+      for (const StagePlacement& sp : kfac_->plan->placements)
+        if (sp.pipeline == a.pipeline && sp.stage == a.stage) owner = sp.owner_of(a);
+      PF_CHECK(owner != kEveryRank, "{}: no owner in the plan", to_token(a));
+      ck.broadcast(a.kind == Kind::BCAST_INV_A ? Side::A : Side::B, a.layer, a.block, owner);
+      return true;
+    }
     default: return false;
   }
 }
@@ -528,7 +538,7 @@ void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, cons
   KfacState& k = *kfac_;
   if (!k.bubbles) return;
   if (!k.profiling(step)) {
-    if (k.replan_at < 0) {
+    if (k.replan_at < 0 && cfg_.kfac.replan_on_drift) {
       double compute = 0;
       for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
         const Kind kd = list[i].kind;
@@ -584,6 +594,19 @@ void Executor::kfac_drift(int64_t step, double ms) {
   k.replan_at = 0;
   for (int d = 0; d < p.devices; ++d) k.replan_at = std::max(k.replan_at, boundary(d));
   k.boundary = boundary(device_);
+  kfac_drain_lists();
+  if (groups_.rank == 0) {
+    std::printf("pipefisher: step %lld: forward/backward %.1f ms, over 30%% above the profiled %.1f ms for 3 steps "
+                "(on some rank): durations drifted; re-profiling from step %lld and re-planning\n",
+                static_cast<long long>(step) + 1, ms, planned, static_cast<long long>(k.replan_at) + 1);
+    std::fflush(stdout);
+  }
+}
+
+// The lists of a drain (boundary .. replan_at) and of its re-profiling step, from the plan.
+void Executor::kfac_drain_lists() {
+  KfacState& k = *kfac_;
+  const KfacPlan& p = *k.plan;
   // The cycle's units wrapped into the next cycle's leading gap (the front of cycle step 0) still
   // run, first thing at the boundary; then only F/B, communication, PREC and OPT.
   const std::vector<Action>& steady = p.cycle[groups_.replica][device_][0];
@@ -601,12 +624,37 @@ void Executor::kfac_drift(int64_t step, double ms) {
   k.reprofile_first = k.boundary == k.replan_at ? wrapped : std::vector<Action>{};
   k.reprofile_first.insert(k.reprofile_first.end(), k.inline_list.begin(), k.inline_list.end());
   k.profile_start = k.replan_at;
-  if (groups_.rank == 0) {
-    std::printf("pipefisher: step %lld: forward/backward %.1f ms, over 30%% above the profiled %.1f ms for 3 steps "
-                "(on some rank): durations drifted; re-profiling from step %lld and re-planning\n",
-                static_cast<long long>(step) + 1, ms, planned, static_cast<long long>(k.replan_at) + 1);
-    std::fflush(stdout);
+}
+
+// Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):
+// the comm performance model (comm/perf_model.hpp: measured once over this rank's first stage's
+// holders, cached per machine), or PF_TEST_BCAST_MODEL="alpha,beta" (tests only: fixed numbers,
+// so a test knows which pieces are broadcast).
+std::pair<double, double> Executor::kfac_bcast_model() {
+  KfacState& k = *kfac_;
+  if (const char* e = std::getenv("PF_TEST_BCAST_MODEL")) {
+    double a = 0, b = 0;
+    PF_CHECK(std::sscanf(e, "%lf,%lf", &a, &b) == 2, "PF_TEST_BCAST_MODEL='{}': expected alpha,beta", e);
+    return {a, b};
   }
+  if (!k.bcast_model) {
+    size_t first = 0;
+    for (size_t i = 1; i < chunks_.size(); ++i)
+      if (chunks_[i]->stage < chunks_[first]->stage) first = i;
+    auto invert = [](int64_t d) {
+      KfacFactor f("perf", d);
+      Tensor x({d, d});
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t j = 0; j < d; ++j) x[i * d + j] = i == j ? 2.0f : 1.0f / static_cast<float>(d + i + j);
+      f.set_value(x);
+      const auto t0 = std::chrono::steady_clock::now();
+      f.invert(1e-3);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    const comm::PerfModel m = comm::load_or_measure_perf_model(k.holders[first].get(), invert, cfg_.train.threads);
+    k.bcast_model = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
+  }
+  return *k.bcast_model;
 }
 
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
@@ -619,8 +667,8 @@ void Executor::kfac_plan() {
   for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
   int Lmax = 1;
   for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
-  const size_t per_stage = 4 + 6 * static_cast<size_t>(Lmax);  // last: the curvature sync
-  std::vector<double> v(off[D] + S * per_stage, 0.0);
+  const size_t per_stage = 4 + 7 * static_cast<size_t>(Lmax);  // last: the curvature sync
+  std::vector<double> v(off[D] + S * per_stage + 2, 0.0);      // + the broadcast model (W > 1)
   k.profiled_compute = 0;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Kind kd = actions_[i].kind;
@@ -643,9 +691,38 @@ void Executor::kfac_plan() {
       e[3 + 3 * Lmax + l] += t.inv_b[l] / std::max(1, t.inv_samples);
       e[3 + 4 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_in());
       e[3 + 5 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_out());
+      e[3 + 6 * Lmax + l] += k.chunk[c]->pre().layer(l).b().diagonal() ? 1.0 : 0.0;
     }
   }
+  if (W > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
+    const auto [alpha, beta] = kfac_bcast_model();
+    v[v.size() - 2] = alpha;
+    v[v.size() - 1] = beta;
+  }
   comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
+  // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
+  // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
+  k.plan_scale = 1.0;
+  if (const char* e = std::getenv("PF_TEST_KFAC_COST_SCALE")) k.plan_scale = std::atof(e);
+  k.plan_input = std::move(v);
+  kfac_make_plan(false);
+}
+
+// The plan from k.plan_input (the same bits on every rank): made at the end of a profile, or
+// remade from a checkpoint (`restoring`: the factors' block structure and the record come from
+// the checkpoint, so nothing is recorded or printed here).
+void Executor::kfac_make_plan(bool restoring) {
+  KfacState& k = *kfac_;
+  const Schedule& s = layout_.schedule;
+  const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
+  std::vector<size_t> off(D + 1, 0);
+  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
+  int Lmax = 1;
+  for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
+  const size_t per_stage = 4 + 7 * static_cast<size_t>(Lmax);
+  const std::vector<double>& v = k.plan_input;
+  PF_CHECK(v.size() == off[D] + S * per_stage + 2, "K-FAC profile of {} values, expected {}", v.size(),
+           off[D] + S * per_stage + 2);
   // The planner places K-FAC units in the step's gaps; the optimizer steps end each device's list
   // (lowering puts them last; only Chimera's second ALLREDUCE may follow the first OPT, and the
   // first OPT waits for every all-reduce anyway), so they are left out of the planned step and
@@ -654,6 +731,8 @@ void Executor::kfac_plan() {
   in.schedule = s;
   in.replicas = W;
   in.margin = kPlanMargin;
+  in.bcast_alpha = v[v.size() - 2] / (D * W);
+  in.bcast_beta = v[v.size() - 1] / (D * W);
   std::vector<std::vector<Action>> opts(D);
   for (int d = 0; d < D; ++d) {
     auto& list = in.schedule.per_device[d];
@@ -667,10 +746,7 @@ void Executor::kfac_plan() {
     std::erase_if(list, [](const Action& a) { return a.kind == Kind::OPT; });
     in.durations.push_back(std::move(dur));
   }
-  // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
-  // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
-  double scale = 1.0;
-  if (const char* e = std::getenv("PF_TEST_KFAC_COST_SCALE")) scale = std::atof(e);
+  const double scale = k.plan_scale;
   for (int st = 0; st < S; ++st) {
     const double* e = &v[off[D] + st * per_stage];
     const double n = std::max(1.0, e[0]);
@@ -686,6 +762,7 @@ void Executor::kfac_plan() {
       c.inv_b.push_back(e[3 + 3 * Lmax + l] / n);
       c.dim_a.push_back(static_cast<int>(e[3 + 4 * Lmax + l] / n + 0.5));
       c.dim_b.push_back(static_cast<int>(e[3 + 5 * Lmax + l] / n + 0.5));
+      c.diag_b.push_back(e[3 + 6 * Lmax + l] / n > 0.5 ? 1 : 0);
     }
     for (auto* xs : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})
       for (double& x : *xs) x *= scale;
@@ -700,6 +777,7 @@ void Executor::kfac_plan() {
       k.plan->first[w][d].insert(k.plan->first[w][d].end(), opts[d].begin(), opts[d].end());
     }
   const KfacPlan& p = *k.plan;
+  if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
   // SYNC_CURV and inverses travel with it.
   if (W > 1 || layout_.pipelines() > 1)
@@ -733,6 +811,109 @@ void Executor::write_kfac_record(const std::string& path) {
   std::vector<const ChunkKfac*> mine;
   for (auto& c : kfac_->chunk) mine.push_back(c.get());
   write_refresh_record(mine, path, groups_.rank);
+}
+
+// --- K-FAC checkpoints ---
+
+namespace {
+nlohmann::json times_json(const ChunkKfacTimes& t) {
+  return {t.curv_a, t.curv_b, t.inv_a, t.inv_b, t.prec, t.sync, t.curv_samples, t.inv_samples, t.prec_samples};
+}
+ChunkKfacTimes times_of(const nlohmann::json& j) {
+  ChunkKfacTimes t;
+  j[0].get_to(t.curv_a), j[1].get_to(t.curv_b), j[2].get_to(t.inv_a), j[3].get_to(t.inv_b);
+  t.prec = j[4].get<double>(), t.sync = j[5].get<double>();
+  t.curv_samples = j[6].get<int>(), t.inv_samples = j[7].get<int>(), t.prec_samples = j[8].get<int>();
+  return t;
+}
+std::string kfac_file(int rank) { return fmt::format("kfac-rank-{}.safetensors", rank); }
+std::string kfac_prefix(int rank, int pipeline, int stage) { return fmt::format("kfac.rank{}.p{}.s{}.", rank, pipeline, stage); }
+}  // namespace
+
+std::vector<CheckpointFile> Executor::write_kfac_state(const std::string& step_dir) const {
+  if (!kfac_) return {};
+  const KfacState& k = *kfac_;
+  const int R = groups_.rank;
+  NamedTensors tensors;
+  Tensor marker(Shape{1});  // the file's key tensor (its metadata holds the scalars)
+  marker[0] = static_cast<float>(R);
+  tensors.emplace_back(fmt::format("kfac.rank{}", R), marker);
+  nlohmann::json j;
+  j["placement"] = cfg_.kfac.placement;
+  nlohmann::json chunks = nlohmann::json::array();
+  for (size_t i = 0; i < chunks_.size(); ++i)
+    chunks.push_back(k.chunk[i]->save_state(kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), tensors));
+  j["chunks"] = chunks;
+  j["has_plan"] = static_cast<bool>(k.plan);
+  j["plan_input"] = k.plan_input;
+  j["plan_scale"] = k.plan_scale;
+  j["dur_sum"] = k.dur_sum;
+  j["dur_samples"] = k.dur_samples;
+  nlohmann::json times = nlohmann::json::array();
+  for (const ChunkKfacTimes& t : k.times) times.push_back(times_json(t));
+  j["times"] = times;
+  j["drift_steps"] = k.drift_steps;
+  j["profiled_compute"] = k.profiled_compute;
+  j["profile_start"] = k.profile_start;
+  j["plan_start"] = k.plan_start;
+  j["boundary"] = k.boundary;
+  j["replan_at"] = k.replan_at;
+  std::vector<SafetensorsTensor> st;
+  for (const auto& [name, t] : tensors) st.push_back({name, t.shape(), t.span(), false});
+  return {write_checkpoint_tensors(step_dir, kfac_file(R), st, {{"kfac_runtime", j.dump()}})};
+}
+
+void Executor::load_kfac_state(const CheckpointReader& r) {
+  if (!kfac_) return;
+  KfacState& k = *kfac_;
+  const int R = groups_.rank;
+  const std::string key = fmt::format("kfac.rank{}", R);
+  if (!r.has(key)) usage_error("--resume", "{} holds no K-FAC state of rank {} (written without K-FAC, or by one process)", r.dir(), R);
+  const auto& meta = r.metadata_of(key);
+  auto it = meta.find("kfac_runtime");
+  if (it == meta.end()) usage_error(r.dir() + "/" + kfac_file(R), "no \"kfac_runtime\" metadata");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+    if (j.at("placement").get<std::string>() != cfg_.kfac.placement)
+      usage_error("kfac.placement", "the checkpoint's K-FAC state was written with kfac.placement = {}, this configuration has {}",
+                  j.at("placement").get<std::string>(), cfg_.kfac.placement);
+    if (j.at("chunks").size() != chunks_.size())
+      usage_error("--resume", "rank {} of the checkpoint held {} model chunks, this layout gives it {}", R,
+                  j.at("chunks").size(), chunks_.size());
+    k.plan_input = j.at("plan_input").get<std::vector<double>>();
+    k.plan_scale = j.at("plan_scale").get<double>();
+    k.dur_sum = j.at("dur_sum").get<std::vector<double>>();
+    PF_CHECK(k.dur_sum.size() == actions_.size(), "K-FAC profile of {} actions, this device has {}", k.dur_sum.size(),
+             actions_.size());
+    k.dur_samples = j.at("dur_samples").get<int>();
+    k.times.clear();
+    for (const auto& t : j.at("times")) k.times.push_back(times_of(t));
+    k.drift_steps = j.at("drift_steps").get<int>();
+    k.profiled_compute = j.at("profiled_compute").get<double>();
+    k.profile_start = j.at("profile_start").get<int64_t>();
+    k.plan_start = j.at("plan_start").get<int64_t>();
+    k.boundary = j.at("boundary").get<int64_t>();
+    k.replan_at = j.at("replan_at").get<int64_t>();
+    // The plan in use, remade from the profile it was made from (timings of this run would give another).
+    k.plan.reset();
+    if (j.at("has_plan").get<bool>()) kfac_make_plan(true);
+    if (k.plan && k.replan_at >= 0) kfac_drain_lists();
+    for (size_t i = 0; i < chunks_.size(); ++i)
+      k.chunk[i]->load_state(r, kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), j.at("chunks")[i],
+                             k.holders[i].get(), layout_.pipelines());
+  } catch (const nlohmann::json::exception& e) {
+    usage_error(r.dir() + "/" + kfac_file(R), "malformed K-FAC state: {}", e.what());
+  }
+}
+
+std::vector<Executor::ChunkState> Executor::chunk_states() {
+  std::vector<ChunkState> out;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    Chunk& c = *chunks_[i];
+    out.push_back({c.pipeline, c.stage, {c.params, c.optim.get(), kfac_ ? &kfac_->chunk[i]->pre() : nullptr}});
+  }
+  return out;
 }
 
 }  // namespace pf

@@ -77,6 +77,12 @@ class Executor {
   const std::vector<Action>& actions() const { return actions_; }
   // The action list of step `step` (the lowered schedule, or with K-FAC units: pipefisher.hpp).
   const std::vector<Action>& step_actions(int64_t step) const;
+  // Checkpoints: this rank's K-FAC state (every hosted chunk's ChunkKfac, the PipeFisher plan's
+  // inputs and position, the profile in progress) as `kfac-rank-R.safetensors` in step_dir; the
+  // file written, or nothing without K-FAC. load_kfac_state restores it (same layout only: the
+  // caller checks) and remakes the plan from the saved profile, never from new timings.
+  std::vector<CheckpointFile> write_kfac_state(const std::string& step_dir) const;
+  void load_kfac_state(const CheckpointReader& r);
   // Collective: rank 0 writes the K-FAC refresh record (pipefisher.hpp) to `path`; no-op without K-FAC.
   void write_kfac_record(const std::string& path);
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
@@ -98,6 +104,9 @@ class Executor {
   bool kfac_action(const Action& a);  // false: not a K-FAC kind
   void kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
   void kfac_plan();
+  std::pair<double, double> kfac_bcast_model();
+  void kfac_make_plan(bool restoring);
+  void kfac_drain_lists();
   void kfac_drift(int64_t step, double compute_ms);
   void kfac_precondition(Chunk& c, size_t index);
 

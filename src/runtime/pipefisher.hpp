@@ -45,9 +45,12 @@
 // at the same step.
 #include "comm/world.hpp"
 #include "config/config.hpp"
+#include "io/checkpoint.hpp"
 #include "kfac/preconditioner.hpp"
 #include "nn/model.hpp"
 #include "sim/planner.hpp"
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <array>
 #include <cstdint>
@@ -118,16 +121,28 @@ class ChunkKfac final : public LinearTap {
   void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
   // Data + inversion parallelism (bubbles, W > 1; paper 3.2, as the planner plans it): factors
   // are committed at SYNC_CURV, which all-reduces the cycle's sums and row counts among the
-  // stage's replicas over `comm` and also carries the previous cycle's inverses (the owner of
-  // each inversion adds its fresh inverse, the others zeros: a broadcast); every replica switches
-  // to them right there. INV then writes this replica's pieces aside until the next SYNC_CURV.
-  // copies: how many holders invert each piece (Chimera: its 2 pipelines; replicas of one
-  // pipeline share the pieces out). MPI_COMM_NULL: back to committing at the last CURV and
-  // installing inverses at INV (re-profiling); this replica's pending inverses are dropped.
+  // stage's holders over `comm`; every holder switches there to the previous cycle's inverses.
+  // INV writes this holder's pieces aside until then: the NCT pieces every replica inverts, and
+  // the CT pieces of the replica that owns them (SPD-KFAC's Algorithm 1 in the planner), which
+  // BCAST_INV (broadcast) sends to the others just before the SYNC_CURV. copies: the holders per
+  // replica (Chimera: its 2 pipelines, which both invert a piece). MPI_COMM_NULL: back to
+  // committing at the last CURV and installing inverses at INV (re-profiling); this replica's
+  // pending inverses are dropped.
   void set_replicated(MPI_Comm comm, int copies);
   void sync(int64_t t);
+  // BCAST_INV: the piece (block -1 = whole) inverted last cycle by replica `owner`, to every holder.
+  void broadcast(Side s, int layer, int block, int owner);
   // Switch a factor to block-diagonal from step t on.
   void split(int layer, Side s, int blocks, int64_t t);
+
+  // Checkpoints (pipefisher_state.cpp): everything later steps read, so a resumed run continues
+  // bit for bit: factors and their sums in progress, inverses in use and this replica's pending
+  // ones, the cycle's saved micro-batch buffers and counters, the refresh record. Tensors are
+  // named `prefix` + ...; the scalars are returned as JSON (doubles round-trip exactly).
+  // load_state: `comm`/`copies` as set_replicated's, applied if the saved chunk was replicated.
+  nlohmann::json save_state(const std::string& prefix, NamedTensors& out) const;
+  void load_state(const CheckpointReader& r, const std::string& prefix, const nlohmann::json& j, MPI_Comm comm,
+                  int copies);
 
   const std::vector<RefreshEvent>& events() const { return events_; }
   const std::vector<SplitEvent>& splits() const { return splits_; }
@@ -161,6 +176,7 @@ class ChunkKfac final : public LinearTap {
   std::map<std::tuple<int, int, int>, InverseId> inverse_, used_;  // (layer, side, block)
   MPI_Comm sync_comm_ = MPI_COMM_NULL;          // set: W > 1 or Chimera bubbles
   int copies_ = 1;
+  std::vector<int> root_of_;                    // [replica] its lowest rank in sync_comm_ (first broadcast)
   std::vector<std::array<Tensor, 2>> pending_;  // [layer][side] this replica's fresh inverses
   Tensor flags_;                                // [2 * layer + side] pieces inverted this cycle
   Tensor stash_;

@@ -58,14 +58,21 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
   // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
   std::unique_ptr<CheckpointReader> resume;
-  // The runtime's K-FAC (runtime/pipefisher.hpp) keeps its factors in ChunkKfac, which
-  // chunk_states() does not expose yet: its checkpoints hold weights and optimizer state only.
-  if (!a.resume.empty() && cfg.kfac.enabled)
-    usage_error("--resume", "the MPI runtime does not checkpoint K-FAC state yet; resume K-FAC runs in one process "
-                "(parallel.stages = 1) or with kfac.enabled = false");
+  const ParallelConfig& p = cfg.parallel;
+  const std::string layout_name = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout.schedule.name,
+                                              p.data_parallel);
   if (!a.resume.empty()) {
     resume = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.resume));
     check_resume(cfg, resume->manifest());
+    // Each rank's K-FAC state (its chunks' factors, cycle, plan) belongs to its place in the
+    // layout: it continues only in the same one. Weights and optimizer state load into any.
+    if (cfg.kfac.enabled) {
+      auto it = resume->manifest().info.find("layout");
+      const std::string was = it == resume->manifest().info.end() ? "an unrecorded layout" : it->second;
+      if (was != layout_name)
+        usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
+                    "the same layout (start from its weights with --init {})", was, layout_name, a.resume);
+    }
     if (resume->manifest().step >= cfg.train.steps)
       usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train",
                   resume->manifest().step, cfg.train.steps);
@@ -73,7 +80,6 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   comm::Groups groups = comm::make_groups(world, cfg.parallel.stages, cfg.parallel.data_parallel);
   set_threads(comm::threads_per_rank(cfg.train.threads));
 
-  const ParallelConfig& p = cfg.parallel;
   auto train_data = make_batcher(cfg.model, cfg.data, false);
   auto valid_data = make_batcher(cfg.model, cfg.data, true);
   Executor exec(cfg, layout, groups);
@@ -85,7 +91,11 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   }
   int64_t first_step = 0;
   if (resume) {
-    for (auto& c : exec.chunk_states()) load_train_state(*resume, c.state);
+    for (auto& c : exec.chunk_states()) {
+      c.state.kfac = nullptr;  // this rank's own copy, below (replicas and twins differ mid-cycle)
+      load_train_state(*resume, c.state);
+    }
+    exec.load_kfac_state(*resume);
     first_step = resume->manifest().step;
     if (root) std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(first_step));
     resume.reset();
@@ -119,10 +129,9 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   auto t0 = std::chrono::steady_clock::now();
   double valid = 0;
   const std::string ckpt_dir = checkpoint_dir_of(cfg);
-  const std::string layout_name = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout.schedule.name,
-                                              p.data_parallel);
   // Collective. Rank 0 makes the step directory; the ranks holding pipeline 0 of replica 0 write
-  // their stages; rank 0 gathers the files' checksums and commits the manifest, then `latest`.
+  // their stages (with K-FAC, factors and inverses in the single-process format), every rank its
+  // K-FAC state (kfac-rank-R); rank 0 gathers the files' checksums and commits the manifest, then `latest`.
   auto save_checkpoint = [&](int64_t steps_done) {
     const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
     comm::on_root_agreed(world.rank(), [&] {
@@ -137,6 +146,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
           if (c.pipeline == 0)
             for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, c.state))
               mine.push_back({f.name, f.bytes, f.sha256});
+      for (const CheckpointFile& f : exec.write_kfac_state(step_dir)) mine.push_back({f.name, f.bytes, f.sha256});
     } catch (const UsageError& e) {
       err = e.what();
     }

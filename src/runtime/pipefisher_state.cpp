@@ -1,0 +1,136 @@
+// ChunkKfac's checkpoint state (runtime/pipefisher.hpp). The factors, inverses and counters go
+// through KfacPreconditioner::state() (the single-process format, under this chunk's prefix);
+// what only a pipeline run has in flight is added: the sums in progress (a bubbles cycle spreads
+// its curvature over several steps), the saved micro-batch buffers its CURV units still read,
+// this replica's pending inverses, the cycle's counters and the refresh record.
+#include "runtime/pipefisher.hpp"
+
+#include "core/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace pf {
+
+namespace {
+
+using nlohmann::json;
+
+const char* side_name(int s) { return s == 0 ? "A" : "B"; }
+
+json inverse_map(const std::map<std::tuple<int, int, int>, InverseId>& m) {
+  json out = json::array();
+  for (const auto& [k, id] : m) out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), id.curv_step, id.pi_step});
+  return out;
+}
+
+std::map<std::tuple<int, int, int>, InverseId> inverse_map(const json& j) {
+  std::map<std::tuple<int, int, int>, InverseId> out;
+  for (const json& e : j) out[{e[0].get<int>(), e[1].get<int>(), e[2].get<int>()}] = {e[3].get<int64_t>(), e[4].get<int64_t>()};
+  return out;
+}
+
+}  // namespace
+
+json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const {
+  json j;
+  for (auto& [name, t] : pre_->state()) out.emplace_back(prefix + name, std::move(t));
+  json factors = json::array();
+  for (int l = 0; l < layers(); ++l)
+    for (int s = 0; s < 2; ++s) {
+      const Side sd = s == 0 ? Side::A : Side::B;
+      KfacFactor& f = pre_->layer(l).factor(sd);
+      // With ema 0 the sum in progress is the factor itself (saved above); else its own buffer.
+      if (f.ema_decay() > 0)
+        out.emplace_back(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", f.accumulator());
+      factors.push_back({f.pending_micro_batches(), f.trace(), f.num_blocks(), pre_->pending_rows(l, sd)});
+    }
+  j["factors"] = factors;
+  json saved = json::array();
+  for (int l = 0; l < static_cast<int>(saved_a_.size()); ++l) {
+    out.emplace_back(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data);
+    out.emplace_back(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data);
+    saved.push_back({saved_a_[l].rows, saved_b_[l].rows});
+  }
+  j["saved"] = saved;
+  const bool replicated = sync_comm_ != MPI_COMM_NULL;
+  if (replicated) {
+    for (int l = 0; l < layers(); ++l)
+      for (int s = 0; s < 2; ++s) out.emplace_back(prefix + fmt::format("pending_{}.{}", side_name(s), l), pending_[l][s]);
+    out.emplace_back(prefix + "flags", flags_);
+  }
+  j["replicated"] = replicated;
+  j["cycle_step"] = cycle_step_;
+  j["loss_scale"] = loss_scale_;
+  j["next_cycle"] = {next_cycle_.first, next_cycle_.second};
+  j["curv_count"] = curv_count_;
+  j["committed"] = committed_;
+  j["inverse"] = inverse_map(inverse_);
+  j["used"] = inverse_map(used_);
+  json ev = json::array(), sp = json::array();
+  for (const RefreshEvent& e : events_) ev.push_back({e.layer, e.side, e.block, e.use_step, e.id.curv_step, e.id.pi_step});
+  for (const SplitEvent& s : splits_) sp.push_back({s.layer, s.side, s.blocks, s.from_step});
+  j["events"] = ev;
+  j["splits"] = sp;
+  return j;
+}
+
+void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix, const json& j, MPI_Comm comm,
+                           int copies) {
+  const int L = layers();
+  const json& factors = j.at("factors");
+  if (static_cast<int>(factors.size()) != 2 * L || j.at("saved").size() != saved_a_.size())
+    usage_error(r.dir(), "the K-FAC state under '{}' has {} factors, this stage has {}", prefix, factors.size(), 2 * L);
+  // Block structure first: set_blocks reallocates, loading then overwrites.
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < 2; ++s) {
+      KfacFactor& f = pre_->layer(l).factor(s == 0 ? Side::A : Side::B);
+      const int blocks = factors[2 * l + s][2].get<int>();
+      if (f.num_blocks() != blocks) f.set_blocks(blocks);
+    }
+  NamedTensors st = pre_->state();  // names and shapes, filled from the checkpoint
+  for (auto& [name, t] : st) r.read(prefix + name, t.shape(), t.span());
+  pre_->load_state(st);
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < 2; ++s) {
+      const Side sd = s == 0 ? Side::A : Side::B;
+      KfacFactor& f = pre_->layer(l).factor(sd);
+      const json& e = factors[2 * l + s];
+      if (f.ema_decay() > 0) {
+        Tensor& acc = f.accumulator();
+        r.read(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", acc.shape(), acc.span());
+      }
+      f.restore_accumulation(e[0].get<int64_t>(), e[1].get<double>());
+      pre_->set_pending_rows(l, sd, e[3].get<int64_t>());
+    }
+  for (size_t l = 0; l < saved_a_.size(); ++l) {
+    r.read(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data.shape(), saved_a_[l].data.span());
+    r.read(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data.shape(), saved_b_[l].data.span());
+    saved_a_[l].rows = j["saved"][l][0].get<std::vector<int64_t>>();
+    saved_b_[l].rows = j["saved"][l][1].get<std::vector<int64_t>>();
+    PF_CHECK(static_cast<int>(saved_a_[l].rows.size()) == slots_ && static_cast<int>(saved_b_[l].rows.size()) == slots_,
+             "saved rows of layer {}: {} slots, expected {}", l, saved_a_[l].rows.size(), slots_);
+  }
+  set_replicated(j.at("replicated").get<bool>() ? comm : MPI_COMM_NULL, copies);
+  if (sync_comm_ != MPI_COMM_NULL) {
+    for (int l = 0; l < L; ++l)
+      for (int s = 0; s < 2; ++s)
+        r.read(prefix + fmt::format("pending_{}.{}", side_name(s), l), pending_[l][s].shape(), pending_[l][s].span());
+    r.read(prefix + "flags", flags_.shape(), flags_.span());
+  }
+  cycle_step_ = j.at("cycle_step").get<int64_t>();
+  loss_scale_ = j.at("loss_scale").get<float>();
+  next_cycle_ = {j.at("next_cycle")[0].get<int64_t>(), j.at("next_cycle")[1].get<float>()};
+  curv_count_ = j.at("curv_count").get<std::vector<std::array<int, 2>>>();
+  committed_ = j.at("committed").get<std::vector<std::array<int64_t, 2>>>();
+  inverse_ = inverse_map(j.at("inverse"));
+  used_ = inverse_map(j.at("used"));
+  events_.clear();
+  for (const json& e : j.at("events"))
+    events_.push_back({e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>(), e[3].get<int64_t>(),
+                       {e[4].get<int64_t>(), e[5].get<int64_t>()}});
+  splits_.clear();
+  for (const json& e : j.at("splits"))
+    splits_.push_back({e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>(), e[3].get<int64_t>()});
+}
+
+}  // namespace pf
