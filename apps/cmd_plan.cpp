@@ -11,6 +11,8 @@
 //     PipeFisher: K-FAC work placed into the bubbles (sim/planner.hpp); costs per stage per
 //     micro-batch, split per factor by the preset's Linear shapes (d^2 curvature, d^3 inversion)
 //     over --layers-per-stage blocks (default 1; with the paper's CSV it also scales the costs).
+//     --data-parallel W > 1: inversions placed over the replicas by SPD-KFAC's Algorithm 1 with
+//     broadcasts of --bcast-alpha + --bcast-beta * bytes (JSON `kfac.placement`).
 // Times are in milliseconds (flags and profiles alike).
 #include "command.hpp"
 #include "config/config.hpp"
@@ -43,6 +45,7 @@ struct PlanArgs {
   bool json = false, sweep = false, kfac = false, whole_inversions = false;
   int data_parallel = 1;
   double margin = 0.05;
+  double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
   std::vector<int> sweep_stages = {4, 8, 16, 32};
   CLI::App* app = nullptr;
   bool given(const char* flag) const { return app->count(flag) > 0; }
@@ -150,12 +153,16 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   in.replicas = a.data_parallel;
   in.margin = a.margin;
   in.split_to_shorten = !a.whole_inversions;
+  // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
+  // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
+  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.cost.allreduce_alpha;
+  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.cost.allreduce_beta;
   for (const StageCost& c : prof.cost.stages) {
-    // Curvature sync: all-reduce of the stage's factors, plus the fresh inverses it broadcasts
-    // (planner.hpp), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
+    // Curvature sync: all-reduce of the stage's factors (the inverses travel in their own
+    // BCAST_INV units), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
     double floats = 0;
     for (const LinearShape& l : layers) floats += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
-    double bytes = c.curvature_bytes > 0 ? 2 * c.curvature_bytes : 2 * 4 * floats;
+    double bytes = c.curvature_bytes > 0 ? c.curvature_bytes : 4 * floats;
     in.kfac.push_back(split_stage_cost(layers, c.curvature, c.inversion, c.precondition,
                                        prof.cost.allreduce_alpha + prof.cost.allreduce_beta * bytes));
   }
@@ -179,6 +186,21 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
                    {"bubble", p.bubble[d]}, {"kfac_work", p.kfac_work[d]}, {"inline_work", p.device_inline[d]},
                    {"utilization", p.utilization_per_device[d]}, {"strategy", p.strategy[d]}});
   }
+  // W > 1: Algorithm 1 per stage (which pieces are broadcast, by whom, the modelled loads).
+  nlohmann::json placement = nlohmann::json::array();
+  for (const StagePlacement& sp : p.placements) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (int k : sp.placement.order) {
+      const int o = sp.placement.owner[k];
+      pieces.push_back({{"piece", to_token(sp.pieces[k])}, {"dim", sp.dims[k]}, {"inversion", sp.inv_time[k]},
+                        {"broadcast", sp.bcast_time[k]}, {"communicated", o != kEveryRank},
+                        {"owner", o == kEveryRank ? nlohmann::json("every") : nlohmann::json(o)}});
+    }
+    placement.push_back({{"pipeline", sp.pipeline}, {"stage", sp.stage}, {"device", sp.device},
+                         {"communicated", sp.placement.communicated()},
+                         {"non_communicated", static_cast<int>(sp.pieces.size()) - sp.placement.communicated()},
+                         {"load", sp.placement.load}, {"makespan", sp.placement.makespan()}, {"pieces", pieces}});
+  }
   for (const FactorSplit& f : p.splits)
     splits.push_back({{"pipeline", f.pipeline}, {"stage", f.stage}, {"layer", f.layer},
                       {"factor", f.kind == Kind::INV_A ? "A" : "B"}, {"blocks", f.blocks}, {"whole", f.whole},
@@ -187,6 +209,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
           {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
           {"period", P}, {"common_cycle", p.common_cycle}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
           {"model", a.model}, {"layers_per_stage", blocks}, {"splits", splits}, {"per_device", per},
+          {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement},
           {"timeline_text", timeline_text(tl)}};
 }
 
@@ -201,12 +224,17 @@ void print_kfac(const nlohmann::json& k) {
     fmt::print("{} inversions split into diagonal blocks (block-diagonal factor: larger than every bubble, or "
                "shortening the refresh period)\n",
                k["splits"].size());
+  for (const auto& sp : k["placement"])
+    fmt::print("stage {}{}: {} inversion pieces broadcast from their owner, {} inverted on every replica; "
+               "modelled loads {}\n",
+               sp["stage"].get<int>(), sp["pipeline"].get<int>() ? fmt::format(" (pipeline {})", sp["pipeline"].get<int>()) : "",
+               sp["communicated"].get<int>(), sp["non_communicated"].get<int>(), sp["load"].dump());
   fmt::print("\n{}", k["timeline_text"].get<std::string>());
 }
 
 int run(const PlanArgs& a) {
   if (!a.kfac)
-    for (const char* f : {"--model", "--data-parallel", "--margin", "--whole-inversions"})
+    for (const char* f : {"--model", "--data-parallel", "--margin", "--whole-inversions", "--bcast-alpha", "--bcast-beta"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
@@ -328,6 +356,12 @@ Runner setup(CLI::App& app) {
   app.add_option("--data-parallel", a->data_parallel, "Replicas W per stage (curvature sync, inversions shared)")
       ->check(positive);
   app.add_option("--margin", a->margin, "Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default 0.05)")
+      ->check(nonneg);
+  app.add_option("--bcast-alpha", a->bcast_alpha,
+                 "Broadcast of an inverse among replicas: alpha, ms (default: the profile's all-reduce alpha, else 0)")
+      ->check(nonneg);
+  app.add_option("--bcast-beta", a->bcast_beta,
+                 "Broadcast: beta, ms per byte of the upper triangle (default: the profile's all-reduce beta, else 0)")
       ->check(nonneg);
   app.add_flag("--whole-inversions", a->whole_inversions,
                "Split an inversion only when it exceeds every bubble (not also when that shortens the refresh period)");

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -195,11 +196,52 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
 void ChunkKfac::set_replicated(MPI_Comm comm, int copies) {
   sync_comm_ = comm;
   copies_ = copies;
+  root_of_.clear();
   pending_.clear();
   if (comm == MPI_COMM_NULL) return;
   for (int l = 0; l < layers(); ++l)
     pending_.push_back({Tensor(pre_->layer(l).a().inverse().shape()), Tensor(pre_->layer(l).b().inverse().shape())});
   flags_ = Tensor(Shape{2 * static_cast<int64_t>(layers())});
+}
+
+// W > 1, a CT piece: its owner (the lowest holder rank of replica `owner`: Chimera's pipeline-0
+// copy; the twin inverted the same bits) sends the piece it inverted last cycle, upper triangle
+// (a diagonal factor: its entries) plus a flag (0: nothing inverted yet); the others keep it
+// with their own NCT pieces until the SYNC_CURV that follows installs them all.
+void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
+  PF_CHECK(sync_comm_ != MPI_COMM_NULL, "BCAST_INV outside replicated bubbles");
+  int me = 0, n = 0;
+  MPI_Comm_rank(sync_comm_, &me);
+  MPI_Comm_size(sync_comm_, &n);
+  if (root_of_.empty()) {  // once per communicator, before its first broadcast (same point on every holder)
+    std::vector<int> replica_of(static_cast<size_t>(n));
+    comm::check(MPI_Allgather(&replica_, 1, MPI_INT, replica_of.data(), 1, MPI_INT, sync_comm_), "MPI_Allgather(replicas)");
+    for (int r = n; r-- > 0;) {
+      if (replica_of[r] >= static_cast<int>(root_of_.size())) root_of_.resize(replica_of[r] + 1, -1);
+      root_of_[replica_of[r]] = r;
+    }
+  }
+  const int root = root_of_.at(owner);
+  KfacFactor& f = pre_->layer(layer).factor(s);
+  Tensor& piece = pending_[layer][side_of(s)];
+  const int64_t d = f.dim();
+  const int64_t first = block < 0 ? 0 : f.blocks()[block].offset, size = block < 0 ? d : f.blocks()[block].size;
+  std::vector<float> buf(static_cast<size_t>(f.diagonal() ? size : size * (size + 1) / 2) + 1);
+  float* x = buf.data();
+  if (me == root) {
+    if (f.diagonal()) x = std::copy_n(piece.data() + first, size, x);
+    else
+      for (int64_t r = first; r < first + size; ++r) x = std::copy(piece.data() + r * d + r, piece.data() + r * d + first + size, x);
+    *x = flags_[2 * layer + side_of(s)] > 0 ? 1.0f : 0.0f;
+  }
+  comm::check(MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, root, sync_comm_), "MPI_Bcast(inverse)");
+  if (me == root || buf.back() == 0.0f) return;
+  x = buf.data();
+  if (f.diagonal()) std::copy_n(x, size, piece.data() + first);
+  else
+    for (int64_t r = first; r < first + size; ++r)
+      for (int64_t c = r; c < first + size; ++c, ++x) piece[r * d + c] = piece[c * d + r] = *x;
+  flags_[2 * layer + side_of(s)] += 1.0f;
 }
 
 void ChunkKfac::sync(int64_t t) {
@@ -209,26 +251,21 @@ void ChunkKfac::sync(int64_t t) {
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B}) {
       rows[2 * l + side_of(s)] = static_cast<float>(pre_->pending_rows(l, s));
-      bufs.push_back(pre_->layer(l).factor(s).accumulator().span());
-      bufs.push_back(pending_[l][side_of(s)].span());
+      if (!poisoned_) bufs.push_back(pre_->layer(l).factor(s).accumulator().span());  // every holder alike
     }
   bufs.push_back(rows.span());
-  bufs.push_back(flags_.span());
   comm::BucketedAllReduce sum(sync_comm_, std::move(bufs));
   sum.start();
   sum.wait();
-  // The previous cycle's inverses (built from the factors committed now, before this commit).
+  // The previous cycle's inverses (built from the factors committed now, before this commit):
+  // NCT pieces this replica inverted itself, CT pieces inverted here or received by BCAST_INV.
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B}) {
       if (flags_[2 * l + side_of(s)] > 0) {
         // Block by block: a split factor's off-block entries keep what they held, as a local
         // inversion of its blocks leaves them.
         KfacFactor& f = pre_->layer(l).factor(s);
-        // Chimera: each pipeline's holders invert every piece once (the same bits from the same
-        // summed factor): the sum is copies x the inverse, exactly (a power of two).
-        Tensor& in = pending_[l][side_of(s)];
-        if (copies_ > 1)
-          for (float& x : in.span()) x /= static_cast<float>(copies_);
+        const Tensor& in = pending_[l][side_of(s)];
         Tensor& out = f.received_inverse();
         const int64_t d = f.dim();
         if (f.diagonal()) out = in;

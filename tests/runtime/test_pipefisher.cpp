@@ -246,6 +246,31 @@ TEST(PipeFisherRuntime, BubblesWithTwoReplicasEqualSingleProcessWithSamePattern)
                        {"parallel.data_parallel=2", "parallel.micro_batches=2"});
 }
 
+// SPD-KFAC's Algorithm 1 over the replicas with a broadcast model fixed by the test hook: with
+// ffn = 128, a 32-wide factor inverts in ~0.007 ms, a 128-wide one in ~0.15 ms (measured here,
+// 1 thread); a broadcast of a flat 0.03 ms makes the 32-wide pieces NCT (every replica inverts
+// them) and the 128-wide ones CT (the owner inverts and broadcasts them): both kinds in one run,
+// and the replicas still end with single-process K-FAC's weights.
+TEST(PipeFisherRuntime, BubblesWithTwoReplicasBroadcastAndLocalInversionsEqualSingleProcess) {
+  Launched r = launch(4, "1f1b_2x2_place",
+                      "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
+                      "--set parallel.micro_batches=2 --set model.ffn=128 --set kfac.placement=bubbles",
+                      "PF_TEST_BCAST_MODEL=0.03,0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // The plan's placement line: some pieces broadcast, some inverted on every replica.
+  const auto at = r.out.find("inversion pieces:");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  int ct = -1, nct = -1;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "inversion pieces: %d broadcast, %d", &ct, &nct), 2) << r.out;
+  EXPECT_GT(ct, 0) << r.out;
+  EXPECT_GT(nct, 0) << r.out;
+  std::ifstream f(dir() / "1f1b_2x2_place" / "kfac_refresh.json");
+  const nlohmann::json rec = nlohmann::json::parse(f);
+  pf::Config cfg = load_config({"parallel.data_parallel=2", "parallel.micro_batches=2", "model.ffn=128"});
+  cfg.kfac.placement = "inline";
+  expect_close(saved_weights(dir() / "1f1b_2x2_place.safetensors"), reference_following(cfg, rec), "1f1b_2x2_place");
+}
+
 TEST(PipeFisherRuntime, InlineAndSkipEqualTrainer) {
   struct Case {
     std::string name;

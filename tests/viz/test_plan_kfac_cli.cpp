@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <vector>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +64,49 @@ TEST(PlanKfacCli, SvgShowsEveryStepOfTheRefreshPeriod) {
   const std::string s = slurp(svg);
   for (const char* want : {"curvature A", "curvature B", "inversion A", "inversion B", "precondition", "step 1", "step 2"})
     EXPECT_NE(s.find(want), std::string::npos) << want;
+}
+
+TEST(PlanKfacCli, ReplicasPlaceInversionsByAlgorithm1AndDrawTheBroadcasts) {
+  // bert-base shapes, --tinv 100 split by d^3: a 768-wide inversion 0.725 ms, a 3072-wide one
+  // 46.4 ms; broadcast 1.2e-6 ms per byte of the upper triangle: 1.42 ms and 22.7 ms. So per
+  // stage the ten 768-wide factors are NCT (inverted by both replicas) and the two 3072-wide
+  // ones CT: the first to replica 0, the second to the then least loaded replica 1.
+  const std::string svg = tmp("w2.svg"), trace = tmp("w2.json");
+  const std::string args = "--kfac --schedule 1f1b --stages 4 --micro-batches 4 --tf 20 --tb 40 --tcurv 3 --tinv 100 "
+                           "--tprec 0.5 --whole-inversions --data-parallel 2 --bcast-alpha 0 --bcast-beta 1.2e-6";
+  PlanRun r = plan(args + " --json --svg " + svg + " --trace " + trace);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto k = nlohmann::json::parse(r.out)["kfac"];
+  ASSERT_EQ(k["placement"].size(), 4u);
+  for (const auto& sp : k["placement"]) {
+    EXPECT_EQ(sp["communicated"], 2);
+    EXPECT_EQ(sp["non_communicated"], 10);
+    std::vector<int> owners;
+    double nct = 0, ct_load = 0;
+    for (const auto& p : sp["pieces"]) {
+      const bool wide = p["dim"] == 3072;
+      EXPECT_EQ(p["communicated"].get<bool>(), wide) << p.dump();
+      EXPECT_NEAR(p["broadcast"].get<double>(), 1.2e-6 * 4 * p["dim"].get<double>() * (p["dim"].get<double>() + 1) / 2, 1e-9);
+      if (wide) {
+        owners.push_back(p["owner"].get<int>());
+        ct_load = p["inversion"].get<double>() + p["broadcast"].get<double>();
+      } else {
+        EXPECT_EQ(p["owner"], "every");
+        nct += p["inversion"].get<double>();
+      }
+    }
+    EXPECT_EQ(owners, std::vector<int>({0, 1}));
+    EXPECT_NEAR(sp["load"][0].get<double>(), nct + ct_load, 1e-9);
+    EXPECT_NEAR(sp["load"][1].get<double>(), nct + ct_load, 1e-9);
+  }
+  // The timelines show the factor communication: broadcast units in the drawing and the trace.
+  EXPECT_NE(slurp(svg).find("broadcast inverse"), std::string::npos);
+  EXPECT_NE(slurp(trace).find("BCAST_INV_"), std::string::npos);
+  PlanRun t = plan(args);
+  EXPECT_NE(t.out.find("stage 0: 2 inversion pieces broadcast from their owner, 10 inverted on every replica"),
+            std::string::npos) << t.out;
+  expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --bcast-beta -1", "pipefisher: --bcast-beta: ");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --bcast-alpha 1", "pipefisher: --bcast-alpha: only applies with --kfac");
 }
 
 TEST(PlanKfacCli, BadArgumentsExitTwoWithOneLine) {
