@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 namespace pf {
@@ -251,7 +252,8 @@ void Executor::run_action(size_t index, const Action& a, const std::vector<Micro
     case Kind::OPT: {
       if (!gradients_finished_) finish_gradients();
       Chunk& c = chunk(a.pipeline, a.stage);
-      c.optim->step(c.params, lr, grad_norm_);
+      // A non-finite norm skips the update (optim/optimizer.hpp): so does a non-finite loss anywhere.
+      c.optim->step(c.params, lr, step_finite_ ? grad_norm_ : std::numeric_limits<double>::quiet_NaN());
       return;
     }
     default:
@@ -269,6 +271,7 @@ void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
   const Tensor& x_in = c.model->has_embedding() ? none : c.prev ? c.prev->x_out[c.prev->slot[m]] : c.x_in[k];
   Tensor& x_out = c.model->has_head() ? no_output : c.x_out[k];
   loss_ += c.model->forward(mb, x_in, x_out, c.states[k]);
+  if (c.model->has_head() && test_poison_loss(step_)) loss_ = std::numeric_limits<double>::quiet_NaN();  // TEST HOOK
 }
 
 // Model::backward's loop, block by block, so that after the chunk's last backward each block's
@@ -308,11 +311,17 @@ void Executor::finish_gradients() {
     for (size_t i = 1; i < word_copies_.size(); ++i) std::copy(sum.begin(), sum.end(), word_copies_[i]->grad.data());
   }
   // Global norm: every stage once (pipeline 0's chunks; mirrors are left out by grad_sq_norm).
-  double sq = 0;
+  // A non-finite loss (known to the last stage's ranks only) rides along, first over the
+  // replicas, so that every rank skips the step here, before any optimizer step.
+  double v[2] = {0, std::isfinite(loss_) ? 0.0 : 1.0};
+  if (groups_.data_parallel.size() > 1) comm::allreduce_sum({&v[1], 1}, groups_.data_parallel.get(), "the loss flag");
   for (auto& c : chunks_)
-    if (c->pipeline == 0) sq += c->optim->grad_sq_norm(c->params);
-  comm::allreduce_sum({&sq, 1}, groups_.pipeline.get(), "the gradient norm");
-  grad_norm_ = std::sqrt(sq);
+    if (c->pipeline == 0) v[0] += c->optim->grad_sq_norm(c->params);
+  comm::allreduce_sum({v, 2}, groups_.pipeline.get(), "the gradient norm");
+  grad_norm_ = std::sqrt(v[0]);
+  step_finite_ = v[1] == 0 && std::isfinite(grad_norm_);
+  // The curvature of a skipped step must not stay in the factors.
+  if (!step_finite_ && kfac_) kfac_discard_step();
   gradients_finished_ = true;
   finish_ns_ = now_ns() - t0;
 }
@@ -802,6 +811,12 @@ void Executor::kfac_make_plan(bool restoring) {
                 kProfileSteps, static_cast<long long>(k.profile_start) + 1, static_cast<long long>(k.plan_start),
                 r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
                 p.base_step_time);
+    if (!p.placements.empty()) {  // W > 1: SPD-KFAC's Algorithm 1 over the replicas (all stages)
+      int ct = 0, pieces = 0;
+      for (const StagePlacement& sp : p.placements) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
+      std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every replica (broadcast model %.4g ms + "
+                  "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
+    }
     std::fflush(stdout);
   }
 }
@@ -905,6 +920,10 @@ void Executor::load_kfac_state(const CheckpointReader& r) {
   } catch (const nlohmann::json::exception& e) {
     usage_error(r.dir() + "/" + kfac_file(R), "malformed K-FAC state: {}", e.what());
   }
+}
+
+void Executor::kfac_discard_step() {
+  for (auto& ck : kfac_->chunk) ck->discard_step();
 }
 
 std::vector<Executor::ChunkState> Executor::chunk_states() {

@@ -107,6 +107,7 @@ class Executor {
   std::pair<double, double> kfac_bcast_model();
   void kfac_make_plan(bool restoring);
   void kfac_drain_lists();
+  void kfac_discard_step();
   void kfac_drift(int64_t step, double compute_ms);
   void kfac_precondition(Chunk& c, size_t index);
 
@@ -125,6 +126,7 @@ class Executor {
   // Per step.
   double loss_ = 0, grad_norm_ = 0;
   bool gradients_finished_ = false;
+  bool step_finite_ = true;  // loss and gradient norm finite on every rank (finish_gradients)
   int64_t finish_ns_ = 0;  // time finish_gradients took in this step
   std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
   int64_t step_ = 0;

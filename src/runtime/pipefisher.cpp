@@ -55,6 +55,8 @@ void ChunkKfac::begin_step(int64_t t, bool save, bool taps, float loss_scale) {
   if (save) next_cycle_ = {t, loss_scale};
   if (taps) loss_scale_ = loss_scale;
   attach(save || taps);
+  snapshot_.clear();
+  if (taps) take_snapshot(false);  // a non-finite step is undone (discard_step)
 }
 
 void ChunkKfac::save(Saved& s, int micro_batch, const float* x, int64_t rows, int64_t cols) {
@@ -62,6 +64,8 @@ void ChunkKfac::save(Saved& s, int micro_batch, const float* x, int64_t rows, in
     cycle_step_ = next_cycle_.first;
     loss_scale_ = next_cycle_.second;
     next_cycle_.first = -1;
+    poisoned_ = false;
+    take_snapshot(true);  // after the previous cycle's wrapped units: only this cycle's are undone
   }
   const int m = micro_batch - replica_ * micro_batches_;
   const int k = slot_of_.at(m);
@@ -89,6 +93,7 @@ void ChunkKfac::committed(int layer, Side s, int64_t step) { committed_[layer][s
 void ChunkKfac::curvature(Side s, int layer, int m) {
   const int k = slot_of_.at(m);
   PF_CHECK(k >= 0, "CURV for micro-batch {} not held by this chunk", m);
+  if (poisoned_) return;  // the cycle's step was non-finite: no curvature from it (discard_step)
   Saved& sv = (s == Side::A ? saved_a_ : saved_b_).at(layer);
   pre_->curvature(layer, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
   // The cycle's last micro-batch of this factor: commit (scaled by the convention).

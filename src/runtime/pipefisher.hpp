@@ -53,6 +53,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -144,6 +145,14 @@ class ChunkKfac final : public LinearTap {
   void load_state(const CheckpointReader& r, const std::string& prefix, const nlohmann::json& j, MPI_Comm comm,
                   int copies);
 
+  // The step is skipped (a non-finite loss or gradient on some rank; every rank calls this at
+  // the same step): the curvature it added is undone. inline / skip: the K-FAC state returns to
+  // the step's start. bubbles: if the step began a cycle, the cycle's units that ran in it are
+  // undone and its remaining CURV units do nothing (the cycle refreshes no factor; inversions
+  // re-invert the factors in use). Costs a copy of the factors per curvature step / cycle, as
+  // the single-process Trainer.
+  void discard_step();
+
   const std::vector<RefreshEvent>& events() const { return events_; }
   const std::vector<SplitEvent>& splits() const { return splits_; }
   int layers() const { return static_cast<int>(pre_->size()); }
@@ -159,6 +168,11 @@ class ChunkKfac final : public LinearTap {
   void save(Saved& s, int micro_batch, const float* x, int64_t rows, int64_t cols);
   void committed(int layer, Side s, int64_t step);
   void attach(bool on);
+  using ReadTensor = std::function<void(const std::string&, const Shape&, std::span<float>)>;
+  nlohmann::json save_core(const std::string& prefix, NamedTensors& out, bool buffers) const;
+  void load_core(const ReadTensor& read, const std::string& what, const std::string& prefix, const nlohmann::json& j,
+                 MPI_Comm comm, int copies, bool buffers);
+  void take_snapshot(bool cycle);
 
   const Config& cfg_;
   std::unique_ptr<KfacPreconditioner> pre_;
@@ -181,6 +195,10 @@ class ChunkKfac final : public LinearTap {
   Tensor flags_;                                // [2 * layer + side] pieces inverted this cycle
   Tensor stash_;
   std::vector<RefreshEvent> events_;
+  NamedTensors snapshot_;          // K-FAC state before this step's curvature (discard_step)
+  std::string snapshot_scalars_;   // its JSON
+  bool snapshot_cycle_ = false;    // taken at a cycle's takeover (bubbles)
+  bool poisoned_ = false;          // this cycle began in a skipped step: its CURV units do nothing
   std::vector<SplitEvent> splits_;
 };
 

@@ -9,11 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdlib>
+
 namespace pf {
 
 namespace {
 
 using nlohmann::json;
+
+// JSON has no NaN or Inf (a skipped step's loss scale is one): those go as strings.
+json num(double x) { return std::isfinite(x) ? json(x) : json(fmt::format("{}", x)); }
+double num(const json& j) { return j.is_string() ? std::strtod(j.get<std::string>().c_str(), nullptr) : j.get<double>(); }
 
 const char* side_name(int s) { return s == 0 ? "A" : "B"; }
 
@@ -31,7 +38,44 @@ std::map<std::tuple<int, int, int>, InverseId> inverse_map(const json& j) {
 
 }  // namespace
 
-json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const {
+json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const { return save_core(prefix, out, true); }
+
+void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix, const json& j, MPI_Comm comm,
+                           int copies) {
+  load_core([&](const std::string& name, const Shape& shape, std::span<float> out) { r.read(name, shape, out); },
+            r.dir(), prefix, j, comm, copies, true);
+}
+
+// The state a step's curvature may change (not the saved buffers: a skipped cycle never reads them).
+void ChunkKfac::take_snapshot(bool cycle) {
+  snapshot_.clear();
+  snapshot_scalars_ = save_core("", snapshot_, false).dump();
+  snapshot_cycle_ = cycle;
+}
+
+void ChunkKfac::discard_step() {
+  if (snapshot_.empty()) return;  // nothing of this step entered the factors
+  const NamedTensors& snap = snapshot_;
+  load_core([&](const std::string& name, const Shape& shape, std::span<float> out) {
+              for (const auto& [n, t] : snap)
+                if (n == name) {
+                  PF_CHECK(t.shape() == shape, "snapshot tensor {}: shape changed", name);
+                  std::copy(t.span().begin(), t.span().end(), out.begin());
+                  return;
+                }
+              PF_CHECK(false, "snapshot has no tensor {}", name);
+            },
+            "the step's K-FAC snapshot", "", json::parse(snapshot_scalars_), sync_comm_, copies_, false);
+  if (snapshot_cycle_) {
+    poisoned_ = true;
+    // Its buffers hold the skipped step's data: never read now, and not worth a checkpoint.
+    for (auto* v : {&saved_a_, &saved_b_})
+      for (Saved& sv : *v) sv.data.zero();
+  }
+  snapshot_.clear();
+}
+
+json ChunkKfac::save_core(const std::string& prefix, NamedTensors& out, bool buffers) const {
   json j;
   for (auto& [name, t] : pre_->state()) out.emplace_back(prefix + name, std::move(t));
   json factors = json::array();
@@ -42,11 +86,11 @@ json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const {
       // With ema 0 the sum in progress is the factor itself (saved above); else its own buffer.
       if (f.ema_decay() > 0)
         out.emplace_back(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", f.accumulator());
-      factors.push_back({f.pending_micro_batches(), f.trace(), f.num_blocks(), pre_->pending_rows(l, sd)});
+      factors.push_back({f.pending_micro_batches(), num(f.trace()), f.num_blocks(), pre_->pending_rows(l, sd)});
     }
   j["factors"] = factors;
   json saved = json::array();
-  for (int l = 0; l < static_cast<int>(saved_a_.size()); ++l) {
+  for (int l = 0; buffers && l < static_cast<int>(saved_a_.size()); ++l) {
     out.emplace_back(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data);
     out.emplace_back(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data);
     saved.push_back({saved_a_[l].rows, saved_b_[l].rows});
@@ -59,9 +103,10 @@ json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const {
     out.emplace_back(prefix + "flags", flags_);
   }
   j["replicated"] = replicated;
+  j["poisoned"] = poisoned_;
   j["cycle_step"] = cycle_step_;
-  j["loss_scale"] = loss_scale_;
-  j["next_cycle"] = {next_cycle_.first, next_cycle_.second};
+  j["loss_scale"] = num(loss_scale_);
+  j["next_cycle"] = {next_cycle_.first, num(next_cycle_.second)};
   j["curv_count"] = curv_count_;
   j["committed"] = committed_;
   j["inverse"] = inverse_map(inverse_);
@@ -74,12 +119,12 @@ json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const {
   return j;
 }
 
-void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix, const json& j, MPI_Comm comm,
-                           int copies) {
+void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const std::string& prefix, const json& j,
+                          MPI_Comm comm, int copies, bool buffers) {
   const int L = layers();
   const json& factors = j.at("factors");
-  if (static_cast<int>(factors.size()) != 2 * L || j.at("saved").size() != saved_a_.size())
-    usage_error(r.dir(), "the K-FAC state under '{}' has {} factors, this stage has {}", prefix, factors.size(), 2 * L);
+  if (static_cast<int>(factors.size()) != 2 * L || (buffers && j.at("saved").size() != saved_a_.size()))
+    usage_error(what, "the K-FAC state under '{}' has {} factors, this stage has {}", prefix, factors.size(), 2 * L);
   // Block structure first: set_blocks reallocates, loading then overwrites.
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < 2; ++s) {
@@ -88,7 +133,7 @@ void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix,
       if (f.num_blocks() != blocks) f.set_blocks(blocks);
     }
   NamedTensors st = pre_->state();  // names and shapes, filled from the checkpoint
-  for (auto& [name, t] : st) r.read(prefix + name, t.shape(), t.span());
+  for (auto& [name, t] : st) read(prefix + name, t.shape(), t.span());
   pre_->load_state(st);
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < 2; ++s) {
@@ -97,29 +142,31 @@ void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix,
       const json& e = factors[2 * l + s];
       if (f.ema_decay() > 0) {
         Tensor& acc = f.accumulator();
-        r.read(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", acc.shape(), acc.span());
+        read(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", acc.shape(), acc.span());
       }
-      f.restore_accumulation(e[0].get<int64_t>(), e[1].get<double>());
+      f.restore_accumulation(e[0].get<int64_t>(), num(e[1]));
       pre_->set_pending_rows(l, sd, e[3].get<int64_t>());
     }
-  for (size_t l = 0; l < saved_a_.size(); ++l) {
-    r.read(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data.shape(), saved_a_[l].data.span());
-    r.read(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data.shape(), saved_b_[l].data.span());
+  for (size_t l = 0; buffers && l < saved_a_.size(); ++l) {
+    read(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data.shape(), saved_a_[l].data.span());
+    read(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data.shape(), saved_b_[l].data.span());
     saved_a_[l].rows = j["saved"][l][0].get<std::vector<int64_t>>();
     saved_b_[l].rows = j["saved"][l][1].get<std::vector<int64_t>>();
     PF_CHECK(static_cast<int>(saved_a_[l].rows.size()) == slots_ && static_cast<int>(saved_b_[l].rows.size()) == slots_,
              "saved rows of layer {}: {} slots, expected {}", l, saved_a_[l].rows.size(), slots_);
   }
-  set_replicated(j.at("replicated").get<bool>() ? comm : MPI_COMM_NULL, copies);
+  const MPI_Comm want = j.at("replicated").get<bool>() ? comm : MPI_COMM_NULL;
+  if (buffers || want != sync_comm_) set_replicated(want, copies);  // a snapshot: usually unchanged
   if (sync_comm_ != MPI_COMM_NULL) {
     for (int l = 0; l < L; ++l)
       for (int s = 0; s < 2; ++s)
-        r.read(prefix + fmt::format("pending_{}.{}", side_name(s), l), pending_[l][s].shape(), pending_[l][s].span());
-    r.read(prefix + "flags", flags_.shape(), flags_.span());
+        read(prefix + fmt::format("pending_{}.{}", side_name(s), l), pending_[l][s].shape(), pending_[l][s].span());
+    read(prefix + "flags", flags_.shape(), flags_.span());
   }
+  poisoned_ = j.value("poisoned", false);
   cycle_step_ = j.at("cycle_step").get<int64_t>();
-  loss_scale_ = j.at("loss_scale").get<float>();
-  next_cycle_ = {j.at("next_cycle")[0].get<int64_t>(), j.at("next_cycle")[1].get<float>()};
+  loss_scale_ = static_cast<float>(num(j.at("loss_scale")));
+  next_cycle_ = {j.at("next_cycle")[0].get<int64_t>(), static_cast<float>(num(j.at("next_cycle")[1]))};
   curv_count_ = j.at("curv_count").get<std::vector<std::array<int, 2>>>();
   committed_ = j.at("committed").get<std::vector<std::array<int64_t, 2>>>();
   inverse_ = inverse_map(j.at("inverse"));

@@ -125,10 +125,17 @@ bool test_poison_step(int64_t step, std::vector<MicroBatch>& mbs) {
   static const char* at = std::getenv("PF_TEST_POISON_STEP");
   if (!at || std::atoll(at) != step) return false;
   static const char* kind = std::getenv("PF_TEST_POISON_KIND");
+  if (kind && std::string(kind) == "loss") return false;  // test_poison_loss
   const bool inf = kind && std::string(kind) == "inf";
   for (MicroBatch& mb : mbs)
     mb.loss_scale = inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
   return true;
+}
+
+bool test_poison_loss(int64_t step) {
+  static const char* at = std::getenv("PF_TEST_POISON_STEP");
+  static const char* kind = std::getenv("PF_TEST_POISON_KIND");
+  return at && kind && std::string(kind) == "loss" && std::atoll(at) == step;
 }
 
 }  // namespace pf

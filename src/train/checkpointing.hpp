@@ -58,5 +58,8 @@ const char* signal_name(int sig);
 // scale becomes NaN (or +Inf with PF_TEST_POISON_KIND=inf), so its loss and every gradient are
 // non-finite. Returns true when it poisoned. Never set it in a real run.
 bool test_poison_step(int64_t step, std::vector<MicroBatch>& mbs);
+// TEST HOOK: with PF_TEST_POISON_KIND=loss, step k's reported loss is NaN while its gradients
+// stay finite (test_poison_step then leaves the micro-batches alone); true at that step.
+bool test_poison_loss(int64_t step);
 
 }  // namespace pf

@@ -66,6 +66,7 @@ StepStats Trainer::step() {
     s.loss += model_->forward(mb, no_input_, no_output_, state_);
     model_->backward(mb, no_output_, no_input_, state_);
   }
+  if (test_poison_loss(step_)) s.loss = std::numeric_limits<double>::quiet_NaN();  // TEST HOOK
   s.lr = lr_.at(step_);
   // A NaN/Inf loss or gradient is caught here, before it reaches K-FAC's factors or the weights.
   if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(optim_->grad_sq_norm(params_)))) {

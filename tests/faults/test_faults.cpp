@@ -33,22 +33,29 @@ std::string latest_name(const fs::path& ck) { return fs::path(pf::find_latest_ch
 
 // Step 3 (index 2) is poisoned: its checkpoint must be byte-identical to step 2's (weights,
 // moments, optimizer step count, K-FAC factors/inverses/counters), and training goes on.
-void expect_poisoned_step_skipped(int np, const std::string& name, const std::string& sets, int files) {
+// kind "loss": only the loss is NaN (the last stage's ranks see it), the gradients are finite.
+void expect_poisoned_step_skipped(int np, const std::string& name, const std::string& sets, int files,
+                                  const std::string& kind = "nan") {
   tiny_config(dir());
   const fs::path ck = dir() / (name + "-ckpt");
   const std::string s = "--steps 4 --set train.checkpoint_every=1 --set train.keep_checkpoints=10 --set train.checkpoint_dir=" +
                         ck.string() + " " + sets;
-  const std::string env = "PF_TEST_POISON_STEP=2 ";
+  const std::string env = "PF_TEST_POISON_STEP=2 PF_TEST_POISON_KIND=" + kind + " ";
   Launch r = run(env + (np == 1 ? train_cmd(dir(), name, s) : mpi_train_cmd(np, dir(), name, s)));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "step 3: non-finite loss (loss ")) << r.out;
-  EXPECT_TRUE(contains(r.out, "nan): no update, step skipped")) << r.out;
+  EXPECT_TRUE(contains(r.out, "): no update, step skipped")) << r.out;
+  std::vector<std::string> names;
   for (int st = 0; st < files; ++st)
-    for (const char* kind : {"weights", "state"}) {
-      const std::string f = std::string(kind) + "-stage-" + std::to_string(st) + ".safetensors";
-      EXPECT_EQ(sha_of(ck, 2, f), sha_of(ck, 3, f)) << f << ": the skipped step changed it";
+    for (const char* k : {"weights", "state"}) names.push_back(std::string(k) + "-stage-" + std::to_string(st) + ".safetensors");
+  // The MPI runtime with K-FAC: every rank's own K-FAC state too.
+  if (np > 1 && contains(sets, "kfac.enabled=true"))
+    for (int rank = 0; rank < np; ++rank) names.push_back("kfac-rank-" + std::to_string(rank) + ".safetensors");
+  for (const std::string& f : names) {
+    EXPECT_EQ(sha_of(ck, 2, f), sha_of(ck, 3, f)) << f << ": the skipped step changed it";
+    if (f.rfind("kfac-rank-", 0) != 0)  // (skip: a step without curvature leaves the K-FAC state alone)
       EXPECT_NE(sha_of(ck, 3, f), sha_of(ck, 4, f)) << f << ": the step after the skipped one changed nothing";
-    }
+  }
   const auto log = read_log(dir() / (name + ".jsonl"));
   ASSERT_EQ(log.size(), 4u);
   EXPECT_TRUE(log.at(3)["loss"].is_null());  // NaN is written as null
@@ -62,6 +69,33 @@ TEST(NonFinite, PoisonedStepIsSkippedWithKfac) {
 
 TEST(NonFinite, PoisonedStepIsSkippedInAPipeline) {
   expect_poisoned_step_skipped(2, "skip2", "--set parallel.stages=2", 2);
+}
+
+// A NaN loss with finite gradients is known to the last stage only: every rank must skip the
+// step (the flag rides on the gradient-norm all-reduce), K-FAC's curvature of it undone (inline
+// and skip placements, data-parallel replicas, Chimera's twins). Then the run equals one whose
+// gradients were NaN at that step, which every optimizer skips.
+TEST(NonFinite, NanLossWithFiniteGradientsIsSkippedOnEveryRank) {
+  const std::string k = "--set kfac.enabled=true --set kfac.placement=inline ";
+  const struct {
+    std::string name;
+    int np;
+    std::string sets;
+  } cases[] = {
+      {"loss-plain", 2, "--set parallel.stages=2"},
+      {"loss-kfac", 2, "--set parallel.stages=2 " + k},
+      {"loss-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera " + k},
+      {"loss-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 --set parallel.micro_batches=2 "
+                     "--set kfac.enabled=true --set kfac.placement=skip --set kfac.inverse_every=2 --set kfac.ema=0.5"},
+  };
+  for (const auto& c : cases) {
+    expect_poisoned_step_skipped(c.np, c.name, c.sets, 2, "loss");
+    Launch nan = run("PF_TEST_POISON_STEP=2 " + mpi_train_cmd(c.np, dir(), c.name + "-nan", "--steps 4 " + c.sets));
+    ASSERT_EQ(nan.status, 0) << nan.out;
+    const auto a = read_log(dir() / (c.name + ".jsonl")), b = read_log(dir() / (c.name + "-nan.jsonl"));
+    EXPECT_EQ(a.at(4)["loss"].get<double>(), b.at(4)["loss"].get<double>()) << c.name;
+    EXPECT_TRUE(std::isfinite(a.at(3)["grad_norm"].get<double>())) << c.name << ": the gradients were finite";
+  }
 }
 
 TEST(NonFinite, InfStopsTheRunBeforeItsCheckpoint) {
