@@ -563,8 +563,14 @@ void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, cons
     k.dur_samples = 0;
     for (ChunkKfacTimes& t : k.times) t = {};
   }
-  for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
-    const int j = k.lowered_index[i];
+  // The inline list ends the step's list; the first step of a re-profile may start with the old
+  // cycle's wrapped units (kfac_drain_lists), which are not part of the profile.
+  PF_CHECK(list.size() >= k.lowered_index.size() && times.size() == list.size(),
+           "profiled step {}: {} actions, {} times, inline list of {}", step, list.size(), times.size(),
+           k.lowered_index.size());
+  const size_t skip = list.size() - k.lowered_index.size();
+  for (size_t i = skip; i < list.size(); ++i) {
+    const int j = k.lowered_index[i - skip];
     if (j >= 0) k.dur_sum[j] += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
   }
   ++k.dur_samples;
