@@ -3,17 +3,22 @@
 #
 #   bench/convergence/run.sh [build-dir] [out-dir]     # defaults: build/, bench/convergence/out/
 #
-# Two single-process runs of `pipefisher train` on configs/$MODEL.toml (data/corpus/*.bert.bin,
-# made by scripts/prepare-data.sh), the same batch, step budget, peak LR and decay:
+# Two runs of `pipefisher train` on configs/$MODEL.toml (data/corpus/*.bert.bin, made by
+# scripts/prepare-data.sh), the same batch, step budget, peak LR and decay, and the same pipeline:
+# $RANKS MPI ranks (scripts/pfrun), one stage each, schedule $SCHEDULE, 1 thread per rank
+# (RANKS=1: one process, $THREADS threads):
 #   nvlamb  NVLAMB, warm-up $WARMUP steps
-#   kfac    K-FAC (placement $PLACEMENT, inverse every $EVERY, damping $DAMPING) then NVLAMB on the
-#           preconditioned gradients, warm-up $KFAC_WARMUP steps (the paper shortens K-FAC's)
+#   kfac    K-FAC then NVLAMB on the preconditioned gradients, warm-up $KFAC_WARMUP steps (the paper
+#           shortens K-FAC's), damping $DAMPING, placement $PLACEMENT: `bubbles` is PipeFisher (the
+#           first steps profile K-FAC's work, then the planner's multi-step schedule puts it in the
+#           pipeline's bubbles and each inverse is refreshed as often as the bubbles allow);
+#           `inline` runs all of it every $EVERY steps on the critical path
 # Writes to out-dir: nvlamb.csv and kfac.csv (step, time_s = cumulative training time without
 # evaluations, loss, valid_loss where evaluated), convergence.svg (loss vs step and vs time) and
 # summary.txt: each run's final losses and the step and time at which K-FAC first reaches
 # NVLAMB's final loss (validation loss, and training loss smoothed over $SMOOTH steps).
-# Override with the environment: MODEL STEPS SEQ MB MBS LR WARMUP KFAC_WARMUP PLACEMENT EVERY
-# DAMPING EVAL_EVERY EVAL_BATCHES SMOOTH THREADS.
+# Override with the environment: MODEL STEPS SEQ MB MBS LR WARMUP KFAC_WARMUP RANKS SCHEDULE
+# PLACEMENT EVERY DAMPING EVAL_EVERY EVAL_BATCHES SMOOTH THREADS.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -22,12 +27,14 @@ bin=$build/pipefisher
 model=${MODEL:-bert-mini}
 steps=${STEPS:-300}
 seq=${SEQ:-128}
-mb=${MB:-2}
+mb=${MB:-4}
 mbs=${MBS:-8}
 lr=${LR:-5e-3}
 warmup=${WARMUP:-30}
 kfac_warmup=${KFAC_WARMUP:-10}
-placement=${PLACEMENT:-inline}
+ranks=${RANKS:-2}
+schedule=${SCHEDULE:-1f1b}
+placement=${PLACEMENT:-bubbles}
 every=${EVERY:-1}
 damping=${DAMPING:-1e-3}
 eval_every=${EVAL_EVERY:-25}
@@ -44,14 +51,22 @@ trap 'rm -rf "$tmp"' EXIT
 common=(--config "$root/configs/$model.toml" --steps "$steps" --set model.seq_len="$seq"
         --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs" --set optim.lr="$lr"
         --set optim.warmup_steps="$warmup" --set train.eval_every="$eval_every"
-        --set train.eval_batches="$eval_batches" --set train.threads="$threads" --set train.log_every=50)
+        --set train.eval_batches="$eval_batches" --set train.log_every=50)
+if ((ranks > 1)); then
+  threads=1
+  launch=("$root/scripts/pfrun" -np "$ranks")
+  common+=(--set parallel.stages="$ranks" --set parallel.schedule="$schedule")
+else
+  launch=()
+fi
+common+=(--set train.threads="$threads")
 cd "$root"
 run() {  # name, extra args...
   local name=$1
   shift
   echo "== $name"
-  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=1 "$bin" train "${common[@]}" "$@" \
-    --set train.out_dir="$tmp/$name" | tail -2
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=1 "${launch[@]}" "$bin" train "${common[@]}" "$@" \
+    --set train.out_dir="$tmp/$name" | grep -E "^(pipefisher: |summary|outputs)" || true
   # JSON lines -> CSV (keys of the run log: step, loss, step_time_s, valid_loss when evaluated).
   awk 'function num(key,   m) {
          if (!match($0, "\"" key "\":[-+0-9.eE]+")) return ""
@@ -84,7 +99,8 @@ summarize() {  # column (3 = train loss smoothed, 4 = valid loss)
 }
 {
   echo "model $model, seq $seq, $mb x $mbs sequences/step, $steps steps, lr $lr; nvlamb warm-up $warmup;" \
-       "kfac $placement every $every, damping $damping, warm-up $kfac_warmup; $threads thread(s)"
+       "kfac $placement (every $every if inline), damping $damping, warm-up $kfac_warmup;" \
+       "$ranks rank(s), schedule $schedule, $threads thread(s) per rank"
   summarize 4
   summarize 3
 } | tee "$out/summary.txt.tmp"
