@@ -17,7 +17,8 @@
 //   OPT              the first OPT of a step finishes the gradients (all-reduces, the tied word
 //                    embedding summed over every rank holding a copy, the global gradient norm
 //                    over the pipeline); every OPT steps its chunk's optimizer
-// Anything else is refused with a message naming the kind.
+// K-FAC's kinds (CURV_A/B, SYNC_CURV, INV_A/B, BCAST_INV_A/B, PREC) are PipeFisher's, handled in
+// executor_kfac.cpp. Anything else is refused with a message naming the kind.
 //
 // Micro-batches: replica w runs global micro-batches w*N .. w*N+N-1 of the step (MicroBatch
 // index j = w*N + m, the single-process trainer's numbering), so losses and gradients are those

@@ -1,0 +1,533 @@
+#include "runtime/executor.hpp"
+
+#include "comm/perf_model.hpp"
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "io/safetensors.hpp"
+#include "runtime/executor_parts.hpp"
+#include "runtime/pipefisher.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+// PipeFisher's side of the executor (runtime/pipefisher.hpp): K-FAC set-up, the step's list
+// (profiling, the plan, a drain), K-FAC actions, profiling and planning, drift, K-FAC checkpoints.
+namespace pf {
+
+Executor::~Executor() = default;
+
+void Executor::kfac_setup() {
+  kfac_ = std::make_unique<KfacState>();
+  KfacState& k = *kfac_;
+  k.bubbles = cfg_.kfac.placement == "bubbles";
+  const int N = layout_.micro_batches;
+  for (auto& c : chunks_) {
+    k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
+                                                  static_cast<int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len));
+    k.times.emplace_back();
+  }
+  // Factor sums among a stage's copies get their own communicators (another stream of
+  // collectives than the gradient buckets), made in stage order on every member.
+  k.holders.resize(chunks_.size());
+  if (layout_.grad_sync) {
+    std::vector<size_t> order(chunks_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return chunks_[a]->stage < chunks_[b]->stage; });
+    for (size_t i : order) {
+      MPI_Comm base = layout_.pipelines() > 1 ? groups_.holders_comm(chunks_[i]->stage) : groups_.data_parallel.get();
+      MPI_Comm dup = MPI_COMM_NULL;
+      comm::check(MPI_Comm_dup(base, &dup), "MPI_Comm_dup(kfac holders)");
+      k.holders[i] = comm::Comm(dup);
+    }
+  }
+  // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
+  // just before the device's first OPT.
+  size_t first_opt = actions_.size();
+  for (size_t i = 0; i < actions_.size(); ++i)
+    if (actions_[i].kind == Kind::OPT) {
+      first_opt = i;
+      break;
+    }
+  std::vector<Chunk*> by_stage;
+  for (auto& c : chunks_) by_stage.push_back(c.get());
+  std::sort(by_stage.begin(), by_stage.end(), [](Chunk* a, Chunk* b) { return a->stage < b->stage; });
+  for (size_t i = 0; i <= actions_.size(); ++i) {
+    if (i == first_opt)
+      for (Chunk* c : by_stage) k.inline_list.push_back({Kind::PREC, c->stage, c->pipeline, -1, -1}), k.lowered_index.push_back(-1);
+    if (i < actions_.size()) k.inline_list.push_back(actions_[i]), k.lowered_index.push_back(static_cast<int>(i));
+  }
+  k.dur_sum.assign(actions_.size(), 0.0);
+}
+
+const std::vector<Action>& Executor::step_actions(int64_t step) const {
+  if (!kfac_) return actions_;
+  const KfacState& k = *kfac_;
+  if (k.replan_at >= 0 && step == k.replan_at) return k.reprofile_first;
+  if (k.profiling(step)) return k.inline_list;
+  if (k.draining(step)) return step == k.boundary ? k.drain_first : k.drain_plain;
+  return k.plan->actions(groups_.replica, device_, step - k.plan_start);
+}
+
+bool Executor::kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
+  KfacState& k = *kfac_;
+  const float scale = mbs.empty() ? 1.0f : mbs.front().loss_scale;
+  for (auto& ck : k.chunk) {
+    if (!k.bubbles) {
+      ck->begin_step(step, false, ck->pre().curvature_step(step), scale);
+    } else if (k.profiling(step)) {
+      ck->begin_step(step, true, false, scale);  // profiling: save, then timed units at PREC
+    } else if (k.draining(step)) {
+      ck->begin_step(step, false, false, scale);  // no new cycle before re-profiling
+    } else {
+      const int R = k.plan->refresh_steps.at(device_);
+      ck->begin_step(step, (step - k.plan_start) % R == 0, false, scale);
+    }
+  }
+  return k.bubbles;  // stamps: profiling, and the drift check
+}
+
+bool Executor::kfac_action(const Action& a) {
+  if (!kfac_) return false;
+  size_t i = 0;
+  while (i < chunks_.size() && !(chunks_[i]->pipeline == a.pipeline && chunks_[i]->stage == a.stage)) ++i;
+  PF_CHECK(i < chunks_.size(), "device {} does not host stage {} of pipeline {}", device_, a.stage, a.pipeline);
+  ChunkKfac& ck = *kfac_->chunk[i];
+  switch (a.kind) {
+    case Kind::CURV_A: ck.curvature(Side::A, a.layer, a.micro_batch); return true;
+    case Kind::CURV_B: ck.curvature(Side::B, a.layer, a.micro_batch); return true;
+    case Kind::INV_A: ck.invert(Side::A, a.layer, a.block); return true;
+    case Kind::INV_B: ck.invert(Side::B, a.layer, a.block); return true;
+    case Kind::PREC: kfac_precondition(*chunks_[i], i); return true;
+    case Kind::SYNC_CURV: ck.sync(step_); return true;
+    case Kind::BCAST_INV_A:
+    case Kind::BCAST_INV_B: {
+      int owner = kEveryRank;
+      for (const StagePlacement& sp : kfac_->plan->placements)
+        if (sp.pipeline == a.pipeline && sp.stage == a.stage) owner = sp.owner_of(a);
+      PF_CHECK(owner != kEveryRank, "{}: no owner in the plan", to_token(a));
+      ck.broadcast(a.kind == Kind::BCAST_INV_A ? Side::A : Side::B, a.layer, a.block, owner);
+      return true;
+    }
+    default: return false;
+  }
+}
+
+void Executor::kfac_precondition(Chunk& c, size_t index) {
+  KfacState& k = *kfac_;
+  ChunkKfac& ck = *k.chunk[index];
+  if (ck.preconditioned()) return;
+  if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;  // precondition the summed gradient
+  MPI_Comm holders = k.holders[index].get();
+  if (!k.bubbles)
+    ck.inline_refresh(step_, ck.pre().curvature_step(step_), ck.pre().inversion_step(step_), holders, nullptr);
+  else if (k.profiling(step_)) {
+    ck.set_replicated(MPI_COMM_NULL, 1);  // re-profiling: inline, as at the start (pending inverses dropped)
+    ck.inline_refresh(step_, true, true, holders, &k.times[index]);
+  }
+  else
+    ck.precondition(step_);
+}
+
+void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
+  KfacState& k = *kfac_;
+  if (!k.bubbles) return;
+  if (!k.profiling(step)) {
+    if (k.replan_at < 0 && cfg_.kfac.replan_on_drift) {
+      double compute = 0;
+      for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
+        const Kind kd = list[i].kind;
+        if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W)
+          compute += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
+      }
+      kfac_drift(step, compute);
+    }
+    return;
+  }
+  if (step == k.profile_start) {  // a fresh profile
+    std::fill(k.dur_sum.begin(), k.dur_sum.end(), 0.0);
+    k.dur_samples = 0;
+    for (ChunkKfacTimes& t : k.times) t = {};
+  }
+  // The inline list ends the step's list; the first step of a re-profile may start with the old
+  // cycle's wrapped units (kfac_drain_lists), which are not part of the profile.
+  PF_CHECK(list.size() >= k.lowered_index.size() && times.size() == list.size(),
+           "profiled step {}: {} actions, {} times, inline list of {}", step, list.size(), times.size(),
+           k.lowered_index.size());
+  const size_t skip = list.size() - k.lowered_index.size();
+  for (size_t i = skip; i < list.size(); ++i) {
+    const int j = k.lowered_index[i - skip];
+    if (j >= 0) k.dur_sum[j] += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
+  }
+  ++k.dur_samples;
+  if (step + 1 == k.profile_start + kProfileSteps) {
+    k.plan_start = step + 1;
+    k.replan_at = -1;
+    kfac_plan();
+  }
+}
+
+// Drift: this rank's forward/backward time of a step (the durations the plan was made from;
+// the whole step also counts waits, which the plan does not model) over 1.3x its profile for 3
+// steps on any rank means the durations no longer match the profile. The decision is collective (every rank must switch at the same
+// step): each device finishes its current cycle (its boundary), runs plain steps until the last
+// device's boundary, then all re-profile (kProfileSteps inline steps) and re-plan.
+// Tests only: PF_TEST_DRIFT_AT_STEP=n counts steps n, n+1, n+2 as 10x their measured time.
+void Executor::kfac_drift(int64_t step, double ms) {
+  KfacState& k = *kfac_;
+  if (const char* e = std::getenv("PF_TEST_DRIFT_AT_STEP")) {
+    const int64_t n = std::atoll(e);
+    if (step >= n && step < n + 3) ms *= 10;
+  }
+  const double planned = k.profiled_compute;
+  // Over 30% and over 1 ms: scheduler noise on a tiny step is not drift.
+  k.drift_steps = ms > 1.3 * planned && ms > planned + 1.0 ? k.drift_steps + 1 : 0;
+  double flag = k.drift_steps >= 3 ? 1 : 0;
+  comm::allreduce_sum({&flag, 1}, MPI_COMM_WORLD, "the drift decision");
+  if (flag == 0) return;
+  k.drift_steps = 0;
+  const KfacPlan& p = *k.plan;
+  const int64_t next = step + 1 - k.plan_start;  // plan step of the next training step
+  auto boundary = [&](int d) {
+    const int64_t R = p.refresh_steps[d];
+    return k.plan_start + (next + R - 1) / R * R;
+  };
+  k.replan_at = 0;
+  for (int d = 0; d < p.devices; ++d) k.replan_at = std::max(k.replan_at, boundary(d));
+  k.boundary = boundary(device_);
+  kfac_drain_lists();
+  if (groups_.rank == 0) {
+    std::printf("pipefisher: step %lld: forward/backward %.1f ms, over 30%% above the profiled %.1f ms for 3 steps "
+                "(on some rank): durations drifted; re-profiling from step %lld and re-planning\n",
+                static_cast<long long>(step) + 1, ms, planned, static_cast<long long>(k.replan_at) + 1);
+    std::fflush(stdout);
+  }
+}
+
+// The lists of a drain (boundary .. replan_at) and of its re-profiling step, from the plan.
+void Executor::kfac_drain_lists() {
+  KfacState& k = *kfac_;
+  const KfacPlan& p = *k.plan;
+  // The cycle's units wrapped into the next cycle's leading gap (the front of cycle step 0) still
+  // run, first thing at the boundary; then only F/B, communication, PREC and OPT.
+  const std::vector<Action>& steady = p.cycle[groups_.replica][device_][0];
+  std::vector<Action> first = p.first[groups_.replica][device_], wrapped;
+  for (const Action& a : steady) {
+    auto it = std::find(first.begin(), first.end(), a);
+    if (it != first.end()) first.erase(it);
+    else wrapped.push_back(a);
+  }
+  k.drain_plain.clear();
+  for (const Action& a : p.first[groups_.replica][device_])
+    if (!is_kfac(a.kind) || a.kind == Kind::PREC) k.drain_plain.push_back(a);
+  k.drain_first = wrapped;
+  k.drain_first.insert(k.drain_first.end(), k.drain_plain.begin(), k.drain_plain.end());
+  k.reprofile_first = k.boundary == k.replan_at ? wrapped : std::vector<Action>{};
+  k.reprofile_first.insert(k.reprofile_first.end(), k.inline_list.begin(), k.inline_list.end());
+  k.profile_start = k.replan_at;
+}
+
+// Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):
+// the comm performance model (comm/perf_model.hpp: measured once over this rank's first stage's
+// holders, cached per machine), or PF_TEST_BCAST_MODEL="alpha,beta" (tests only: fixed numbers,
+// so a test knows which pieces are broadcast).
+std::pair<double, double> Executor::kfac_bcast_model() {
+  KfacState& k = *kfac_;
+  if (const char* e = std::getenv("PF_TEST_BCAST_MODEL")) {
+    double a = 0, b = 0;
+    PF_CHECK(std::sscanf(e, "%lf,%lf", &a, &b) == 2, "PF_TEST_BCAST_MODEL='{}': expected alpha,beta", e);
+    return {a, b};
+  }
+  if (!k.bcast_model) {
+    size_t first = 0;
+    for (size_t i = 1; i < chunks_.size(); ++i)
+      if (chunks_[i]->stage < chunks_[first]->stage) first = i;
+    auto invert = [](int64_t d) {
+      KfacFactor f("perf", d);
+      Tensor x({d, d});
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t j = 0; j < d; ++j) x[i * d + j] = i == j ? 2.0f : 1.0f / static_cast<float>(d + i + j);
+      f.set_value(x);
+      const auto t0 = std::chrono::steady_clock::now();
+      f.invert(1e-3);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    const comm::PerfModel m = comm::load_or_measure_perf_model(k.holders[first].get(), invert, cfg_.train.threads);
+    k.bcast_model = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
+  }
+  return *k.bcast_model;
+}
+
+// Every rank contributes its measured means to one all-reduce, so every rank plans from the
+// same numbers (the same bits) and gets the same plan.
+void Executor::kfac_plan() {
+  KfacState& k = *kfac_;
+  const Schedule& s = layout_.schedule;
+  const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
+  std::vector<size_t> off(D + 1, 0);
+  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
+  int Lmax = 1;
+  for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
+  const size_t per_stage = 4 + 7 * static_cast<size_t>(Lmax);  // last: the curvature sync
+  std::vector<double> v(off[D] + S * per_stage + 2, 0.0);      // + the broadcast model (W > 1)
+  k.profiled_compute = 0;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Kind kd = actions_[i].kind;
+    if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W || kd == Kind::OPT)
+      v[off[device_] + i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
+    if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) k.profiled_compute += k.dur_sum[i] / std::max(1, k.dur_samples);
+  }
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ChunkKfac& ck = *k.chunk[c];
+    const ChunkKfacTimes& t = k.times[c];
+    double* e = &v[off[D] + chunks_[c]->stage * per_stage];
+    e[0] += 1;
+    e[1] += ck.layers();
+    e[2] += t.prec / std::max(1, t.prec_samples);
+    e[per_stage - 1] += t.sync / std::max(1, t.curv_samples);
+    for (int l = 0; l < ck.layers(); ++l) {
+      e[3 + l] += t.curv_a[l] / std::max(1, t.curv_samples);
+      e[3 + Lmax + l] += t.curv_b[l] / std::max(1, t.curv_samples);
+      e[3 + 2 * Lmax + l] += t.inv_a[l] / std::max(1, t.inv_samples);
+      e[3 + 3 * Lmax + l] += t.inv_b[l] / std::max(1, t.inv_samples);
+      e[3 + 4 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_in());
+      e[3 + 5 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_out());
+      e[3 + 6 * Lmax + l] += k.chunk[c]->pre().layer(l).b().diagonal() ? 1.0 : 0.0;
+    }
+  }
+  if (W > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
+    const auto [alpha, beta] = kfac_bcast_model();
+    v[v.size() - 2] = alpha;
+    v[v.size() - 1] = beta;
+  }
+  comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
+  // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
+  // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
+  k.plan_scale = 1.0;
+  if (const char* e = std::getenv("PF_TEST_KFAC_COST_SCALE")) k.plan_scale = std::atof(e);
+  k.plan_input = std::move(v);
+  kfac_make_plan(false);
+}
+
+// The plan from k.plan_input (the same bits on every rank): made at the end of a profile, or
+// remade from a checkpoint (`restoring`: the factors' block structure and the record come from
+// the checkpoint, so nothing is recorded or printed here).
+void Executor::kfac_make_plan(bool restoring) {
+  KfacState& k = *kfac_;
+  const Schedule& s = layout_.schedule;
+  const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
+  std::vector<size_t> off(D + 1, 0);
+  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
+  int Lmax = 1;
+  for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
+  const size_t per_stage = 4 + 7 * static_cast<size_t>(Lmax);
+  const std::vector<double>& v = k.plan_input;
+  PF_CHECK(v.size() == off[D] + S * per_stage + 2, "K-FAC profile of {} values, expected {}", v.size(),
+           off[D] + S * per_stage + 2);
+  // The planner places K-FAC units in the step's gaps; the optimizer steps end each device's list
+  // (lowering puts them last; only Chimera's second ALLREDUCE may follow the first OPT, and the
+  // first OPT waits for every all-reduce anyway), so they are left out of the planned step and
+  // appended to every list.
+  PlanInput in;
+  in.schedule = s;
+  in.replicas = W;
+  in.margin = kPlanMargin;
+  in.bcast_alpha = v[v.size() - 2] / (D * W);
+  in.bcast_beta = v[v.size() - 1] / (D * W);
+  std::vector<std::vector<Action>> opts(D);
+  for (int d = 0; d < D; ++d) {
+    auto& list = in.schedule.per_device[d];
+    std::vector<double> dur;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].kind == Kind::OPT) {
+        opts[d].push_back(list[i]);
+      } else {
+        dur.push_back(v[off[d] + i]);
+      }
+    std::erase_if(list, [](const Action& a) { return a.kind == Kind::OPT; });
+    in.durations.push_back(std::move(dur));
+  }
+  const double scale = k.plan_scale;
+  for (int st = 0; st < S; ++st) {
+    const double* e = &v[off[D] + st * per_stage];
+    const double n = std::max(1.0, e[0]);
+    StageKfacCost c;
+    c.precondition = e[2] / n;
+    // Never zero: a zero-length SYNC_CURV would tie in start time with the inversions after it,
+    // and the planner's list order breaks ties by start only.
+    c.sync = std::max(e[per_stage - 1] / n, 1e-3);
+    for (int l = 0; l < static_cast<int>(e[1] / n + 0.5); ++l) {
+      c.curv_a.push_back(e[3 + l] / n);
+      c.curv_b.push_back(e[3 + Lmax + l] / n);
+      c.inv_a.push_back(e[3 + 2 * Lmax + l] / n);
+      c.inv_b.push_back(e[3 + 3 * Lmax + l] / n);
+      c.dim_a.push_back(static_cast<int>(e[3 + 4 * Lmax + l] / n + 0.5));
+      c.dim_b.push_back(static_cast<int>(e[3 + 5 * Lmax + l] / n + 0.5));
+      c.diag_b.push_back(e[3 + 6 * Lmax + l] / n > 0.5 ? 1 : 0);
+    }
+    for (auto* xs : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})
+      for (double& x : *xs) x *= scale;
+    c.precondition *= scale;
+    c.sync = std::max(c.sync * scale, 1e-3 * scale);
+    in.kfac.push_back(std::move(c));
+  }
+  k.plan = std::make_unique<KfacPlan>(plan_kfac(in));
+  for (int w = 0; w < W; ++w)
+    for (int d = 0; d < D; ++d) {
+      for (auto& step : k.plan->cycle[w][d]) step.insert(step.end(), opts[d].begin(), opts[d].end());
+      k.plan->first[w][d].insert(k.plan->first[w][d].end(), opts[d].begin(), opts[d].end());
+    }
+  const KfacPlan& p = *k.plan;
+  if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
+  // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
+  // SYNC_CURV and inverses travel with it.
+  if (W > 1 || layout_.pipelines() > 1)
+    for (size_t i = 0; i < chunks_.size(); ++i) k.chunk[i]->set_replicated(k.holders[i].get(), layout_.pipelines());
+  // Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int l = 0; l < k.chunk[c]->layers(); ++l)
+      for (Side sd : {Side::A, Side::B}) {
+        int blocks = 1;
+        for (const FactorSplit& f : p.splits)
+          if (chunks_[c]->pipeline == f.pipeline && chunks_[c]->stage == f.stage && f.layer == l &&
+              (f.kind == Kind::INV_A) == (sd == Side::A))
+            blocks = f.blocks;
+        if (k.chunk[c]->pre().layer(l).factor(sd).num_blocks() != blocks) k.chunk[c]->split(l, sd, blocks, k.plan_start);
+      }
+  if (groups_.rank == 0) {
+    std::string r;
+    for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
+    std::printf("pipefisher: planned from %d profiled steps (steps %lld-%lld): refresh every %s steps (per device), %zu split "
+                "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
+                "units in bubbles)\n",
+                kProfileSteps, static_cast<long long>(k.profile_start) + 1, static_cast<long long>(k.plan_start),
+                r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
+                p.base_step_time);
+    if (!p.placements.empty()) {  // W > 1: SPD-KFAC's Algorithm 1 over the replicas (all stages)
+      int ct = 0, pieces = 0;
+      for (const StagePlacement& sp : p.placements) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
+      std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every replica (broadcast model %.4g ms + "
+                  "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
+    }
+    std::fflush(stdout);
+  }
+}
+
+void Executor::write_kfac_record(const std::string& path) {
+  if (!kfac_) return;
+  std::vector<const ChunkKfac*> mine;
+  for (auto& c : kfac_->chunk) mine.push_back(c.get());
+  write_refresh_record(mine, path, groups_.rank);
+}
+
+// --- K-FAC checkpoints ---
+
+namespace {
+nlohmann::json times_json(const ChunkKfacTimes& t) {
+  return {t.curv_a, t.curv_b, t.inv_a, t.inv_b, t.prec, t.sync, t.curv_samples, t.inv_samples, t.prec_samples};
+}
+ChunkKfacTimes times_of(const nlohmann::json& j) {
+  ChunkKfacTimes t;
+  j[0].get_to(t.curv_a), j[1].get_to(t.curv_b), j[2].get_to(t.inv_a), j[3].get_to(t.inv_b);
+  t.prec = j[4].get<double>(), t.sync = j[5].get<double>();
+  t.curv_samples = j[6].get<int>(), t.inv_samples = j[7].get<int>(), t.prec_samples = j[8].get<int>();
+  return t;
+}
+std::string kfac_file(int rank) { return fmt::format("kfac-rank-{}.safetensors", rank); }
+std::string kfac_prefix(int rank, int pipeline, int stage) { return fmt::format("kfac.rank{}.p{}.s{}.", rank, pipeline, stage); }
+}  // namespace
+
+std::vector<CheckpointFile> Executor::write_kfac_state(const std::string& step_dir) const {
+  if (!kfac_) return {};
+  const KfacState& k = *kfac_;
+  const int R = groups_.rank;
+  NamedTensors tensors;
+  Tensor marker(Shape{1});  // the file's key tensor (its metadata holds the scalars)
+  marker[0] = static_cast<float>(R);
+  tensors.emplace_back(fmt::format("kfac.rank{}", R), marker);
+  nlohmann::json j;
+  j["placement"] = cfg_.kfac.placement;
+  nlohmann::json chunks = nlohmann::json::array();
+  for (size_t i = 0; i < chunks_.size(); ++i)
+    chunks.push_back(k.chunk[i]->save_state(kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), tensors));
+  j["chunks"] = chunks;
+  j["has_plan"] = static_cast<bool>(k.plan);
+  j["plan_input"] = k.plan_input;
+  j["plan_scale"] = k.plan_scale;
+  j["dur_sum"] = k.dur_sum;
+  j["dur_samples"] = k.dur_samples;
+  nlohmann::json times = nlohmann::json::array();
+  for (const ChunkKfacTimes& t : k.times) times.push_back(times_json(t));
+  j["times"] = times;
+  j["drift_steps"] = k.drift_steps;
+  j["profiled_compute"] = k.profiled_compute;
+  j["profile_start"] = k.profile_start;
+  j["plan_start"] = k.plan_start;
+  j["boundary"] = k.boundary;
+  j["replan_at"] = k.replan_at;
+  std::vector<SafetensorsTensor> st;
+  for (const auto& [name, t] : tensors) st.push_back({name, t.shape(), t.span(), false});
+  return {write_checkpoint_tensors(step_dir, kfac_file(R), st, {{"kfac_runtime", j.dump()}})};
+}
+
+void Executor::load_kfac_state(const CheckpointReader& r) {
+  if (!kfac_) return;
+  KfacState& k = *kfac_;
+  const int R = groups_.rank;
+  const std::string key = fmt::format("kfac.rank{}", R);
+  if (!r.has(key)) usage_error("--resume", "{} holds no K-FAC state of rank {} (written without K-FAC, or by one process)", r.dir(), R);
+  const auto& meta = r.metadata_of(key);
+  auto it = meta.find("kfac_runtime");
+  if (it == meta.end()) usage_error(r.dir() + "/" + kfac_file(R), "no \"kfac_runtime\" metadata");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+    if (j.at("placement").get<std::string>() != cfg_.kfac.placement)
+      usage_error("kfac.placement", "the checkpoint's K-FAC state was written with kfac.placement = {}, this configuration has {}",
+                  j.at("placement").get<std::string>(), cfg_.kfac.placement);
+    if (j.at("chunks").size() != chunks_.size())
+      usage_error("--resume", "rank {} of the checkpoint held {} model chunks, this layout gives it {}", R,
+                  j.at("chunks").size(), chunks_.size());
+    k.plan_input = j.at("plan_input").get<std::vector<double>>();
+    k.plan_scale = j.at("plan_scale").get<double>();
+    k.dur_sum = j.at("dur_sum").get<std::vector<double>>();
+    PF_CHECK(k.dur_sum.size() == actions_.size(), "K-FAC profile of {} actions, this device has {}", k.dur_sum.size(),
+             actions_.size());
+    k.dur_samples = j.at("dur_samples").get<int>();
+    k.times.clear();
+    for (const auto& t : j.at("times")) k.times.push_back(times_of(t));
+    k.drift_steps = j.at("drift_steps").get<int>();
+    k.profiled_compute = j.at("profiled_compute").get<double>();
+    k.profile_start = j.at("profile_start").get<int64_t>();
+    k.plan_start = j.at("plan_start").get<int64_t>();
+    k.boundary = j.at("boundary").get<int64_t>();
+    k.replan_at = j.at("replan_at").get<int64_t>();
+    // The plan in use, remade from the profile it was made from (timings of this run would give another).
+    k.plan.reset();
+    if (j.at("has_plan").get<bool>()) kfac_make_plan(true);
+    if (k.plan && k.replan_at >= 0) kfac_drain_lists();
+    for (size_t i = 0; i < chunks_.size(); ++i)
+      k.chunk[i]->load_state(r, kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), j.at("chunks")[i],
+                             k.holders[i].get(), layout_.pipelines());
+  } catch (const nlohmann::json::exception& e) {
+    usage_error(r.dir() + "/" + kfac_file(R), "malformed K-FAC state: {}", e.what());
+  }
+}
+
+void Executor::kfac_discard_step() {
+  for (auto& ck : kfac_->chunk) ck->discard_step();
+}
+
+std::vector<Executor::ChunkState> Executor::chunk_states() {
+  std::vector<ChunkState> out;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    Chunk& c = *chunks_[i];
+    out.push_back({c.pipeline, c.stage, {c.params, c.optim.get(), kfac_ ? &kfac_->chunk[i]->pre() : nullptr}});
+  }
+  return out;
+}
+
+}  // namespace pf

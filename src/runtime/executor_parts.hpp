@@ -1,0 +1,69 @@
+#pragma once
+// The executor's private parts, shared by its two source files: executor.cpp (the pipeline: the
+// schedule's actions, p2p, gradients, optimizer) and executor_kfac.cpp (PipeFisher: K-FAC units,
+// profiling, planning, drift, K-FAC checkpoints). Not for use outside src/runtime/executor*.cpp.
+#include "comm/collectives.hpp"
+#include "runtime/executor.hpp"
+#include "runtime/pipefisher.hpp"
+
+#include <chrono>
+#include <climits>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace pf {
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Executor::Chunk {
+  int pipeline = 0, stage = 0, id = 0;
+  std::unique_ptr<Model> model;
+  std::vector<Param*> params;
+  std::unique_ptr<Optimizer> optim;
+  std::vector<int> slot;               // [micro-batch] -> slot of its state and buffers, -1 if not run here
+  std::vector<ModelState> states;      // [slot]
+  std::vector<Tensor> x_out, dx_in;    // [slot] output activation / input gradient (sent, or read locally)
+  std::vector<Tensor> x_in, dx_out;    // [slot] receive buffers, when the neighbour stage is on another device
+  Chunk* prev = nullptr;               // neighbour stage on this device (interleaved with D = 1 etc.)
+  Chunk* next = nullptr;
+  int prev_device = -1, next_device = -1;  // neighbour stage on another device
+  std::vector<comm::Ticket> recv_f, recv_b;  // [slot]
+  size_t last_backward = SIZE_MAX;     // action index of the backward that completes the gradients
+  int last_backward_mb = -1;           // its micro-batch (K-FAC steps insert actions: indices move)
+  std::vector<std::vector<size_t>> ready_after_block;  // [block] -> grad_sync buffers final after it
+  std::unique_ptr<comm::BucketedAllReduce> grad_sync;
+  bool synced = false;                 // grad_sync waited for in this step
+};
+
+struct Executor::KfacState {
+  bool bubbles = false;
+  std::vector<std::unique_ptr<ChunkKfac>> chunk;  // [chunk index]
+  std::vector<comm::Comm> holders;                // [chunk] the stage's copies (own stream), or none
+  std::vector<Action> inline_list;                // lowered + each chunk's PREC before the first OPT
+  std::vector<int> lowered_index;                 // [inline_list index] -> actions_ index, -1 for PREC
+  std::unique_ptr<KfacPlan> plan;
+  std::vector<double> plan_input;                 // the all-reduced profile the plan was made from
+  double plan_scale = 1.0;                        // PF_TEST_KFAC_COST_SCALE at planning
+  std::vector<double> dur_sum;                    // [actions_ index] profiled ms
+  int dur_samples = 0;
+  std::vector<ChunkKfacTimes> times;              // [chunk]
+  int drift_steps = 0;                            // consecutive steps far over the plan
+  std::optional<std::pair<double, double>> bcast_model;  // W > 1: ms, ms per byte (kfac_bcast_model)
+  double profiled_compute = 0;                    // this rank's F/B/I/W ms per step in the profile
+  // Profiling phase: steps [profile_start, profile_start + kProfileSteps); the plan made at its
+  // end runs its step 0 at plan_start.
+  int64_t profile_start = 0, plan_start = kProfileSteps;
+  // Re-planning (drift): every device finishes its current cycle (boundary), runs plain steps
+  // (no K-FAC units but PREC) until replan_at, where all re-profile together.
+  int64_t boundary = -1, replan_at = -1;
+  std::vector<Action> drain_first, drain_plain, reprofile_first;
+  bool profiling(int64_t t) const { return !plan || (t >= profile_start && t < profile_start + kProfileSteps); }
+  bool draining(int64_t t) const { return replan_at >= 0 && t >= boundary && t < replan_at; }
+};
+
+}  // namespace pf
