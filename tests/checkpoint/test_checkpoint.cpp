@@ -346,6 +346,11 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   // tiny bubbles need the planner to see scaled-down costs to refresh within the run.
   expect_kfac_resume_identical("kfac-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera "
                                "--set kfac.placement=bubbles", "PF_TEST_KFAC_COST_SCALE=0.0001 ");
+  // 2 replicas per stage: a stage's inversion pieces placed by Algorithm 1 (a fixed broadcast
+  // model, so that some are broadcast from their owner and some inverted by every replica).
+  expect_kfac_resume_identical("kfac-bubbles-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
+                               "--set parallel.micro_batches=2 --set kfac.placement=bubbles",
+                               "PF_TEST_BCAST_MODEL=0.03,0 ");
   expect_kfac_resume_identical("kfac-skip-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=skip --set kfac.inverse_every=2 "
                                "--set kfac.ema=0.5");
