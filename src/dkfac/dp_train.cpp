@@ -8,6 +8,7 @@
 #include "core/files.hpp"
 #include "dkfac/distributed_kfac.hpp"
 #include "io/safetensors.hpp"
+#include "kfac/factor.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
@@ -20,24 +21,6 @@
 #include <thread>
 
 namespace pf {
-
-namespace {
-
-
-
-// Seconds of one inversion of a made-up SPD d x d factor (for the perf model).
-double time_inversion(int64_t d) {
-  KfacFactor f("perf", d);
-  Tensor v({d, d});
-  for (int64_t i = 0; i < d; ++i)
-    for (int64_t j = 0; j < d; ++j) v[i * d + j] = i == j ? 2.0f : 1.0f / static_cast<float>(d + i + j);
-  f.set_value(v);
-  const auto t0 = std::chrono::steady_clock::now();
-  f.invert(1e-3);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 bool is_dp_kfac_run(const Config& cfg) { return cfg.kfac.enabled && cfg.parallel.stages == 1; }
 
@@ -84,7 +67,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
 
   // K-FAC's own streams of collectives, apart from the gradients'.
   comm::Comm factor_comm = groups.data_parallel.dup(), inverse_comm = groups.data_parallel.dup();
-  const comm::PerfModel perf = comm::load_or_measure_perf_model(factor_comm.get(), time_inversion, threads,
+  const comm::PerfModel perf = comm::load_or_measure_perf_model(factor_comm.get(), time_one_inversion, threads,
                                                                 a.perf_cache);
   DistributedKfac dk(kfac, factor_comm.get(), inverse_comm.get(), perf, dkfac_options(cfg.kfac));
   dk.set_progress_hook([&] { grad_sync.progress(); });

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -303,6 +304,17 @@ void KfacFactor::load(const std::string& prefix, const NamedTensors& in) {
   retries_ = static_cast<int64_t>(c[2]);
   failures_ = static_cast<int64_t>(c[3]);
   pending_ = 0;
+}
+
+double time_one_inversion(int64_t d) {
+  KfacFactor f("perf", d);
+  Tensor v({d, d});
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t j = 0; j < d; ++j) v[i * d + j] = i == j ? 2.0f : 1.0f / static_cast<float>(d + i + j);
+  f.set_value(v);
+  const auto t0 = std::chrono::steady_clock::now();
+  f.invert(1e-3);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace pf

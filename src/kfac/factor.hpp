@@ -150,4 +150,8 @@ class KfacFactor {
   int64_t commits_ = 0, inversions_ = 0, retries_ = 0, failures_ = 0;
 };
 
+// Seconds one inversion of a made-up well-conditioned d x d factor takes here: the probe the
+// inversion-time model is fitted from (comm/perf_model.hpp).
+double time_one_inversion(int64_t d);
+
 }  // namespace pf

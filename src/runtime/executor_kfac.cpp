@@ -4,6 +4,7 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
+#include "kfac/factor.hpp"
 #include "runtime/executor_parts.hpp"
 #include "runtime/pipefisher.hpp"
 
@@ -245,34 +246,40 @@ std::pair<double, double> Executor::kfac_bcast_model() {
     size_t first = 0;
     for (size_t i = 1; i < chunks_.size(); ++i)
       if (chunks_[i]->stage < chunks_[first]->stage) first = i;
-    auto invert = [](int64_t d) {
-      KfacFactor f("perf", d);
-      Tensor x({d, d});
-      for (int64_t i = 0; i < d; ++i)
-        for (int64_t j = 0; j < d; ++j) x[i * d + j] = i == j ? 2.0f : 1.0f / static_cast<float>(d + i + j);
-      f.set_value(x);
-      const auto t0 = std::chrono::steady_clock::now();
-      f.invert(1e-3);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    const comm::PerfModel m = comm::load_or_measure_perf_model(k.holders[first].get(), invert, cfg_.train.threads);
+    const comm::PerfModel m = comm::load_or_measure_perf_model(k.holders[first].get(), time_one_inversion, cfg_.train.threads);
     k.bcast_model = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
   }
   return *k.bcast_model;
 }
 
+namespace {
+// The K-FAC profile all-reduced before planning, one vector of doubles: [off[d], off[d+1]) the
+// durations of device d's actions; then per stage `per_stage` values: hosts, layers, PREC, per
+// layer (Lmax slots each) CURV_A, CURV_B, INV_A, INV_B, d_in, d_out, diagonal B, and last the
+// curvature sync; then the broadcast model (alpha, beta; W > 1).
+struct ProfileShape {
+  std::vector<size_t> off;
+  int Lmax = 1;
+  size_t per_stage = 0, size = 0;
+  explicit ProfileShape(const Layout& layout) : off(layout.devices + 1, 0) {
+    for (int d = 0; d < layout.devices; ++d) off[d + 1] = off[d] + layout.schedule.per_device[d].size();
+    for (const BlockRange& r : layout.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
+    per_stage = 4 + 7 * static_cast<size_t>(Lmax);
+    size = off[layout.devices] + layout.stages() * per_stage + 2;
+  }
+};
+}  // namespace
+
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
 // same numbers (the same bits) and gets the same plan.
 void Executor::kfac_plan() {
   KfacState& k = *kfac_;
-  const Schedule& s = layout_.schedule;
-  const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
-  std::vector<size_t> off(D + 1, 0);
-  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
-  int Lmax = 1;
-  for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
-  const size_t per_stage = 4 + 7 * static_cast<size_t>(Lmax);  // last: the curvature sync
-  std::vector<double> v(off[D] + S * per_stage + 2, 0.0);      // + the broadcast model (W > 1)
+  const int D = layout_.devices, W = layout_.replicas;
+  const ProfileShape shape(layout_);
+  const std::vector<size_t>& off = shape.off;
+  const int Lmax = shape.Lmax;
+  const size_t per_stage = shape.per_stage;
+  std::vector<double> v(shape.size, 0.0);
   k.profiled_compute = 0;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Kind kd = actions_[i].kind;
@@ -319,14 +326,12 @@ void Executor::kfac_make_plan(bool restoring) {
   KfacState& k = *kfac_;
   const Schedule& s = layout_.schedule;
   const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
-  std::vector<size_t> off(D + 1, 0);
-  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + s.per_device[d].size();
-  int Lmax = 1;
-  for (const BlockRange& r : layout_.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
-  const size_t per_stage = 4 + 7 * static_cast<size_t>(Lmax);
+  const ProfileShape shape(layout_);
+  const std::vector<size_t>& off = shape.off;
+  const int Lmax = shape.Lmax;
+  const size_t per_stage = shape.per_stage;
   const std::vector<double>& v = k.plan_input;
-  PF_CHECK(v.size() == off[D] + S * per_stage + 2, "K-FAC profile of {} values, expected {}", v.size(),
-           off[D] + S * per_stage + 2);
+  PF_CHECK(v.size() == shape.size, "K-FAC profile of {} values, expected {}", v.size(), shape.size);
   // The planner places K-FAC units in the step's gaps; the optimizer steps end each device's list
   // (lowering puts them last; only Chimera's second ALLREDUCE may follow the first OPT, and the
   // first OPT waits for every all-reduce anyway), so they are left out of the planned step and

@@ -203,12 +203,16 @@ TEST(KfacFactor, BlockInversionEqualsInvertingEachBlockDensely) {
   }
   for (int64_t i = 0; i < d; ++i)
     for (int64_t j = 0; j < d; ++j)
-      if ((i < 3) != (j < 3) || (i < 5) != (j < 5)) EXPECT_EQ(inv(i, j), 0.0);
+      if ((i < 3) != (j < 3) || (i < 5) != (j < 5)) {
+        EXPECT_EQ(inv(i, j), 0.0);
+      }
   // Re-partitioning drops the entries between the new blocks.
   f.set_blocks(7);
   for (int64_t i = 0; i < d; ++i)
     for (int64_t j = 0; j < d; ++j)
-      if (i != j) EXPECT_EQ(f.value()[i * d + j], 0.0f);
+      if (i != j) {
+        EXPECT_EQ(f.value()[i * d + j], 0.0f);
+      }
 }
 
 TEST(KfacFactor, SplitAndCosts) {
