@@ -1,6 +1,8 @@
 #pragma once
 // Helpers for tests that run the built `pipefisher` program (tests/checkpoint, tests/faults): a
 // tiny BERT on the committed sample text, one thread per process, a private temporary directory.
+#include "../support/scratch.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
@@ -40,26 +42,8 @@ inline const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 inline const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
 inline const std::string kBinary = PF_BINARY;
 
-// Removes the work directory (checkpoints of tens of MB) when the program's tests end.
-struct RemoveAtEnd : ::testing::Environment {
-  fs::path dir;
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir.empty()) fs::remove_all(dir, ec);
-  }
-};
-
-inline fs::path work_dir(const std::string& program) {
-  static fs::path d = [&] {
-    fs::path p = fs::temp_directory_path() / ("pf_" + program + "_" + std::to_string(getpid()));
-    fs::create_directories(p);
-    auto* env = new RemoveAtEnd;  // gtest owns it
-    env->dir = p;
-    ::testing::AddGlobalTestEnvironment(env);
-    return p;
-  }();
-  return d;
-}
+// The work directory (checkpoints of tens of MB), removed when the program's tests end.
+inline fs::path work_dir(const std::string& program) { return scratch_dir(program); }
 
 // Tiny BERT (4 blocks, hidden 32, 6 steps, NVLAMB); `extra` is appended TOML.
 inline fs::path tiny_config(const fs::path& dir, const std::string& extra = "") {

@@ -9,6 +9,7 @@
 // One run measures the model instead, and must leave a cache file behind.
 #include "comm/perf_model.hpp"
 #include "io/safetensors.hpp"
+#include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -46,8 +47,8 @@ Launch run(const std::string& cmd) {
 }
 
 fs::path work_dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("pf_dkfac_test_" + std::to_string(getpid()));
+  static const fs::path d = [] {
+    fs::path p = pf_test::scratch_dir("dkfac_test");
     fs::create_directories(p / "pinned");
     fs::create_directories(p / "measured");
     return p;

@@ -10,6 +10,7 @@
 #include "io/safetensors.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/profile.hpp"
+#include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -24,11 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path file(const std::string& name, const std::string& bytes) {
-  static const fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("pf_bad_input_" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
+  const fs::path d = pf_test::scratch_dir("bad_input");
   std::ofstream(d / name, std::ios::binary) << bytes;
   return d / name;
 }

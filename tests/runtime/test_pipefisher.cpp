@@ -20,6 +20,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "train/trainer.hpp"
+#include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -40,14 +41,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("pf_pipefisher_test_" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
-}
+fs::path dir() { return pf_test::scratch_dir("pipefisher_test"); }
 
 const char* kConfig =
     "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\nmax_position = 16\n"

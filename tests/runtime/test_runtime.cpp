@@ -9,6 +9,7 @@
 #include "schedule/lower.hpp"
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
+#include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -53,14 +54,7 @@ Launch run(const std::string& cmd) {
 const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
 
-fs::path work_dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("pf_runtime_test_" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
-}
+fs::path work_dir() { return pf_test::scratch_dir("runtime_test"); }
 
 // Tiny BERT (4 blocks, hidden 32) on the committed sample; one thread; no evaluation but at the end.
 fs::path tiny_config() {

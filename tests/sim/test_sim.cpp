@@ -5,6 +5,7 @@
 #include "sim/memory.hpp"
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
+#include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
 
@@ -107,7 +108,9 @@ TEST(ZeroBubble, H1BubbleIsAThirdOfOneFOneBAtNEqualsD) {
       Timeline z = simulate(make_zb_h1(D, N), uniform(1, 2));
       Timeline o = simulate(make_1f1b(D, N), uniform(1, 2));
       EXPECT_DOUBLE_EQ(o.bubble[0], 3.0 * (D - 1));
-      if (N == D) EXPECT_DOUBLE_EQ(z.step_time, 3.0 * N + D - 1) << "D=" << D;
+      if (N == D) {
+        EXPECT_DOUBLE_EQ(z.step_time, 3.0 * N + D - 1) << "D=" << D;
+      }
       EXPECT_GE(z.bubble[0], D - 1.0);
       EXPECT_LE(z.bubble[0], D + 2.0);
       EXPECT_LT(z.mean_bubble(), o.mean_bubble());
@@ -141,7 +144,7 @@ TEST(Communication, PointToPointLatencyOnEveryCrossing) {
 }
 
 TEST(Communication, LoweredScheduleTimesLikeTheComputeOnlyOne) {
-  for (const std::string& name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1"}) {
+  for (const std::string name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1"}) {
     CostModel c = uniform(1.0, 2.0);
     c.p2p_latency = 0.3;
     Schedule s = make_schedule(name, 4, 8, 2);
@@ -175,7 +178,7 @@ TEST(Communication, CollectiveStartsTogetherAndCostsAlphaPlusBetaBytes) {
 }
 
 TEST(Timeline, GapsSumToTheBubbleAndStartsFollowDependencies) {
-  for (const std::string& name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1"}) {
+  for (const std::string name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1"}) {
     Schedule s = make_schedule(name, 4, 8, 2);
     Timeline tl = simulate(s, uniform(1.0, 2.0));
     for (int d = 0; d < 4; ++d) {
@@ -248,7 +251,7 @@ TEST(Memory, PaperModelTerms) {
 }
 
 std::string temp_file(const std::string& name, const std::string& body) {
-  auto p = std::filesystem::temp_directory_path() / ("pf_test_sim_" + name);
+  auto p = pf_test::scratch_dir("test_sim") / name;
   std::ofstream(p) << body;
   return p.string();
 }

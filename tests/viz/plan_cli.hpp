@@ -1,5 +1,7 @@
 #pragma once
 // Runs the built `pipefisher plan` (PF_BINARY) for the CLI tests: exit status, stdout, stderr.
+#include "../support/scratch.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,9 +20,7 @@ struct PlanRun {
 };
 
 inline std::string tmp(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("pf_test_plan_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return (pf_test::scratch_dir("test_plan") / name).string();
 }
 
 inline std::string slurp(const std::string& path) {

@@ -5,6 +5,7 @@
 #include "viz/render.hpp"
 #include "viz/style.hpp"
 #include "viz/sweep_chart.hpp"
+#include "../support/scratch.hpp"
 
 #include <unistd.h>
 #include <gtest/gtest.h>
@@ -41,13 +42,15 @@ TEST(Style, EveryKindHasAColourAndDistinctPipelineColours) {
   // F, B, I, W, the K-FAC kinds and sync-grad are told apart by colour.
   for (Kind a : {Kind::F, Kind::B, Kind::I, Kind::W, Kind::CURV_A, Kind::INV_A, Kind::PREC, Kind::SYNC_CURV, Kind::ALLREDUCE})
     for (Kind b : {Kind::F, Kind::B, Kind::I, Kind::W, Kind::CURV_A, Kind::INV_A, Kind::PREC, Kind::SYNC_CURV, Kind::ALLREDUCE})
-      if (a != b) EXPECT_NE(kind_style(a).color, kind_style(b).color);
+      if (a != b) {
+        EXPECT_NE(kind_style(a).color, kind_style(b).color);
+      }
 }
 
 TEST(Svg, OneBoxPerActionPerStepWithTitleAndLegend) {
   Schedule s = make_chimera(4, 8);
   Timeline tl = simulate(s, uniform(1, 2));
-  std::string svg = timeline_svg(tl, {"chimera D=4 N=8", "ms", 2});
+  std::string svg = timeline_svg(tl, {.title = "chimera D=4 N=8", .unit = "ms", .steps = 2, .width = 1200, .step_starts = {}});
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(count(svg, "<title>"), 2 * s.num_actions());
   EXPECT_EQ(count(svg, "<title>0F4p0"), 0u);  // pipeline 0 tokens carry no suffix
@@ -67,7 +70,7 @@ TEST(Svg, KfacKindsGetTheirColours) {
   CostModel c = uniform(1, 2);
   c.stages[0].curvature = 2;
   c.stages[0].inversion = 2;
-  std::string svg = timeline_svg(simulate(s, c), {"k", "ms", 1});
+  std::string svg = timeline_svg(simulate(s, c), {.title = "k", .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}});
   EXPECT_NE(svg.find(std::string("fill=\"") + std::string(kind_style(Kind::CURV_A).color)), std::string::npos);
   EXPECT_NE(svg.find(">inversion A<"), std::string::npos);
 }
@@ -105,8 +108,7 @@ TEST(Text, TerminalRowsShowKindsAndIdle) {
 }
 
 TEST(Files, AtomicWriteLeavesNoTemporary) {
-  auto dir = std::filesystem::temp_directory_path() / ("pf_test_viz_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const auto dir = pf_test::scratch_dir("test_viz");
   auto path = (dir / "out.svg").string();
   write_file_atomic(path, "hello", "--svg");
   std::ifstream f(path);
