@@ -2,11 +2,11 @@
 // given or profiled durations, and report step time, bubbles, utilization, memory; optionally
 // draw it (SVG), trace it (Chrome JSON), save it (CSV), or sweep the paper's performance model.
 //   pipefisher plan --schedule 1f1b --stages 4 --micro-batches 8 --tf 1 --tb 2 --svg t.svg
-//   pipefisher plan --schedule chimera --stages 8 --micro-batches 8 --profile bert_base.csv \
+//   pipefisher plan --schedule chimera --stages 8 --micro-batches 8 --profile bert_base.csv
 //                   --micro-batch-size 32 --layers-per-stage 3 --json
 //   pipefisher plan --schedule-file mine.csv --trace t.json
 //   pipefisher plan --sweep --schedule chimera --profile bert_base.csv --csv sweep.csv --svg sweep.svg
-//   pipefisher plan --kfac --schedule 1f1b --stages 8 --micro-batches 8 --tf 31.17 --tb 48.84 \
+//   pipefisher plan --kfac --schedule 1f1b --stages 8 --micro-batches 8 --tf 31.17 --tb 48.84
 //                   --tcurv 82.35 --tinv 242.55 --tprec 26.7 --model bert-large --layers-per-stage 3
 //     PipeFisher: K-FAC work placed into the bubbles (sim/planner.hpp); costs per stage per
 //     micro-batch, split per factor by the preset's Linear shapes (d^2 curvature, d^3 inversion)
@@ -173,7 +173,8 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   const std::string kt = fmt::format("{} + PipeFisher ({} steps{})", title, P,
                                      a.data_parallel > 1 ? fmt::format(", replica 0 of {}", a.data_parallel) : "");
   if (!a.svg.empty()) {
-    SvgOptions o{kt};
+    SvgOptions o;
+    o.title = kt;
     o.step_starts = starts;
     write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
   }
@@ -270,7 +271,11 @@ int run(const PlanArgs& a) {
                                         s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
   nlohmann::json kfac;
   if (a.kfac) kfac = run_kfac(a, s, prof, title);  // draws the whole refresh period
-  if (!a.kfac && !a.svg.empty()) write_file_atomic(a.svg, timeline_svg(tl, {title}), "--svg");
+  if (!a.kfac && !a.svg.empty()) {
+    SvgOptions o;
+    o.title = title;
+    write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
+  }
   if (!a.kfac && !a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, title), "--trace");
   if (!a.csv.empty()) write_file_atomic(a.csv, to_csv(s), "--csv");
 

@@ -24,7 +24,7 @@ struct StageCost {
 };
 
 struct CostModel {
-  std::vector<StageCost> stages{StageCost{}};  // [stage], or one entry for uniform stages
+  std::vector<StageCost> stages = std::vector<StageCost>(1);  // [stage], or one entry for uniform stages
   double p2p_latency = 0;
   double p2p_bandwidth = 0;  // bytes per time unit; 0 = infinite
   double allreduce_alpha = 0;

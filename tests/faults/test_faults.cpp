@@ -53,8 +53,9 @@ void expect_poisoned_step_skipped(int np, const std::string& name, const std::st
     for (int rank = 0; rank < np; ++rank) names.push_back("kfac-rank-" + std::to_string(rank) + ".safetensors");
   for (const std::string& f : names) {
     EXPECT_EQ(sha_of(ck, 2, f), sha_of(ck, 3, f)) << f << ": the skipped step changed it";
-    if (f.rfind("kfac-rank-", 0) != 0)  // (skip: a step without curvature leaves the K-FAC state alone)
+    if (f.rfind("kfac-rank-", 0) != 0) {  // (skip: a step without curvature leaves the K-FAC state alone)
       EXPECT_NE(sha_of(ck, 3, f), sha_of(ck, 4, f)) << f << ": the step after the skipped one changed nothing";
+    }
   }
   const auto log = read_log(dir() / (name + ".jsonl"));
   ASSERT_EQ(log.size(), 4u);

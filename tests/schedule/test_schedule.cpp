@@ -229,7 +229,7 @@ TEST(Validator, MicroBatchInTwoPipelinesIsRefused) {
 }
 
 TEST(Lowering, AddsMatchingSendsAndReceives) {
-  for (const std::string& name : {"1f1b", "chimera", "interleaved", "zb-h1"}) {
+  for (const std::string name : {"1f1b", "chimera", "interleaved", "zb-h1"}) {
     Schedule s = make_schedule(name, 4, 8, 2);
     Schedule l = lower_communication(s, {true, true});
     EXPECT_NO_THROW(validate(l)) << name;

@@ -87,7 +87,9 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
             for (int w = 0; w < W; ++w)
               expect.insert(to_token({k == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, st, p, -1, l, inv.block}));
             for (const PlacedUnit& u : plan.units)
-              if (u.device == d && u.action == inv) EXPECT_EQ(u.replica, owner) << to_token(inv);
+              if (u.device == d && u.action == inv) {
+                EXPECT_EQ(u.replica, owner) << to_token(inv);
+              }
           }
         }
     }
