@@ -186,8 +186,10 @@ void expect_one_line_error(int ranks, const std::string& sets, const std::string
   EXPECT_EQ(r.status, 2) << r.out;
   std::istringstream in(r.out);
   std::vector<std::string> lines;
+  // OpenMPI's event library may add "[warn] Epoll MOD(1) on fd N failed ..." while the job
+  // tears down (on a loaded machine): its noise, not ours.
   for (std::string l; std::getline(in, l);)
-    if (!l.empty()) lines.push_back(l);
+    if (!l.empty() && l.rfind("[warn] Epoll ", 0) != 0) lines.push_back(l);
   ASSERT_EQ(lines.size(), 1u) << r.out;
   EXPECT_EQ(lines[0].rfind("pipefisher: " + expected, 0), 0u) << lines[0];
 }
