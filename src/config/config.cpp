@@ -213,6 +213,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("kfac.spd_balance", k.spd_balance);
   r.get("kfac.warmup_steps", k.warmup_steps);
   r.get("kfac.replan_on_drift", k.replan_on_drift);
+  r.get("kfac.split_inversions", k.split_inversions);
 
   r.refuse_unknown();
   c.validate();
@@ -418,7 +419,7 @@ std::string Config::to_toml() const {
                            {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},
                            {"distributed", kfac.distributed}, {"spd_pipelining", kfac.spd_pipelining},
                            {"spd_balance", kfac.spd_balance}, {"warmup_steps", kfac.warmup_steps},
-                           {"replan_on_drift", kfac.replan_on_drift}}},
+                           {"replan_on_drift", kfac.replan_on_drift}, {"split_inversions", kfac.split_inversions}}},
   };
   std::ostringstream ss;
   ss << t << "\n";

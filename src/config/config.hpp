@@ -88,6 +88,10 @@ struct KfacConfig {
   // bubbles: re-profile and re-plan when step durations drift (timing-driven, so a run that
   // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/pipefisher.hpp)
   bool replan_on_drift = true;
+  // bubbles: the planner may split an inversion into diagonal blocks when that shortens a
+  // device's refresh period (sim/planner.hpp); false keeps every factor whole (exact K-FAC
+  // blocks, refreshed less often). Units larger than every bubble are split either way.
+  bool split_inversions = true;
 };
 
 struct Config {

@@ -340,6 +340,7 @@ void Executor::kfac_make_plan(bool restoring) {
   in.schedule = s;
   in.replicas = W;
   in.margin = kPlanMargin;
+  in.split_to_shorten = cfg_.kfac.split_inversions;
   in.bcast_alpha = v[v.size() - 2] / (D * W);
   in.bcast_beta = v[v.size() - 1] / (D * W);
   std::vector<std::vector<Action>> opts(D);
