@@ -18,7 +18,7 @@
 # summary.txt: each run's final losses and the step and time at which K-FAC first reaches
 # NVLAMB's final loss (validation loss, and training loss smoothed over $SMOOTH steps).
 # Override with the environment: MODEL STEPS SEQ MB MBS LR WARMUP KFAC_WARMUP RANKS SCHEDULE
-# PLACEMENT EVERY DAMPING EVAL_EVERY EVAL_BATCHES SMOOTH THREADS.
+# PLACEMENT EVERY DAMPING SPLIT (kfac.split_inversions) EVAL_EVERY EVAL_BATCHES SMOOTH THREADS.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -35,6 +35,7 @@ kfac_warmup=${KFAC_WARMUP:-10}
 ranks=${RANKS:-2}
 schedule=${SCHEDULE:-1f1b}
 placement=${PLACEMENT:-bubbles}
+split=${SPLIT:-true}
 every=${EVERY:-1}
 damping=${DAMPING:-1e-3}
 eval_every=${EVAL_EVERY:-25}
@@ -78,7 +79,7 @@ run() {  # name, extra args...
 }
 run nvlamb
 run kfac --set kfac.enabled=true --set kfac.placement="$placement" --set kfac.inverse_every="$every" \
-  --set kfac.damping="$damping" --set kfac.warmup_steps="$kfac_warmup"
+  --set kfac.damping="$damping" --set kfac.warmup_steps="$kfac_warmup" --set kfac.split_inversions="$split"
 
 # --- summary: where K-FAC first reaches NVLAMB's final loss ---
 summarize() {  # column (3 = train loss smoothed, 4 = valid loss)
@@ -99,7 +100,7 @@ summarize() {  # column (3 = train loss smoothed, 4 = valid loss)
 }
 {
   echo "model $model, seq $seq, $mb x $mbs sequences/step, $steps steps, lr $lr; nvlamb warm-up $warmup;" \
-       "kfac $placement (every $every if inline), damping $damping, warm-up $kfac_warmup;" \
+       "kfac $placement (every $every if inline), damping $damping, warm-up $kfac_warmup, split inversions $split;" \
        "$ranks rank(s), schedule $schedule, $threads thread(s) per rank"
   summarize 4
   summarize 3
