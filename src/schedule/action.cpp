@@ -47,9 +47,9 @@ std::string to_token(const Action& a) {
   std::string s = std::to_string(a.stage);
   s += kind_name(a.kind);
   if (has_micro_batch(a.kind)) s += std::to_string(a.micro_batch);
-  if (a.pipeline != 0) s += "p" + std::to_string(a.pipeline);
-  if (a.layer >= 0) s += "l" + std::to_string(a.layer);
-  if (a.block >= 0) s += "b" + std::to_string(a.block);
+  if (a.pipeline != 0) s.append("p").append(std::to_string(a.pipeline));
+  if (a.layer >= 0) s.append("l").append(std::to_string(a.layer));
+  if (a.block >= 0) s.append("b").append(std::to_string(a.block));
   return s;
 }
 

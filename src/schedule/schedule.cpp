@@ -94,7 +94,7 @@ std::string to_text(const Schedule& s) {
   std::string out = header(s);
   for (int d = 0; d < s.devices; ++d) {
     out += std::to_string(d) + ":";
-    for (const Action& a : s.per_device[d]) out += " " + to_token(a);
+    for (const Action& a : s.per_device[d]) out.append(" ").append(to_token(a));
     out += "\n";
   }
   return out;
@@ -140,7 +140,7 @@ std::string to_csv(const Schedule& s) {
     for (size_t i = 0; i < s.per_device[d].size(); ++i) {
       int target = st.complete ? st.step[d][i] : static_cast<int>(i);
       for (; col < target; ++col) out += ",";
-      out += "," + to_token(s.per_device[d][i]);
+      out.append(",").append(to_token(s.per_device[d][i]));
       ++col;
     }
     out += "\n";
