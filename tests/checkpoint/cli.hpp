@@ -1,6 +1,7 @@
 #pragma once
 // Helpers for tests that run the built `pipefisher` program (tests/checkpoint, tests/faults): a
 // tiny BERT on the committed sample text, one thread per process, a private temporary directory.
+#include "../support/launch.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -20,23 +21,6 @@
 namespace pf_test {
 
 namespace fs = std::filesystem;
-
-struct Launch {
-  int status = -1;  // exit status, or -1 when killed by a signal
-  std::string out;  // stdout and stderr
-};
-
-inline Launch run(const std::string& cmd) {
-  Launch r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
 
 inline const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 inline const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";

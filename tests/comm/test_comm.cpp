@@ -1,6 +1,8 @@
 // The communication layer under real mpirun: each test launches tests/comm/worker (comm_worker)
 // through scripts/pfrun with 2-4 ranks and checks its output and exit status. The worker checks
 // exact values itself ("OK" lines); membership and timings are checked here.
+#include "../support/launch.hpp"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -19,25 +21,11 @@
 
 namespace {
 
-struct Launch {
-  int status = -1;  // exit status of mpirun (-1: killed by a signal)
-  std::string out;  // stdout + stderr
-  double seconds = 0;
-};
+using pf_test::Launch;
 
+// mpirun (scripts/pfrun) with `args`, `env` ("NAME=value ...") in front.
 Launch run(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " " + PF_SOURCE_DIR "/scripts/pfrun " + args + " 2>&1";
-  auto t0 = std::chrono::steady_clock::now();
-  Launch r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return pf_test::run(env + " " + PF_SOURCE_DIR "/scripts/pfrun " + args);
 }
 
 Launch worker(int np, const std::string& mode, const std::string& env = "") {

@@ -2,6 +2,7 @@
 // bad arguments.
 #include "data/token_file.hpp"
 #include "vocab_fixture.hpp"
+#include "../support/launch.hpp"
 
 #include <gmock/gmock.h>
 
@@ -20,14 +21,8 @@ struct CliResult {
   std::string output;  // stdout and stderr
 };
 CliResult run(const std::string& args) {
-  std::string cmd = std::string(PF_BINARY) + " tokenize " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  const pf_test::Launch r = pf_test::run(std::string(PF_BINARY) + " tokenize " + args);
+  return {r.status, r.out};
 }
 
 using TokenizeCli = test::VocabTest;

@@ -9,6 +9,7 @@
 // One run measures the model instead, and must leave a cache file behind.
 #include "comm/perf_model.hpp"
 #include "io/safetensors.hpp"
+#include "../support/launch.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -29,22 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Launch {
-  int status = -1;
-  std::string out;
-};
-
-Launch run(const std::string& cmd) {
-  Launch r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using pf_test::Launch;
+using pf_test::run;
 
 fs::path work_dir() {
   static const fs::path d = [] {

@@ -20,6 +20,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "train/trainer.hpp"
+#include "../support/launch.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -58,10 +59,7 @@ fs::path config_file() {
   return p;
 }
 
-struct Launched {
-  int status = -1;
-  std::string out;
-};
+using Launched = pf_test::Launch;
 
 // env: "NAME=value" passed to every rank (tests only hooks of the runtime), or empty.
 Launched launch(int ranks, const std::string& name, const std::string& sets, const std::string& env = "") {
@@ -69,15 +67,8 @@ Launched launch(int ranks, const std::string& name, const std::string& sets, con
   const std::string cmd = env + " OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_SOURCE_DIR "/scripts/pfrun -np " +
                           std::to_string(ranks) + export_env + " " PF_BINARY " train --config " + config_file().string() +
                           " --set train.out_dir=" + (dir() / name).string() + " --save " +
-                          (dir() / (name + ".safetensors")).string() + " " + sets + " 2>&1";
-  Launched r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+                          (dir() / (name + ".safetensors")).string() + " " + sets;
+  return pf_test::run(cmd);
 }
 
 std::map<std::string, std::vector<float>> saved_weights(const fs::path& file) {

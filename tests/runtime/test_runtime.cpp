@@ -9,6 +9,7 @@
 #include "schedule/lower.hpp"
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
+#include "../support/launch.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -31,25 +32,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Launch {
-  int status = -1;
-  std::string out;
-  double seconds = 0;
-};
-
-Launch run(const std::string& cmd) {
-  auto t0 = std::chrono::steady_clock::now();
-  Launch r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using pf_test::Launch;
+using pf_test::run;
 
 const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
