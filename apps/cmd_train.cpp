@@ -42,14 +42,7 @@ int run_train(const TrainArgs& a) {
         cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}}, a.resume});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
-  // --init: a safetensors file, or a checkpoint directory (its newest complete checkpoint's
-  // weights, by name, whatever layout wrote it).
-  const bool init_dir = !a.init.empty() && std::filesystem::is_directory(a.init);
-  if (!a.init.empty() && !init_dir && !std::filesystem::is_regular_file(a.init))
-    usage_error("--init", "no such file or checkpoint directory '{}'", a.init);
-  std::unique_ptr<CheckpointReader> init_ckpt;
-  if (init_dir) init_ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.init, "--init"));
-  if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
+  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
   // The checkpoint to resume from, verified (checksums) before anything is written.
   std::unique_ptr<CheckpointReader> resume;
   if (!a.resume.empty()) {

@@ -50,12 +50,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     throw;
   }
   cfg.check_files();
-  const bool init_dir = !a.init.empty() && std::filesystem::is_directory(a.init);  // a checkpoint directory
-  if (!a.init.empty() && !init_dir && !std::filesystem::is_regular_file(a.init))
-    usage_error("--init", "no such file or checkpoint directory '{}'", a.init);
-  std::unique_ptr<CheckpointReader> init_ckpt;
-  if (init_dir) init_ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.init, "--init"));
-  if (!a.init.empty() && !a.resume.empty()) usage_error("--init", "give --init or --resume, not both");
+  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
   // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
   std::unique_ptr<CheckpointReader> resume;
   const ParallelConfig& p = cfg.parallel;

@@ -38,6 +38,16 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
   };
 }
 
+std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume) {
+  const bool dir = !init.empty() && std::filesystem::is_directory(init);
+  if (!init.empty() && !dir && !std::filesystem::is_regular_file(init))
+    usage_error("--init", "no such file or checkpoint directory '{}'", init);
+  std::unique_ptr<CheckpointReader> ckpt;
+  if (dir) ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(init, "--init"));
+  if (!init.empty() && !resume.empty()) usage_error("--init", "give --init or --resume, not both");
+  return ckpt;
+}
+
 void check_resume(const Config& cfg, const CheckpointManifest& m) {
   const auto now = checkpoint_info(cfg, m.step, "");
   const std::pair<const char*, const char*> keys[] = {

@@ -18,6 +18,7 @@
 #include "optim/optimizer.hpp"
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
 // Refuses (UsageError naming the key) a configuration whose seeds, batch or optimizer differ from
 // those the checkpoint was written with: the resumed run would not continue the same one.
 void check_resume(const Config& cfg, const CheckpointManifest& m);
+// `--init` and `--resume` as given to `pipefisher train`: init may be a safetensors file or a
+// checkpoint directory (its newest complete checkpoint, verified, returned; weights by name,
+// whatever layout wrote it); a missing path, or both flags, is a UsageError naming the flag.
+// Null when init is empty or a file.
+std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume);
 
 // Writes weights-stage-S and state-stage-S into step_dir; returns the two files.
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st);

@@ -10,6 +10,7 @@
 #include "comm/perf_model.hpp"
 #include "io/safetensors.hpp"
 #include "../support/launch.hpp"
+#include "../support/weights.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -80,14 +81,7 @@ Launch train(const std::string& name, int ranks, const std::string& sets, const 
 }
 
 std::map<std::string, std::vector<float>> weights(const std::string& name) {
-  pf::SafetensorsReader r((work_dir() / name / "model.safetensors").string());
-  std::map<std::string, std::vector<float>> m;
-  for (const auto& e : r.tensors()) {
-    auto& v = m[e.name];
-    v.resize(static_cast<size_t>(pf::shape_numel(e.shape)));
-    r.read_f32(e, v);
-  }
-  return m;
+  return pf_test::read_weights(work_dir() / name / "model.safetensors");
 }
 
 nlohmann::json dkfac_json(const std::string& name) {

@@ -21,6 +21,7 @@
 #include "optim/optimizer.hpp"
 #include "train/trainer.hpp"
 #include "../support/launch.hpp"
+#include "../support/weights.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -71,16 +72,7 @@ Launched launch(int ranks, const std::string& name, const std::string& sets, con
   return pf_test::run(cmd);
 }
 
-std::map<std::string, std::vector<float>> saved_weights(const fs::path& file) {
-  pf::SafetensorsReader r(file.string());
-  std::map<std::string, std::vector<float>> m;
-  for (const auto& e : r.tensors()) {
-    auto& v = m[e.name];
-    v.resize(static_cast<size_t>(pf::shape_numel(e.shape)));
-    r.read_f32(e, v);
-  }
-  return m;
-}
+std::map<std::string, std::vector<float>> saved_weights(const fs::path& file) { return pf_test::read_weights(file); }
 
 pf::Config load_config(const std::vector<std::string>& sets) {
   return pf::Config::load(config_file().string(), sets);

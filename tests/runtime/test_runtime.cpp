@@ -10,6 +10,7 @@
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
 #include "../support/launch.hpp"
+#include "../support/weights.hpp"
 #include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
@@ -69,14 +70,7 @@ std::vector<double> losses(const std::string& name) {
 }
 
 std::map<std::string, std::vector<float>> weights(const std::string& name) {
-  pf::SafetensorsReader r((work_dir() / (name + ".safetensors")).string());
-  std::map<std::string, std::vector<float>> m;
-  for (const auto& e : r.tensors()) {
-    auto& v = m[e.name];
-    v.resize(static_cast<size_t>(pf::shape_numel(e.shape)));
-    r.read_f32(e, v);
-  }
-  return m;
+  return pf_test::read_weights(work_dir() / (name + ".safetensors"));
 }
 
 // The single-process run of the same global batch (4 micro-batches of 2 sequences), once.
