@@ -303,6 +303,15 @@ TEST(Resume, RefusesWhatCannotContinue) {
   EXPECT_TRUE(contains(none.out, "--resume: no checkpoint directory")) << none.out;
   Launch both = run(train_cmd(dir(), "refuse5", "--resume " + ck.string() + " --init " + (ck / "x").string()));
   EXPECT_EQ(both.status, 2) << both.out;
+  EXPECT_TRUE(contains(both.out, "--init: no such file or checkpoint directory")) << both.out;
+  Launch two = run(train_cmd(dir(), "refuse6", "--resume " + ck.string() + " --init " + ck.string()));
+  EXPECT_EQ(two.status, 2) << two.out;
+  EXPECT_TRUE(contains(two.out, "--init: give --init or --resume, not both")) << two.out;
+  // The MPI runtime refuses alike (the same check, train/checkpointing.hpp).
+  Launch mpi = run(mpi_train_cmd(2, dir(), "refuse7", "--set parallel.stages=2 --resume " + ck.string() + " --init " +
+                                                        ck.string()));
+  EXPECT_EQ(mpi.status, 2) << mpi.out;
+  EXPECT_TRUE(contains(mpi.out, "--init: give --init or --resume, not both")) << mpi.out;
 }
 
 // --- the MPI runtime with K-FAC ---
