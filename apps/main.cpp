@@ -1,6 +1,7 @@
 // pipefisher: the command-line program. Subcommands live in apps/cmd_*.cpp.
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/machine.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -16,6 +17,7 @@ std::vector<Command>& commands() {
 }  // namespace pf::app
 
 int main(int argc, char** argv) {
+  pf::fit_process_to_machine(argv);  // may re-execute once: before MPI, threads or any BLAS call
   using namespace pf::app;
   CLI::App app{"pipefisher: pipeline-parallel transformer training with K-FAC in the bubbles"};
   app.set_version_flag("--version", "pipefisher 0.1");

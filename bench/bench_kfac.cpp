@@ -11,6 +11,8 @@
 #include "core/blas.hpp"
 #include "kfac/kfac_layer.hpp"
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <ctime>
@@ -109,4 +111,4 @@ BENCHMARK(BM_Precondition)->Apply(sizes);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+PF_BENCHMARK_MAIN()

@@ -6,6 +6,8 @@
 #include "core/blas.hpp"
 #include "nn/blocks.hpp"
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -126,4 +128,4 @@ BENCHMARK(BM_BlockStep)
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime();
 
-BENCHMARK_MAIN();
+PF_BENCHMARK_MAIN()

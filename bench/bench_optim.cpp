@@ -4,6 +4,8 @@
 // machine's bandwidth. Run: build/bench/bench_optim (or --benchmark_filter=nvlamb).
 #include "optim/optimizer.hpp"
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -88,4 +90,4 @@ BENCHMARK(BM_bandwidth_reference)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
-BENCHMARK_MAIN();
+PF_BENCHMARK_MAIN()

@@ -5,6 +5,8 @@
 #include "schedule/validate.hpp"
 #include "sim/sim.hpp"
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
 namespace {
@@ -61,4 +63,4 @@ BENCHMARK(BM_Simulate)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+PF_BENCHMARK_MAIN()

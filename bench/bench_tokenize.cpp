@@ -5,6 +5,8 @@
 #include "data/text_util.hpp"
 #include "data/wordpiece.hpp"
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <string>
@@ -49,4 +51,4 @@ BENCHMARK(BM_Gpt2Encode)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+PF_BENCHMARK_MAIN()

@@ -16,6 +16,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 bin=$build/pipefisher
+source "$root/bench/lib.sh"
 steps=${STEPS:-12}
 mb=${MB:-4}
 mbs=${MBS:-8}
@@ -28,6 +29,7 @@ common=(--config "$root/configs/bert-mini.toml" --steps "$steps" --set train.eva
         --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs" --set parallel.stages=2
         --set parallel.schedule="$schedule" --set train.threads=1)
 cd "$root"
+pf_machine "$bin" 1  # the ranks run 1 thread each
 for ((k = 1; k <= repeat; ++k)); do
   echo "== round $k: nvlamb"
   "$root/scripts/pfrun" -np 2 "$bin" train "${common[@]}" --set train.out_dir="$out/$k/nvlamb" > /dev/null

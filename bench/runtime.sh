@@ -15,6 +15,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 bin=$build/pipefisher
+source "$root/bench/lib.sh"
 steps=${STEPS:-4}
 mb=${MB:-8}
 mbs=${MBS:-4}
@@ -25,6 +26,7 @@ common=(--config "$root/configs/bert-mini.toml" --steps "$steps" --set train.eva
         --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs")
 repeat=${REPEAT:-2}
 cd "$root"
+pf_machine "$bin" 1  # the ranks run 1 thread each
 for ((k = 1; k <= repeat; ++k)); do
   echo "== round $k: single process, 1 thread"
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$bin" train "${common[@]}" --set train.threads=1 \

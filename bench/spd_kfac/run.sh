@@ -20,6 +20,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 bin=$build/pipefisher
+source "$root/bench/lib.sh"
 steps=${STEPS:-8}
 mbs=${MBS:-4}
 mb=${MB:-1}
@@ -45,6 +46,7 @@ declare -A sets=(
 )
 names=(d-kfac mpd-kfac spd+pipe-lbp spd-pipe+lbp spd-kfac)
 cd "$root"
+pf_machine "$bin" 1  # the ranks run 1 thread each
 for w in $ranks_list; do
   for ((k = 1; k <= repeat; ++k)); do
     for n in "${names[@]}"; do

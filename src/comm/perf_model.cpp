@@ -26,7 +26,12 @@ LinearCost fit_linear(const std::vector<double>& x, const std::vector<double>& y
   // A cost does not fall with size: noise that tilts the line down gives a constant instead.
   if (sxx <= 0 || sxy <= 0) return {my, 0};
   const double beta = sxy / sxx;
-  return {my - beta * mx, beta};
+  if (my - beta * mx >= 0) return {my - beta * mx, beta};
+  // Nor is a cost ever negative: noise that puts the intercept below zero (seen on a loaded
+  // machine) gives the least-squares line through the origin instead.
+  double sx2 = 0, sxy0 = 0;
+  for (size_t i = 0; i < n; ++i) sx2 += x[i] * x[i], sxy0 += x[i] * y[i];
+  return {0, sxy0 / sx2};
 }
 
 CubicCost fit_cubic(const std::vector<double>& d, const std::vector<double>& y) {

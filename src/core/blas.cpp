@@ -15,10 +15,19 @@ static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+// Width of the pieces C is cut into: about 4 per thread, so that a thread that loses its core
+// delays one piece while the others take the rest (core/parallel.hpp); multiples of 16 and at
+// least 64 wide, so each piece still runs OpenBLAS's kernels at full speed.
+static int64_t piece_width(int64_t len, int threads) {
+  const int64_t wanted = 4 * static_cast<int64_t>(threads);
+  return std::max<int64_t>(64, ((len + wanted - 1) / wanted + 15) / 16 * 16);
+}
+
 // Large products are split across our OpenMP threads, each calling single-threaded OpenBLAS on
-// its slice of C. One thread pool then does all the work: with OpenBLAS's own pool as well, the
+// pieces of C. One thread pool then does all the work: with OpenBLAS's own pool as well, the
 // idle OpenMP workers spin while OpenBLAS computes (and vice versa), which costs up to a core.
-// The split depends only on the thread count, so results are deterministic for a fixed count.
+// The pieces depend only on the shape and thread count, so results are deterministic for a fixed
+// count, whichever thread computes a piece.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -28,13 +37,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     return;
   }
   BlasSingleThread one;
-  const bool split_rows = m >= n;  // slice C along its longer side, in multiples of 16
+  const bool split_rows = m >= n;  // slice C along its longer side
   const int64_t len = split_rows ? m : n;
-  const int64_t per = ((len + threads - 1) / threads + 15) / 16 * 16;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < threads; ++t) {
-    int64_t lo = std::min(len, t * per), hi = std::min(len, lo + per);
-    if (lo >= hi) continue;
+  const int64_t per = piece_width(len, threads), pieces = (len + per - 1) / per;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t lo = p * per, hi = std::min(len, lo + per);
     if (split_rows)  // rows lo..hi of C need rows lo..hi of op(A)
       sgemm(trans_a, trans_b, hi - lo, n, k, alpha, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta,
             c + lo * ldc, ldc);

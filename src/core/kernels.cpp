@@ -1,5 +1,7 @@
 #include "core/kernels.hpp"
 
+#include "core/parallel.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -13,28 +15,28 @@ constexpr int64_t kColBlock = 64;
 }  // namespace
 
 void add(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void add_inplace(float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
 void scale_inplace(float* a, float s, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) a[i] *= s;
 }
 
 void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(cols)) if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + cols, out + r * cols);
 }
 
 void col_sum_accumulate(float* acc, const float* x, int64_t rows, int64_t cols) {
   int64_t blocks = (cols + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (rows * cols > kParallelMin)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     int64_t c0 = blk * kColBlock, w = std::min(kColBlock, cols - c0);
     float s[kColBlock] = {};
@@ -52,7 +54,7 @@ double sum_squares(const float* x, int64_t n) {
   constexpr int kChunks = 64;
   double part[kChunks];
   int64_t per = (n + kChunks - 1) / kChunks;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (n > kParallelMin)
   for (int ch = 0; ch < kChunks; ++ch) {
     int64_t b = std::min(n, ch * per), e = std::min(n, b + per);
     double s = 0;
@@ -82,13 +84,13 @@ static inline void softmax_row(float* x, int64_t n) {
 }
 
 void softmax_rows(float* x, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(cols)) if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * cols, cols);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t rows, int64_t C, float eps) {
-#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = inp + r * C;
     float* y = out + r * C;
@@ -111,7 +113,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C,
                         bool accumulate) {
   // Input gradient, row by row: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = inp + r * C;
     const float* dy = dout + r * C;
@@ -136,7 +138,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
   // Parameter gradients, per column in row order: dweight += sum dy * xhat, dbias += sum dy.
   int64_t blocks = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (rows * C > kParallelMin)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     int64_t c0 = blk * kColBlock, w = std::min(kColBlock, C - c0);
     float sw[kColBlock] = {}, sb[kColBlock] = {};
@@ -168,7 +170,7 @@ template <class F>
 static void for_chunks(int64_t n, F&& f) {
   constexpr int64_t kChunk = 1 << 14;
   int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (n > kParallelMin)
   for (int64_t ch = 0; ch < chunks; ++ch) f(ch * kChunk, std::min(n, (ch + 1) * kChunk));
 }
 
@@ -216,7 +218,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
 
 void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* labels, int64_t rows,
                                    int64_t V) {
-#pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * V;
     float m = -INFINITY;
@@ -237,7 +239,7 @@ void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* la
 }
 
 void softmax_cross_entropy_backward(float* probs, const int32_t* labels, int64_t rows, int64_t V, float scale) {
-#pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     float* p = probs + r * V;
 #pragma omp simd

@@ -1,6 +1,7 @@
 #include "nn/blocks.hpp"
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 
 #include <omp.h>
 
@@ -18,7 +19,7 @@ void reserve(Tensor& t, int64_t n) {
 }
 
 void copy(float* dst, const float* src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
+#pragma omp parallel for schedule(dynamic, kPieceElements / 4096) if (n > (1 << 16))
   for (int64_t i = 0; i < n; i += 4096) std::memcpy(dst + i, src + i, std::min<int64_t>(4096, n - i) * sizeof(float));
 }
 
@@ -43,7 +44,7 @@ void init_normal(Param& p, uint64_t seed, float std) {
   CounterRng rng{stream_key(seed, p.name)};
   float* v = p.value.data();
   int64_t n = p.value.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 14))
+#pragma omp parallel for schedule(dynamic, kPieceElements) if (n > (1 << 14))
   for (int64_t i = 0; i < n; ++i) v[i] = std * rng.normal(static_cast<uint64_t>(i));
 }
 
@@ -466,7 +467,7 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
     }
   st.M = M;
   if (M == 0) return 0.0f;
-#pragma omp parallel for schedule(static) if (M * C > (1 << 16))
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(st.xs.data() + m * C, x_in.data() + st.rows[m] * C, C * sizeof(float));
   const float* hin = st.xs.data();
@@ -501,7 +502,7 @@ void HeadBlock::backward(const MicroBatch& mb, const Tensor&, Tensor& dx_in, Blo
   } else {
     ln_->backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dxs
   }
-#pragma omp parallel for schedule(static) if (M * C > (1 << 16))
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(dx_in.data() + st.rows[m] * C, dxs + m * C, C * sizeof(float));
 }

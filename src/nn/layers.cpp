@@ -2,6 +2,7 @@
 
 #include "core/blas.hpp"
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 
 #include <omp.h>
 
@@ -30,7 +31,7 @@ void LayerNorm::backward(float* dinp, const float* dout, const float* inp, const
 
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* types, const float* wte,
                        const float* wpe, const float* wtt, int64_t N, int64_t T, int64_t C) {
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (N * C > kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const float* w = wte + static_cast<int64_t>(tokens[n]) * C;
     const float* p = wpe + (n % T) * C;
@@ -50,7 +51,7 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
                         const int32_t* types, int64_t N, int64_t T, int64_t C) {
   // Threads own column blocks and walk the tokens in order: scatter-adds never race.
   int64_t blocks = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (N * C > kParallelMin)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     int64_t c0 = blk * kColBlock, w = std::min(kColBlock, C - c0);
     for (int64_t n = 0; n < N; ++n) {
@@ -112,7 +113,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
   const int64_t C = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   BlasSingleThread one;  // many small products: parallel over (b, h) instead
-#pragma omp parallel for schedule(static) if (B * H * T * T * D > kParallelMin * 8)
+#pragma omp parallel for schedule(dynamic, 1) if (B * H * T * T * D > kParallelMin * 8)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
     const float* qb = q + b * T * ld + h * D;
@@ -136,7 +137,7 @@ void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scr
   PF_CHECK(attention_scratch_floats(T, omp_get_max_threads()) <= scratch_floats,
            "attention scratch for {} threads", omp_get_max_threads());
   BlasSingleThread one;
-#pragma omp parallel for schedule(static) if (B * H * T * T * D > kParallelMin * 8)
+#pragma omp parallel for schedule(dynamic, 1) if (B * H * T * T * D > kParallelMin * 8)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
     int64_t off = b * T * ld + h * D, goff = b * T * ldg + h * D;
@@ -164,7 +165,7 @@ void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scr
 
 void dropout_forward(float* x, uint8_t* keep, int64_t n, float p, const CounterRng& rng) {
   const float s = 1.0f / (1.0f - p);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     keep[i] = rng.uniform(static_cast<uint64_t>(i)) >= p;
     x[i] = keep[i] ? x[i] * s : 0.0f;
@@ -173,7 +174,7 @@ void dropout_forward(float* x, uint8_t* keep, int64_t n, float p, const CounterR
 
 void dropout_backward(float* dx, const uint8_t* keep, int64_t n, float p) {
   const float s = 1.0f / (1.0f - p);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dx[i] * s : 0.0f;
 }
 

@@ -3,6 +3,7 @@
 // elements; chunks run in parallel, and sums are kept per chunk (and per lane of 8 within a chunk)
 // and combined in a fixed order afterwards. The result is the same bits for any thread count.
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 
 #include <algorithm>
 #include <array>
@@ -38,7 +39,7 @@ inline void for_lanes(int64_t b, int64_t e, F&& f) {
 template <typename F>
 void for_chunks(int64_t n, F&& f) {
   const int64_t chunks = num_chunks(n);
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(n, (c + 1) * kChunk));
 }
 
@@ -49,7 +50,7 @@ std::array<double, K> chunked_sums(int64_t n, std::vector<double>& partial, F&& 
   const int64_t chunks = num_chunks(n);
   PF_CHECK(partial.size() >= static_cast<size_t>(chunks * K), "scratch of {} for {} chunks", partial.size(),
            chunks);
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     std::array<double, K> s{};
     f(c * kChunk, std::min(n, (c + 1) * kChunk), s);

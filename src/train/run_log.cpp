@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "core/machine.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -10,7 +11,9 @@
 namespace pf {
 
 RunLog::RunLog(int total_steps, int log_every, std::vector<std::string> json_paths)
-    : total_(total_steps), every_(log_every), tty_(isatty(fileno(stderr))) {
+    : total_(total_steps), every_(log_every), tty_(isatty(fileno(stderr))), machine_(machine_info()) {
+  // First, so that every number the run prints can be traced to the machine that made it.
+  std::printf("machine: %s\n", machine_line(machine_).c_str());
   for (const auto& p : json_paths) {
     FILE* f = std::fopen(p.c_str(), "w");
     if (!f) usage_error(p, "cannot open the log file for writing");
@@ -59,7 +62,15 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
                    {"final_valid_loss", final_valid_loss},
                    {"tokens", tokens_},
                    {"tokens_per_s", busy_s_ > 0 ? tokens_ / busy_s_ : 0.0},
-                   {"wall_time_s", wall_s}};
+                   {"wall_time_s", wall_s},
+                   {"machine",
+                    {{"cpu", machine_.cpu},
+                     {"blas", machine_.blas},
+                     {"blas_kernel", machine_.kernel},
+                     {"blas_kernel_chosen_by", machine_.kernel_chosen_by},
+                     {"threads", machine_.threads},
+                     {"omp_wait_policy", machine_.wait_policy},
+                     {"load_average_at_start", machine_.load_average}}}};
   std::fprintf(stdout, "summary: %lld steps, loss %.4f -> %.4f, validation loss %.4f, %.0f tokens/s, %.1f s\n",
                static_cast<long long>(steps_), first_loss_, last_loss_, final_valid_loss,
                j["tokens_per_s"].get<double>(), wall_s);

@@ -1,6 +1,7 @@
 #pragma once
 // What a training run reports: a status line on a terminal (or a line per log_every steps when
 // the output is not a terminal), one JSON object per step in the log files, and a summary.
+#include "core/machine.hpp"
 #include "train/trainer.hpp"
 
 #include <cstdio>
@@ -26,6 +27,7 @@ class RunLog {
  private:
   int total_, every_;
   bool tty_;
+  MachineInfo machine_;  // as the run began
   std::vector<FILE*> json_;
   double first_loss_ = 0, last_loss_ = 0, tokens_ = 0, busy_s_ = 0;
   int64_t steps_ = 0;

@@ -144,6 +144,11 @@ TEST(PerfModel, LeastSquaresFits) {
   const comm::LinearCost n = comm::fit_linear({0, 1, 2}, {1, 2, 2});
   EXPECT_NEAR(n.beta, 0.5, 1e-12);
   EXPECT_NEAR(n.alpha, 7.0 / 6.0, 1e-12);
+  // A line whose intercept would be negative: the least squares through the origin instead,
+  // sum(xy) / sum(x^2) = (1*1 + 2*4 + 3*7) / 14 = 30/14 (the free fit: -2 + 3x).
+  const comm::LinearCost o = comm::fit_linear({1, 2, 3}, {1, 4, 7});
+  EXPECT_EQ(o.alpha, 0);
+  EXPECT_NEAR(o.beta, 30.0 / 14.0, 1e-12);
   const comm::LinearCost one = comm::fit_linear({3, 3}, {1, 2});  // no spread: the mean
   EXPECT_EQ(one.alpha, 1.5);
   EXPECT_EQ(one.beta, 0);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs test programs again with OPENBLAS_CORETYPE forced to each BLAS kernel family this CPU can
+# run (Prescott everywhere, Haswell with AVX2 + FMA, SkylakeX with AVX-512): other kernels round
+# differently, so a test that pinned a CPU-dependent bit fails here. Forcing a family the CPU
+# lacks would crash with an illegal instruction, so only those it has are tried.
+#   scripts/test-kernels.sh [ctest args]     # default: the numeric test programs (labels below)
+# Run after scripts/setup-test.sh (the build and data exist). `.ci/run` calls it.
+set -euo pipefail
+cd "$(dirname "$0")/../build"
+flags=$(grep -m1 '^flags' /proc/cpuinfo)
+has() { [[ " $flags " == *" $1 "* ]]; }
+families=(Prescott)
+has avx2 && has fma && families+=(Haswell)
+has avx512f && has avx512bw && has avx512vl && has avx512dq && families+=(SkylakeX)
+args=("$@")
+# Every program whose results go through BLAS: single process, pipelines (runtime), K-FAC,
+# checkpoints, data-parallel K-FAC.
+((${#args[@]})) || args=(-L '^(core|nn|optim|kfac|train|runtime|checkpoint|dkfac)$')
+for f in "${families[@]}"; do
+  echo "test-kernels: OPENBLAS_CORETYPE=$f"
+  OPENBLAS_CORETYPE=$f ctest --output-on-failure -j 2 --repeat until-pass:2 "${args[@]}"
+done

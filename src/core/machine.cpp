@@ -1,0 +1,136 @@
+#include "core/machine.hpp"
+
+#include "core/blas.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+namespace pf {
+
+namespace {
+
+// Set in the re-executed process: the kernel family OpenBLAS had picked by itself.
+constexpr const char* kReplacedVar = "PF_BLAS_REPLACED";
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+const char* real_env(const char* name) { return std::getenv(name); }
+
+std::string loaded_core() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+// "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..." -> "OpenBLAS 0.3.21".
+std::string blas_name() {
+  std::string config = openblas_get_config();
+  size_t second_space = config.find(' ', config.find(' ') + 1);
+  return config.substr(0, second_space);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+IsaLevel cpu_isa_level() {
+  __builtin_cpu_init();
+  // OpenBLAS's AVX-512 kernels use F, BW, VL and DQ; libgcc checks the OS saves the registers.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return IsaLevel::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return IsaLevel::kAvx2;
+  if (__builtin_cpu_supports("avx")) return IsaLevel::kAvx;
+  return IsaLevel::kBaseline;
+}
+
+IsaLevel kernel_isa_level(const std::string& openblas_core) {
+  const std::string c = lower(openblas_core);
+  if (c == "skylakex" || c == "cooperlake" || c == "sapphirerapids") return IsaLevel::kAvx512;
+  if (c == "haswell" || c == "zen" || c == "skylake") return IsaLevel::kAvx2;
+  if (c == "sandybridge" || c == "bulldozer" || c == "piledriver" || c == "steamroller" || c == "excavator")
+    return IsaLevel::kAvx;
+  return IsaLevel::kBaseline;
+}
+
+std::string best_kernel_for(IsaLevel level) {
+  switch (level) {
+    case IsaLevel::kAvx512: return "SkylakeX";
+    case IsaLevel::kAvx2: return "Haswell";
+    case IsaLevel::kAvx: return "Sandybridge";
+    case IsaLevel::kBaseline: return "";
+  }
+  return "";
+}
+
+EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const char* (*env)(const char*)) {
+  EnvironmentFix fix;
+  if (!env("OPENBLAS_CORETYPE") && kernel_isa_level(loaded) < cpu) fix.coretype = best_kernel_for(cpu);
+  // Idle OpenMP workers spin ~0.3 s by default, taking the core a descheduled sibling or another
+  // rank needs; a passive wait sleeps. GOMP_SPINCOUNT is the user's finer version of the same.
+  fix.passive_wait = !env("OMP_WAIT_POLICY") && !env("GOMP_SPINCOUNT");
+  return fix;
+}
+
+void fit_process_to_machine(char** argv) {
+  const char* off = std::getenv("PF_NO_REEXEC");
+  if ((off && std::strcmp(off, "0") != 0) || std::getenv(kReplacedVar)) return;  // done once already
+  const std::string loaded = loaded_core();
+  const EnvironmentFix fix = environment_fix(loaded, cpu_isa_level(), real_env);
+  if (!fix.needed()) return;
+  if (!fix.coretype.empty()) setenv("OPENBLAS_CORETYPE", fix.coretype.c_str(), 1);
+  if (fix.passive_wait) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  setenv(kReplacedVar, loaded.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // Still here: exec failed (no /proc?). Run as loaded; machine_info() reports what that is.
+  std::fprintf(stderr, "pipefisher: could not re-execute with OPENBLAS_CORETYPE=%s (%s); continuing\n",
+               fix.coretype.c_str(), std::strerror(errno));
+  unsetenv(kReplacedVar);
+}
+
+MachineInfo machine_info() {
+  MachineInfo m;
+  m.cpu = cpu_model();
+  m.blas = blas_name();
+  m.kernel = loaded_core();
+  const char* replaced = std::getenv(kReplacedVar);
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (replaced && lower(m.kernel) != lower(replaced))
+    m.kernel_chosen_by = fmt::format("pipefisher; OpenBLAS picked {}", replaced);
+  else if (forced)
+    m.kernel_chosen_by = fmt::format("OPENBLAS_CORETYPE={}", forced);
+  else
+    m.kernel_chosen_by = "OpenBLAS";
+  m.threads = num_threads();
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  m.wait_policy = wait ? wait : "";
+  double load[1] = {0};
+  if (getloadavg(load, 1) == 1) m.load_average = load[0];
+  return m;
+}
+
+std::string machine_line(const MachineInfo& m) {
+  return fmt::format("{}, {} kernel {} ({}), {} thread{}, OMP_WAIT_POLICY={}, load {:.2f}", m.cpu, m.blas,
+                     m.kernel, m.kernel_chosen_by, m.threads, m.threads == 1 ? "" : "s",
+                     m.wait_policy.empty() ? "default" : m.wait_policy, m.load_average);
+}
+
+}  // namespace pf

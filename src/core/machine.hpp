@@ -1,0 +1,54 @@
+#pragma once
+// The machine a process runs on, as far as its numbers depend on it: the CPU, the BLAS library and
+// the kernel family it chose, the thread count, the load. And the one start-up step that makes the
+// BLAS and OpenMP fit the machine (fit_process_to_machine), which every program calls first.
+#include <string>
+
+namespace pf {
+
+// Instruction-set levels of x86-64 that change which BLAS kernels can run.
+enum class IsaLevel { kBaseline = 0, kAvx = 1, kAvx2 = 2, kAvx512 = 3 };
+
+// What the CPU (and the OS's saved register state) supports.
+IsaLevel cpu_isa_level();
+// The level an OpenBLAS kernel family needs ("Prescott" -> baseline, "Haswell"/"Zen" -> AVX2,
+// "SkylakeX"/"Cooperlake" -> AVX-512); unknown names count as baseline. Case-insensitive.
+IsaLevel kernel_isa_level(const std::string& openblas_core);
+// The kernel family pipefisher asks OpenBLAS for on a CPU of this level ("" for baseline:
+// nothing better exists). SkylakeX and Cooperlake run the same sgemm kernels in 0.3.21 (measured
+// equal here, bench/RESULTS.md), and SkylakeX needs no BF16.
+std::string best_kernel_for(IsaLevel level);
+
+// The environment the process should run under, as a decision with its reason. Pure: `env`
+// reads a variable (nullptr if unset), so it is testable without touching the real environment.
+struct EnvironmentFix {
+  std::string coretype;     // OPENBLAS_CORETYPE to set, "" = leave as is
+  bool passive_wait = false;  // set OMP_WAIT_POLICY=PASSIVE
+  bool needed() const { return !coretype.empty() || passive_wait; }
+};
+EnvironmentFix environment_fix(const std::string& loaded_core, IsaLevel cpu,
+                               const char* (*env)(const char* name));
+
+// Called first in main(), before MPI or any BLAS call: when OpenBLAS loaded kernels weaker than
+// the CPU runs (Debian's OpenBLAS 0.3.21 falls back to generic Prescott kernels on CPUs it does
+// not know, 4-5x slower) or OpenMP would spin in its waits, sets OPENBLAS_CORETYPE and
+// OMP_WAIT_POLICY and re-executes the program once (both are read when the libraries load, before
+// main). A user's own setting of either variable always wins; PF_NO_REEXEC=1 turns this off.
+void fit_process_to_machine(char** argv);
+
+// What ran, for the first line of `train`, summary.json and every benchmark's machine line.
+struct MachineInfo {
+  std::string cpu;           // /proc/cpuinfo's model name
+  std::string blas;          // "OpenBLAS 0.3.21"
+  std::string kernel;        // the kernel family in use, e.g. "SkylakeX"
+  std::string kernel_chosen_by;  // "pipefisher (OpenBLAS picked Prescott)", "OPENBLAS_CORETYPE", "OpenBLAS"
+  int threads = 1;           // OpenMP = OpenBLAS threads of this process
+  std::string wait_policy;   // OMP_WAIT_POLICY as set, "" = libgomp's default (spinning)
+  double load_average = 0;   // 1-minute load average when asked
+};
+MachineInfo machine_info();
+// One line: "CPU ..., OpenBLAS 0.3.21 kernel SkylakeX (pipefisher; OpenBLAS picked Prescott),
+// 2 threads, OMP_WAIT_POLICY=PASSIVE, load 0.12".
+std::string machine_line(const MachineInfo& m);
+
+}  // namespace pf
