@@ -2,12 +2,14 @@
 
 #include "comm/wait.hpp"
 #include "core/files.hpp"
+#include "core/machine.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -67,17 +69,6 @@ std::string sanitize(std::string s) {
   return s;
 }
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      std::string v = colon == std::string::npos ? line : line.substr(colon + 1);
-      while (!v.empty() && v.front() == ' ') v.erase(v.begin());
-      return v;
-    }
-  return "unknown-cpu";
-}
 
 // Seconds of one collective `op` (posted non-blocking, waited for without spinning), the slowest
 // member's, averaged over reps after one warm-up.
@@ -107,7 +98,8 @@ double time_collective(MPI_Comm comm, int reps, Op op) {
 std::string machine_key(int world_size, int threads) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  return sanitize(std::string(host) + "-" + cpu_model() + "-w" + std::to_string(world_size) + "-t" +
+  // The BLAS kernel family too: inversion costs change with it (Prescott's are ~5x SkylakeX's).
+  return sanitize(std::string(host) + "-" + cpu_model_name() + "-" + blas_kernel_name() + "-w" + std::to_string(world_size) + "-t" +
                   std::to_string(threads));
 }
 
@@ -160,6 +152,16 @@ PerfModel measure_perf_model(MPI_Comm comm, const InversionTimer& invert, int th
   return m;
 }
 
+namespace {
+// A cost is finite and never negative (an older fit could give a negative intercept).
+bool usable(const PerfModel& m) {
+  for (double x : {m.allreduce.alpha, m.allreduce.beta, m.broadcast.alpha, m.broadcast.beta, m.inversion.c,
+                   m.inversion.e})
+    if (!std::isfinite(x) || x < 0) return false;
+  return true;
+}
+}  // namespace
+
 PerfModel load_or_measure_perf_model(MPI_Comm comm, const InversionTimer& invert, int threads,
                                      const std::string& cache_dir) {
   int rank = 0, size = 1;
@@ -177,7 +179,9 @@ PerfModel load_or_measure_perf_model(MPI_Comm comm, const InversionTimer& invert
       ss << f.rdbuf();
       try {
         const PerfModel c = perf_model_from_json(ss.str());
-        if (c.key == key)
+        if (c.key == key && !usable(c))
+          spdlog::warn("perf model cache '{}' holds a negative or non-finite cost: measuring again", path);
+        else if (c.key == key)
           v[0] = 1, v[1] = c.allreduce.alpha, v[2] = c.allreduce.beta, v[3] = c.broadcast.alpha,
           v[4] = c.broadcast.beta, v[5] = c.inversion.c, v[6] = c.inversion.e;
       } catch (const std::exception& e) {

@@ -27,10 +27,6 @@ std::string lower(std::string s) {
 
 const char* real_env(const char* name) { return std::getenv(name); }
 
-std::string loaded_core() {
-  const char* name = openblas_get_corename();
-  return name ? name : "";
-}
 
 // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..." -> "OpenBLAS 0.3.21".
 std::string blas_name() {
@@ -39,7 +35,14 @@ std::string blas_name() {
   return config.substr(0, second_space);
 }
 
-std::string cpu_model() {
+}  // namespace
+
+std::string blas_kernel_name() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
     if (line.rfind("model name", 0) == 0) {
@@ -48,8 +51,6 @@ std::string cpu_model() {
     }
   return "unknown CPU";
 }
-
-}  // namespace
 
 IsaLevel cpu_isa_level() {
   __builtin_cpu_init();
@@ -93,7 +94,7 @@ EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const ch
 void fit_process_to_machine(char** argv) {
   const char* off = std::getenv("PF_NO_REEXEC");
   if ((off && std::strcmp(off, "0") != 0) || std::getenv(kReplacedVar)) return;  // done once already
-  const std::string loaded = loaded_core();
+  const std::string loaded = blas_kernel_name();
   const EnvironmentFix fix = environment_fix(loaded, cpu_isa_level(), real_env);
   if (!fix.needed()) return;
   if (!fix.coretype.empty()) setenv("OPENBLAS_CORETYPE", fix.coretype.c_str(), 1);
@@ -108,9 +109,9 @@ void fit_process_to_machine(char** argv) {
 
 MachineInfo machine_info() {
   MachineInfo m;
-  m.cpu = cpu_model();
+  m.cpu = cpu_model_name();
   m.blas = blas_name();
-  m.kernel = loaded_core();
+  m.kernel = blas_kernel_name();
   const char* replaced = std::getenv(kReplacedVar);
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
   if (replaced && lower(m.kernel) != lower(replaced))

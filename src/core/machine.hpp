@@ -36,6 +36,10 @@ EnvironmentFix environment_fix(const std::string& loaded_core, IsaLevel cpu,
 // main). A user's own setting of either variable always wins; PF_NO_REEXEC=1 turns this off.
 void fit_process_to_machine(char** argv);
 
+// /proc/cpuinfo's model name ("unknown CPU" without one), and the OpenBLAS kernel family loaded.
+std::string cpu_model_name();
+std::string blas_kernel_name();
+
 // What ran, for the first line of `train`, summary.json and every benchmark's machine line.
 struct MachineInfo {
   std::string cpu;           // /proc/cpuinfo's model name

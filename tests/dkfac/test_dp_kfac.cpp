@@ -180,6 +180,15 @@ TEST(DpKfac, MeasuresThePerfModelOnceAndCachesIt) {
   const Launch again = train("measured2", 2, "--set train.steps=1", "measured");
   ASSERT_EQ(again.status, 0) << again.out;
   EXPECT_NE(again.out.find("perf model cached"), std::string::npos) << again.out;
+  // A cached cost that is negative (an older fit's intercept) is not used: measured again.
+  pf::comm::PerfModel bad = m;
+  bad.broadcast.alpha = -1.7e-3;
+  std::ofstream(cached) << pf::comm::perf_model_to_json(bad);
+  const Launch remeasured = train("measured3", 2, "--set train.steps=1", "measured");
+  ASSERT_EQ(remeasured.status, 0) << remeasured.out;
+  EXPECT_NE(remeasured.out.find("perf model measured"), std::string::npos) << remeasured.out;
+  std::ifstream g(cached);
+  EXPECT_GE(pf::comm::perf_model_from_json(std::string(std::istreambuf_iterator<char>(g), {})).broadcast.alpha, 0);
 }
 
 TEST(DpKfac, MisuseFailsWithOneLineNamingTheKey) {
