@@ -292,14 +292,18 @@ TEST(MultiHost, TwoNamespacesOverTcp) {
   Namespaces ns;
   if (!ns.why_not.empty()) GTEST_SKIP() << "this machine forbids network namespaces: " << ns.why_not;
   tiny_config(dir());
-  // mpirun runs in namespace a (host 10.77.0.1) and starts rank 1's daemon on "host" 10.77.0.2
-  // through the rsh agent, which enters namespace b; all traffic is TCP over the veth pair.
+  // scripts/pfrun runs in namespace a (host 10.77.0.1) with a hostfile of both "hosts", and mpirun
+  // starts rank 1's daemon on 10.77.0.2 through the rsh agent, which enters namespace b; all
+  // traffic is TCP over the veth pair.
+  const fs::path hosts = dir() / "hosts";
+  std::ofstream(hosts) << "# two namespaces\n10.77.0.1 slots=1\n10.77.0.2 slots=1\n";
   const std::string mpirun = "PF_NETNS_MAP='10.77.0.1=" + ns.a + " 10.77.0.2=" + ns.b + "' ip netns exec " + ns.a +
-                             " env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --allow-run-as-root "
-                             "-np 2 --host 10.77.0.1,10.77.0.2 --mca plm_rsh_agent " PF_SOURCE_DIR "/tests/faults/netns-rsh.sh "
-                             "--mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 "
-                             "-x PF_NETNS_MAP -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 ";
-  Launch where = run(mpirun + "sh -c 'echo NETNS $OMPI_COMM_WORLD_RANK $(readlink /proc/self/ns/net)'");
+                             " env OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE " PF_SOURCE_DIR "/scripts/pfrun "
+                             "-np 2 --hostfile " + hosts.string() + " --mca plm_rsh_agent " PF_SOURCE_DIR
+                             "/tests/faults/netns-rsh.sh --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 "
+                             "--mca oob_tcp_if_include 10.77.0.0/24 -x PF_NETNS_MAP ";
+  Launch where = run(mpirun + "sh -c 'echo NETNS $OMPI_COMM_WORLD_RANK $(readlink /proc/self/ns/net) "
+                              "$OMP_NUM_THREADS $OMP_WAIT_POLICY'");
   ASSERT_EQ(where.status, 0) << where.out;
   std::map<std::string, std::string> netns;
   std::istringstream in(where.out);
@@ -307,6 +311,8 @@ TEST(MultiHost, TwoNamespacesOverTcp) {
     if (tag == "NETNS" && in >> rank >> id) netns[rank] = id;
   ASSERT_EQ(netns.size(), 2u) << where.out;
   EXPECT_NE(netns["0"], netns["1"]) << "both ranks ran in one network namespace: " << where.out;
+  // The user's thread count and OpenMP setting reached the rank on the other "host".
+  EXPECT_NE(where.out.find("NETNS 1 " + netns["1"] + " 1 PASSIVE"), std::string::npos) << where.out;
 
   const fs::path ck = dir() / "hosts-ckpt";
   Launch two = run(mpirun + kBinary + " train --config " + (dir() / "tiny.toml").string() +
