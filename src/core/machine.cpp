@@ -17,8 +17,10 @@ namespace pf {
 
 namespace {
 
-// Set in the re-executed process: the kernel family OpenBLAS had picked by itself.
+// Set for the re-executed process: the kernel family OpenBLAS had picked by itself. It is taken
+// out of the environment at once, so that programs this one starts decide for themselves.
 constexpr const char* kReplacedVar = "PF_BLAS_REPLACED";
+std::string replaced_kernel;  // "" when this process was not re-executed
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -93,7 +95,12 @@ EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const ch
 
 void fit_process_to_machine(char** argv) {
   const char* off = std::getenv("PF_NO_REEXEC");
-  if ((off && std::strcmp(off, "0") != 0) || std::getenv(kReplacedVar)) return;  // done once already
+  if (const char* replaced = std::getenv(kReplacedVar)) {  // this is the re-executed process
+    replaced_kernel = replaced;
+    unsetenv(kReplacedVar);
+    return;
+  }
+  if (off && std::strcmp(off, "0") != 0) return;
   const std::string loaded = blas_kernel_name();
   const EnvironmentFix fix = environment_fix(loaded, cpu_isa_level(), real_env);
   if (!fix.needed()) return;
@@ -101,9 +108,12 @@ void fit_process_to_machine(char** argv) {
   if (fix.passive_wait) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   setenv(kReplacedVar, loaded.c_str(), 1);
   execv("/proc/self/exe", argv);
-  // Still here: exec failed (no /proc?). Run as loaded; machine_info() reports what that is.
+  // Still here: exec failed (no /proc?). Run as loaded, with the environment as it was, so that
+  // machine_info() reports what runs.
   std::fprintf(stderr, "pipefisher: could not re-execute with OPENBLAS_CORETYPE=%s (%s); continuing\n",
                fix.coretype.c_str(), std::strerror(errno));
+  if (!fix.coretype.empty()) unsetenv("OPENBLAS_CORETYPE");
+  if (fix.passive_wait) unsetenv("OMP_WAIT_POLICY");
   unsetenv(kReplacedVar);
 }
 
@@ -112,10 +122,9 @@ MachineInfo machine_info() {
   m.cpu = cpu_model_name();
   m.blas = blas_name();
   m.kernel = blas_kernel_name();
-  const char* replaced = std::getenv(kReplacedVar);
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  if (replaced && lower(m.kernel) != lower(replaced))
-    m.kernel_chosen_by = fmt::format("pipefisher; OpenBLAS picked {}", replaced);
+  if (!replaced_kernel.empty() && lower(m.kernel) != lower(replaced_kernel))
+    m.kernel_chosen_by = fmt::format("pipefisher; OpenBLAS picked {}", replaced_kernel);
   else if (forced)
     m.kernel_chosen_by = fmt::format("OPENBLAS_CORETYPE={}", forced);
   else
