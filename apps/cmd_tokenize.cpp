@@ -4,7 +4,8 @@
 //   pipefisher tokenize --vocab gpt2 --decode "15496 995"      prints Hello world
 // A corpus file is tokenized as one text (equal to encoding it whole; pieces are cut at newlines
 // only where that changes nothing, and run in parallel): BERT without [CLS]/[SEP] (the batcher adds
-// them per window), GPT-2 with the raw text, newlines included, and no <|endoftext|>.
+// them per window), GPT-2 with the raw text, newlines included, and no <|endoftext|>. With --docs,
+// also the document index (data/token_file.hpp) that next-sentence prediction draws pairs from.
 #include "command.hpp"
 #include "core/error.hpp"
 #include "data/text_util.hpp"
@@ -23,7 +24,7 @@ namespace {
 struct TokenizeArgs {
   std::string vocab;
   std::string vocab_dir = "data/vocab";
-  std::string in, out;
+  std::string in, out, docs;
   std::string text;
   bool no_special = false;
   bool decode = false;
@@ -49,6 +50,7 @@ int run(const TokenizeArgs& a) {
   if (a.in.empty() != a.out.empty()) usage_error(a.in.empty() ? "--out" : "--in", "--in and --out go together");
   if (!a.in.empty() && !a.text.empty()) usage_error("TEXT", "give either TEXT or --in/--out, not both");
   if (a.decode && !a.in.empty()) usage_error("--decode", "works on TEXT ids, not on files");
+  if (!a.docs.empty() && a.out.empty()) usage_error("--docs", "goes with --in/--out");
   if (!a.out.empty() && (a.out.size() < 5 || a.out.compare(a.out.size() - 4, 4, ".bin") != 0))
     usage_error("--out", "token files end in .bin, got '{}'", a.out);
   auto tok = load_tokenizer(a.vocab, a.vocab_dir);
@@ -66,9 +68,11 @@ int run(const TokenizeArgs& a) {
     usage_error("--vocab", "{} has {} entries; token files hold at most {}", a.vocab, tok->vocab_size(),
                 kMaxTokenFileVocab);
   const std::string text = read_text_file(a.in, "the input text");
-  auto ids = tokenize_corpus(*tok, text);
-  write_token_file(a.out, ids, tok->vocab_size());
-  fmt::print(stderr, "tokenize: {} bytes -> {} {} tokens in {}\n", text.size(), ids.size(), a.vocab, a.out);
+  const TokenizedCorpus corpus = tokenize_documents(*tok, text);
+  write_token_file(a.out, corpus.ids, tok->vocab_size());
+  if (!a.docs.empty()) write_doc_index(a.docs, corpus.doc_starts);
+  fmt::print(stderr, "tokenize: {} bytes -> {} {} tokens in {}{}\n", text.size(), corpus.ids.size(), a.vocab, a.out,
+             a.docs.empty() ? "" : fmt::format(", {} document starts in {}", corpus.doc_starts.size(), a.docs));
   return 0;
 }
 
@@ -81,6 +85,9 @@ Runner setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--in", a->in, "Text file to tokenize (with --out)");
   app.add_option("--out", a->out, "Token file to write (.bin, little-endian uint16 ids)");
+  app.add_option("--docs", a->docs,
+                 "Also write where each document (text between blank lines) starts: one token offset per line "
+                 "(BERT's next-sentence pairs need it: X.docs beside X.bin)");
   app.add_flag("--no-special", a->no_special, "BERT: print TEXT's ids without [CLS] and [SEP]");
   app.add_flag("--decode", a->decode, "TEXT holds ids: print the text they decode to");
   app.add_option("text", a->text, "Text to tokenize (ids are printed space-separated)");

@@ -161,6 +161,8 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   if (d.valid_file.empty()) d.valid_file = "data/corpus/valid." + d.vocab + ".bin";
   r.get("data.shuffle", d.shuffle);
   r.get("data.mask_prob", d.mask_prob);
+  r.get("data.nsp", d.nsp);
+  m.nsp = d.nsp;
   r.get("data.seed", d.seed);
 
   auto& o = c.optim;
@@ -214,6 +216,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("kfac.warmup_steps", k.warmup_steps);
   r.get("kfac.replan_on_drift", k.replan_on_drift);
   r.get("kfac.split_inversions", k.split_inversions);
+  r.get("kfac.plan_profile", k.plan_profile);
 
   r.refuse_unknown();
   c.validate();
@@ -314,6 +317,9 @@ void Config::validate() const {
                 tok_vocab);
   require(data.mask_prob > 0 && data.mask_prob < 1, "data.mask_prob", "must be in (0, 1) (got {})",
           data.mask_prob);
+  if (data.nsp && m.arch != "bert") usage_error("data.nsp", "next-sentence prediction is BERT's (model.arch = {})", m.arch);
+  if (data.nsp && m.seq_len < 5)
+    usage_error("data.nsp", "a sentence pair needs model.seq_len >= 5 ([CLS] A [SEP] B [SEP]), got {}", m.seq_len);
 
   one_of(optim.name, {"nvlamb", "adamw", "sgd"}, "optim.name");
   require(optim.lr > 0, "optim.lr", "must be positive (got {})", optim.lr);
@@ -364,6 +370,8 @@ void Config::validate() const {
   require(kfac.diag_limit > 0, "kfac.diag_limit", "must be positive (got {})", kfac.diag_limit);
   one_of(kfac.placement, {"bubbles", "inline", "skip"}, "kfac.placement");
   one_of(kfac.distributed, {"d-kfac", "mpd-kfac", "spd-kfac"}, "kfac.distributed");
+  if (!kfac.plan_profile.empty() && !(kfac.enabled && kfac.placement == "bubbles"))
+    usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles");
   if (kfac.distributed != "spd-kfac") {
     require(kfac.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
             kfac.distributed);
@@ -378,6 +386,9 @@ void Config::check_files() const {
     usage_error("data.train_file", "no such file '{}' (scripts/prepare-data.sh makes it)", data.train_file);
   if (!fs::is_regular_file(data.valid_file))
     usage_error("data.valid_file", "no such file '{}' (scripts/prepare-data.sh makes it)", data.valid_file);
+  if (!kfac.plan_profile.empty() && !fs::is_regular_file(kfac.plan_profile))
+    usage_error("kfac.plan_profile", "no such file '{}' (a PipeFisher run writes out_dir/kfac_profile.json)",
+                kfac.plan_profile);
 }
 
 std::string Config::to_toml() const {
@@ -395,7 +406,7 @@ std::string Config::to_toml() const {
                             {"init_std", double(model.init_std)}, {"gelu", model.gelu}}},
       {"data", toml::table{{"vocab", data.vocab}, {"train_file", data.train_file},
                            {"valid_file", data.valid_file}, {"shuffle", data.shuffle},
-                           {"mask_prob", double(data.mask_prob)}, {"seed", int64_t(data.seed)}}},
+                           {"mask_prob", double(data.mask_prob)}, {"nsp", data.nsp}, {"seed", int64_t(data.seed)}}},
       {"optim", toml::table{{"name", optim.name}, {"lr", optim.lr}, {"warmup_steps", optim.warmup_steps},
                             {"decay_power", optim.decay_power}, {"weight_decay", optim.weight_decay},
                             {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
@@ -419,7 +430,8 @@ std::string Config::to_toml() const {
                            {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},
                            {"distributed", kfac.distributed}, {"spd_pipelining", kfac.spd_pipelining},
                            {"spd_balance", kfac.spd_balance}, {"warmup_steps", kfac.warmup_steps},
-                           {"replan_on_drift", kfac.replan_on_drift}, {"split_inversions", kfac.split_inversions}}},
+                           {"replan_on_drift", kfac.replan_on_drift}, {"split_inversions", kfac.split_inversions},
+                           {"plan_profile", kfac.plan_profile}}},
   };
   std::ostringstream ss;
   ss << t << "\n";

@@ -24,6 +24,9 @@ struct ModelConfig {
   float layer_norm_eps = 1e-12f;
   float init_std = 0.02f;
   std::string gelu;            // erf (BERT) | tanh (GPT-2); empty = the architecture's own
+  // Not a key: data.nsp, copied here by the loader (BERT's head then trains its pooler and
+  // next-sentence classifier; they exist, and are saved, either way).
+  bool nsp = false;
 };
 
 struct DataConfig {
@@ -32,6 +35,10 @@ struct DataConfig {
   std::string valid_file;
   bool shuffle = true;
   float mask_prob = 0.15f;     // BERT MLM
+  // BERT: next-sentence prediction beside MLM (NVIDIA's recipe): each sequence is a pair of text
+  // segments from the corpus's documents, half of them consecutive (data/batches.hpp). Needs the
+  // token file's document index (X.docs). Off by default: MLM alone, as every earlier result.
+  bool nsp = false;
   uint64_t seed = 1234;
 };
 
@@ -92,6 +99,11 @@ struct KfacConfig {
   // device's refresh period (sim/planner.hpp); false keeps every factor whole (exact K-FAC
   // blocks, refreshed less often). Units larger than every bubble are split either way.
   bool split_inversions = true;
+  // bubbles: plan from this recorded PipeFisher profile (the `pipefisher_plan` object of a run's
+  // out_dir/kfac_profile.json, or of --profile-dir's profile.json) instead of this run's timings,
+  // so every run of the same config refreshes the same way and gives the same losses. Empty =
+  // profile online (the default). Set, it also turns re-planning on drift off.
+  std::string plan_profile;
 };
 
 struct Config {

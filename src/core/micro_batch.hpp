@@ -19,6 +19,19 @@ struct MicroBatch {
   // to 1 / (loss positions in the whole global step), so the step's loss is a mean over the
   // global batch however it is cut into replicas and micro-batches.
   float loss_scale = 1.0f;
+  // BERT next-sentence prediction (data.nsp): per sequence 0 = segment B follows A in its
+  // document, 1 = B is from another document (Hugging Face's next_sentence_label), -1 = no NSP
+  // loss. The head adds nsp_scale x the summed NSP losses; the trainer sets nsp_scale to
+  // 1 / (labelled sequences in the global step), so the step's loss is HF BertForPreTraining's
+  // mean masked-LM loss + mean next-sentence loss.
+  std::vector<int32_t> nsp_labels;   // [rows]
+  float nsp_scale = 0.0f;
+
+  int64_t nsp_sequences() const {
+    int64_t n = 0;
+    for (int32_t l : nsp_labels) n += (l >= 0);
+    return n;
+  }
 
   int64_t loss_positions() const {
     int64_t n = 0;
@@ -34,6 +47,7 @@ struct MicroBatch {
     token_types.resize(n);
     attn_mask.resize(n);
     labels.resize(n);
+    nsp_labels.resize(static_cast<size_t>(r), -1);
   }
 };
 

@@ -25,6 +25,19 @@ int64_t bert_stride(int seq_len) {
 }
 }  // namespace
 
+void mask_positions(int32_t* tok, int32_t* labels, int* candidates, int count, int n_mask, SeqRng& rng,
+                    const VocabInfo& vocab) {
+  // n_mask distinct candidates by a partial Fisher-Yates shuffle.
+  for (int j = 0; j < n_mask; ++j) {
+    std::swap(candidates[j], candidates[j + static_cast<int>(rng.below(static_cast<uint64_t>(count - j)))]);
+    const int q = candidates[j];
+    labels[q] = tok[q];
+    const double u = rng.uniform();
+    if (u < 0.8) tok[q] = vocab.mask;
+    else if (u < 0.9) tok[q] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab.size)));
+  }
+}
+
 const VocabInfo& vocab_info(const std::string& name) {
   if (name == "bert") return kBertVocab;
   if (name == "gpt2") return kGpt2Vocab;
@@ -74,6 +87,7 @@ void GptBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   }
   std::fill(out.attn_mask.begin(), out.attn_mask.end(), uint8_t{1});
   std::fill(out.token_types.begin(), out.token_types.end(), 0);
+  std::fill(out.nsp_labels.begin(), out.nsp_labels.end(), -1);
 }
 
 BertMlmBatcher::BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
@@ -104,20 +118,13 @@ void BertMlmBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
     }
     tok[seq_ - 1] = vocab_.sep;
     std::fill(lab, lab + seq_, -1);
-    // Choose n_mask_ distinct positions by a partial Fisher-Yates shuffle of 1..body.
     SeqRng rng = SeqRng::keyed(seed_, kMaskStream, static_cast<uint64_t>(sequence));
     std::iota(positions_.begin(), positions_.end(), 1);
-    for (int j = 0; j < n_mask_; ++j) {
-      std::swap(positions_[j], positions_[j + static_cast<int>(rng.below(static_cast<uint64_t>(body - j)))]);
-      const int q = positions_[j];
-      lab[q] = tok[q];
-      const double u = rng.uniform();
-      if (u < 0.8) tok[q] = vocab_.mask;
-      else if (u < 0.9) tok[q] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_.size)));
-    }
+    mask_positions(tok, lab, positions_.data(), body, n_mask_, rng, vocab_);
   }
   std::fill(out.attn_mask.begin(), out.attn_mask.end(), uint8_t{1});
   std::fill(out.token_types.begin(), out.token_types.end(), 0);
+  std::fill(out.nsp_labels.begin(), out.nsp_labels.end(), -1);
 }
 
 std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig& data, bool validation) {
@@ -130,6 +137,11 @@ std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig
   auto tokens = read_token_file(file, vocab.size);
   const bool shuffle = data.shuffle && !validation;
   if (model.arch == "gpt") return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
+  if (model.arch == "bert" && data.nsp) {
+    auto docs = read_doc_index(doc_index_path(file), static_cast<int64_t>(tokens.size()), key);
+    return std::make_unique<BertNspBatcher>(std::move(tokens), std::move(docs), model.seq_len, shuffle, data.seed,
+                                            data.mask_prob, vocab, file);
+  }
   if (model.arch == "bert")
     return std::make_unique<BertMlmBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, data.mask_prob,
                                             vocab, file);

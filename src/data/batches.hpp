@@ -11,11 +11,25 @@
 //   one becomes [MASK] with probability 0.8, a uniformly random vocabulary id with 0.1, or stays
 //   with 0.1; labels hold the original id there and -1 elsewhere. attn_mask is all 1 (windows are
 //   always full), token_types all 0. The choices come from SeqRng keyed by (seed, i).
+// BERT with next-sentence prediction (data.nsp, NVIDIA's / Google's create_pretraining_data
+//   recipe): the corpus is cut into documents by its index (X.docs beside X.bin) and each document
+//   into sentences (a sentence ends after '.', '!' or '?'). Sequence i starts segment A at sentence
+//   order(i) (the sentences in a permutation per epoch, as windows above) and is a pair
+//   [CLS] A [SEP] B [SEP], padded with [PAD] (attn_mask 0) when short; token_types 0 up to the first
+//   [SEP], 1 after. With probability 1/2, B is the text that follows A in its document (label 0):
+//   the chunk of whole sentences from order(i) filling the sequence is cut after a random number
+//   of sentences (A's start moves back one sentence when it is its document's last); otherwise
+//   (label 1) A is that chunk's first sentences and B starts at a random sentence of a random
+//   other document. The longer segment then loses tokens at a random end until the pair fits.
+//   Masking as above over the A and B tokens (round(mask_prob * their count), at least one). The
+//   choices come from SeqRng keyed by (seed, i); a one-sentence document cannot give a next
+//   sentence and falls back to a random one.
 // Shuffling: the file is cut into W = floor((N - extra) / stride) whole windows (stride T for GPT
 //   with one extra target token, T-2 for BERT); epoch e = i / W visits them in a permutation drawn
 //   from (seed, e) by Fisher-Yates.
 #include "config/config.hpp"
 #include "core/micro_batch.hpp"
+#include "data/seq_rng.hpp"
 #include "data/vocab_info.hpp"
 
 #include <cstdint>
@@ -82,6 +96,53 @@ class BertMlmBatcher final : public Batcher {
   WindowOrder order_;
   std::vector<int> positions_;  // scratch for choosing masked positions, sized once
 };
+
+class BertNspBatcher final : public Batcher {
+ public:
+  // doc_starts: the document index (read_doc_index); `source` names the token file in errors.
+  BertNspBatcher(std::vector<uint16_t> tokens, std::vector<int64_t> doc_starts, int seq_len, bool shuffle,
+                 uint64_t seed, float mask_prob, const VocabInfo& vocab, const std::string& source);
+  void fill(int64_t first_sequence, int rows, MicroBatch& out) override;
+  int seq_len() const override { return seq_; }
+  int64_t sequences_per_epoch() const override { return order_.windows_per_epoch(); }
+  int64_t sentences() const { return static_cast<int64_t>(sent_.doc.size()); }
+  int64_t documents() const { return static_cast<int64_t>(sent_.doc_first.size()) - 1; }
+  // Sequence i's segments as corpus token ranges [lo, hi) (each within one document), after
+  // truncation, and whether B follows A (label 0).
+  struct Pair {
+    int64_t a_lo = 0, a_hi = 0, b_lo = 0, b_hi = 0;
+    bool next = false;
+  };
+  Pair pair(int64_t sequence);
+  // The document holding corpus token t.
+  int64_t document_of(int64_t token) const;
+
+  // The corpus cut into sentences, grouped by document.
+  struct Sentences {
+    std::vector<int64_t> start;      // [sentence + 1] first token; last = tokens
+    std::vector<int32_t> doc;        // [sentence] its document
+    std::vector<int64_t> doc_first;  // [document + 1] first sentence; last = sentences
+  };
+
+ private:
+  // The sentence after the last of those from `first` on, within its document, that together
+  // hold `want` tokens (or up to the document's end).
+  int64_t gather_end(int64_t first, int64_t want) const;
+
+  std::vector<uint16_t> tokens_;
+  int seq_, body_;  // body_: text tokens of a full pair, seq_len - 3
+  uint64_t seed_;
+  float mask_prob_;
+  VocabInfo vocab_;
+  Sentences sent_;
+  WindowOrder order_;            // over sentences: where segment A starts
+  std::vector<int> positions_;   // scratch: masking candidates, sized once
+};
+
+// BERT's masking of `n_mask` of the `count` positions in candidates[] (reordered): each becomes
+// [MASK] with probability 0.8, a random id with 0.1, or stays; labels hold the original id there.
+void mask_positions(int32_t* tok, int32_t* labels, int* candidates, int count, int n_mask, SeqRng& rng,
+                    const VocabInfo& vocab);
 
 // The batcher a run uses: reads data.train_file (or data.valid_file when `validation`), checks its
 // ids against the data.vocab size, and picks GPT or BERT batches by model.arch. The validation

@@ -1,6 +1,7 @@
 #include "data/token_file.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 namespace pf {
 namespace {
@@ -63,6 +65,46 @@ std::vector<uint16_t> read_token_file(const std::string& path, int vocab_size) {
                   vocab_size);
   }
   return ids;
+}
+
+}  // namespace pf
+
+namespace pf {
+
+void write_doc_index(const std::string& path, std::span<const int64_t> starts) {
+  std::string text;
+  for (int64_t s : starts) text += std::to_string(s) + "\n";
+  write_file_atomic(path, text);
+}
+
+std::vector<int64_t> read_doc_index(const std::string& path, int64_t n_tokens, const std::string& key) {
+  std::ifstream f(path);
+  if (!f)
+    usage_error(key, "no document index '{}' (data.nsp = true needs it; scripts/prepare-data.sh writes it)", path);
+  std::vector<int64_t> starts;
+  std::string line;
+  for (int ln = 1; std::getline(f, line); ++ln) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(line, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != line.size() || v < 0 || v >= n_tokens ||
+        (starts.empty() ? v != 0 : v <= starts.back()))
+      usage_error(key, "{}:{}: '{}' is not a document start (offsets rise strictly from 0, below {} tokens)", path, ln,
+                  line, n_tokens);
+    starts.push_back(v);
+  }
+  if (starts.empty()) usage_error(key, "document index '{}' is empty", path);
+  return starts;
+}
+
+std::string doc_index_path(const std::string& token_file) {
+  const std::string ext = ".bin";
+  const bool bin = token_file.size() > ext.size() && token_file.ends_with(ext);
+  return (bin ? token_file.substr(0, token_file.size() - ext.size()) : token_file) + ".docs";
 }
 
 }  // namespace pf

@@ -30,14 +30,33 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::st
 }
 
 std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text) {
-  // Pieces of about this many bytes, cut where the tokenizer says a cut changes nothing.
+  return tokenize_documents(tok, text).ids;
+}
+
+TokenizedCorpus tokenize_documents(const Tokenizer& tok, std::string_view text) {
+  // Pieces of about this many bytes, cut where the tokenizer says a cut changes nothing; also
+  // cut just after every blank line, where a document starts.
   constexpr size_t kPiece = 1 << 16;
   std::vector<std::pair<size_t, size_t>> pieces;
+  std::vector<bool> starts_doc;  // [piece]
+  bool doc = true;
   for (size_t start = 0; start < text.size();) {
+    size_t next_doc = text.size();  // after the next blank line that is a safe cut
+    for (size_t pos = start, blank; (blank = text.find("\n\n", pos)) != std::string_view::npos; pos = blank + 1)
+      if (tok.safe_cut(text, blank + 2)) {
+        next_doc = blank + 2;
+        break;
+      }
     size_t end = start + kPiece;
-    while (end < text.size() && !tok.safe_cut(text, end)) ++end;
-    end = std::min(end, text.size());
+    if (next_doc <= end) {
+      end = next_doc;
+    } else {
+      while (end < text.size() && !tok.safe_cut(text, end)) ++end;
+      end = std::min(end, text.size());
+    }
     pieces.emplace_back(start, end);
+    starts_doc.push_back(doc);
+    doc = end == next_doc;
     start = end;
   }
   std::vector<std::vector<int32_t>> ids(pieces.size());
@@ -58,9 +77,15 @@ std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text
     if (e) std::rethrow_exception(e);
   size_t total = 0;
   for (auto& v : ids) total += v.size();
-  std::vector<int32_t> out;
-  out.reserve(total);
-  for (auto& v : ids) out.insert(out.end(), v.begin(), v.end());
+  TokenizedCorpus out;
+  out.ids.reserve(total);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t at = static_cast<int64_t>(out.ids.size());
+    if (starts_doc[i] && !ids[i].empty() && (out.doc_starts.empty() || out.doc_starts.back() < at))
+      out.doc_starts.push_back(at);
+    out.ids.insert(out.ids.end(), ids[i].begin(), ids[i].end());
+  }
+  if (out.doc_starts.empty() || out.doc_starts.front() != 0) out.doc_starts.insert(out.doc_starts.begin(), 0);
   return out;
 }
 

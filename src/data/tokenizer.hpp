@@ -45,4 +45,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::st
 // pieces cut at newlines where tok.safe_cut holds, and concatenated in order (deterministic).
 std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text);
 
+// The same ids, plus where each document starts: documents are separated by blank lines (the
+// corpus layout, scripts/fetch-data.sh); doc_starts[k] is the first token of document k (strictly
+// increasing, starting at 0; a document that tokenizes to nothing is left out). A blank line where
+// tok.safe_cut does not hold does not separate documents.
+struct TokenizedCorpus {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> doc_starts;
+};
+TokenizedCorpus tokenize_documents(const Tokenizer& tok, std::string_view text);
+
 }  // namespace pf

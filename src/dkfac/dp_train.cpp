@@ -154,18 +154,18 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
     if (s + 1 == cfg.train.steps || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0)) {
       // Every replica holds the same weights: each evaluates the held-out micro-batches itself.
       double vl = 0;
-      int64_t positions = 0;
       MicroBatch& mb = mbs[0];
+      const EvalScales scale = eval_scales(*valid_data, cfg.train.eval_batches, p.micro_batch_size, mb);
       for (int b = 0; b < cfg.train.eval_batches; ++b) {
         valid_data->fill(static_cast<int64_t>(b) * p.micro_batch_size, p.micro_batch_size, mb);
         mb.index = 0;
-        mb.loss_scale = 1.0f;
+        mb.loss_scale = scale.loss;
+        mb.nsp_scale = scale.nsp;
         model->set_training(false);
         vl += model->forward(mb, none, no_output, st);
         model->set_training(true);
-        positions += mb.loss_positions();
       }
-      v = valid = positions ? vl / static_cast<double>(positions) : 0.0;
+      v = valid = vl;
     }
     if (root) log->step(stats, v);
   }

@@ -84,6 +84,7 @@ bool KfacPreconditioner::finish_curvature(size_t i, Side s, double loss_scale, i
   KfacFactor& f = e.kfac->factor(s);
   counted = 0;
   if (f.pending_micro_batches() == 0) return false;
+  if (t > 0 && e.linear->row_mean_loss()) loss_scale = 1.0 / static_cast<double>(t);  // linear.hpp
   if (t > 0 && loss_scale > 0) {  // else the sum is empty (or all zero gradients): nothing to scale
     const CurvatureScale cs = curvature_scale(t, loss_scale);
     const float k = s == Side::A ? cs.a : cs.b;

@@ -390,6 +390,11 @@ struct HeadState : BlockState {
   Tensor h, mean, rstd;               // (M, C) LayerNorm output (decoder input), (M) statistics
   Tensor logits;                      // (M, V) logits, then probabilities, then dlogits
   Tensor loss;                        // (M) token losses
+  // BERT next-sentence prediction over the [CLS] rows of the sequences with an NSP label.
+  std::vector<int32_t> nsp_rows, nsp_labels;  // (K) sequence index, label
+  int64_t K = 0;
+  Tensor xc, pooled;                  // (K, C) [CLS] inputs; tanh(pooler) output
+  Tensor nsp_logits, nsp_loss;        // (K, 2) logits, then probabilities, then dlogits; (K)
 };
 
 HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == "bert") {
@@ -405,6 +410,13 @@ HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert
                                           "cls.predictions.transform.dense.bias", C, C);
     ln_ = std::make_unique<LayerNorm>("cls.predictions.transform.LayerNorm", C, cfg.layer_norm_eps);
     decoder_ = std::make_unique<Linear>(tied_word, "cls.predictions.bias");
+    pooler_ = std::make_unique<Linear>("bert.pooler.dense.weight", "bert.pooler.dense.bias", C, C);
+    nsp_ = std::make_unique<Linear>("cls.seq_relationship.weight", "cls.seq_relationship.bias", C, 2);
+    // Without data.nsp nothing trains them: no weight decay either, so they keep their initial values.
+    pooler_->weight().decay = nsp_->weight().decay = cfg.nsp;  // biases: never
+    // The NSP loss is a mean over the sequences, one row each here: K-FAC's loss scale is 1/rows.
+    pooler_->set_row_mean_loss(true);
+    nsp_->set_row_mean_loss(true);
   } else {
     ln_ = std::make_unique<LayerNorm>("transformer.ln_f", C, cfg.layer_norm_eps);
     decoder_ = std::make_unique<Linear>(tied_word, "");
@@ -413,13 +425,16 @@ HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert
 
 std::vector<Param*> HeadBlock::params() {
   std::vector<Param*> ps;
-  if (bert_) ps = {&transform_->weight(), transform_->bias(), &ln_->weight, &ln_->bias, decoder_->bias()};
+  if (bert_)
+    ps = {&transform_->weight(), transform_->bias(), &ln_->weight, &ln_->bias, decoder_->bias(),
+          &pooler_->weight(), pooler_->bias(), &nsp_->weight(), nsp_->bias()};
   else ps = {&ln_->weight, &ln_->bias};
   if (mirror_) ps.push_back(mirror_.get());
   return ps;
 }
 
 std::vector<Linear*> HeadBlock::linears() {
+  if (bert_ && cfg_.nsp) return {transform_.get(), decoder_.get(), pooler_.get(), nsp_.get()};
   if (bert_) return {transform_.get(), decoder_.get()};
   return {decoder_.get()};
 }
@@ -429,6 +444,10 @@ void HeadBlock::init(uint64_t seed) {
     init_normal(transform_->weight(), seed, cfg_.init_std);
     transform_->bias()->value.zero();
     decoder_->bias()->value.zero();
+    init_normal(pooler_->weight(), seed, cfg_.init_std);
+    pooler_->bias()->value.zero();
+    init_normal(nsp_->weight(), seed, cfg_.init_std);
+    nsp_->bias()->value.zero();
   }
   init_layernorm(*ln_);
   if (mirror_) init_normal(*mirror_, seed, cfg_.init_std);  // same name => same values as the owner
@@ -445,6 +464,14 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq) const {
   st->rstd = Tensor({N});
   st->logits = Tensor({N, V});
   st->loss = Tensor({N});
+  if (bert_) {
+    const int64_t R = max_rows;
+    st->nsp_rows.resize(R);
+    st->nsp_labels.resize(R);
+    for (Tensor* t : {&st->xc, &st->pooled}) *t = Tensor({R, C});
+    st->nsp_logits = Tensor({R, 2});
+    st->nsp_loss = Tensor({R});
+  }
   reserve(d_a_, N * C);
   reserve(d_b_, N * C);
   return st;
@@ -466,7 +493,8 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
       st.labels[M++] = mb.labels[n];
     }
   st.M = M;
-  if (M == 0) return 0.0f;
+  const double nsp = bert_ && cfg_.nsp ? nsp_forward(mb, x_in, st) : 0.0;
+  if (M == 0) return static_cast<float>(nsp);
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(st.xs.data() + m * C, x_in.data() + st.rows[m] * C, C * sizeof(float));
@@ -481,7 +509,47 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
   softmax_cross_entropy_forward(st.logits.data(), st.loss.data(), st.labels.data(), M, V);
   double sum = 0;
   for (int64_t m = 0; m < M; ++m) sum += st.loss[m];
-  return static_cast<float>(sum * mb.loss_scale);
+  return static_cast<float>(sum * mb.loss_scale + nsp);
+}
+
+double HeadBlock::nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st) {
+  // [CLS] rows (K, C) -> pooled = tanh(pooler(xc)) -> logits = seq_relationship(pooled) (K, 2);
+  // returns nsp_scale x the summed cross-entropies.
+  const int64_t C = cfg_.hidden;
+  PF_CHECK(static_cast<int64_t>(mb.nsp_labels.size()) >= mb.rows, "micro-batch has {} NSP labels, needs {}",
+           mb.nsp_labels.size(), mb.rows);
+  int64_t K = 0;
+  for (int r = 0; r < mb.rows; ++r)
+    if (mb.nsp_labels[r] >= 0) {
+      PF_CHECK(mb.nsp_labels[r] < 2, "NSP label {} is not 0 or 1", mb.nsp_labels[r]);
+      st.nsp_rows[K] = r;
+      st.nsp_labels[K++] = mb.nsp_labels[r];
+    }
+  st.K = K;
+  if (K == 0) return 0.0;
+  for (int64_t k = 0; k < K; ++k)
+    std::memcpy(st.xc.data() + k * C, x_in.data() + static_cast<int64_t>(st.nsp_rows[k]) * mb.seq * C, C * sizeof(float));
+  pooler_->forward(mb.index, st.xc.data(), K, st.pooled.data());
+  for (int64_t i = 0; i < K * C; ++i) st.pooled[i] = std::tanh(st.pooled[i]);
+  nsp_->forward(mb.index, st.pooled.data(), K, st.nsp_logits.data());
+  softmax_cross_entropy_forward(st.nsp_logits.data(), st.nsp_loss.data(), st.nsp_labels.data(), K, 2);
+  double sum = 0;
+  for (int64_t k = 0; k < K; ++k) sum += st.nsp_loss[k];
+  return sum * mb.nsp_scale;
+}
+
+void HeadBlock::nsp_backward(const MicroBatch& mb, Tensor& dx_in, HeadState& st) {
+  const int64_t C = cfg_.hidden, K = st.K;
+  if (K == 0) return;
+  float *dA = d_a_.data(), *dB = d_b_.data();
+  softmax_cross_entropy_backward(st.nsp_logits.data(), st.nsp_labels.data(), K, 2, mb.nsp_scale);  // dlogits
+  nsp_->backward(mb.index, st.nsp_logits.data(), st.pooled.data(), K, dA);                      // dA = dpooled
+  for (int64_t i = 0; i < K * C; ++i) dA[i] *= 1.0f - st.pooled[i] * st.pooled[i];            // through tanh
+  pooler_->backward(mb.index, dA, st.xc.data(), K, dB);                                         // dB = dxc
+  for (int64_t k = 0; k < K; ++k) {
+    float* d = dx_in.data() + static_cast<int64_t>(st.nsp_rows[k]) * mb.seq * C;
+    for (int64_t c = 0; c < C; ++c) d[c] += dB[k * C + c];
+  }
 }
 
 void HeadBlock::backward(const MicroBatch& mb, const Tensor&, Tensor& dx_in, BlockState& bs) {
@@ -489,22 +557,25 @@ void HeadBlock::backward(const MicroBatch& mb, const Tensor&, Tensor& dx_in, Blo
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, V = cfg_.vocab, M = st.M;
   check_holds(dx_in, N * C, "head dx_in");
   std::memset(dx_in.data(), 0, N * C * sizeof(float));
-  if (M == 0) return;
-  float *dA = d_a_.data(), *dB = d_b_.data();
-  softmax_cross_entropy_backward(st.logits.data(), st.labels.data(), M, V, mb.loss_scale);  // dlogits
-  decoder_->backward(mb.index, st.logits.data(), st.h.data(), M, dA);                        // dA = dh
-  const float* dxs = dB;
-  if (bert_) {
-    ln_->backward(dB, dA, st.g.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dg
-    gelu_backward(dB, st.t.data(), dB, M * C, gelu_of(cfg_));                          // dB = dt
-    transform_->backward(mb.index, dB, st.xs.data(), M, dA);                       // dA = dxs
-    dxs = dA;
-  } else {
-    ln_->backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dxs
-  }
+  if (M > 0) {
+    float *dA = d_a_.data(), *dB = d_b_.data();
+    softmax_cross_entropy_backward(st.logits.data(), st.labels.data(), M, V, mb.loss_scale);  // dlogits
+    decoder_->backward(mb.index, st.logits.data(), st.h.data(), M, dA);                        // dA = dh
+    const float* dxs = dB;
+    if (bert_) {
+      ln_->backward(dB, dA, st.g.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dg
+      gelu_backward(dB, st.t.data(), dB, M * C, gelu_of(cfg_));                          // dB = dt
+      transform_->backward(mb.index, dB, st.xs.data(), M, dA);                       // dA = dxs
+      dxs = dA;
+    } else {
+      ln_->backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dxs
+    }
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(dx_in.data() + st.rows[m] * C, dxs + m * C, C * sizeof(float));
+    for (int64_t m = 0; m < M; ++m)
+      std::memcpy(dx_in.data() + st.rows[m] * C, dxs + m * C, C * sizeof(float));
+  }
+  // The NSP head's gradient adds into the [CLS] rows (after the masked-LM rows are copied in).
+  if (bert_ && cfg_.nsp) nsp_backward(mb, dx_in, st);
 }
 
 }  // namespace pf

@@ -99,6 +99,8 @@ class TransformerBlock : public ModelBlock {
   mutable Tensor d_a_, d_b_, d_c_, d_f_, d_qkv_, attn_scratch_;
 };
 
+struct HeadState;  // blocks.cpp
+
 class HeadBlock : public ModelBlock {
  public:
   // `tied_word`: the embedding's word matrix when it is in the same model, else null (the head
@@ -114,12 +116,17 @@ class HeadBlock : public ModelBlock {
   Param* mirror() { return mirror_.get(); }
 
  private:
+  double nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st);
+  void nsp_backward(const MicroBatch& mb, Tensor& dx_in, HeadState& st);
   ModelConfig cfg_;
   bool bert_;
   std::unique_ptr<Param> mirror_;
   std::unique_ptr<Linear> transform_;    // bert: cls.predictions.transform.dense
   std::unique_ptr<LayerNorm> ln_;        // bert: transform.LayerNorm; gpt: transformer.ln_f
   std::unique_ptr<Linear> decoder_;      // tied to the word embedding (+ cls.predictions.bias for bert)
+  // bert: bert.pooler.dense and cls.seq_relationship (BertForPreTraining's NSP head), trained with
+  // model.nsp (data.nsp); always present, so saved weights are BertForPreTraining's.
+  std::unique_ptr<Linear> pooler_, nsp_;
   mutable Tensor d_a_, d_b_;
 };
 

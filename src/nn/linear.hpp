@@ -48,6 +48,11 @@ class Linear {
   const Param* bias() const { return bias_; }
   bool owns_weight() const { return own_weight_ != nullptr; }
   void set_tap(LinearTap* tap) { tap_ = tap; }
+  // The layer feeds only a loss that is a mean over its own rows (BERT's NSP head: one row per
+  // sequence), not the head's loss_scale x sum: K-FAC then scales its B factor with s = 1/rows
+  // (kfac/kfac_layer.hpp's convention with the layer's own loss scale).
+  void set_row_mean_loss(bool on) { row_mean_loss_ = on; }
+  bool row_mean_loss() const { return row_mean_loss_; }
   LinearTap* tap() const { return tap_; }
 
  private:
@@ -56,6 +61,7 @@ class Linear {
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
   LinearTap* tap_ = nullptr;
+  bool row_mean_loss_ = false;
 };
 
 }  // namespace pf

@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/executor_parts.hpp"
+#include "train/trainer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -299,14 +300,14 @@ double Executor::evaluate(Batcher& valid) {
   MicroBatch mb;
   mb.resize(rows, cfg_.model.seq_len);
   double loss = 0;
-  int64_t positions = 0;
   static const Tensor none;
   static Tensor no_output;
+  const EvalScales scale = eval_scales(valid, cfg_.train.eval_batches, rows, mb);
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
     valid.fill(static_cast<int64_t>(b) * rows, rows, mb);  // the held-out sequences Trainer::evaluate uses
     mb.index = 0;
-    mb.loss_scale = 1.0f;
-    positions += mb.loss_positions();
+    mb.loss_scale = scale.loss;
+    mb.nsp_scale = scale.nsp;
     if (groups_.replica != 0) continue;
     // Pipeline 0's stages in order, through slot 0 of each chunk; blocking hand-offs.
     for (int st = 0; st < layout_.stages(); ++st) {
@@ -331,7 +332,7 @@ double Executor::evaluate(Batcher& valid) {
     }
   }
   comm::allreduce_sum({&loss, 1}, MPI_COMM_WORLD, "the validation loss");
-  return positions ? loss / static_cast<double>(positions) : 0.0;
+  return loss;
 }
 
 void Executor::load(const std::string& path) {

@@ -33,6 +33,8 @@
 #include "runtime/layout.hpp"
 #include "train/checkpointing.hpp"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -84,6 +86,9 @@ class Executor {
   // caller checks) and remakes the plan from the saved profile, never from new timings.
   std::vector<CheckpointFile> write_kfac_state(const std::string& step_dir) const;
   void load_kfac_state(const CheckpointReader& r);
+  // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp), as written to
+  // out_dir/kfac_profile.json; null before planning or without bubbles.
+  nlohmann::json plan_profile_json() const;
   // Collective: rank 0 writes the K-FAC refresh record (pipefisher.hpp) to `path`; no-op without K-FAC.
   void write_kfac_record(const std::string& path);
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.

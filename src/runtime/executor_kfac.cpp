@@ -2,11 +2,13 @@
 
 #include "comm/perf_model.hpp"
 #include "comm/small.hpp"
+#include "core/files.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "kfac/factor.hpp"
 #include "runtime/executor_parts.hpp"
 #include "runtime/pipefisher.hpp"
+#include "runtime/plan_record.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -19,12 +21,33 @@
 // (profiling, the plan, a drain), K-FAC actions, profiling and planning, drift, K-FAC checkpoints.
 namespace pf {
 
+namespace {
+// The K-FAC profile all-reduced before planning, one vector of doubles: [off[d], off[d+1]) the
+// durations of device d's actions; then per stage `per_stage` values: hosts, layers, PREC, per
+// layer (Lmax slots each) CURV_A, CURV_B, INV_A, INV_B, d_in, d_out, diagonal B, and last the
+// curvature sync; then the broadcast model (alpha, beta; W > 1).
+struct ProfileShape {
+  std::vector<size_t> off;
+  int Lmax = 1;
+  size_t per_stage = 0, size = 0;
+  explicit ProfileShape(const Layout& layout) : off(layout.devices + 1, 0) {
+    for (int d = 0; d < layout.devices; ++d) off[d + 1] = off[d] + layout.schedule.per_device[d].size();
+    // 6 per transformer block; the BERT head's transform, pooler and NSP classifier.
+    for (const BlockRange& r : layout.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 3);
+    per_stage = 4 + 7 * static_cast<size_t>(Lmax);
+    size = off[layout.devices] + layout.stages() * per_stage + 2;
+  }
+};
+}  // namespace
+
 Executor::~Executor() = default;
 
 void Executor::kfac_setup() {
   kfac_ = std::make_unique<KfacState>();
   KfacState& k = *kfac_;
   k.bubbles = cfg_.kfac.placement == "bubbles";
+  if (k.bubbles && !cfg_.kfac.plan_profile.empty())
+    k.recorded = read_plan_profile(cfg_, layout_, ProfileShape(layout_).size);
   const int N = layout_.micro_batches;
   for (auto& c : chunks_) {
     k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
@@ -137,7 +160,8 @@ void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, cons
   KfacState& k = *kfac_;
   if (!k.bubbles) return;
   if (!k.profiling(step)) {
-    if (k.replan_at < 0 && cfg_.kfac.replan_on_drift) {
+    // A recorded profile fixes the plan: no re-plan from this run's timings.
+    if (k.replan_at < 0 && cfg_.kfac.replan_on_drift && k.recorded.empty()) {
       double compute = 0;
       for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
         const Kind kd = list[i].kind;
@@ -252,23 +276,6 @@ std::pair<double, double> Executor::kfac_bcast_model() {
   return *k.bcast_model;
 }
 
-namespace {
-// The K-FAC profile all-reduced before planning, one vector of doubles: [off[d], off[d+1]) the
-// durations of device d's actions; then per stage `per_stage` values: hosts, layers, PREC, per
-// layer (Lmax slots each) CURV_A, CURV_B, INV_A, INV_B, d_in, d_out, diagonal B, and last the
-// curvature sync; then the broadcast model (alpha, beta; W > 1).
-struct ProfileShape {
-  std::vector<size_t> off;
-  int Lmax = 1;
-  size_t per_stage = 0, size = 0;
-  explicit ProfileShape(const Layout& layout) : off(layout.devices + 1, 0) {
-    for (int d = 0; d < layout.devices; ++d) off[d + 1] = off[d] + layout.schedule.per_device[d].size();
-    for (const BlockRange& r : layout.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 1);
-    per_stage = 4 + 7 * static_cast<size_t>(Lmax);
-    size = off[layout.devices] + layout.stages() * per_stage + 2;
-  }
-};
-}  // namespace
 
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
 // same numbers (the same bits) and gets the same plan.
@@ -305,18 +312,31 @@ void Executor::kfac_plan() {
       e[3 + 6 * Lmax + l] += k.chunk[c]->pre().layer(l).b().diagonal() ? 1.0 : 0.0;
     }
   }
-  if (W > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
-    const auto [alpha, beta] = kfac_bcast_model();
-    v[v.size() - 2] = alpha;
-    v[v.size() - 1] = beta;
+  if (!k.recorded.empty()) {
+    v = k.recorded;  // kfac.plan_profile: every rank plans from the same recorded numbers
+  } else {
+    if (W > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
+      const auto [alpha, beta] = kfac_bcast_model();
+      v[v.size() - 2] = alpha;
+      v[v.size() - 1] = beta;
+    }
+    comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
   }
-  comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
   // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
   // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
   k.plan_scale = 1.0;
   if (const char* e = std::getenv("PF_TEST_KFAC_COST_SCALE")) k.plan_scale = std::atof(e);
   k.plan_input = std::move(v);
   kfac_make_plan(false);
+  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
+    write_file_atomic(cfg_.train.out_dir + "/kfac_profile.json", plan_profile_json().dump(1) + "\n");
+}
+
+nlohmann::json Executor::plan_profile_json() const {
+  if (!kfac_ || !kfac_->plan) return nullptr;
+  return {{"format", "pipefisher-plan-profile"},
+          {"version", 1},
+          {"pipefisher_plan", plan_record(cfg_, layout_, kfac_->plan_input)}};
 }
 
 // The plan from k.plan_input (the same bits on every rank): made at the end of a profile, or
@@ -406,11 +426,13 @@ void Executor::kfac_make_plan(bool restoring) {
   if (groups_.rank == 0) {
     std::string r;
     for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
-    std::printf("pipefisher: planned from %d profiled steps (steps %lld-%lld): refresh every %s steps (per device), %zu split "
+    const std::string from =
+        k.recorded.empty() ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, k.profile_start + 1, k.plan_start)
+                           : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile);
+    std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
                 "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
                 "units in bubbles)\n",
-                kProfileSteps, static_cast<long long>(k.profile_start) + 1, static_cast<long long>(k.plan_start),
-                r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
+                from.c_str(), r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
                 p.base_step_time);
     if (!p.placements.empty()) {  // W > 1: SPD-KFAC's Algorithm 1 over the replicas (all stages)
       int ct = 0, pieces = 0;

@@ -48,6 +48,7 @@ struct Executor::KfacState {
   std::vector<int> lowered_index;                 // [inline_list index] -> actions_ index, -1 for PREC
   std::unique_ptr<KfacPlan> plan;
   std::vector<double> plan_input;                 // the all-reduced profile the plan was made from
+  std::vector<double> recorded;                   // kfac.plan_profile's input; empty = plan from timings
   double plan_scale = 1.0;                        // PF_TEST_KFAC_COST_SCALE at planning
   std::vector<double> dur_sum;                    // [actions_ index] profiled ms
   int dur_samples = 0;

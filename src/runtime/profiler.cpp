@@ -135,7 +135,7 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   raw_.push_back(std::move(per_rank));
 }
 
-void Profiler::finish() {
+void Profiler::finish(const nlohmann::json& plan) {
   if (!enabled() || groups_.rank != 0 || measured_.empty()) return;
   const int S = layout_.stages(), D = layout_.devices;
   std::vector<std::vector<double>> f(S), b(S), i_(S), w(S), opt(S), ar(S);
@@ -245,6 +245,7 @@ void Profiler::finish() {
               {"comm_wait", wait}, {"p2p_samples", p2p.size()},
               {"predicted_step_time", predicted.step_time},
               {"predicted_utilization", predicted.utilization}}}};
+  if (plan.is_object()) j["pipefisher_plan"] = plan.at("pipefisher_plan");
   write_file_atomic(opt_.dir + "/profile.json", j.dump(1) + "\n", "--profile-dir");
   std::string u;
   for (double x : util) u += fmt::format("{}{:.0f}%", u.empty() ? "" : " ", 100 * x);

@@ -17,7 +17,8 @@
 //                              a send's start to the end of a receive that was already waiting),
 //                              the all-reduce wait as alpha; plus a "measured" object: step time,
 //                              utilization and communication wait per rank, and the step time the
-//                              simulator predicts from this very profile.
+//                              simulator predicts from this very profile; with PipeFisher, the
+//                              "pipefisher_plan" its plan was made from (runtime/plan_record.hpp).
 // `pipefisher plan --profile DIR/profile.json` then predicts any schedule from measured costs.
 // Steps are numbered from 1 as the log prints them.
 #include "comm/clock.hpp"
@@ -25,6 +26,8 @@
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
 #include "sim/sim.hpp"
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <set>
 #include <string>
@@ -55,8 +58,10 @@ class Profiler {
   void record(int64_t step, const std::vector<ActionTime>& times);
   // The same for a step whose action list is not the lowered schedule (K-FAC units inserted).
   void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions);
-  // Rank 0: writes profile.json and prints one summary line. Call after the last step.
-  void finish();
+  // Rank 0: writes profile.json and prints one summary line. Call after the last step. plan: the
+  // PipeFisher plan's profile (Executor::plan_profile_json), carried into profile.json so that
+  // kfac.plan_profile can name it; null for none.
+  void finish(const nlohmann::json& plan);
 
  private:
   MeasuredStep assemble(int64_t step, const std::vector<std::string>& per_rank) const;

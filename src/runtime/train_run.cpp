@@ -205,7 +205,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
 
   std::unique_ptr<Model> model = exec.gather_model();
   if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
-  profiler.finish();
+  profiler.finish(exec.plan_profile_json());
   if (root) {
     std::vector<const Param*> params;
     for (Param* q : model->params()) params.push_back(q);

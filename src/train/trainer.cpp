@@ -10,14 +10,26 @@ namespace pf {
 
 void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>& mbs) {
   const int64_t global = static_cast<int64_t>(mbs.size()) * rows;
-  int64_t positions = 0;
+  int64_t positions = 0, pairs = 0;
   for (size_t j = 0; j < mbs.size(); ++j) {
     batcher.fill(step * global + static_cast<int64_t>(j) * rows, rows, mbs[j]);
     mbs[j].index = static_cast<int>(j);
     positions += mbs[j].loss_positions();
+    pairs += mbs[j].nsp_sequences();
   }
   const float scale = positions > 0 ? 1.0f / static_cast<float>(positions) : 0.0f;
-  for (MicroBatch& mb : mbs) mb.loss_scale = scale;
+  const float nsp_scale = pairs > 0 ? 1.0f / static_cast<float>(pairs) : 0.0f;
+  for (MicroBatch& mb : mbs) mb.loss_scale = scale, mb.nsp_scale = nsp_scale;
+}
+
+EvalScales eval_scales(Batcher& valid, int batches, int rows, MicroBatch& mb) {
+  int64_t positions = 0, pairs = 0;
+  for (int b = 0; b < batches; ++b) {
+    valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
+    positions += mb.loss_positions();
+    pairs += mb.nsp_sequences();
+  }
+  return {positions > 0 ? 1.0f / static_cast<float>(positions) : 0.0f, pairs > 0 ? 1.0f / static_cast<float>(pairs) : 0.0f};
 }
 
 LrSchedule make_run_lr_schedule(const Config& cfg) {
@@ -107,21 +119,20 @@ void Trainer::kfac_step(StepStats& s) {
 double Trainer::evaluate() {
   // Held-out sequences 0 .. eval_batches*mbs - 1: the same ones at every evaluation.
   if (kfac_) kfac_->detach();  // evaluation is no curvature (a step that threw may have left taps)
-  std::vector<MicroBatch>& mbs = mbs_;
+  MicroBatch& mb = mbs_[0];
   double loss = 0;
-  int64_t positions = 0;
   const int rows = cfg_.parallel.micro_batch_size;
+  const EvalScales scale = eval_scales(*valid_data_, cfg_.train.eval_batches, rows, mb);
   model_->set_training(false);
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
-    MicroBatch& mb = mbs[0];
     valid_data_->fill(static_cast<int64_t>(b) * rows, rows, mb);
     mb.index = 0;
-    mb.loss_scale = 1.0f;
+    mb.loss_scale = scale.loss;
+    mb.nsp_scale = scale.nsp;
     loss += model_->forward(mb, no_input_, no_output_, state_);
-    positions += mb.loss_positions();
   }
   model_->set_training(true);
-  return positions ? loss / static_cast<double>(positions) : 0.0;
+  return loss;
 }
 
 }  // namespace pf

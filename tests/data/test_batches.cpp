@@ -2,9 +2,12 @@
 // independence from how sequences are cut into micro-batches.
 #include "core/error.hpp"
 #include "data/batches.hpp"
+#include "../support/scratch.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <set>
 
@@ -254,4 +257,131 @@ TEST(Batches, MakeBatcherFromConfig) {
 }
 
 }  // namespace
+}  // namespace pf
+
+namespace pf {
+namespace {
+
+// A corpus of `docs` documents of 1..6 sentences of 2..24 tokens, each ending in '.' (1012);
+// every fifth document has a single sentence. Returns the tokens, the document index, and how
+// many sentences sit in one-sentence documents (they cannot give a true next sentence).
+struct DocCorpus {
+  std::vector<uint16_t> tokens;
+  std::vector<int64_t> starts;
+  int64_t sentences = 0, lonely = 0;
+};
+DocCorpus doc_corpus(int docs) {
+  DocCorpus c;
+  uint64_t x = 12345;
+  auto rnd = [&](int n) { return static_cast<int>((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % n; };
+  for (int d = 0; d < docs; ++d) {
+    c.starts.push_back(static_cast<int64_t>(c.tokens.size()));
+    const int sentences = d % 5 == 0 ? 1 : 1 + rnd(6);
+    c.sentences += sentences;
+    c.lonely += sentences == 1;
+    for (int s = 0; s < sentences; ++s) {
+      const int len = 2 + rnd(23);
+      for (int k = 0; k + 1 < len; ++k) c.tokens.push_back(static_cast<uint16_t>(2000 + rnd(20000)));
+      c.tokens.push_back(1012);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+// NVIDIA's / Google's pairs: about half the pairs are true next sentences (B follows A in its
+// document), the others pair A with text of another document. Over one epoch every sentence
+// starts A once; those in one-sentence documents always get a random B, the rest a fair coin:
+// the count of true pairs is Binomial(sentences - lonely, 1/2), checked within 4 sigma.
+TEST(BertNspBatches, HalfThePairsAreTrueNextSentences) {
+  const DocCorpus c = doc_corpus(400);
+  BertNspBatcher b(c.tokens, c.starts, 48, true, 7, 0.15f, kBertVocab, "corpus");
+  ASSERT_EQ(b.sentences(), c.sentences);
+  ASSERT_EQ(b.documents(), 400);
+  const int body = 48 - 3;
+  int64_t next = 0;
+  for (int64_t i = 0; i < c.sentences; ++i) {
+    const BertNspBatcher::Pair p = b.pair(i);
+    ASSERT_GE(p.a_hi - p.a_lo, 1);
+    ASSERT_GE(p.b_hi - p.b_lo, 1);
+    ASSERT_LE((p.a_hi - p.a_lo) + (p.b_hi - p.b_lo), body);
+    const int64_t da = b.document_of(p.a_lo), db = b.document_of(p.b_lo);
+    EXPECT_EQ(da, b.document_of(p.a_hi - 1));  // each segment within one document
+    EXPECT_EQ(db, b.document_of(p.b_hi - 1));
+    if (p.next) {
+      ++next;
+      EXPECT_EQ(da, db) << i;
+      EXPECT_GE(p.b_lo, p.a_hi) << i;  // B after A (the seam may lose tokens to truncation)
+    } else {
+      EXPECT_NE(da, db) << i;
+    }
+  }
+  const double n = static_cast<double>(c.sentences - c.lonely);
+  EXPECT_NEAR(static_cast<double>(next), n / 2, 4 * std::sqrt(n / 4)) << next << " of " << n;
+  EXPECT_GT(n, 1000);
+}
+
+// The rows: [CLS] A [SEP] B [SEP] [PAD]..., token types 0 then 1, attention off on padding,
+// labels where masked (the original ids), NSP labels 0 = next, 1 = random; deterministic per
+// sequence, whatever the micro-batch cut.
+TEST(BertNspBatches, RowsAreClsASepBSepAndSplitInvariant) {
+  const DocCorpus c = doc_corpus(60);
+  BertNspBatcher b(c.tokens, c.starts, 40, true, 3, 0.15f, kBertVocab, "corpus");
+  MicroBatch mb;
+  b.fill(10, 16, mb);
+  int masked = 0, text = 0;
+  for (int r = 0; r < 16; ++r) {
+    const BertNspBatcher::Pair p = b.pair(10 + r);
+    EXPECT_EQ(mb.nsp_labels[r], p.next ? 0 : 1);
+    std::vector<int32_t> want{kBertVocab.cls}, types{0};
+    for (int64_t t = p.a_lo; t < p.a_hi; ++t) want.push_back(c.tokens[t]), types.push_back(0);
+    want.push_back(kBertVocab.sep), types.push_back(0);
+    for (int64_t t = p.b_lo; t < p.b_hi; ++t) want.push_back(c.tokens[t]), types.push_back(1);
+    want.push_back(kBertVocab.sep), types.push_back(1);
+    for (int k = 0; k < 40; ++k) {
+      const size_t i = static_cast<size_t>(r) * 40 + k;
+      const bool real = k < static_cast<int>(want.size());
+      EXPECT_EQ(mb.attn_mask[i], real ? 1 : 0);
+      EXPECT_EQ(mb.token_types[i], real ? types[k] : 0);
+      const int32_t original = mb.labels[i] >= 0 ? mb.labels[i] : mb.tokens[i];
+      EXPECT_EQ(original, real ? want[k] : kBertVocab.pad) << r << " " << k;
+      masked += mb.labels[i] >= 0;
+      if (mb.labels[i] >= 0) EXPECT_TRUE(real && want[k] != kBertVocab.cls && want[k] != kBertVocab.sep);
+    }
+    text += static_cast<int>(want.size()) - 3;
+  }
+  EXPECT_NEAR(masked, 0.15 * text, 16);  // round(0.15 x text tokens) per row
+  expect_split_invariant(b, 3, 5, 7);
+  MicroBatch again;
+  b.fill(10, 16, again);
+  EXPECT_EQ(again.nsp_labels, mb.nsp_labels);
+}
+
+TEST(BertNspBatches, ReadsTheDocumentIndexBesideTheTokenFile) {
+  ModelConfig m;
+  m.seq_len = 32;
+  DataConfig d;
+  d.nsp = true;
+  d.train_file = PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin";
+  d.valid_file = d.train_file;
+  auto b = make_batcher(m, d, false);
+  auto* nsp = dynamic_cast<BertNspBatcher*>(b.get());
+  ASSERT_NE(nsp, nullptr);
+  EXPECT_GT(nsp->documents(), 100);
+  MicroBatch mb;
+  b->fill(0, 8, mb);
+  EXPECT_GT(mb.nsp_sequences(), 0);
+  const std::filesystem::path alone = pf_test::scratch_dir("batches") / "alone.bin";  // no .docs beside it
+  std::filesystem::copy_file(d.train_file, alone, std::filesystem::copy_options::overwrite_existing);
+  d.train_file = alone.string();
+  try {
+    make_batcher(m, d, false);
+    FAIL() << "no document index accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.train_file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("alone.docs"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace pf

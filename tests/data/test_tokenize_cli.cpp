@@ -49,6 +49,34 @@ TEST_F(TokenizeCli, WritesTokenFile) {
   std::filesystem::remove(out);
 }
 
+// --docs: where each document (text between blank lines) starts, independently: the documents
+// encoded one by one, their lengths summed. The committed sample's index is this file.
+TEST_F(TokenizeCli, WritesTheDocumentIndex) {
+  const std::string in = test::source_dir() + "/data/sample/moby-dick-1-20.txt";
+  const std::string base = ::testing::TempDir() + "/pf_cli_docs_" + std::to_string(::getpid());
+  CliResult r = run("--vocab bert --vocab-dir " + test::vocab_dir() + " --in " + in + " --out " + base + ".bin --docs " +
+                    base + ".docs");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string text = test::slurp(in);
+  auto ids = read_token_file(base + ".bin", bert().vocab_size());
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), bert().encode(text));
+  std::vector<int64_t> want;
+  int64_t at = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t blank = text.find("\n\n", pos);
+    const size_t end = blank == std::string::npos ? text.size() : blank + 2;
+    const int64_t n = static_cast<int64_t>(bert().encode(text.substr(pos, end - pos)).size());
+    if (n > 0) want.push_back(at);
+    at += n;
+    pos = end;
+  }
+  EXPECT_EQ(read_doc_index(base + ".docs", at, "test"), want);
+  EXPECT_EQ(read_doc_index(test::source_dir() + "/data/sample/moby-dick-1-20.bert.docs", at, "test"), want);
+  EXPECT_GT(want.size(), 100u);
+  std::filesystem::remove(base + ".bin");
+  std::filesystem::remove(base + ".docs");
+}
+
 TEST_F(TokenizeCli, BadArgumentsExitWithStatus2) {
   const std::string dir = " --vocab-dir " + test::vocab_dir();
   CliResult no_out = run("--vocab bert" + dir + " --in x.txt");

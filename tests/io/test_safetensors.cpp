@@ -1,4 +1,5 @@
 #include "io/safetensors.hpp"
+#include "nn/model.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include <unistd.h>
 
@@ -365,4 +367,41 @@ TEST_F(Safetensors, MutatedHeadersAreAcceptedConsistentlyOrRefusedAsUsageErrors)
     }
   }
   EXPECT_GT(accepted, 0);  // some mutations only touch padding or digits of equal meaning
+}
+
+// A saved BERT is Hugging Face's BertForPreTraining: the masked-LM model's tensors plus the pooler
+// and the next-sentence head (with or without data.nsp), and another model loads it back by
+// those names, tensor for tensor.
+TEST_F(Safetensors, BertWeightsAreBertForPreTrainingsAndLoadByName) {
+  for (bool nsp : {false, true}) {
+    ModelConfig c;
+    c.layers = 2;
+    c.hidden = 16;
+    c.heads = 2;
+    c.ffn = 32;
+    c.seq_len = 8;
+    c.max_position = 16;
+    c.vocab = 50;
+    c.nsp = nsp;
+    auto m = build_model(c, 0, num_blocks(c) - 1);
+    m->init(5);
+    std::vector<const Param*> params;
+    for (Param* p : m->params()) params.push_back(p);
+    save_safetensors(file("bert.safetensors"), params);
+    SafetensorsReader r(file("bert.safetensors"));
+    std::map<std::string, Shape> shapes;
+    for (const auto& e : r.tensors()) shapes[e.name] = e.shape;
+    // embeddings 5, 16 per layer, the MLM head 5 (transform dense + LayerNorm, decoder bias), the
+    // pooler 2 and the NSP head 2; the decoder weight is the tied word embedding.
+    EXPECT_EQ(shapes.size(), 5u + 16u * 2 + 5 + 2 + 2);
+    EXPECT_EQ(shapes["bert.pooler.dense.weight"], (Shape{16, 16}));
+    EXPECT_EQ(shapes["bert.pooler.dense.bias"], (Shape{16}));
+    EXPECT_EQ(shapes["cls.seq_relationship.weight"], (Shape{2, 16}));
+    EXPECT_EQ(shapes["cls.seq_relationship.bias"], (Shape{2}));
+    EXPECT_EQ(shapes.count("cls.predictions.decoder.weight"), 0u);
+    auto other = build_model(c, 0, num_blocks(c) - 1);
+    other->init(6);
+    load_safetensors(file("bert.safetensors"), other->params());
+    for (Param* p : other->params()) EXPECT_TRUE(same_bits(p->value, m->find_param(p->name)->value)) << p->name;
+  }
 }

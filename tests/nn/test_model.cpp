@@ -268,3 +268,89 @@ TEST(Model, RefusesTokensOutsideTheVocabulary) {
   Tensor none;
   EXPECT_THROW(m->forward(mb, none, none, st), std::logic_error);
 }
+
+namespace {
+// BERT with next-sentence prediction on: both sequences labelled (one "next", one "random").
+MicroBatch nsp_batch(const ModelConfig& c) {
+  MicroBatch mb = tiny_batch(c);
+  mb.loss_scale = 0.25f;
+  mb.nsp_labels = {0, 1};
+  mb.nsp_scale = 0.5f;
+  return mb;
+}
+}  // namespace
+
+// The pooler and the NSP classifier (and, through the [CLS] rows, everything below them) against
+// finite differences of the whole model's loss.
+TEST(Model, BertNspHeadGradientsMatchFiniteDifferences) {
+  ModelConfig c = tiny_config("bert");
+  c.nsp = true;
+  auto m = full_model(c);
+  MicroBatch mb = nsp_batch(c);
+  ModelState st = m->make_state(mb.rows, mb.seq);
+  Tensor none;
+  auto loss = [&] { return double(m->forward(mb, none, none, st)); };
+  loss();
+  m->backward(mb, none, none, st);
+  for (const char* n : {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
+                        "cls.seq_relationship.bias"}) {
+    Param* p = m->find_param(n);
+    ASSERT_NE(p, nullptr) << n;
+    double g = 0;
+    for (float v : p->grad.span()) g += std::fabs(v);
+    EXPECT_GT(g, 1e-3) << n;  // the NSP loss reaches it
+  }
+  for (Param* p : m->params())
+    check_grad(p->name, p->value.data(), p->grad.data(), p->value.numel(), loss, {.floor = 3e-4, .samples = 12});
+}
+
+// The NSP part of the loss, computed independently in double from the encoder's [CLS] outputs
+// and the head's weights: nsp_scale x sum of -log softmax(W_s tanh(W_p x + b_p) + b_s)[label].
+// Without data.nsp the same model (same seed: the same weights) gives the masked-LM loss alone.
+TEST(Model, BertNspLossIsMaskedLmPlusPairClassification) {
+  ModelConfig c = tiny_config("bert");
+  c.nsp = true;
+  auto m = full_model(c);
+  ModelConfig plain_cfg = c;
+  plain_cfg.nsp = false;
+  auto plain = full_model(plain_cfg);
+  auto encoder = build_model(c, 0, c.layers);  // embedding + blocks: the head's input
+  encoder->init(17);
+  MicroBatch mb = nsp_batch(c);
+  Tensor none, x({int64_t(mb.rows) * mb.seq, c.hidden}), unused;
+  ModelState st = m->make_state(mb.rows, mb.seq), sp = plain->make_state(mb.rows, mb.seq),
+             se = encoder->make_state(mb.rows, mb.seq);
+  const double total = m->forward(mb, none, unused, st), mlm = plain->forward(mb, none, unused, sp);
+  encoder->forward(mb, none, x, se);
+  const int64_t C = c.hidden;
+  const Tensor &wp = m->find_param("bert.pooler.dense.weight")->value, &bp = m->find_param("bert.pooler.dense.bias")->value;
+  const Tensor &ws = m->find_param("cls.seq_relationship.weight")->value,
+               &bs = m->find_param("cls.seq_relationship.bias")->value;
+  double nsp = 0;
+  for (int r = 0; r < mb.rows; ++r) {
+    const float* xc = x.data() + int64_t(r) * mb.seq * C;
+    std::vector<double> pooled(C);
+    for (int64_t o = 0; o < C; ++o) {
+      double s = bp[o];
+      for (int64_t i = 0; i < C; ++i) s += double(wp[o * C + i]) * xc[i];
+      pooled[o] = std::tanh(s);
+    }
+    double z[2];
+    for (int k = 0; k < 2; ++k) {
+      z[k] = bs[k];
+      for (int64_t i = 0; i < C; ++i) z[k] += double(ws[k * C + i]) * pooled[i];
+    }
+    const double lse = std::max(z[0], z[1]) + std::log(std::exp(z[0] - std::max(z[0], z[1])) + std::exp(z[1] - std::max(z[0], z[1])));
+    nsp += lse - z[mb.nsp_labels[r]];
+  }
+  nsp *= mb.nsp_scale;
+  EXPECT_GT(nsp, 0.1);
+  EXPECT_NEAR(total, mlm + nsp, 1e-5 * (std::fabs(total) + 1));
+  // Without data.nsp the head still has (and saves) the pooler and NSP classifier, not for K-FAC,
+  // and without weight decay (nothing trains them).
+  EXPECT_NE(plain->find_param("cls.seq_relationship.weight"), nullptr);
+  EXPECT_FALSE(plain->find_param("bert.pooler.dense.weight")->decay);
+  EXPECT_TRUE(m->find_param("bert.pooler.dense.weight")->decay);
+  EXPECT_EQ(plain->linears().size() + 2, m->linears().size());
+  EXPECT_EQ(m->linears().back()->name(), "cls.seq_relationship.weight");
+}

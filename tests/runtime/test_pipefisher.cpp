@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -387,3 +388,116 @@ TEST(PipeFisherRuntime, BubblesWithChimeraAndReplicasEqualSingleProcessWithSameP
 }
 
 }  // namespace
+
+namespace {
+
+std::vector<double> losses(const fs::path& log) {
+  std::vector<double> out;
+  std::ifstream f(log);
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+// The plan's line from "refresh every" to its end: refresh periods, splits, predicted times.
+std::string plan_line(const std::string& out) {
+  const size_t at = out.find("pipefisher: planned from");
+  if (at == std::string::npos) return "";
+  const size_t from = out.find("refresh every", at);
+  return out.substr(from, out.find('\n', from) - from);
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+}  // namespace
+
+// kfac.plan_profile: a run plans from the profile another run recorded (out_dir/kfac_profile.json)
+// instead of its own timings, so two runs refresh the same way and give the same losses and
+// weights bit for bit (deterministic mode, the same layout and threads). The test hook scales
+// K-FAC's costs 2x in every run so that the plan refreshes over several steps and splits some
+// inversions (a plan from timings would then vary with the machine's load).
+TEST(PipeFisherRuntime, PlanProfileGivesTheSameLossesOnEveryRun) {
+  const std::string sets = "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=bubbles "
+                           "--set train.steps=10";
+  const std::string scale = "PF_TEST_KFAC_COST_SCALE=2";
+  Launched rec = launch(2, "pp_record", sets + " --profile-dir " + (dir() / "pp_profile").string() + " --profile-steps 4",
+                        scale);
+  ASSERT_EQ(rec.status, 0) << rec.out;
+  const fs::path profile = dir() / "pp_record" / "kfac_profile.json";
+  ASSERT_TRUE(fs::exists(profile)) << rec.out;
+  const nlohmann::json recorded = read_json(profile);
+  // --profile-dir's profile.json carries the same record (either file can be named).
+  EXPECT_EQ(read_json(dir() / "pp_profile" / "profile.json")["pipefisher_plan"], recorded["pipefisher_plan"]);
+  const std::string with = sets + " --set kfac.plan_profile=" + profile.string();
+  Launched a = launch(2, "pp_a", with, scale);
+  Launched b = launch(2, "pp_b", with, scale);
+  ASSERT_EQ(a.status, 0) << a.out;
+  ASSERT_EQ(b.status, 0) << b.out;
+  for (const Launched* r : {&a, &b}) {
+    EXPECT_NE(r->out.find("pipefisher: planned from kfac.plan_profile = " + profile.string()), std::string::npos) << r->out;
+    EXPECT_EQ(plan_line(r->out), plan_line(rec.out)) << r->out;  // the recording run's plan, from its numbers
+  }
+  EXPECT_EQ(read_json(dir() / "pp_a" / "kfac_profile.json")["pipefisher_plan"], recorded["pipefisher_plan"]);
+  // The same refresh pattern, with inverses used after the step that built them (a plan, not inline).
+  const nlohmann::json ra = read_json(dir() / "pp_a" / "kfac_refresh.json");
+  EXPECT_EQ(ra, read_json(dir() / "pp_b" / "kfac_refresh.json"));
+  int stale = 0;
+  for (const auto& e : ra["events"]) stale += e["use_step"].get<int64_t>() > e["curv_step"].get<int64_t>();
+  EXPECT_GT(stale, 0) << ra.dump(1);
+  // The same losses and weights, bit for bit.
+  const std::vector<double> la = losses(dir() / "pp_a" / "log.jsonl");
+  ASSERT_EQ(la.size(), 10u);
+  EXPECT_EQ(la, losses(dir() / "pp_b" / "log.jsonl"));
+  const auto wa = saved_weights(dir() / "pp_a.safetensors");
+  EXPECT_GT(wa.size(), 20u);
+  EXPECT_TRUE(wa == saved_weights(dir() / "pp_b.safetensors"));
+}
+
+// A missing, malformed or foreign recorded profile exits 2 naming kfac.plan_profile before any
+// output is written.
+TEST(PipeFisherRuntime, BadPlanProfileIsRefusedNamingTheKey) {
+  const std::string sets = "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=bubbles "
+                           "--set train.steps=3";
+  const fs::path garbage = dir() / "garbage.json", other = dir() / "no_plan.json", gpipe = dir() / "gpipe_plan.json";
+  std::ofstream(garbage) << "not json";
+  std::ofstream(other) << R"({"format": "pipefisher-profile"})";
+  Launched rec = launch(2, "pp_gpipe", "--set parallel.stages=2 --set parallel.schedule=gpipe "
+                                       "--set kfac.placement=bubbles --set train.steps=3");
+  ASSERT_EQ(rec.status, 0) << rec.out;
+  fs::copy_file(dir() / "pp_gpipe" / "kfac_profile.json", gpipe, fs::copy_options::overwrite_existing);
+  struct Case {
+    std::string name, sets, says;
+  };
+  for (const Case& c : {Case{"pp_missing", sets + " --set kfac.plan_profile=" + (dir() / "absent.json").string(), "no such file"},
+                        Case{"pp_garbage", sets + " --set kfac.plan_profile=" + garbage.string(), "is not JSON"},
+                        Case{"pp_no_plan", sets + " --set kfac.plan_profile=" + other.string(), "no \"pipefisher_plan\""},
+                        Case{"pp_foreign", sets + " --set kfac.plan_profile=" + gpipe.string(), "was recorded for"},
+                        Case{"pp_inline", sets + " --set kfac.placement=inline --set kfac.plan_profile=" + gpipe.string(),
+                             "only applies with"}}) {
+    fs::remove_all(dir() / c.name);
+    Launched r = launch(2, c.name, c.sets);
+    EXPECT_EQ(r.status, 2) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find("kfac.plan_profile: "), std::string::npos) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.name << ": " << r.out;
+    EXPECT_FALSE(fs::exists(dir() / c.name / "log.jsonl")) << c.name;
+  }
+}
+
+// BERT's full pretraining loss: K-FAC preconditions the pooler and the NSP classifier too (their
+// B factor with the NSP loss's own scale, 1/sequences), on the last stage, inline and in the bubbles.
+TEST(PipeFisherRuntime, NextSentencePredictionHeadIsPreconditionedOnTheLastStage) {
+  Launched r = launch(2, "nsp_inline", "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=inline "
+                                       "--set data.nsp=true");
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_close(saved_weights(dir() / "nsp_inline.safetensors"),
+               trainer_weights(load_config({"kfac.placement=inline", "data.nsp=true"})), "nsp_inline");
+  expect_bubbles_match("nsp_bubbles", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b --set data.nsp=true",
+                       {"data.nsp=true"});
+  const nlohmann::json rec = read_json(dir() / "nsp_bubbles" / "kfac_refresh.json");
+  std::set<std::string> layers;
+  for (const auto& e : rec["events"]) layers.insert(e["layer"].get<std::string>());
+  EXPECT_TRUE(layers.count("bert.pooler.dense.weight")) << rec.dump(1);
+  EXPECT_TRUE(layers.count("cls.seq_relationship.weight")) << rec.dump(1);
+}

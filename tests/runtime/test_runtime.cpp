@@ -73,14 +73,16 @@ std::map<std::string, std::vector<float>> weights(const std::string& name) {
   return pf_test::read_weights(work_dir() / (name + ".safetensors"));
 }
 
-// The single-process run of the same global batch (4 micro-batches of 2 sequences), once.
-const std::string& reference() {
-  static const std::string name = [] {
-    Launch r = run(kEnv + train_args("reference", ""));
-    EXPECT_EQ(r.status, 0) << r.out;
-    return std::string("reference");
-  }();
-  return name;
+// The single-process run of the same global batch (4 micro-batches of 2 sequences) with the
+// configuration overrides `sets`, once per `sets`.
+const std::string& reference(const std::string& sets = "") {
+  static std::map<std::string, std::string> made;
+  auto it = made.find(sets);
+  if (it != made.end()) return it->second;
+  const std::string name = "reference" + std::to_string(made.size());
+  Launch r = run(kEnv + train_args(name, sets));
+  EXPECT_EQ(r.status, 0) << r.out;
+  return made.emplace(sets, name).first->second;
 }
 
 // Weights: the same arithmetic in a different summation order (gradients accumulated per stage
@@ -90,9 +92,11 @@ const std::string& reference() {
 // micro-batch, missing gradient or skipped update moves weights by ~lr = 1e-2.
 constexpr double kWeightTol = 1e-6;
 
-void expect_same_as_reference(const std::string& name, int ranks, const std::string& sets) {
-  const std::string& ref = reference();
-  Launch r = run(kEnv + kPfrun + " -np " + std::to_string(ranks) + " " + train_args(name, sets));
+// model_sets: configuration overrides of both runs (the reference's too).
+void expect_same_as_reference(const std::string& name, int ranks, const std::string& sets,
+                              const std::string& model_sets = "") {
+  const std::string& ref = reference(model_sets);
+  Launch r = run(kEnv + kPfrun + " -np " + std::to_string(ranks) + " " + train_args(name, sets + " " + model_sets));
   ASSERT_EQ(r.status, 0) << r.out;
   std::vector<double> a = losses(ref), b = losses(name);
   ASSERT_EQ(a.size(), 3u);
@@ -142,6 +146,15 @@ TEST(RuntimeEquivalence, Chimera_D2_DataParallel2) {
   expect_same_as_reference("chimera_2x2", 4,
                            "--set parallel.stages=2 --set parallel.schedule=chimera --set parallel.data_parallel=2 "
                            "--set parallel.micro_batches=2");
+}
+// BERT's full pretraining loss (MLM + next-sentence prediction): the pooler and the NSP head on
+// the last stage, their [CLS] gradient sent back with the rest.
+TEST(RuntimeEquivalence, NextSentencePrediction_2x2_And_Chimera) {
+  expect_same_as_reference("nsp_1f1b_2x2", 4,
+                           "--set parallel.stages=2 --set parallel.data_parallel=2 --set parallel.micro_batches=2",
+                           "--set data.nsp=true");
+  expect_same_as_reference("nsp_chimera_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=chimera",
+                           "--set data.nsp=true");
 }
 TEST(RuntimeEquivalence, ZeroBubbleH1_2x1) {
   expect_same_as_reference("zbh1_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1");
