@@ -14,8 +14,6 @@
 
 namespace pf {
 
-namespace {
-
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -27,6 +25,8 @@ std::string xml_escape(const std::string& s) {
   }
   return o;
 }
+
+namespace {
 
 // A "nice" tick spacing (1, 2 or 5 times a power of ten) giving about `target` ticks.
 double nice_step(double range, int target) {

@@ -28,6 +28,9 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt);
 std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit = 1000);
 std::string timeline_text(const Timeline& tl, int columns = 100);
 
+// Text for SVG/XML: & < > " escaped.
+std::string xml_escape(const std::string& s);
+
 // Writes `body` to `path` via a temporary file in the same directory and a rename; UsageError
 // naming `flag` if it cannot.
 void write_file_atomic(const std::string& path, const std::string& body, const std::string& flag);

@@ -1,0 +1,39 @@
+#pragma once
+// Training-loss curves of one or several runs, as the PipeFisher paper's Figure 7: loss vs steps
+// (left) and vs training time (right), each run's raw loss thin and its smoothed loss
+// (viz/smooth.hpp) thick, validation losses as dots, an optional target loss as a dashed line
+// with the point where each smoothed curve first reaches it marked (step and time).
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+struct LossCurve {
+  std::string name;
+  std::vector<double> step, time_s, loss;           // per logged step; time: cumulative training time
+  std::vector<double> valid_step, valid_time_s, valid_loss;
+  std::vector<double> smoothed;                     // filled by smooth_curves
+};
+
+// Fills every curve's `smoothed` with the paper's filter.
+void smooth_curves(std::vector<LossCurve>& curves);
+
+// Where a curve first reaches `target` (<=), linearly interpolated between the logged steps that
+// bracket it; nothing if it never does. values: the curve to test (e.g. the smoothed loss).
+struct Crossing {
+  double step = 0, time_s = 0;
+};
+std::optional<Crossing> first_crossing(const LossCurve& c, std::span<const double> values, double target);
+
+struct LossChartOptions {
+  std::string title;
+  std::optional<double> target;  // drawn, with each smoothed curve's crossing marked
+};
+std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChartOptions& opt);
+
+// Round tick values covering [lo, hi]: about `count` of them at 1, 2 or 5 x 10^k.
+std::vector<double> nice_ticks(double lo, double hi, int count);
+
+}  // namespace pf

@@ -1,0 +1,101 @@
+// The paper's loss smoothing (viz/smooth.hpp), checked by properties that do not need scipy: the
+// bilinear Butterworth's exact squared magnitude, unit DC gain, zero phase of filtfilt.
+#include "viz/smooth.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <complex>
+#include <numbers>
+#include <vector>
+
+namespace pf {
+namespace {
+
+constexpr double kPi = std::numbers::pi;
+
+// |H(e^{jw})|^2 of the bilinear-transformed Butterworth: 1 / (1 + (tan(w/2) / tan(wc/2))^(2N)),
+// w in radians per sample, wc = pi x cutoff.
+double designed_power(double w, int order, double cutoff) {
+  return 1.0 / (1.0 + std::pow(std::tan(w / 2) / std::tan(kPi * cutoff / 2), 2 * order));
+}
+
+// |H(e^{jw})|^2 evaluated from the coefficients.
+double power_of(const IirFilter& f, double w) {
+  std::complex<double> num = 0, den = 0;
+  for (size_t k = 0; k < f.b.size(); ++k) num += f.b[k] * std::polar(1.0, -w * static_cast<double>(k));
+  for (size_t k = 0; k < f.a.size(); ++k) den += f.a[k] * std::polar(1.0, -w * static_cast<double>(k));
+  return std::norm(num / den);
+}
+
+std::vector<double> sinusoid(int n, double cycles_per_sample, double amplitude, double offset = 0) {
+  std::vector<double> x(n);
+  for (int t = 0; t < n; ++t) x[t] = offset + amplitude * std::sin(2 * kPi * cycles_per_sample * t + 0.3);
+  return x;
+}
+
+TEST(Butterworth, CoefficientsHaveTheDesignedMagnitude) {
+  const IirFilter f = paper_loss_filter();
+  ASSERT_EQ(f.b.size(), 4u);
+  ASSERT_EQ(f.a.size(), 4u);
+  EXPECT_EQ(f.a[0], 1.0);
+  // The zeros at z = -1: b is proportional to 1, 3, 3, 1.
+  EXPECT_NEAR(f.b[1] / f.b[0], 3.0, 1e-12);
+  EXPECT_NEAR(f.b[2] / f.b[0], 3.0, 1e-12);
+  EXPECT_NEAR(f.b[3] / f.b[0], 1.0, 1e-12);
+  for (double w : {0.0, 0.01, 0.05 * kPi, 0.1, 0.3, 1.0, 2.5})
+    EXPECT_NEAR(power_of(f, w), designed_power(w, 3, 0.05), 1e-12) << w;
+  EXPECT_NEAR(power_of(f, 0.05 * kPi), 0.5, 1e-12);  // -3 dB at the cutoff
+  // Other orders and cutoffs follow the same formula.
+  for (int order : {1, 2, 5})
+    for (double c : {0.1, 0.4})
+      EXPECT_NEAR(power_of(butterworth_lowpass(order, c), 0.2), designed_power(0.2, order, c), 1e-10);
+}
+
+TEST(Filtfilt, ConstantPassesUnchanged) {
+  const std::vector<double> x(300, 7.25);
+  const std::vector<double> y = filtfilt(paper_loss_filter(), x);
+  ASSERT_EQ(y.size(), x.size());
+  for (double v : y) EXPECT_NEAR(v, 7.25, 1e-9);
+  // A short series too (the padding shrinks to fit).
+  for (double v : filtfilt(paper_loss_filter(), std::vector<double>(5, -1.5))) EXPECT_NEAR(v, -1.5, 1e-9);
+}
+
+// Away from the ends (the initial transient), filtfilt of a sinusoid is the same sinusoid times
+// |H|^2: attenuated by the designed power gain and not shifted (zero phase), so y = g x sample by
+// sample. Frequencies in cycles per sample; the cutoff is 0.025 (0.05 of Nyquist).
+TEST(Filtfilt, SinusoidsAreScaledByTheDesignedGainWithoutPhaseShift) {
+  const IirFilter f = paper_loss_filter();
+  for (double freq : {0.005, 0.025, 0.04, 0.1, 0.3}) {
+    const int n = 4000;
+    const std::vector<double> x = sinusoid(n, freq, 1.0, 3.0);
+    const std::vector<double> y = filtfilt(f, x);
+    const double g = designed_power(2 * kPi * freq, 3, 0.05);
+    double worst = 0;
+    for (int t = 1000; t < n - 1000; ++t) worst = std::max(worst, std::fabs((y[t] - 3.0) - g * (x[t] - 3.0)));
+    EXPECT_LT(worst, 1e-6) << "frequency " << freq << ", gain " << g;
+  }
+  EXPECT_LT(designed_power(2 * kPi * 0.1, 3, 0.05), 1e-3);  // "far above cutoff" is strongly attenuated
+}
+
+// A step (a loss that drops at step 500): forward-only filtering delays it, filtfilt keeps it
+// centred (the smoothed curve crosses the midpoint where the raw one drops).
+TEST(Filtfilt, ZeroPhaseKeepsAStepInPlace) {
+  std::vector<double> x(1000);
+  for (int t = 0; t < 1000; ++t) x[t] = t < 500 ? 8.0 : 6.0;
+  const std::vector<double> y = filtfilt(paper_loss_filter(), x);
+  EXPECT_NEAR(y[499] + y[500], 14.0, 0.05);  // symmetric about the drop
+  EXPECT_GT(y[480], 7.5);
+  EXPECT_LT(y[520], 6.5);
+  // The one-way filter (from the old level's steady state) crosses the midpoint several samples late.
+  std::vector<double> warm(x.size() + 2000, 8.0);
+  std::copy(x.begin(), x.end(), warm.begin() + 2000);
+  const std::vector<double> fwd = lfilter(paper_loss_filter(), warm, {});
+  int late = 0;
+  while (late < 1000 && fwd[2000 + late] > 7.0) ++late;
+  EXPECT_GT(late, 505);
+  EXPECT_LT(late, 1000);
+}
+
+}  // namespace
+}  // namespace pf
