@@ -203,7 +203,8 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
           for (int t = 2; t <= dim && k == 0; ++t)
             if (block_cost(whole, dim, t, 0) * (1 + in.margin) <= max_gap + kEps) k = t;
         }
-        if (k == 1 && force.count({p, s, side, l})) k = force.at({p, s, side, l});
+        // A factor of dimension d has at most d diagonal blocks (BERT's NSP head: B is 2 x 2).
+        if (k == 1 && force.count({p, s, side, l})) k = std::min(force.at({p, s, side, l}), dim);
         if (k > 1) {
           FactorSplit f{p, s, l, kind, k, whole, 0};
           for (int j = 0; j < k; ++j) {

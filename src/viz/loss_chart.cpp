@@ -59,7 +59,7 @@ struct Range {
 }  // namespace
 
 std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChartOptions& opt) {
-  const double pw = 460, ph = 300, left = 70, top = 60, gapx = 90;
+  const double pw = 460, ph = 300, left = 70, top = 84, gapx = 90;
   const double width = left + 2 * pw + gapx + 30, height = top + ph + 60 + 18.0 * curves.size();
   Range y;
   for (const LossCurve& c : curves) y.add(c.loss), y.add(c.smoothed), y.add(c.valid_loss);
@@ -98,7 +98,7 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
                        X(v), top, X(v), top + ph, X(v), top + ph + 14, v);
     o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n", x0 + pw / 2,
                      top + ph + 30, by_time ? "training time (s)" : "step");
-    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">training loss vs {}</text>\n", x0, top - 6,
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">training loss vs {}</text>\n", x0, top - 8,
                      by_time ? "time" : "steps");
     o += fmt::format("<g clip-path=\"url(#plot{})\">\n", id);
     for (size_t r = 0; r < curves.size(); ++r) {

@@ -325,6 +325,21 @@ TEST(Planner, SplitsWhenThatShortensTheRefreshPeriod) {
   EXPECT_EQ(p.inline_time, 0);
 }
 
+// A factor cannot be cut into more diagonal blocks than its dimension (BERT's NSP head has a
+// 2 x 2 B factor): the policy leaves a 1 x 1 factor whole (it used to fail a check).
+TEST(Planner, SplitToShortenNeverCutsAFactorIntoMoreBlocksThanRows) {
+  PlanInput in = tiny();
+  in.split_to_shorten = true;
+  in.kfac.push_back(in.kfac[0]);  // stage 1 its own costs: a 1 x 1 B factor
+  in.kfac[1].dim_b = {1};
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  for (const FactorSplit& f : p.splits) EXPECT_FALSE(f.stage == 1 && f.kind == Kind::INV_B) << f.blocks;
+  // Splitting A alone does not shorten device 1's 2 steps (SplitsWhenThatShortensTheRefreshPeriod
+  // needed both), so nothing is split: the plan of the base rules.
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>{2, 2}));
+}
+
 TEST(Planner, SplitsExactlyWhenAUnitExceedsEveryGap) {
   // Inversion A of 3: device 0's gap is 3 (fits exactly, margin 0), device 1's largest is 2:
   // split there into 2 blocks of size 2, each (2/4)^3 of the whole.

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# bench/convergence/tune.sh: NVLAMB vs K-FAC with PipeFisher, each tuned with the same budget
+# (issue 14), then several seeds of each best setting, and the paper's Figure 7 picture.
+#
+#   bench/convergence/tune.sh [build-dir] [out-dir]   # defaults: build/, bench/convergence/tuned/
+#
+# Every run: `pipefisher train` on configs/$MODEL.toml under scripts/pfrun, $RANKS ranks (one
+# stage each, schedule $SCHEDULE, 1 thread per rank), $MB x $MBS sequences of $SEQ tokens per step,
+# $STEPS steps, validation every $EVAL_EVERY steps ($EVAL_BATCHES batches), train.on_nonfinite =
+# stop; BERT with next-sentence prediction when NSP=true (the corpus's document index).
+#   nvlamb  NVLAMB
+#   kfac    K-FAC (damping $DAMPING) then NVLAMB on the preconditioned gradients, placement bubbles
+#           (PipeFisher) planned from ONE recorded profile (kfac.plan_profile: a $PROFILE_STEPS-step
+#           run made first), so every K-FAC run refreshes the same way whatever the machine's load.
+# 1. Grid, seed 1, the same for both: peak learning rate in $LRS x warm-up ratio in $WARMUP_RATIOS
+#    (the paper's: 2000 and 600 of 7038 steps), warm-up steps = round(ratio x STEPS) for both the
+#    learning rate and K-FAC. A run diverged if it stopped on a non-finite loss or its final
+#    validation loss is not below its first training loss.
+# 2. Best setting of each optimizer by final validation loss; then seeds $SEEDS of it
+#    (train.seed = data.seed = seed: initialisation and data order).
+# 3. Target = the tuned NVLAMB's final loss, mean over seeds: its smoothed training loss (the
+#    paper's filter, `pipefisher report`) and its validation loss. For each K-FAC seed, the step
+#    and the time at which it first reaches the target, as fractions of NVLAMB's steps and of its
+#    mean training time (cumulative step_time_s, evaluations excluded).
+# Writes to out-dir: grid.csv, seeds.csv, summary.md (the tables), figure7.svg (+ .png with
+# rsvg-convert; `pipefisher report` of every seed run with the target), runs/ (each run's
+# directory), kfac_profile.json (the recorded PipeFisher profile).
+# Environment: MODEL STEPS SEQ MB MBS RANKS SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
+# EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+out=${2:-$root/bench/convergence/tuned}
+bin=$build/pipefisher
+model=${MODEL:-bert-mini}
+steps=${STEPS:-1000}
+seq=${SEQ:-128}
+mb=${MB:-4}
+mbs=${MBS:-8}
+ranks=${RANKS:-2}
+schedule=${SCHEDULE:-1f1b}
+lrs=${LRS:-1e-3 2e-3 5e-3 1e-2}
+ratios=${WARMUP_RATIOS:-0.2843 0.0853}
+seeds=${SEEDS:-1 2 3}
+damping=${DAMPING:-1e-3}
+eval_every=${EVAL_EVERY:-$(( steps / 10 > 0 ? steps / 10 : 1 ))}
+eval_batches=${EVAL_BATCHES:-8}
+profile_steps=${PROFILE_STEPS:-4}
+arch=bert
+[[ $model == gpt* ]] && arch=gpt
+nsp=${NSP:-$([[ $arch == bert ]] && echo true || echo false)}
+
+[[ -x $bin ]] || { echo "tune.sh: no $bin (build the pipefisher target)" >&2; exit 2; }
+[[ -f $root/configs/$model.toml ]] || { echo "tune.sh: no configs/$model.toml" >&2; exit 2; }
+cd "$root"
+source "$root/bench/lib.sh"
+mkdir -p "$out/runs"
+pf_machine "$bin" 1 | tee "$out/machine.txt"
+
+common=(--config "configs/$model.toml" --set train.steps="$steps" --set model.seq_len="$seq"
+        --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs"
+        --set parallel.stages="$ranks" --set parallel.schedule="$schedule" --set train.threads=1
+        --set train.eval_every="$eval_every" --set train.eval_batches="$eval_batches"
+        --set train.log_every=1000000 --set train.on_nonfinite=stop)
+[[ $arch == bert ]] && common+=(--set data.nsp="$nsp")
+[[ -n ${TRAIN_FILE:-} ]] && common+=(--set data.train_file="$TRAIN_FILE")
+[[ -n ${VALID_FILE:-} ]] && common+=(--set data.valid_file="$VALID_FILE")
+kfac=(--set kfac.enabled=true --set kfac.placement=bubbles --set kfac.damping="$damping"
+      --set kfac.plan_profile="$out/kfac_profile.json")
+
+train() {  # run-name, args...: trains into $out/runs/run-name; its exit status is kept in run-name/status
+  local name=$1
+  shift
+  rm -rf "$out/runs/$name"
+  local status=0
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$ranks" "$bin" train "${common[@]}" "$@" \
+    --set train.out_dir="$out/runs/$name" > "$out/runs/$name.out" 2>&1 || status=$?
+  mkdir -p "$out/runs/$name"
+  echo "$status" > "$out/runs/$name/status"
+  mv "$out/runs/$name.out" "$out/runs/$name/stdout.txt"
+  echo "  $name: exit $status, $(grep -h '^summary' "$out/runs/$name/stdout.txt" || echo 'no summary')"
+}
+# The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed.
+optim_args() {
+  args=(--set optim.lr="$2" --set optim.warmup_steps="$3" --set train.seed="$4" --set data.seed="$4")
+  [[ $1 == kfac ]] && args+=("${kfac[@]}")
+  return 0
+}
+
+echo "== recording the PipeFisher profile ($profile_steps steps)"
+train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
+  --set kfac.damping="$damping"
+[[ -f $out/runs/profile/kfac_profile.json ]] || { echo "tune.sh: the profile run wrote no kfac_profile.json" >&2; exit 1; }
+cp "$out/runs/profile/kfac_profile.json" "$out/kfac_profile.json"
+
+echo "== grid: learning rates {$lrs} x warm-up ratios {$ratios}, seed 1"
+for opt in nvlamb kfac; do
+  for lr in $lrs; do
+    for ratio in $ratios; do
+      w=$(python3 -c "print(round($ratio * $steps))")
+      optim_args "$opt" "$lr" "$w" 1
+      train "$opt-lr$lr-w$w-s1" "${args[@]}"
+    done
+  done
+done
+
+# The table of a set of runs, and the best setting per optimizer.
+python3 - "$out" "$steps" "$lrs" "$ratios" <<'PY'
+import csv, json, math, os, sys
+out, steps, lrs, ratios = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+def run_row(name):
+    d = f"{out}/runs/{name}"
+    status = int(open(f"{d}/status").read())
+    rows = [json.loads(l) for l in open(f"{d}/log.jsonl")] if os.path.exists(f"{d}/log.jsonl") else []
+    final = rows[-1]["loss"] if rows else float("nan")
+    valid = [r["valid_loss"] for r in rows if "valid_loss" in r]
+    v = valid[-1] if valid else float("nan")
+    diverged = status != 0 or not rows or not math.isfinite(v) or not (v < rows[0]["loss"])
+    return {"run": name, "exit": status, "steps": len(rows), "final_loss": final, "final_valid_loss": v,
+            "diverged": diverged}
+table, best = [], {}
+for opt in ("nvlamb", "kfac"):
+    for lr in lrs:
+        for ratio in ratios:
+            w = round(float(ratio) * steps)
+            r = {"optimizer": opt, "lr": lr, "warmup_ratio": ratio, "warmup_steps": w, **run_row(f"{opt}-lr{lr}-w{w}-s1")}
+            table.append(r)
+            if not r["diverged"] and (opt not in best or r["final_valid_loss"] < best[opt]["final_valid_loss"]):
+                best[opt] = r
+with open(f"{out}/grid.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
+    w.writeheader()
+    w.writerows(table)
+if set(best) != {"nvlamb", "kfac"}:
+    sys.exit("tune.sh: every setting of " + " and ".join(o for o in ("nvlamb", "kfac") if o not in best) + " diverged")
+json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"]} for o, b in best.items()}, open(f"{out}/best.json", "w"))
+PY
+
+echo "== seeds {$seeds} of each best setting"
+for opt in nvlamb kfac; do
+  read -r lr w < <(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'])" "$out/best.json" "$opt")
+  for s in $seeds; do
+    [[ $s == 1 ]] && continue  # the grid ran seed 1
+    optim_args "$opt" "$lr" "$w" "$s"
+    train "$opt-lr$lr-w$w-s$s" "${args[@]}"
+  done
+done
+
+# Targets, crossings, tables, Figure 7.
+python3 - "$out" "$steps" "$seeds" "$bin" "$model" <<'PY'
+import csv, json, math, statistics, subprocess, sys
+out, steps, seeds, binary, model = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5]
+best = json.load(open(f"{out}/best.json"))
+runs = {o: [f"{out}/runs/{o}-lr{b['lr']}-w{b['warmup_steps']}-s{s}" for s in seeds] for o, b in best.items()}
+def log(d): return [json.loads(l) for l in open(f"{d}/log.jsonl")]
+def report(dirs, labels, target=None, svg=None):
+    cmd = [binary, "report", *dirs, "--json", "--title", f"{model}: NVLAMB vs K-FAC (PipeFisher), tuned, {len(seeds)} seeds"]
+    for l in labels: cmd += ["--label", l]
+    if target is not None: cmd += ["--target", repr(target)]
+    cmd += ["--out", svg or f"{out}/.scratch.svg"]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+def stats(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs: return "n/a"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.4f} ± {sd:.4f} (min {min(xs):.4f}, max {max(xs):.4f})"
+per = {}
+for o in runs:
+    r = report(runs[o], [f"s{s}" for s in seeds])["runs"]
+    per[o] = [{"seed": s, "dir": d, "smoothed": x["final_smoothed_loss"], "final": x["final_loss"],
+               "valid": x["final_valid_loss"], "time_s": x["time_s"], "log": log(d)} for s, d, x in zip(seeds, runs[o], r)]
+nv = per["nvlamb"]
+target_train = statistics.mean(x["smoothed"] for x in nv)
+target_valid = statistics.mean(x["valid"] for x in nv)
+nv_time = statistics.mean(x["time_s"] for x in nv)
+cross = {x["name"]: x["reaches_target"] for x in report(runs["kfac"], seeds, target_train)["runs"]}
+rows = []
+for x, s in zip(per["kfac"], seeds):
+    c = cross[s]
+    t = 0.0; vstep = vtime = None
+    for r in x["log"]:
+        t += r.get("step_time_s", 0.0)
+        if vstep is None and "valid_loss" in r and r["valid_loss"] <= target_valid: vstep, vtime = r["step"], t
+    rows.append({"seed": s, "train_step": c and c["step"], "train_time_s": c and c["time_s"],
+                 "valid_step": vstep, "valid_time_s": vtime})
+with open(f"{out}/seeds.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["optimizer", "seed", "final_loss", "final_smoothed_loss", "final_valid_loss", "time_s"])
+    for o in per:
+        for x in per[o]: w.writerow([o, x["seed"], x["final"], x["smoothed"], x["valid"], x["time_s"]])
+def frac(v, whole): return None if v is None else v / whole
+def pct(v): return "not reached" if v is None else f"{100 * v:.1f}%"
+lines = [f"# {model}: NVLAMB vs K-FAC with PipeFisher, tuned with the same budget", "",
+         open(f"{out}/machine.txt").read().strip(), "",
+         f"{steps} steps; best settings by final validation loss (grid.csv): " +
+         ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" for o, b in best.items()), "",
+         "## Final losses over seeds " + " ".join(seeds), "",
+         "| optimizer | training loss (smoothed) | validation loss | training time (s) |", "|---|---|---|---|"]
+for o in per:
+    lines.append(f"| {o} | {stats([x['smoothed'] for x in per[o]])} | {stats([x['valid'] for x in per[o]])} | "
+                 f"{stats([x['time_s'] for x in per[o]])} |")
+lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
+          f"validation {target_valid:.4f}; NVLAMB: {steps} steps, {nv_time:.1f} s mean)", "",
+          "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
+          "|---|---|---|---|---|"]
+fs = {k: [] for k in ("ts", "tt", "vs", "vt")}
+for r in rows:
+    v = {"ts": frac(r["train_step"], steps), "tt": frac(r["train_time_s"], nv_time),
+         "vs": frac(r["valid_step"], steps), "vt": frac(r["valid_time_s"], nv_time)}
+    for k in fs: fs[k].append(v[k])
+    lines.append(f"| {r['seed']} | {pct(v['ts'])} | {pct(v['tt'])} | {pct(v['vs'])} | {pct(v['vt'])} |")
+mean = lambda xs: None if any(x is None for x in xs) else statistics.mean(xs)
+lines.append(f"| mean | {pct(mean(fs['ts']))} | {pct(mean(fs['tt']))} | {pct(mean(fs['vs']))} | {pct(mean(fs['vt']))} |")
+grid = list(csv.DictReader(open(f"{out}/grid.csv")))
+div = [g for g in grid if g["diverged"] == "True"]
+lines += ["", "Diverged in the grid: " + (", ".join(f"{g['optimizer']} lr {g['lr']} warm-up {g['warmup_steps']}" for g in div) or "none")]
+dirs = runs["nvlamb"] + runs["kfac"]
+labels = [f"NVLAMB s{s}" for s in seeds] + [f"K-FAC s{s}" for s in seeds]
+fig = report(dirs, labels, target_train, f"{out}/figure7.svg")
+lines += ["", f"Figure 7: {fig['svg']}" + (f", {fig['png']}" if fig.get("png") else "")]
+open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+rm -f "$out/.scratch.svg" "$out/.scratch.png"
+echo "outputs: $out/{summary.md, grid.csv, seeds.csv, figure7.svg, kfac_profile.json, runs/}"
