@@ -89,7 +89,7 @@ optim_args() {
 
 echo "== recording the PipeFisher profile ($profile_steps steps)"
 train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
-  --set kfac.damping="$damping"
+  --set kfac.damping="$damping" --set kfac.replan_on_drift=false
 [[ -f $out/runs/profile/kfac_profile.json ]] || { echo "tune.sh: the profile run wrote no kfac_profile.json" >&2; exit 1; }
 cp "$out/runs/profile/kfac_profile.json" "$out/kfac_profile.json"
 
