@@ -88,3 +88,31 @@ TEST(Config, RoundTripsThroughToml) {
   EXPECT_EQ(b.model.hidden, 256);
   EXPECT_EQ(b.parallel.partition, (std::vector<int>{3, 1}));
 }
+
+// data.nsp (BERT's next-sentence prediction, off by default) reaches the model, round-trips, and
+// is refused where it cannot apply; kfac.plan_profile only with K-FAC in the bubbles.
+TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
+  Config d = Config::from_toml_string("");
+  EXPECT_FALSE(d.data.nsp);
+  EXPECT_FALSE(d.model.nsp);
+  EXPECT_TRUE(d.kfac.plan_profile.empty());
+  Config a = Config::from_toml_string("", {"data.nsp=true", "kfac.enabled=true", "kfac.plan_profile=/tmp/p.json"});
+  EXPECT_TRUE(a.model.nsp);
+  Config b = Config::from_toml_string(a.to_toml());
+  EXPECT_TRUE(b.data.nsp);
+  EXPECT_TRUE(b.model.nsp);
+  EXPECT_EQ(b.kfac.plan_profile, "/tmp/p.json");
+  EXPECT_EQ(error_of("", {"model.arch=gpt", "data.nsp=true"}), "data.nsp: next-sentence prediction is BERT's (model.arch = gpt)");
+  EXPECT_EQ(error_of("", {"data.nsp=true", "model.seq_len=4"}).rfind("data.nsp: a sentence pair needs", 0), 0u);
+  EXPECT_EQ(error_of("", {"kfac.plan_profile=/tmp/p.json"}),
+            "kfac.plan_profile: only applies with kfac.enabled = true and kfac.placement = bubbles");
+  Config missing = Config::from_toml_string("", {"kfac.enabled=true", "kfac.plan_profile=/nonexistent/p.json",
+                                                 "data.train_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin",
+                                                 "data.valid_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin"});
+  try {
+    missing.check_files();
+    FAIL();
+  } catch (const pf::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("kfac.plan_profile: no such file '/nonexistent/p.json'", 0), 0u) << e.what();
+  }
+}
