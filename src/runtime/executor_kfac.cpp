@@ -2,8 +2,8 @@
 
 #include "comm/perf_model.hpp"
 #include "comm/small.hpp"
-#include "core/files.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "io/safetensors.hpp"
 #include "kfac/factor.hpp"
 #include "runtime/executor_parts.hpp"
@@ -275,7 +275,6 @@ std::pair<double, double> Executor::kfac_bcast_model() {
   }
   return *k.bcast_model;
 }
-
 
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
 // same numbers (the same bits) and gets the same plan.

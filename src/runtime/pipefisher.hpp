@@ -19,6 +19,9 @@
 //            (wrapped units included), runs plain steps (F/B, PREC, OPT) until the last device's
 //            cycle boundary, then all re-profile kProfileSteps inline steps and plan again.
 //            Pending inverses of replicated chunks are dropped; the record shows the new pattern.
+//            kfac.plan_profile: the planner gets the recorded profile instead of the all-reduced
+//            timings (runtime/plan_record.hpp), the same bits on every run, and drift re-planning
+//            is off; the profiling steps still run inline (their K-FAC is the same either way).
 //
 // M_err^save. On the first step of a device's refresh cycle the chunk's tap copies every K-FAC
 // layer's inputs and output gradients of every micro-batch into buffers allocated once; CURV
