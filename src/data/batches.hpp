@@ -16,11 +16,12 @@
 //   into sentences (a sentence ends after '.', '!' or '?'). Sequence i starts segment A at sentence
 //   order(i) (the sentences in a permutation per epoch, as windows above) and is a pair
 //   [CLS] A [SEP] B [SEP], padded with [PAD] (attn_mask 0) when short; token_types 0 up to the first
-//   [SEP], 1 after. With probability 1/2, B is the text that follows A in its document (label 0):
-//   the chunk of whole sentences from order(i) filling the sequence is cut after a random number
-//   of sentences (A's start moves back one sentence when it is its document's last); otherwise
-//   (label 1) A is that chunk's first sentences and B starts at a random sentence of a random
-//   other document. The longer segment then loses tokens at a random end until the pair fits.
+//   [SEP], 1 after. The pair aims at the full length, or (probability 0.1, Google's
+//   short_seq_prob) at a random length from 2. With probability 1/2, B is the text that follows A
+//   in its document (label 0): the chunk of whole sentences from order(i) filling that length is
+//   cut after a random number of sentences (A's start moves back one sentence when it is its
+//   document's last); otherwise (label 1) A is that chunk's first sentences and B starts at a
+//   random sentence of a random other document. The longer segment then loses tokens at a random end until the pair fits.
 //   Masking as above over the A and B tokens (round(mask_prob * their count), at least one). The
 //   choices come from SeqRng keyed by (seed, i); a one-sentence document cannot give a next
 //   sentence and falls back to a random one.

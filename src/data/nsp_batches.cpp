@@ -9,6 +9,7 @@ namespace pf {
 namespace {
 constexpr uint64_t kNspStream = 3;  // SeqRng purposes: 1 shuffle, 2 masks (batches.cpp)
 constexpr uint64_t kMaskStream = 2;
+constexpr double kShortSeqProb = 0.1;
 
 // bert-base-uncased ids of '.', '!' and '?': a sentence ends after one of them.
 bool ends_sentence(uint16_t id) { return id == 1012 || id == 999 || id == 1029; }
@@ -64,14 +65,18 @@ BertNspBatcher::Pair BertNspBatcher::pair(int64_t sequence) {
   int64_t s = order_.start(sequence);
   const int64_t d = sent_.doc[s], doc_first = sent_.doc_first[d], doc_end = sent_.doc_first[d + 1];
   Pair p;
+  // Google's short_seq_prob: 10% of the pairs aim at a random shorter length, so the model also
+  // sees short sequences (padding) in pretraining.
+  int64_t target = body_;
+  if (rng.uniform() < kShortSeqProb) target = 2 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(body_ - 1)));
   p.next = rng.uniform() < 0.5;
   if (p.next && s + 1 == doc_end) {  // the document's last sentence: start one earlier, if there is one
     if (s > doc_first) --s;
     else p.next = false;
   }
-  // The chunk of whole sentences [s, e) that fills the body, cut after a random number of
-  // sentences; a true pair needs two sentences in it.
-  int64_t e = gather_end(s, body_);
+  // The chunk of whole sentences [s, e) that fills the target length, cut after a random number
+  // of sentences; a true pair needs two sentences in it.
+  int64_t e = gather_end(s, target);
   if (p.next && e - s < 2) e = s + 2;
   const int64_t a_end = e - s >= 2 ? s + 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(e - s - 1))) : e;
   p.a_lo = sent_.start[s];
@@ -85,7 +90,7 @@ BertNspBatcher::Pair BertNspBatcher::pair(int64_t sequence) {
     const int64_t o_first = sent_.doc_first[other], o_size = sent_.doc_first[other + 1] - o_first;
     const int64_t bs = o_first + static_cast<int64_t>(rng.below(static_cast<uint64_t>(o_size)));
     p.b_lo = sent_.start[bs];
-    p.b_hi = sent_.start[gather_end(bs, std::max<int64_t>(1, body_ - (p.a_hi - p.a_lo)))];
+    p.b_hi = sent_.start[gather_end(bs, std::max<int64_t>(1, target - (p.a_hi - p.a_lo)))];
   }
   // Google's truncate_seq_pair: the longer segment loses a token at its front or back (a coin)
   // until the pair fits.

@@ -322,6 +322,35 @@ TEST(BertNspBatches, HalfThePairsAreTrueNextSentences) {
   EXPECT_GT(n, 1000);
 }
 
+// Google's short_seq_prob: in long documents of 2-token sentences, a pair aiming at the full
+// length fills it exactly (whole sentences, then truncation); 10% aim at a random length in
+// [2, body] and end shorter (unless it lands within a sentence of the body: 2 of 124). Pairs near
+// a document's end (its last ~63 sentences of 5000, for A or a random B) come out short too:
+// expected share 0.1 x 0.98 + ~0.015, checked within [0.085, 0.135] (4 sigma of the binomial
+// over 4000 pairs is 0.019); without the rule it would be ~0.015.
+TEST(BertNspBatches, OneInTenPairsIsShorter) {
+  std::vector<uint16_t> tokens;
+  std::vector<int64_t> starts;
+  uint64_t x = 99;
+  auto rnd = [&](int n) { return static_cast<int>((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % n; };
+  for (int d = 0; d < 20; ++d) {
+    starts.push_back(static_cast<int64_t>(tokens.size()));
+    for (int s = 0; s < 5000; ++s) {
+      tokens.push_back(static_cast<uint16_t>(2000 + rnd(20000)));
+      tokens.push_back(1012);
+    }
+  }
+  BertNspBatcher b(tokens, starts, 128, true, 11, 0.15f, kBertVocab, "corpus");
+  int shorter = 0;
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) {
+    const BertNspBatcher::Pair p = b.pair(i);
+    shorter += (p.a_hi - p.a_lo) + (p.b_hi - p.b_lo) < 125;
+  }
+  EXPECT_GT(shorter / double(n), 0.085) << shorter;
+  EXPECT_LT(shorter / double(n), 0.135) << shorter;
+}
+
 // The rows: [CLS] A [SEP] B [SEP] [PAD]..., token types 0 then 1, attention off on padding,
 // labels where masked (the original ids), NSP labels 0 = next, 1 = random; deterministic per
 // sequence, whatever the micro-batch cut.
