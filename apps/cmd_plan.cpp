@@ -42,7 +42,7 @@ struct PlanArgs {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
-  bool json = false, sweep = false, kfac = false, whole_inversions = false;
+  bool json = false, sweep = false, kfac = false, split_to_shorten = false;
   int data_parallel = 1;
   double margin = 0.05;
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
@@ -152,7 +152,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   in.cost = prof.cost;
   in.replicas = a.data_parallel;
   in.margin = a.margin;
-  in.split_to_shorten = !a.whole_inversions;
+  in.split_to_shorten = a.split_to_shorten;
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.cost.allreduce_alpha;
@@ -208,7 +208,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
                       {"pieces", f.pieces}});
   return {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
           {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
-          {"period", P}, {"common_cycle", p.common_cycle}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
+          {"period", P}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
           {"model", a.model}, {"layers_per_stage", blocks}, {"splits", splits}, {"per_device", per},
           {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement},
           {"timeline_text", timeline_text(tl)}};
@@ -235,7 +235,7 @@ void print_kfac(const nlohmann::json& k) {
 
 int run(const PlanArgs& a) {
   if (!a.kfac)
-    for (const char* f : {"--model", "--data-parallel", "--margin", "--whole-inversions", "--bcast-alpha", "--bcast-beta"})
+    for (const char* f : {"--model", "--data-parallel", "--margin", "--split-to-shorten", "--bcast-alpha", "--bcast-beta"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
@@ -368,8 +368,9 @@ Runner setup(CLI::App& app) {
   app.add_option("--bcast-beta", a->bcast_beta,
                  "Broadcast: beta, ms per byte of the upper triangle (default: the profile's all-reduce beta, else 0)")
       ->check(nonneg);
-  app.add_flag("--whole-inversions", a->whole_inversions,
-               "Split an inversion only when it exceeds every bubble (not also when that shortens the refresh period)");
+  app.add_flag("--split-to-shorten", a->split_to_shorten,
+               "Also split an inversion into diagonal blocks when that shortens the refresh period (default: exact "
+               "factors, split only when larger than every bubble)");
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
   app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
   return [a] { return run(*a); };

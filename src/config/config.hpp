@@ -95,10 +95,11 @@ struct KfacConfig {
   // bubbles: re-profile and re-plan when step durations drift (timing-driven, so a run that
   // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/pipefisher.hpp)
   bool replan_on_drift = true;
-  // bubbles: the planner may split an inversion into diagonal blocks when that shortens a
-  // device's refresh period (sim/planner.hpp); false keeps every factor whole (exact K-FAC
-  // blocks, refreshed less often). Units larger than every bubble are split either way.
-  bool split_inversions = true;
+  // bubbles: true lets the planner split an inversion into diagonal blocks (a block-diagonal
+  // factor) when that shortens a device's refresh period (sim/planner.hpp). Off by default: the
+  // paper keeps exact factors and splits only an inversion larger than every bubble (its
+  // appendix A.2), which happens either way.
+  bool split_inversions = false;
   // bubbles: plan from this recorded PipeFisher profile (the `pipefisher_plan` object of a run's
   // out_dir/kfac_profile.json, or of --profile-dir's profile.json) instead of this run's timings,
   // so every run of the same config refreshes the same way and gives the same losses. Empty =

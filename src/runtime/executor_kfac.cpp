@@ -360,6 +360,9 @@ void Executor::kfac_make_plan(bool restoring) {
   in.replicas = W;
   in.margin = kPlanMargin;
   in.split_to_shorten = cfg_.kfac.split_inversions;
+  // Chimera: each copy inverts all of its stage's factors, one cycle for all devices (the
+  // planner's stage groups, which share inversions between the twins, are not executed yet).
+  in.chimera_group = false;
   in.bcast_alpha = v[v.size() - 2] / (D * W);
   in.bcast_beta = v[v.size() - 1] / (D * W);
   std::vector<std::vector<Action>> opts(D);

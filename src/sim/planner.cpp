@@ -18,6 +18,11 @@ namespace {
 
 constexpr double kEps = 1e-9;
 constexpr double kMinCollective = 1e-6;  // shortest broadcast unit (time units of the input)
+constexpr int kNoReplica = -2;           // a unit owned by another holder of its stage (Chimera group)
+
+// Chimera's group: the holders of a stage are its two pipeline copies x W replicas (else W).
+bool chimera_group(const PlanInput& in) { return in.chimera_group && in.schedule.pipelines > 1; }
+int group_size(const PlanInput& in) { return (chimera_group(in) ? in.schedule.pipelines : 1) * in.replicas; }
 
 // An idle interval of one device in one step. `insert_at`: where an action running in it goes
 // in the device's list (after the occupying action before the gap and the sends it started).
@@ -132,12 +137,13 @@ struct Unit {
   double dur = 0;
   double ready = 0;        // from the step's own F/B (curvature), 0 otherwise
   std::vector<int> deps;   // earlier units of the device
-  int owner = -1;          // replica running it (-1 = every replica)
+  int owner = -1;          // replica running it (-1 = every replica, kNoReplica: another device)
   bool inl = false;
   bool pinned = false;     // Chimera: at the end of cycle step K (syncs, then inline inversions)
 };
 
 struct DeviceUnits {
+  int device = 0;
   std::vector<Unit> units;
   std::vector<std::pair<int, int>> stages;  // hosted (pipeline, stage), by first forward
   std::vector<StagePlacement> placements;   // W > 1 (place_inversions)
@@ -150,6 +156,7 @@ using ForcedSplits = std::map<std::tuple<int, int, int, int>, int>;
 DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double max_gap,
                        std::vector<FactorSplit>& splits, const ForcedSplits& force = {}) {
   DeviceUnits du;
+  du.device = d;
   auto& u = du.units;
   const auto& row = step.per_device[d];
   std::map<std::pair<int, int>, std::vector<int>> curv_of_stage;
@@ -180,7 +187,8 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
     for (auto [p, s] : du.stages) {
       Unit x;
       x.a = Action{Kind::SYNC_CURV, s, p, -1, -1};
-      x.dur = stage_cost(in, s).sync;
+      // Never zero (as a broadcast, below): list order breaks ties in start time by start only.
+      x.dur = std::max(stage_cost(in, s).sync, kMinCollective);
       x.deps = curv_of_stage[{p, s}];
       x.pinned = chimera;
       sync_of[{p, s}] = static_cast<int>(u.size());
@@ -249,20 +257,26 @@ double bcast_time(const PlanInput& in, int64_t n, bool diagonal) {
   return in.bcast_alpha + in.bcast_beta * 4 * floats;
 }
 
-// W > 1: SPD-KFAC's Algorithm 1 (kfac/placement.hpp) over the inversion pieces of each hosted
-// stage: NCT pieces run on every replica, CT pieces on their owner, each CT followed by a
-// BCAST_INV unit on every replica (the previous cycle's inverse, before the stage's SYNC_CURV:
-// chained in placement order, the sync after the last). Inline and pinned as the sync is.
+// The holders of a stage (W replicas; with Chimera's group also both pipeline copies, member
+// p * W + w) share its inversions by SPD-KFAC's Algorithm 1 (kfac/placement.hpp) over its pieces:
+// NCT pieces run on every holder, CT pieces on their owner, each CT followed by a BCAST_INV unit
+// on every holder (the previous cycle's inverse, before the stage's SYNC_CURV: chained in
+// placement order, the sync after the last). Inline and pinned as the sync is. Every holder
+// computes the same placement (same pieces: holders split alike, see plan_kfac).
 void place_inversions(const PlanInput& in, DeviceUnits& du, double max_gap) {
-  const int W = in.replicas;
+  const int W = in.replicas, G = group_size(in);
   du.placements.clear();
-  if (W <= 1) return;
+  if (G <= 1) return;
   auto& u = du.units;
   const bool chimera = in.schedule.pipelines > 1;
   for (auto [p, s] : du.stages) {
     const StageKfacCost& c = stage_cost(in, s);
     StagePlacement sp;
     sp.pipeline = p, sp.stage = s;
+    for (int m = 0; m < G; ++m) {
+      const int q = G == W ? p : m / W;  // the member's pipeline copy
+      sp.members.push_back({in.schedule.device_of(q, s), m % W});
+    }
     std::vector<int> idx;  // [piece] unit index
     int sync = -1;
     for (int i = 0; i < static_cast<int>(u.size()); ++i) {
@@ -286,11 +300,14 @@ void place_inversions(const PlanInput& in, DeviceUnits& du, double max_gap) {
       sp.bcast_time.push_back(bcast_time(in, n, diag));
     }
     PF_CHECK(sync >= 0, "no SYNC_CURV for stage {} of pipeline {}", s, p);
-    sp.placement = place_load_balanced(sp.dims, W, sp.inv_time, sp.bcast_time);
+    sp.placement = place_load_balanced(sp.dims, G, sp.inv_time, sp.bcast_time);
     std::vector<int> chain;  // the stage's broadcasts, in placement order
     for (int k : sp.placement.order) {
-      u[idx[k]].owner = sp.placement.owner[k];  // kEveryRank (-1): every replica
-      if (sp.placement.owner[k] == kEveryRank) continue;
+      const int m = sp.placement.owner[k];
+      // The replica of this device that inverts the piece: every one (NCT), its owner, or none
+      // (the owner is the other pipeline's copy).
+      u[idx[k]].owner = m == kEveryRank ? kEveryRank : sp.members[m].first == du.device ? sp.members[m].second : kNoReplica;
+      if (m == kEveryRank) continue;
       const Action& inv = u[idx[k]].a;
       Unit b;
       b.a = Action{inv.kind == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, s, p, -1, inv.layer, inv.block};
@@ -311,7 +328,7 @@ void place_inversions(const PlanInput& in, DeviceUnits& du, double max_gap) {
   }
 }
 
-bool runs_on(const Unit& x, int w) { return x.owner < 0 || x.owner == w; }
+bool runs_on(const Unit& x, int w) { return x.owner == kEveryRank || x.owner == w; }
 
 // Cycle step 0 of replica w: the step with PREC plus the inline units, each stage's just before
 // its PREC. Returns the schedule and, per inline unit, its index in the device list.
@@ -354,16 +371,21 @@ TimedSchedule with_inline(const TimedSchedule& base, const std::vector<DeviceUni
 }
 
 // Greedy first fit of one replica's gap units over consecutive steps. Absolute times from the
-// cycle start: step 0 from `step0`, step k >= 1 from `base` shifted.
+// cycle start: step 0 from `step0`, step k >= 1 from `base` shifted. With a period R > 0 (Chimera's
+// group, see plan_kfac) steps k >= R are the next cycle's steps k - R: their gaps are the same
+// gaps (one cursor, kept relative to the step), step 0's leading gap included, and nothing goes
+// beyond step max_step (place returns gap -1).
 struct Placer {
   const Timeline& step0;
   const Timeline& base;
   int d;
   double margin;
+  int period = 0, max_step = INT_MAX;
   struct G {
     StepGap g;
     int step;
-    double cursor;
+    int phys;       // the gap whose cursor this one shares (itself unless an alias)
+    double cursor;  // relative to its step's start (physical gaps only)
   };
   std::vector<G> gaps;
   int steps = 0;
@@ -371,31 +393,51 @@ struct Placer {
   double offset(int k) const { return k == 0 ? 0 : step0.step_time + (k - 1) * base.step_time; }
   void add_step() {
     const int k = steps++;
+    if (period > 0 && k >= period) {
+      for (size_t i = 0, n = gaps.size(); i < n; ++i)
+        if (gaps[i].step == k - period) {
+          const double shift = offset(k) - offset(k - period);
+          gaps.push_back({{gaps[i].g.start + shift, gaps[i].g.end + shift, gaps[i].g.insert_at, gaps[i].g.leading}, k,
+                          gaps[i].phys, 0});
+        }
+      return;
+    }
     for (const StepGap& g : find_gaps(k == 0 ? step0 : base, d)) {
-      if (k == 0 && g.leading) continue;  // only the previous cycle's work can run there
-      gaps.push_back({{g.start + offset(k), g.end + offset(k), g.insert_at, g.leading}, k, g.start + offset(k)});
+      if (k == 0 && g.leading && period == 0) continue;  // only the previous cycle's work can run there
+      const int self = static_cast<int>(gaps.size());
+      gaps.push_back({{g.start + offset(k), g.end + offset(k), g.insert_at, g.leading}, k, self, g.start});
     }
   }
-  // Returns (gap index, absolute start). First fit: the earliest gap that takes the unit; best
-  // fit: in the earliest step that has such a gap, the one left with the least room.
+  double cursor(const G& g) const { return gaps[g.phys].cursor + offset(g.step); }
+  // Returns (gap index, absolute start), or (-1, 0) past max_step. First fit: the earliest gap
+  // that takes the unit; best fit: in the earliest step that has such a gap, the one left with
+  // the least room.
   std::pair<int, double> place(double ready, double dur, bool best_fit) {
     int found = -1;
     for (size_t i = 0;; ++i) {
-      while (i >= gaps.size()) {
+      while (i >= gaps.size() && steps <= max_step) {
         PF_CHECK(steps < 10000, "placement does not terminate (unit of {})", dur);
         add_step();
       }
+      if (i >= gaps.size()) {
+        if (found < 0) return {-1, 0.0};
+        break;
+      }
       G& g = gaps[i];
       if (found >= 0 && g.step != gaps[found].step) break;
+      if (g.step > max_step) {
+        if (found < 0) return {-1, 0.0};
+        break;
+      }
       if (g.g.end <= ready) continue;
-      double s0 = std::max(g.cursor, ready);
+      double s0 = std::max(cursor(g), ready);
       if (s0 + dur * (1 + margin) > g.g.end + kEps) continue;
-      if (found < 0 || g.g.end - s0 < gaps[found].g.end - std::max(gaps[found].cursor, ready)) found = static_cast<int>(i);
+      if (found < 0 || g.g.end - s0 < gaps[found].g.end - std::max(cursor(gaps[found]), ready)) found = static_cast<int>(i);
       if (!best_fit) break;
     }
     G& g = gaps[found];
-    const double s0 = std::max(g.cursor, ready);
-    g.cursor = s0 + dur;
+    const double s0 = std::max(cursor(g), ready);
+    gaps[g.phys].cursor = s0 + dur - offset(g.step);
     return {found, s0};
   }
 };
@@ -533,14 +575,17 @@ KfacPlan plan_kfac(const PlanInput& in) {
     std::vector<double> start;
     int needed = 1;
   };
-  // Chimera: the K-FAC units of cycle step >= sync_step + 1 that wait for a pinned sync start no
-  // earlier than that step; curv_only: place curvature only (to find the sync step).
-  int sync_step = -1;
-  auto place_device = [&](int w, int d, const Strategy& st, bool curv_only = false) {
+  // Chimera: the K-FAC units of cycle step >= sync_step[d] + 1 that wait for a pinned sync start
+  // no earlier than that step; curv_only: place curvature only (to find the sync step).
+  std::vector<int> sync_steps(D, -1);
+  // period R > 0 (Chimera's group): units may run in the next cycle's steps up to its step K
+  // (the gaps shared with it), needed = R if everything fits, else INT_MAX.
+  auto place_device = [&](int w, int d, const Strategy& st, bool curv_only = false, int period = 0) {
     const ReplicaState& r = rs[w];
     const auto& u = du[d].units;
-    DevicePlacement p{Placer{r.tl0, plan.base, d, in.margin, {}, 0}, std::vector<int>(u.size(), -1),
-                      std::vector<double>(u.size(), 0.0), 1};
+    const int sync_step = sync_steps[d];
+    DevicePlacement p{Placer{r.tl0, plan.base, d, in.margin, period, period > 0 ? period + sync_step : INT_MAX, {}, 0},
+                      std::vector<int>(u.size(), -1), std::vector<double>(u.size(), 0.0), 1};
     std::vector<double> end(u.size(), 0.0);
     for (auto [i, idx] : r.inline_at[d]) {
       p.start[i] = r.tl0.per_device[d][idx].start;
@@ -568,6 +613,10 @@ KfacPlan plan_kfac(const PlanInput& in) {
       double ready = u[i].ready;
       for (int dep : u[i].deps) ready = std::max(ready, end[dep]);
       auto [g, s0] = p.placer.place(ready, u[i].dur, st.best_fit(u[i].a.kind));
+      if (g < 0) {  // beyond the period's window
+        p.needed = INT_MAX;
+        return p;
+      }
       p.gap_of[i] = g;
       p.start[i] = s0;
       end[i] = s0 + u[i].dur;
@@ -585,35 +634,38 @@ KfacPlan plan_kfac(const PlanInput& in) {
     // The pinned syncs end cycle step sync_step: the cycle includes it, and curvature must not
     // come later (such a packing is not usable).
     if (sync_step >= 0) p.needed = curv_last > sync_step ? INT_MAX : std::max(p.needed, sync_step + 1);
+    if (period > 0 && p.needed != INT_MAX) p.needed = period;
     return p;
   };
   // Chimera: every holder of a stage (twins on devices i and D-1-i, and their replicas) sums its
-  // curvature at one point, pinned at the end of cycle step K (K = the latest step any device
-  // needs for its curvature, with its best curvature packing), in stage order: blocking
-  // collectives there cannot deadlock (every rank has posted all its sends of the step), where
-  // syncs in gaps at different points of the twins' lists could.
+  // curvature at one point, pinned at the end of cycle step K (K = the latest step the twins need
+  // for their curvature, each with its best curvature packing; with the group per pair of twins,
+  // else the latest of all devices), in stage order: blocking collectives there cannot deadlock
+  // (every rank has posted all its sends of the step), where syncs in gaps at different points of
+  // the twins' lists could.
+  const bool per_pair = chimera_group(in);
   if (sch.pipelines > 1) {
-    int K = 0;
+    std::vector<int> need(D, 0);
     for (int d = 0; d < D; ++d) {
-      int best = INT_MAX;
-      for (const Strategy& st : strategies()) best = std::min(best, place_device(0, d, st, true).needed);
-      K = std::max(K, best);
+      need[d] = INT_MAX;
+      for (const Strategy& st : strategies()) need[d] = std::min(need[d], place_device(0, d, st, true).needed);
     }
-    sync_step = K;
+    const int K = *std::max_element(need.begin(), need.end());
+    for (int d = 0; d < D; ++d) sync_steps[d] = per_pair ? std::max(need[d], need[D - 1 - d]) : K;
   }
   plan.strategy.assign(D, "");
   for (int d = 0; d < D; ++d)
     for (int w = 0; w < W; ++w)
       if (!rs[w].inline_at[d].empty()) any_inline = true;
   // Replicas of a device use one strategy, so their curvature and syncs line up.
-  auto place_best = [&](int d, std::vector<DevicePlacement>& best, std::string& name) {
+  auto place_best = [&](int d, std::vector<DevicePlacement>& best, std::string& name, int period = 0) {
     int best_r = 0;
     best.clear();
     for (const Strategy& st : strategies()) {
       std::vector<DevicePlacement> cand;
       int r = 0;
       for (int w = 0; w < W; ++w) {
-        cand.push_back(place_device(w, d, st));
+        cand.push_back(place_device(w, d, st, false, period));
         r = std::max(r, cand.back().needed);
       }
       if (best.empty() || r < best_r) {
@@ -624,9 +676,32 @@ KfacPlan plan_kfac(const PlanInput& in) {
     }
     return best_r;
   };
+  // Chimera's group: a pair of twins switches to cycle c's inverses only at cycle c + 1's syncs
+  // (end of its step K), so cycle c's inversions may run until then, in the gaps of the next
+  // cycle's steps 0..K that its own curvature leaves free: a shorter cycle R for the same
+  // freshness of the inverses in use. Per pair, the shortest R (from K + 1) that both twins fit,
+  // with the earliest sync step K that allows it; else the cycle of the plain placement.
+  std::vector<int> period_of(D, 0);
+  if (per_pair && !any_inline)
+    for (int d = 0; d < D / 2; ++d) {
+      const int e = D - 1 - d;
+      std::vector<DevicePlacement> tmp;
+      std::string name;
+      const int plain = std::max(place_best(d, tmp, name), place_best(e, tmp, name));
+      // A later sync step leaves the curvature more room (and the inversions of the previous
+      // cycle more of the shared steps): try K0..R-1 for each R.
+      const int K0 = sync_steps[d];
+      for (int R = K0 + 1; R < plain && period_of[d] == 0; ++R)
+        for (int K = K0; K < R && period_of[d] == 0; ++K) {
+          sync_steps[d] = sync_steps[e] = K;
+          if (place_best(d, tmp, name, R) == R && place_best(e, tmp, name, R) == R) period_of[d] = period_of[e] = R;
+        }
+      if (period_of[d] == 0) sync_steps[d] = sync_steps[e] = K0;
+    }
   for (int d = 0; d < D; ++d) {
     std::vector<DevicePlacement> best;
-    const int best_r = place_best(d, best, plan.strategy[d]);
+    const int best_r = place_best(d, best, plan.strategy[d], period_of[d]);
+    if (period_of[d] > 0) plan.strategy[d] += fmt::format(", inversions overlap the next cycle's steps 0-{}", sync_steps[d]);
     // Split when it shortens the refresh period: the largest whole inversions of the device, one
     // more at a time, into 2 diagonal blocks (then 3, 4), until the device needs fewer steps; the
     // first such set is kept (`splits`), else none. A block-diagonal factor is cheaper to invert
@@ -679,12 +754,18 @@ KfacPlan plan_kfac(const PlanInput& in) {
       plan.placements.push_back(sp);
     }
 
-  // Cycle lengths: per device (max over replicas), or one for all when inline work exists.
-  plan.common_cycle = any_inline || sch.pipelines > 1;
-  plan.sync_step = sync_step;
+  // Cycle lengths: per device (max over replicas; Chimera's group: over the twins), or one for all
+  // when inline work exists (or Chimera without the group).
+  plan.common_cycle = any_inline || (sch.pipelines > 1 && !per_pair);
+  plan.sync_steps = sync_steps;
+  plan.sync_step = *std::max_element(sync_steps.begin(), sync_steps.end());
   plan.refresh_steps.assign(D, 1);
   for (int d = 0; d < D; ++d)
     for (int w = 0; w < W; ++w) plan.refresh_steps[d] = std::max(plan.refresh_steps[d], rs[w].needed[d]);
+  if (per_pair) {
+    std::vector<int> r = plan.refresh_steps;
+    for (int d = 0; d < D; ++d) plan.refresh_steps[d] = std::max(r[d], r[D - 1 - d]);
+  }
   if (plan.common_cycle) {
     int R = *std::max_element(plan.refresh_steps.begin(), plan.refresh_steps.end());
     plan.refresh_steps.assign(D, R);
@@ -699,6 +780,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
   // Placed units, action lists.
   plan.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
   plan.first.assign(W, std::vector<std::vector<Action>>(D));
+  plan.first_cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
   plan.kfac_work.assign(D, 0);
   plan.device_inline.assign(D, 0);
   plan.bubble.assign(D, 0);
@@ -730,9 +812,12 @@ KfacPlan plan_kfac(const PlanInput& in) {
         if (is_compute(u[i].a.kind)) busy_kfac += u[i].dur;
         if (r.gap_of[d][i] < 0) continue;
         const auto& G = pl.gaps[r.gap_of[d][i]];
-        const bool wrapped = G.step == R;
-        PF_CHECK(G.step <= R && (!wrapped || G.g.leading), "unit beyond its cycle");
-        const int step = wrapped ? 0 : G.step;
+        // Wrapped: in the next cycle's step G.step - R (its leading gap of step 0, or with a
+        // period up to its step K), listed in this cycle step from the second cycle on.
+        const bool wrapped = G.step >= R;
+        PF_CHECK(G.step < R || (period_of[d] > 0 ? G.step <= R + sync_steps[d] : G.step == R && G.g.leading),
+                 "unit beyond its cycle");
+        const int step = wrapped ? G.step - R : G.step;
         const double off = pl.offset(G.step);
         ins.push_back({step, G.g.insert_at, r.start[d][i] - off, static_cast<int>(i), wrapped});
         plan.units.push_back({u[i].a, w, d, step, r.start[d][i] - off, r.start[d][i] - off + u[i].dur, false, wrapped});
@@ -749,7 +834,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
           return std::tuple(ia, u[a].a.stage, u[a].a.pipeline, u[a].a.kind == Kind::SYNC_CURV) <
                  std::tuple(ib, u[b].a.stage, u[b].a.pipeline, u[b].a.kind == Kind::SYNC_CURV);
         });
-        const int K = plan.sync_step;
+        const int K = sync_steps[d];
         const int at = static_cast<int>((K == 0 ? r.step0.s : base.s).per_device[d].size());
         double t = K == 0 ? r.tl0.step_time : plan.base.step_time;
         for (int i : pinned) {
@@ -773,17 +858,19 @@ KfacPlan plan_kfac(const PlanInput& in) {
       // Inline syncs were timed as PREC; give them back their kind.
       for (auto [i, idx] : r.inline_at[d]) cyc[0][idx] = u[i].a;
       for (const Ins& x : ins) cyc[x.step].insert(cyc[x.step].begin() + x.at, u[x.unit].a);
-      // The first cycle's step 0: without the wrapped units (no previous cycle to finish).
-      {
-        std::vector<Action> wrapped_actions;
+      // The first cycle: without the wrapped units (no previous cycle to finish).
+      for (int k = 0; k < R; ++k) {
+        std::vector<Action> wrapped_actions, list;
         for (const Ins& x : ins)
-          if (x.wrapped) wrapped_actions.push_back(u[x.unit].a);
-        for (const Action& a : cyc[0]) {
+          if (x.wrapped && x.step == k) wrapped_actions.push_back(u[x.unit].a);
+        for (const Action& a : cyc[k]) {
           auto it = std::find(wrapped_actions.begin(), wrapped_actions.end(), a);
           if (it != wrapped_actions.end()) wrapped_actions.erase(it);
-          else plan.first[w][d].push_back(a);
+          else list.push_back(a);
         }
+        plan.first_cycle[w][d].push_back(std::move(list));
       }
+      plan.first[w][d] = plan.first_cycle[w][d][0];
       // Utilization over the device's cycle: F/B/PREC each step plus one cycle of K-FAC work.
       const double time = plan.step0_time + (R - 1) * plan.base_step_time + pinned_time;
       const double busy_steps = R * plan.base.busy[d];
@@ -797,12 +884,21 @@ KfacPlan plan_kfac(const PlanInput& in) {
   }
   plan.utilization = std::accumulate(plan.utilization_per_device.begin(), plan.utilization_per_device.end(), 0.0) / D;
   const int P = plan.period();
-  // Chimera's pinned units lengthen cycle step K (the busiest device's, as a bound).
-  double pinned = 0;
+  // Chimera's pinned units lengthen cycle step K (the busiest device's, as a bound). With one
+  // cycle for all, once per period; with a cycle per pair of twins, each pair's once per its
+  // cycle, and the pairs' lengthened steps may fall apart: their sum bounds the mean.
+  double pinned = 0, pinned_per_step = 0;
+  std::vector<double> pinned_of(D, 0.0);
   for (const PlacedUnit& u : plan.units)
-    if (u.at_step_end) pinned = std::max(pinned, u.end - (u.step == 0 ? plan.step0_time : plan.base_step_time));
+    if (u.at_step_end)
+      pinned_of[u.device] = std::max(pinned_of[u.device], u.end - (u.step == 0 ? plan.step0_time : plan.base_step_time));
+  for (int d = 0; d < D; ++d) {
+    pinned = std::max(pinned, pinned_of[d]);
+    if (d <= D - 1 - d) pinned_per_step += std::max(pinned_of[d], pinned_of[D - 1 - d]) / plan.refresh_steps[d];
+  }
   plan.inline_time += pinned;
-  plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time + pinned) / P : plan.base_step_time;
+  plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time + pinned) / P
+                                     : plan.base_step_time + pinned_per_step;
   return plan;
 }
 

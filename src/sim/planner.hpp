@@ -40,8 +40,8 @@
 // Staleness. Until an inverse is refreshed the previous one is used. With W = 1 a PREC uses
 // whatever inverse its device holds at that point of its order.
 //
-// W > 1: the inversion units of a stage (whole factors, or the diagonal blocks of a split one)
-// are placed over its replicas by SPD-KFAC's Algorithm 1 (place_load_balanced, kfac/placement.hpp):
+// W > 1 (or Chimera's group): the inversion units of a stage (whole factors, or the diagonal
+// blocks of a split one) are placed over its replicas (holders) by SPD-KFAC's Algorithm 1 (place_load_balanced, kfac/placement.hpp):
 // by dimension, largest first; a unit whose inversion time (its planned duration) is below the
 // broadcast of its inverse (PlanInput::bcast_*: alpha + beta * bytes of the upper triangle, or of
 // the d floats of a diagonal factor) is non-communicated (NCT): every replica inverts it; else
@@ -57,20 +57,24 @@
 // holders must sum their curvature and switch inverses at the same point, so a SYNC_CURV per
 // stage is emitted even with W = 1, as with W > 1, but pinned: at the very end of cycle step K
 // (after every other action of that step, before the optimizer), in stage order, on every device;
-// K is the latest cycle step any device needs for its curvature (each with its best curvature
+// K is the latest cycle step the twins need for their curvature (each with its best curvature
 // packing). Blocking collectives there cannot deadlock: every rank has posted its sends of the
 // step (syncs placed in gaps would sit at different points of the twins' lists and could). The
-// inversions follow from cycle step K+1 on; all devices share one cycle length. A Chimera
-// inversion that fits no gap runs right after the syncs, also pinned. Pinned units count as
-// inline work (on the critical path: `inline_time`, `step_time`); a drawing does not show them.
-//
+// inversions follow from cycle step K+1 on. A Chimera inversion that fits no gap runs right after
+// the syncs, also pinned. Pinned units count as inline work (on the critical path: `inline_time`,
+// `step_time`); a drawing does not show them.
+// With `chimera_group` (the default) the twins (both hold stages i and D-1-i) and their replicas
+// form each stage's group: Algorithm 1 places the stage's inversions over its 2W holders, the CT
+// pieces' broadcasts are pinned before the sync, and every pair of twins has its own cycle length
+// and K (pairs share nothing; a step-end sync waits only for the twin's step). Without it every
+// copy inverts all its stage's factors (W = 1) and all devices share one cycle and one K.
 // Units larger than every gap (with margin): an inversion is split into k diagonal blocks (the
 // block-diagonal factor of the paper's appendix A.2: block j of size n_j costs T * (n_j/d)^3;
 // sizes as kfac's split_blocks), the smallest k whose largest block fits; if none does, or for
 // curvature and sync, the unit runs inline: in cycle step 0 just before the stage's PREC (on
 // the critical path; its dependencies are made inline too). `splits` and `inline_time` report it.
 //
-// Split when it shortens the refresh period (PlanInput::split_to_shorten, on by default): when a
+// Split when it shortens the refresh period (PlanInput::split_to_shorten, off by default): when a
 // device (one pipeline, no inline work anywhere) needs more than one step, its whole inversions,
 // largest first, are split into 2 diagonal blocks one more at a time (then 3, then 4) until it
 // needs fewer steps; that first set is kept and reported in `splits` (its `strategy` says so),
@@ -128,8 +132,14 @@ struct PlanInput {
   double bcast_alpha = 0, bcast_beta = 0;
   double margin = 0.05;
   // Split a device's largest inversions into diagonal blocks when that lowers its refresh steps
-  // (see planner.cpp); off: only units larger than every gap are split.
-  bool split_to_shorten = true;
+  // (see above). Off by default (exact factors, the paper's choice): only units larger than
+  // every gap are split.
+  bool split_to_shorten = false;
+  // Chimera: a stage's holders (its two pipeline copies x W replicas) form one group that shares
+  // the stage's inversions (Algorithm 1 over 2W members, inverses broadcast in the group), and
+  // each pair of twins keeps its own cycle (see above). Off: every copy inverts all of its
+  // stage's factors and all devices share one cycle (what the runtime executes today).
+  bool chimera_group = true;
 };
 
 // One placed K-FAC unit of one replica's device, times relative to its cycle step's start.
@@ -139,7 +149,7 @@ struct PlacedUnit {
   int step = 0;         // cycle step it runs in
   double start = 0, end = 0;
   bool inline_work = false;  // on the critical path (no gap could take it)
-  bool wrapped = false;      // in cycle step 0's leading gap, for the previous cycle
+  bool wrapped = false;      // for the previous cycle: in cycle step 0's leading gap (Chimera group: up to step K)
   bool at_step_end = false;  // Chimera: pinned after everything of cycle step `step` (inline_work too)
 };
 
@@ -151,15 +161,18 @@ struct FactorSplit {
   double pieces = 0;        // total cost of the blocks
 };
 
-// Algorithm 1 over one stage's inversion pieces (W > 1): pieces[k] is the INV_A/INV_B action
-// (block -1 = whole factor) of placement index k; placement.owner[k] == kEveryRank: NCT.
+// Algorithm 1 over one stage's inversion pieces among its holders: pieces[k] is the INV_A/INV_B
+// action (block -1 = whole factor) of placement index k; placement.owner[k] is a member index
+// (members[m] = its device and replica; without Chimera's group member m is replica m), or
+// kEveryRank: NCT.
 struct StagePlacement {
   int pipeline = 0, stage = 0, device = 0;
+  std::vector<std::pair<int, int>> members;  // [member] (device, replica)
   std::vector<Action> pieces;
   std::vector<int64_t> dims;
   std::vector<double> inv_time, bcast_time;  // [piece] as the placement used them
   InversionPlacement placement;
-  int owner_of(const Action& inv_or_bcast) const;  // replica, kEveryRank, or PF_CHECK failure
+  int owner_of(const Action& inv_or_bcast) const;  // member, kEveryRank, or PF_CHECK failure
 };
 
 struct KfacPlan {
@@ -177,9 +190,10 @@ struct KfacPlan {
   double inline_time = 0;                      // step0_time - base_step_time: critical-path cost per cycle
   double utilization = 0;                      // mean over devices
   bool common_cycle = false;                   // all devices share one cycle (inline work present, or Chimera)
-  int sync_step = -1;                          // Chimera: the cycle step whose end has the syncs (-1: none)
+  int sync_step = -1;                          // Chimera: the latest sync_steps entry (-1: none)
+  std::vector<int> sync_steps;                 // [device] Chimera: the cycle step whose end has its syncs
   std::vector<FactorSplit> splits;
-  std::vector<StagePlacement> placements;      // W > 1: each hosted (pipeline, stage)'s inversion placement
+  std::vector<StagePlacement> placements;      // several holders: each hosted (pipeline, stage)'s placement
   std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)
@@ -187,6 +201,8 @@ struct KfacPlan {
   std::vector<std::vector<std::vector<std::vector<Action>>>> cycle;
   // Cycle step 0 of the first cycle (no wrapped units): [replica][device].
   std::vector<std::vector<std::vector<Action>>> first;
+  // The whole first cycle (no wrapped units): [replica][device][cycle step].
+  std::vector<std::vector<std::vector<std::vector<Action>>>> first_cycle;
   Schedule step_template;                      // the input schedule's header (for schedule_for)
 
   int period() const;  // max refresh_steps: what a drawing of the whole refresh shows

@@ -15,7 +15,7 @@ const std::vector<Action>& KfacPlan::actions(int replica, int device, int64_t t)
   PF_CHECK(replica >= 0 && replica < replicas && device >= 0 && device < devices && t >= 0,
            "replica {} device {} step {}", replica, device, t);
   const int R = refresh_steps[device];
-  if (t == 0) return first[replica][device];
+  if (t < R) return first_cycle[replica][device][t];
   return cycle[replica][device][t % R];
 }
 

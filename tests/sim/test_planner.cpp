@@ -3,6 +3,7 @@
 #include "schedule/generators.hpp"
 #include "schedule/validate.hpp"
 #include "sim/planner.hpp"
+#include "sim/profile.hpp"
 
 #include <gtest/gtest.h>
 
@@ -70,10 +71,11 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
         for (int w = 0; w < W; ++w) expect.insert(to_token({Kind::SYNC_CURV, st, p, -1, -1}));
       // W > 1: an NCT piece is inverted by every replica; a CT piece by its owner, and
       // broadcast on every replica (plan.placements, checked in InversionsPlacedByAlgorithm1).
+      // Chimera's group: the pieces are shared by the twins too (members are (device, replica)).
       const StagePlacement* sp = nullptr;
       for (const StagePlacement& x : plan.placements)
         if (x.pipeline == p && x.stage == st && x.device == d) sp = &x;
-      ASSERT_EQ(sp != nullptr, W > 1) << "device " << d;
+      ASSERT_EQ(sp != nullptr, W > 1 || (s.pipelines > 1 && in.chimera_group)) << "device " << d;
       for (Kind k : {Kind::INV_A, Kind::INV_B})
         for (int l = 0; l < c.layers(); ++l) {
           int blocks = 1;
@@ -82,13 +84,14 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
           for (int j = 0; j < blocks; ++j) {
             const Action inv{k, st, p, -1, l, blocks > 1 ? j : -1};
             const int owner = sp ? sp->owner_of(inv) : kEveryRank;
-            for (int w = 0; w < (owner == kEveryRank ? W : 1); ++w) expect.insert(to_token(inv));
+            const bool here = owner == kEveryRank || sp->members[owner].first == d;
+            for (int w = 0; w < (owner == kEveryRank ? W : here ? 1 : 0); ++w) expect.insert(to_token(inv));
             if (owner == kEveryRank) continue;
             for (int w = 0; w < W; ++w)
               expect.insert(to_token({k == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, st, p, -1, l, inv.block}));
             for (const PlacedUnit& u : plan.units)
               if (u.device == d && u.action == inv) {
-                EXPECT_EQ(u.replica, owner) << to_token(inv);
+                EXPECT_EQ(u.replica, sp->members[owner].second) << to_token(inv);
               }
           }
         }
@@ -105,13 +108,22 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
       std::vector<const PlacedUnit*> mine;
       for (const PlacedUnit& u : plan.units)
         if (u.replica == w && u.device == d) mine.push_back(&u);
-      auto abs_start = [&](const PlacedUnit& u) { return (u.wrapped ? offset(R) : offset(u.step)) + u.start; };
-      std::sort(mine.begin(), mine.end(), [&](auto* a, auto* b) { return abs_start(*a) < abs_start(*b); });
+      // A wrapped unit runs in the next cycle's step u.step (its leading gap of step 0, or with
+      // Chimera's group up to its sync step): absolute time from this cycle's start.
+      auto abs_start = [&](const PlacedUnit& u) { return offset(u.wrapped ? R + u.step : u.step) + u.start; };
+      for (const PlacedUnit* u : mine) end_abs[to_token(u->action)] = abs_start(*u) + (u->end - u->start);
+      // No overlap in the steady state: wrapped units share the cycle step's gaps with its own.
+      std::sort(mine.begin(), mine.end(), [&](auto* a, auto* b) { return offset(a->step) + a->start < offset(b->step) + b->start; });
       double prev_end = -1;
+      std::string prev;
+      // Chimera's pinned units lengthen their step (on the critical path): not in a gap.
       for (const PlacedUnit* u : mine) {
-        EXPECT_GE(abs_start(*u) + 1e-9, prev_end) << "K-FAC units overlap on device " << d;
-        prev_end = abs_start(*u) + (u->end - u->start);
-        end_abs[to_token(u->action)] = prev_end;
+        if (u->at_step_end) continue;
+        EXPECT_GE(offset(u->step) + u->start + 1e-9, prev_end)
+            << "K-FAC units overlap on device " << d << ": " << to_token(u->action) << " step " << u->step
+            << (u->wrapped ? " wrapped" : "") << (u->inline_work ? " inline" : "") << " after " << prev;
+        prev_end = offset(u->step) + u->end;
+        prev = to_token(u->action) + " step " + std::to_string(u->step) + (u->wrapped ? " wrapped" : "");
         if (u->inline_work) continue;
         const Timeline& tl = u->step == 0 && !u->wrapped ? plan.step0 : plan.base;
         EXPECT_GE(u->start, -1e-9);
@@ -120,7 +132,8 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
           if (occupying(t.action.kind) && t.end > t.start)
             EXPECT_TRUE(u->end <= t.start + 1e-9 || u->start >= t.end - 1e-9)
                 << to_token(u->action) << " overlaps " << to_token(t.action) << " on device " << d;
-        if (u->wrapped) EXPECT_LT(u->end, plan.base.per_device[d].front().end + 1e-9);
+        if (u->wrapped && !(s.pipelines > 1 && in.chimera_group))
+          EXPECT_LT(u->end, plan.base.per_device[d].front().end + 1e-9);
       }
       // Dependencies (absolute times in the cycle; curvature from step 0's F/B).
       auto step0_end = [&](Kind k, const Action& a) {
@@ -180,31 +193,32 @@ void check_plan(const PlanInput& in, const KfacPlan& plan) {
 TEST(Planner, BertLargeOneFOneBFillsBubblesNearTheLowerBound) {
   // BERT-Large (24 blocks) on D = 8 stages: 3 blocks per stage; the paper's profile is per
   // block and scales with blocks per stage (its Figure 5 text; profile_from_row does the same).
+  // Exact factors (the default): nothing split; device 1's three 37.5 ms inversions (the
+  // 4096-wide A of each block's output Linear) fit only its one long gap per step, which
+  // curvature spilling from step 0 already fills: 3 steps there, 2 elsewhere.
   PlanInput in = bert_large("1f1b", 8, 8, 3);
   KfacPlan plan = plan_kfac(in);
   check_plan(in, plan);
   EXPECT_EQ(plan.inline_time, 0);
-  // Every device refreshes at the lower bound, 2 steps, over 90% busy. Device 1 gets there by
-  // splitting one 37.5 ms inversion (the 4096-wide A of the first block's output Linear) into
-  // 2 diagonal blocks (9.4 ms in all): whole, its three such inversions fit only its one long
-  // gap per step, which curvature spilling from step 0 already fills (3 steps, 89.55%).
-  EXPECT_GT(plan.utilization, 0.90);
-  for (int d = 0; d < 8; ++d) EXPECT_EQ(plan.refresh_steps[d], 2) << d;
-  ASSERT_EQ(plan.splits.size(), 1u);
-  EXPECT_EQ(plan.splits[0].stage, 1);
-  EXPECT_EQ(plan.splits[0].layer, 5);
-  EXPECT_EQ(plan.splits[0].kind, Kind::INV_A);
-  EXPECT_EQ(plan.splits[0].blocks, 2);
-  EXPECT_DOUBLE_EQ(plan.splits[0].pieces, plan.splits[0].whole / 4);  // 2 blocks of (1/2)^3
-  EXPECT_NE(plan.strategy[1].find("split to shorten the refresh period"), std::string::npos);
-  // Without the policy: nothing split, device 1 needs 3 steps.
-  PlanInput whole = in;
-  whole.split_to_shorten = false;
-  KfacPlan unsplit = plan_kfac(whole);
-  EXPECT_TRUE(unsplit.splits.empty());
-  EXPECT_GT(unsplit.utilization, 0.895);
-  EXPECT_LT(unsplit.utilization, 0.90);
-  for (int d = 0; d < 8; ++d) EXPECT_EQ(unsplit.refresh_steps[d], d == 1 ? 3 : 2) << d;
+  EXPECT_TRUE(plan.splits.empty());
+  EXPECT_GT(plan.utilization, 0.895);
+  EXPECT_LT(plan.utilization, 0.90);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(plan.refresh_steps[d], d == 1 ? 3 : 2) << d;
+  // split_to_shorten: splitting one of those inversions into 2 diagonal blocks (9.4 ms in all)
+  // brings device 1 to 2 steps, over 90% busy, at the price of a block-diagonal factor.
+  PlanInput split = in;
+  split.split_to_shorten = true;
+  KfacPlan shorter = plan_kfac(split);
+  check_plan(split, shorter);
+  EXPECT_GT(shorter.utilization, 0.90);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(shorter.refresh_steps[d], 2) << d;
+  ASSERT_EQ(shorter.splits.size(), 1u);
+  EXPECT_EQ(shorter.splits[0].stage, 1);
+  EXPECT_EQ(shorter.splits[0].layer, 5);
+  EXPECT_EQ(shorter.splits[0].kind, Kind::INV_A);
+  EXPECT_EQ(shorter.splits[0].blocks, 2);
+  EXPECT_DOUBLE_EQ(shorter.splits[0].pieces, shorter.splits[0].whole / 4);  // 2 blocks of (1/2)^3
+  EXPECT_NE(shorter.strategy[1].find("split to shorten the refresh period"), std::string::npos);
   // With finer units (6 blocks per stage) every device refreshes in 2 steps: over 90%.
   KfacPlan fine = plan_kfac(bert_large("1f1b", 8, 8, 6));
   EXPECT_GT(fine.utilization, 0.90);
@@ -236,7 +250,6 @@ PlanInput tiny(double inv_a = 1, int D = 2, int N = 2) {
   c.precondition = 0.5;
   in.kfac = {c};
   in.margin = 0;
-  in.split_to_shorten = false;  // the base rules (SplitsWhenThatShortensTheRefreshPeriod: the policy)
   return in;
 }
 
@@ -566,12 +579,15 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
   check_plan(in, p);
   const int D = p.devices;
   ASSERT_GE(p.sync_step, 0);
-  EXPECT_TRUE(p.common_cycle);
+  // Without the group one cycle for all; with it one per pair of twins (unless inline work).
+  if (!in.chimera_group) EXPECT_TRUE(p.common_cycle);
   for (int d = 0; d < D; ++d) {
-    EXPECT_EQ(p.refresh_steps[d], p.refresh_steps[0]);
-    EXPECT_GT(p.refresh_steps[d], p.sync_step);
+    const int K = p.sync_steps[d];
+    EXPECT_EQ(K, in.chimera_group ? p.sync_steps[D - 1 - d] : p.sync_step);
+    EXPECT_EQ(p.refresh_steps[d], p.refresh_steps[in.chimera_group ? D - 1 - d : 0]);
+    EXPECT_GT(p.refresh_steps[d], K);
     for (int w = 0; w < p.replicas; ++w) {
-      const auto& list = p.cycle[w][d][p.sync_step];
+      const auto& list = p.cycle[w][d][K];
       // The list's tail: per stage (stage order) its broadcasts (W > 1) then its sync, then only
       // the inversions that fit no gap (pinned after them).
       size_t pinned_inv = 0, pinned_bcast = 0;
@@ -580,7 +596,7 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
           pinned_bcast += is_bcast_inv(u.action.kind);
           pinned_inv += u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B;
         }
-      if (p.replicas == 1) EXPECT_EQ(pinned_bcast, 0u);
+      if (p.replicas == 1 && !in.chimera_group) EXPECT_EQ(pinned_bcast, 0u);
       ASSERT_GE(list.size(), 2 + pinned_bcast + pinned_inv);
       const size_t tail = list.size() - 2 - pinned_bcast - pinned_inv;
       std::vector<int> sync_stages;
@@ -603,7 +619,7 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
       // Every inversion after the syncs: in a later cycle step (or wrapped into the next cycle).
       for (const PlacedUnit& u : p.units)
         if (u.replica == w && u.device == d && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B))
-          EXPECT_TRUE(u.wrapped || u.step > p.sync_step || u.at_step_end) << to_token(u.action);
+          EXPECT_TRUE(u.wrapped || u.step > K || u.at_step_end) << to_token(u.action);
     }
   }
   // Twins split alike: (stage, layer, kind) -> blocks is the same for both pipelines.
@@ -614,15 +630,157 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
 }  // namespace
 
 TEST(Planner, ChimeraTwinsSyncTogetherAtTheEndOfOneCycleStep) {
-  for (int D : {2, 4}) {
-    PlanInput in = bert_large("1f1b", D, 8, 24 / D);
-    in.schedule = make_schedule("chimera", D, 8);
-    expect_chimera_syncs(in, "chimera D=" + std::to_string(D));
+  for (bool group : {true, false})
+    for (int D : {2, 4}) {
+      PlanInput in = bert_large("1f1b", D, 8, 24 / D);
+      in.schedule = make_schedule("chimera", D, 8);
+      in.chimera_group = group;
+      expect_chimera_syncs(in, "chimera D=" + std::to_string(D) + (group ? " group" : ""));
+    }
+  for (bool group : {true, false}) {
+    PlanInput in = bert_large("1f1b", 4, 8, 6, 2);
+    in.schedule = make_schedule("chimera", 4, 8);
+    in.chimera_group = group;
+    expect_chimera_syncs(in, std::string("chimera D=4 W=2") + (group ? " group" : ""));
   }
-  PlanInput in = bert_large("1f1b", 4, 8, 6, 2);
-  in.schedule = make_schedule("chimera", 4, 8);
-  expect_chimera_syncs(in, "chimera D=4 W=2");
 }
 
+
+TEST(Planner, ChimeraGroupTwinsShareTheInversions) {
+  // W = 1, no broadcast cost: every piece is CT (Algorithm 1 over the 2 holders of a stage, the
+  // twins i and D-1-i): each piece inverted by exactly one twin, both broadcast it, and the
+  // placement is place_load_balanced's on the stage's pieces.
+  PlanInput in = bert_large("1f1b", 4, 8, 6);
+  in.schedule = make_schedule("chimera", 4, 8);
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  const StageKfacCost& c = in.kfac[0];
+  double stage_inv = 0;
+  for (int l = 0; l < c.layers(); ++l) stage_inv += c.inv_a[l] + c.inv_b[l];
+  ASSERT_EQ(p.placements.size(), 8u);  // 4 devices x 2 hosted stages
+  for (const StagePlacement& sp : p.placements) {
+    ASSERT_EQ(sp.members.size(), 2u);
+    const int twin = 3 - sp.device;
+    // Members: pipeline 0's copy then pipeline 1's.
+    EXPECT_EQ(sp.members[0], std::pair(sp.stage, 0));
+    EXPECT_EQ(sp.members[1], std::pair(3 - sp.stage, 0));
+    EXPECT_TRUE(sp.members[sp.pipeline].first == sp.device && sp.members[1 - sp.pipeline].first == twin);
+    const InversionPlacement want = place_load_balanced(sp.dims, 2, sp.inv_time, sp.bcast_time);
+    EXPECT_EQ(sp.placement.owner, want.owner);
+    EXPECT_EQ(sp.placement.communicated(), static_cast<int>(sp.pieces.size()));
+    // Each piece once over the twins: the stage's inversion work once, not twice.
+    double here = 0, there = 0;
+    for (const PlacedUnit& u : p.units)
+      if (u.action.stage == sp.stage && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B))
+        (u.device == sp.device ? here : there) += u.end - u.start;
+    EXPECT_NEAR(here + there, stage_inv, 1e-9);
+    EXPECT_GT(here, 0);
+    EXPECT_GT(there, 0);
+  }
+  // Per device: the curvature of its N micro-batches plus about one stage's inversions (half of
+  // each of its two stages'), not two.
+  for (int d = 0; d < 4; ++d) {
+    double curv = 0;
+    for (int l = 0; l < c.layers(); ++l) curv += 8 * (c.curv_a[l] + c.curv_b[l]);
+    EXPECT_LT(p.kfac_work[d], curv + 1.2 * stage_inv);
+    EXPECT_GT(p.kfac_work[d], curv + 0.8 * stage_inv);
+  }
+  // Without the group each copy inverts all of its stage's factors.
+  in.chimera_group = false;
+  KfacPlan alone = plan_kfac(in);
+  EXPECT_TRUE(alone.placements.empty());
+  for (int d = 0; d < 4; ++d) EXPECT_GT(alone.kfac_work[d], p.kfac_work[d] + 0.5 * stage_inv);
+}
+
+// The paper's published per-block profiles (data/profiles), as `plan --profile` reads them.
+PlanInput paper_setting(const std::string& file, const std::string& schedule, int D, int N, int blocks,
+                        const std::string& arch_size, int W = 1) {
+  const std::vector<ProfileRow> rows = read_paper_csv(std::string(PF_SOURCE_DIR) + "/data/profiles/" + file);
+  const ProfileRow* row = nullptr;
+  for (const ProfileRow& r : rows)
+    if (r.bs == 32) row = &r;
+  if (!row) throw std::runtime_error("no bs 32 in " + file);
+  const Profile prof = profile_from_row(*row, blocks);
+  PlanInput in;
+  in.schedule = make_schedule(schedule, D, N);
+  in.cost = prof.cost;
+  const int hidden = arch_size == "large" ? 1024 : 768;
+  std::vector<LinearShape> layers;
+  for (int b = 0; b < blocks; ++b)
+    for (const LinearShape& l : block_linears("bert", hidden, 4 * hidden)) layers.push_back(l);
+  const StageCost& sc = prof.cost.stages[0];
+  in.kfac = {split_stage_cost(layers, sc.curvature, sc.inversion, sc.precondition)};
+  in.replicas = W;
+  return in;
+}
+
+double plain_step(const PlanInput& in) { return simulate(in.schedule, in.cost).step_time; }
+
+TEST(Planner, PaperFigure4BertLargeChimeraP100) {
+  // Figure 4 / Table 2: BERT-Large, Chimera D = N = 8, 3 blocks per stage, micro-batch 32, P100,
+  // exact factors. The paper measured refresh 4 (stages 1, 8) and 2 (the others) at 97.6%.
+  // Modelled from its own profile a device carries 8 x 130.5 ms of curvature and, shared with its
+  // twin, 380.1 ms of inversion per refresh against 472.4 ms of bubble per step: the lower bound
+  // is ceil(1424.1 / 472.4) = 4 steps, and 4 steps cap the utilization at 92.7%.
+  PlanInput in = paper_setting("bert-large_p100.csv", "chimera", 8, 8, 3, "large");
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  EXPECT_TRUE(p.splits.empty());
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>{4, 5, 4, 4, 4, 4, 5, 4}));
+  EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>(8, 4)));
+  EXPECT_GT(p.utilization, 0.915);
+  EXPECT_LT(p.step_time / plain_step(in), 1.03);  // precondition only: the paper's 1.066
+  // Without the group (every copy inverts all its factors, one cycle for all): 9 steps.
+  in.chimera_group = false;
+  KfacPlan alone = plan_kfac(in);
+  EXPECT_EQ(alone.refresh_steps, (std::vector<int>(8, 9)));
+  EXPECT_LT(alone.utilization, 0.86);
+}
+
+TEST(Planner, PaperFigure7BertBaseChimeraP100) {
+  // Figure 7's setting: BERT-Base, Chimera D = N = 4 (3 blocks per stage), micro-batch 32, P100.
+  // The paper: 93.2% utilization, inverses refreshed every 5 (to 10) steps.
+  PlanInput in = paper_setting("bert-base_p100.csv", "chimera", 4, 4, 3, "base");
+  KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  // Exact factors but for the 3072-wide ones (33.3 ms), larger than every gap of the devices
+  // holding them: split into diagonal blocks (the paper's appendix A.2), the twins alike.
+  double max_gap = 0;
+  for (int d = 0; d < 4; ++d) {
+    double t = 0;
+    for (const TimedAction& a : p.base.per_device[d])
+      if (occupying(a.action.kind)) max_gap = std::max(max_gap, a.start - t), t = std::max(t, a.end);
+    max_gap = std::max(max_gap, p.base.step_time - t);
+  }
+  EXPECT_FALSE(p.splits.empty());
+  for (const FactorSplit& f : p.splits) EXPECT_GT(f.whole * (1 + in.margin), max_gap);
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>(4, 5)));
+  EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>(4, 5)));
+  EXPECT_GT(p.utilization, 0.99);
+  EXPECT_LT(p.step_time / plain_step(in), 1.05);
+}
+
+TEST(Planner, PaperFigure3BertBaseGPipeAnd1F1BP100) {
+  // Figure 3: BERT-Base, D = N = 4 (3 blocks per stage), micro-batch 32, P100; the paper measured
+  // refresh 2, 1, 1, 2 without data parallelism. Its own model (section 3.3) on its profile gives
+  // (4 x 76.6 + 215.0) / 235.9 = 2.2 steps per refresh (the measured bubbles were larger: 42%
+  // utilization against the model's 57%); the planner reaches that lower bound of 3 with GPipe.
+  for (const char* sch : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(sch);
+    PlanInput in = paper_setting("bert-base_p100.csv", sch, 4, 4, 3, "base");
+    KfacPlan p = plan_kfac(in);
+    check_plan(in, p);
+    EXPECT_TRUE(p.splits.empty());
+    EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>(4, 3)));
+    const bool gpipe = std::string(sch) == "gpipe";
+    EXPECT_EQ(p.refresh_steps, gpipe ? (std::vector<int>{3, 3, 3, 3}) : (std::vector<int>{3, 4, 3, 3}));
+    // With data and inversion parallelism (2 replicas per stage, Figure 3's bottom row).
+    PlanInput dp = paper_setting("bert-base_p100.csv", sch, 4, 4, 3, "base", 2);
+    KfacPlan q = plan_kfac(dp);
+    check_plan(dp, q);
+    EXPECT_EQ(q.lower_bound_refresh_steps, (std::vector<int>(4, 2)));
+    EXPECT_EQ(q.refresh_steps, gpipe ? (std::vector<int>{3, 2, 2, 2}) : (std::vector<int>{3, 3, 2, 2}));
+  }
+}
 }  // namespace
 }  // namespace pf

@@ -21,10 +21,9 @@ TEST(PlanKfacCli, HandComputableJson) {
   // GPipe D = N = 2, T_f 1, T_b 2, PREC 0.5: step 9.5 (device 0 adds PREC at the end, device 1
   // in its tail gap), 3 of bubble per device; curvature 1 per micro-batch and inversion 1 per
   // stage: ceil((2 * 1 + 1) / 3) = 1 step at best; curvature B of micro-batch 1 is ready only at
-  // device 0's end of step, so 2 steps; busy 2 * 6.5 + 3 over 19. --whole-inversions: no split
-  // to shorten the refresh period (below).
-  PlanRun r = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json "
-                   "--whole-inversions");
+  // device 0's end of step, so 2 steps; busy 2 * 6.5 + 3 over 19. By default exact factors: no
+  // split to shorten the refresh period (--split-to-shorten, below).
+  PlanRun r = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out)["kfac"];
   EXPECT_EQ(j["refresh_steps"], nlohmann::json({2, 2}));
@@ -34,15 +33,17 @@ TEST(PlanKfacCli, HandComputableJson) {
   EXPECT_DOUBLE_EQ(j["utilization"].get<double>(), 16.0 / 19.0);
   EXPECT_EQ(j["splits"].size(), 0u);
   EXPECT_EQ(j["per_device"][1]["bubble"].get<double>(), 3);
-  // By default device 1 splits its inversion (2 blocks, 1/4 of the work) and refreshes every step.
-  PlanRun d = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
+  // --split-to-shorten: device 1 splits its inversion (2 blocks, 1/4 of the work) and refreshes
+  // every step.
+  PlanRun d = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json "
+                   "--split-to-shorten");
   ASSERT_EQ(d.status, 0) << d.err;
   auto k = nlohmann::json::parse(d.out)["kfac"];
   EXPECT_EQ(k["refresh_steps"], nlohmann::json({2, 1}));
   ASSERT_EQ(k["splits"].size(), 1u);
   EXPECT_EQ(k["splits"][0]["stage"], 1);
-  expect_usage("--schedule gpipe --stages 2 --micro-batches 2 --whole-inversions",
-               "pipefisher: --whole-inversions: only applies with --kfac");
+  expect_usage("--schedule gpipe --stages 2 --micro-batches 2 --split-to-shorten",
+               "pipefisher: --split-to-shorten: only applies with --kfac");
 }
 
 TEST(PlanKfacCli, NoBubbleRunsInlineAndTheSummarySaysSo) {
@@ -73,7 +74,7 @@ TEST(PlanKfacCli, ReplicasPlaceInversionsByAlgorithm1AndDrawTheBroadcasts) {
   // ones CT: the first to replica 0, the second to the then least loaded replica 1.
   const std::string svg = tmp("w2.svg"), trace = tmp("w2.json");
   const std::string args = "--kfac --schedule 1f1b --stages 4 --micro-batches 4 --tf 20 --tb 40 --tcurv 3 --tinv 100 "
-                           "--tprec 0.5 --whole-inversions --data-parallel 2 --bcast-alpha 0 --bcast-beta 1.2e-6";
+                           "--tprec 0.5 --data-parallel 2 --bcast-alpha 0 --bcast-beta 1.2e-6";
   PlanRun r = plan(args + " --json --svg " + svg + " --trace " + trace);
   ASSERT_EQ(r.status, 0) << r.err;
   auto k = nlohmann::json::parse(r.out)["kfac"];
