@@ -42,7 +42,7 @@ struct PlanArgs {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
-  bool json = false, sweep = false, kfac = false, split_to_shorten = false;
+  bool json = false, sweep = false, kfac = false, split_to_shorten = false, no_stage_group = false;
   int data_parallel = 1;
   double margin = 0.05;
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
@@ -153,6 +153,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   in.replicas = a.data_parallel;
   in.margin = a.margin;
   in.split_to_shorten = a.split_to_shorten;
+  in.chimera_group = !a.no_stage_group;
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.cost.allreduce_alpha;
@@ -235,7 +236,7 @@ void print_kfac(const nlohmann::json& k) {
 
 int run(const PlanArgs& a) {
   if (!a.kfac)
-    for (const char* f : {"--model", "--data-parallel", "--margin", "--split-to-shorten", "--bcast-alpha", "--bcast-beta"})
+    for (const char* f : {"--model", "--data-parallel", "--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
@@ -371,6 +372,9 @@ Runner setup(CLI::App& app) {
   app.add_flag("--split-to-shorten", a->split_to_shorten,
                "Also split an inversion into diagonal blocks when that shortens the refresh period (default: exact "
                "factors, split only when larger than every bubble)");
+  app.add_flag("--no-stage-group", a->no_stage_group,
+               "Chimera: every pipeline copy inverts all its stage's factors and all devices share one cycle (what "
+               "the runtime executes), instead of the twins sharing them");
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
   app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
   return [a] { return run(*a); };

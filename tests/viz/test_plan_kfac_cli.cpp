@@ -121,3 +121,33 @@ TEST(PlanKfacCli, BadArgumentsExitTwoWithOneLine) {
 }
 
 }  // namespace
+
+namespace {
+
+// The paper's published profiles (data/profiles): every one reads, and Figure 4's setting plans
+// as the planner test says (tests/sim/test_planner.cpp: PaperFigure4BertLargeChimeraP100).
+TEST(PlanKfacCli, PaperProfilesFromTheRepository) {
+  const std::string dir = std::string(PF_SOURCE_DIR) + "/data/profiles/";
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".csv") continue;
+    ++files;
+    PlanRun r = plan("--schedule chimera --stages 4 --micro-batches 4 --micro-batch-size 8 --json --profile " +
+                     e.path().string());
+    ASSERT_EQ(r.status, 0) << e.path() << r.err;
+    EXPECT_GT(nlohmann::json::parse(r.out)["step_time"].get<double>(), 0) << e.path();
+  }
+  EXPECT_EQ(files, 18);
+  PlanRun r = plan("--kfac --schedule chimera --stages 8 --micro-batches 8 --profile " + dir +
+                   "bert-large_p100.csv --micro-batch-size 32 --layers-per-stage 3 --model bert-large --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto k = nlohmann::json::parse(r.out)["kfac"];
+  EXPECT_EQ(k["refresh_steps"], nlohmann::json({4, 5, 4, 4, 4, 4, 5, 4}));
+  EXPECT_EQ(k["splits"].size(), 0u);
+  EXPECT_GT(k["utilization"].get<double>(), 0.915);
+  // The twins' placements: every stage's pieces over 2 holders, all broadcast (no broadcast model).
+  ASSERT_EQ(k["placement"].size(), 16u);
+  for (const auto& sp : k["placement"]) EXPECT_EQ(sp["non_communicated"], 0);
+}
+
+}  // namespace
