@@ -83,7 +83,8 @@ echo "### Sweeps (Figures 5, 6, 9-16): (curvature+inversion)/bubble ratio, N = D
 echo
 echo "\`pipefisher plan --sweep --schedule chimera --profile data/profiles/<file>\`, ratio at N = D per"
 echo "micro-batch size (rows) and depth D (columns), one block per stage. No activation recomputation"
-echo "(R) yet. Chimera's stage is charged 2x T_inv and 2x T_prec here (sim/sweep.cpp), the paper 1x."
+echo "(R) yet. T_inv, T_prec and M_curv per stage as the paper defines them (Chimera's two copies of a"
+echo "stage share them)."
 echo
 for f in "$prof"/*.csv; do
   name=$(basename "$f" .csv)

@@ -28,7 +28,7 @@ MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vect
       r.params += 2 * m.param;
       r.activations += n * m.act;
       r.err_peak = std::max(r.err_peak, m.err_peak);
-      r.curv += m.kron;
+      r.curv += m.kron / s.pipelines;  // per stage (the paper's M_curv): Chimera's copies count once
       r.err_save += n * m.err_save;
     }
     std::sort(ev.begin(), ev.end());  // at equal times frees (negative) come first

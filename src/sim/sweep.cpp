@@ -36,11 +36,14 @@ std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile
           std::map<std::pair<int, int>, int> processed;  // hosted (pipeline, stage) -> micro-batches
           for (const TimedAction& t : tl.per_device[d])
             if (t.action.kind == Kind::F) ++processed[{t.action.pipeline, t.action.stage}];
+          // Per stage as the paper defines them: a stage's copies (Chimera's two pipelines) share
+          // its inversion and precondition (the planner's stage groups share the inversions);
+          // curvature is per micro-batch where it ran.
           double prec = 0, curv_inv = 0;
           for (auto [ps, n] : processed) {
             const StageCost& c = prof.cost.stage(ps.second);
-            prec += c.precondition;
-            curv_inv += n * c.curvature + c.inversion;
+            prec += c.precondition / s.pipelines;
+            curv_inv += n * c.curvature + c.inversion / s.pipelines;
           }
           r.t_prec = std::max(r.t_prec, prec);
           r.t_curv_inv = std::max(r.t_curv_inv, curv_inv);

@@ -2,8 +2,10 @@
 // The paper's performance model tables (Figures 5, 6, 9, 10): for each micro-batch size (profile
 // row), pipeline depth D and N = k*D, simulate one step and derive
 //   t_pipe      step time;  t_bubble  mean bubble per device
-//   t_prec      precondition per step (worst device: all stages it hosts)
-//   t_curv_inv  N*T_curv + T_inv on the worst device (must fit into bubbles)
+//   t_prec      precondition per step (worst device: all stages it hosts; a stage held by two
+//               pipeline copies, Chimera's, counts once over its copies: the paper's per stage)
+//   t_curv_inv  N*T_curv + T_inv on the worst device (must fit into bubbles; T_inv per stage,
+//               shared by its copies as in the planner's Chimera stage groups)
 //   ratio       t_curv_inv / t_bubble: about the steps per curvature refresh
 //   throughput  sequences/s of the plain pipeline, of PipeFisher (t_pipe + t_prec), of naive
 //               K-FAC (everything added to the step) and of K-FAC skipping curvature+inversion

@@ -148,6 +148,17 @@ TEST(PlanKfacCli, PaperProfilesFromTheRepository) {
   // The twins' placements: every stage's pieces over 2 holders, all broadcast (no broadcast model).
   ASSERT_EQ(k["placement"].size(), 16u);
   for (const auto& sp : k["placement"]) EXPECT_EQ(sp["non_communicated"], 0);
+  // The sweep's memory model per stage as the paper defines it: BERT-Base P100, micro-batch 32,
+  // Chimera D = N = 4: M_kfac+ = M_curv + M_inv + N M_err^save = 94.5 + 94.5 + 4 x 108.
+  PlanRun sw = plan("--sweep --schedule chimera --sweep-stages 4 --json --profile " + dir + "bert-base_p100.csv");
+  ASSERT_EQ(sw.status, 0) << sw.err;
+  int seen = 0;
+  for (const auto& row : nlohmann::json::parse(sw.out))
+    if (row["micro_batch_size"] == 32 && row["micro_batches"] == 4) {
+      EXPECT_DOUBLE_EQ(row["m_kfac"].get<double>(), 621);
+      ++seen;
+    }
+  EXPECT_EQ(seen, 1);
 }
 
 }  // namespace

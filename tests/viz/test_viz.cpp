@@ -146,10 +146,15 @@ TEST(Sweep, RowsFollowTheClosedForms) {
   EXPECT_DOUBLE_EQ(r.throughput_kfac, 32 / 26.25 * 1000);
   EXPECT_DOUBLE_EQ(r.throughput_kfac_skip, 32 / 26.25 * 1000);  // ratio < 1: refresh every step
   EXPECT_DOUBLE_EQ(r.m_pipe, 20 + 4 * 3 + 2);
-  // Chimera skips odd depths.
+  // Chimera skips odd depths; its stage's copies share T_inv and T_prec (the paper's per stage):
+  // at D = N = 4 a device runs 4 micro-batches' curvature and one stage's inversion.
   spec.schedule = "chimera";
   spec.stages = {3, 4};
-  EXPECT_EQ(run_sweep(spec, {p}).size(), 3u);
+  const std::vector<SweepRow> ch = run_sweep(spec, {p});
+  EXPECT_EQ(ch.size(), 3u);
+  EXPECT_DOUBLE_EQ(ch[0].t_prec, 0.25);
+  EXPECT_DOUBLE_EQ(ch[0].t_curv_inv, 4 * 0.5 + 3);
+  EXPECT_DOUBLE_EQ(ch[0].t_pipe, 4 * 1 + 6 * 2);  // C_f = D, C_b = 2D - 2 at T_b = 2 T_f
   std::string csv = sweep_csv(rows);
   EXPECT_EQ(count(csv, "\n"), 7u);
   EXPECT_EQ(csv.rfind("schedule,micro_batch_size,stages,micro_batches,t_pipe", 0), 0u);
