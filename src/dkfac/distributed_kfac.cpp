@@ -77,7 +77,9 @@ DistributedKfac::DistributedKfac(KfacPreconditioner& kfac, MPI_Comm factor_comm,
   } else if (use_balance_) {
     placement_ = place_load_balanced(cost_dims, size_, inv, bcast);
   } else {
-    placement_ = place_round_robin(cost_dims, size_, inv, bcast);
+    std::vector<int> layer_of;  // Eq. 22 by layer: a layer's A and B on one rank
+    for (const Factor& f : factors_) layer_of.push_back(static_cast<int>(f.layer));
+    placement_ = place_round_robin(cost_dims, size_, inv, bcast, layer_of);
   }
   // The broadcast staging: one slot per communicated inverse, allocated once.
   bcast_offset_.assign(factors_.size(), 0);

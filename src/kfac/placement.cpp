@@ -52,14 +52,16 @@ InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ran
 }
 
 InversionPlacement place_round_robin(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time,
-                                     const CostOfDim& bcast_time) {
+                                     const CostOfDim& bcast_time, const std::vector<int>& layer_of) {
   PF_CHECK(ranks >= 1, "placement over {} ranks", ranks);
+  PF_CHECK(layer_of.empty() || layer_of.size() == dims.size(), "{} layers for {} factors", layer_of.size(), dims.size());
   InversionPlacement p;
   p.owner.resize(dims.size());
   p.order.resize(dims.size());
   p.load.assign(static_cast<size_t>(ranks), 0.0);
   for (size_t f = 0; f < dims.size(); ++f) {
-    const int r = static_cast<int>(f % static_cast<size_t>(ranks));
+    const size_t unit = layer_of.empty() ? f : static_cast<size_t>(layer_of[f]);
+    const int r = static_cast<int>(unit % static_cast<size_t>(ranks));
     p.order[f] = static_cast<int>(f);
     p.owner[f] = ranks == 1 ? kEveryRank : r;
     if (inv_time) p.load[r] += inv_time(dims[f]) + (ranks > 1 && bcast_time ? bcast_time(dims[f]) : 0.0);

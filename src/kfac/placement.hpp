@@ -11,7 +11,8 @@
 // The paper's listing adds d_i to the loads (and the SPD authors' code n, with a fixed size
 // threshold for NCTs); we add the modelled times, which is what Eq. 21 minimises.
 //
-// Round-robin placement (MPD-KFAC, Eq. 22): factor i goes to rank i % W, all communicated.
+// Round-robin placement (MPD-KFAC, Eq. 22), by layer: both factors of layer l (A_{l-1} and G_l)
+// go to rank l % W, all communicated (without layers: factor i to rank i % W).
 //
 // Pure functions of their inputs: every rank computes the same placement from the same models.
 #include <cstdint>
@@ -42,8 +43,9 @@ InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ran
 // PipeFisher planner's measured per-factor inversion times; the order is still by dimension.
 InversionPlacement place_load_balanced(const std::vector<int64_t>& dims, int ranks, const std::vector<double>& inv_time,
                                        const std::vector<double>& bcast_time);
-// Eq. 22 (MPD-KFAC). Loads are filled from the same models when given (else 0).
+// Eq. 22 (MPD-KFAC). layer_of: [factor] its layer (empty: each factor its own). Loads are filled
+// from the same models when given (else 0).
 InversionPlacement place_round_robin(const std::vector<int64_t>& dims, int ranks, const CostOfDim& inv_time = {},
-                                     const CostOfDim& bcast_time = {});
+                                     const CostOfDim& bcast_time = {}, const std::vector<int>& layer_of = {});
 
 }  // namespace pf

@@ -128,7 +128,8 @@ void strategies_agree(int ranks) {
     EXPECT_LE(d, kStrategyTol) << runs[i].first;
   }
 
-  // What each strategy did: d-kfac broadcasts nothing, mpd-kfac everything round-robin; spd-kfac
+  // What each strategy did: d-kfac broadcasts nothing, mpd-kfac everything round-robin by layer
+  // (Eq. 22: layer l's A and B on rank l % W); spd-kfac
   // with free broadcasts communicates every factor, placed by Algorithm 1, and its pipelined
   // step fused the factor all-reduces (1 ms start-up): fewer messages than factors.
   const auto d = dkfac_json("d" + w), mpd = dkfac_json("mpd" + w), spd = dkfac_json("spd" + w);
@@ -136,7 +137,7 @@ void strategies_agree(int ranks) {
   EXPECT_EQ(mpd["placement"]["communicated"], 26);
   EXPECT_EQ(spd["placement"]["communicated"], 26);
   const auto owner = mpd["placement"]["owner"].get<std::vector<int>>();
-  for (size_t f = 0; f < owner.size(); ++f) EXPECT_EQ(owner[f], static_cast<int>(f) % ranks);
+  for (size_t f = 0; f < owner.size(); ++f) EXPECT_EQ(owner[f], static_cast<int>(f / 2) % ranks);  // by layer (A, B)
   EXPECT_TRUE(spd["pipelining"].get<bool>());
   EXPECT_GE(spd["factor_messages"].get<double>(), 2);  // at least one A and one B message
   EXPECT_LT(spd["factor_messages"].get<double>(), 26);

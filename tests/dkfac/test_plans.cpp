@@ -78,6 +78,11 @@ TEST(Placement, RoundRobinIsEq22) {
   EXPECT_EQ(p.load, (std::vector<double>{800, 1000}));
   // ... which Algorithm 1 beats on the same models (950 above).
   EXPECT_LT(place_load_balanced({100, 400, 200, 300, 50}, 2, inv_d, bcast_150).makespan(), p.makespan());
+  // By layer: factors (A, B) of layers 0, 0, 1, 1, 2 on ranks 0, 0, 1, 1, 0 (with W = 2 by index
+  // every A would land on rank 0 and every B on rank 1).
+  const InversionPlacement by_layer = place_round_robin({100, 400, 200, 300, 50}, 2, inv_d, bcast_150, {0, 0, 1, 1, 2});
+  EXPECT_EQ(by_layer.owner, (std::vector<int>{0, 0, 1, 1, 0}));
+  EXPECT_EQ(by_layer.load, (std::vector<double>{100 + 400 + 50 + 3 * 150, 200 + 300 + 2 * 150}));
 }
 
 TEST(Fusion, Eq15HandComputed) {
