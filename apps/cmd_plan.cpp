@@ -254,7 +254,10 @@ int run(const PlanArgs& a) {
   } else {
     if (!a.given("--stages")) usage_error("--stages", "required with --schedule");
     if (!a.given("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
-    s = make_schedule(a.schedule, a.stages, a.micro_batches, a.given("--virtual-stages") ? a.virtual_stages : 2);
+    // Chimera's order is chosen for the durations (the profile's first stage, or --tf/--tb).
+    const StageCost c0 = load_profiles(a).front().cost.stage(0);  // a copy: the vector is a temporary
+    s = make_schedule(a.schedule, a.stages, a.micro_batches, a.given("--virtual-stages") ? a.virtual_stages : 2,
+                      c0.forward, c0.backward);
   }
   try {
     validate(s);

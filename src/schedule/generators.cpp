@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 namespace pf {
 
@@ -98,19 +99,13 @@ Schedule make_interleaved(int D, int N, int V) {
   return s;
 }
 
-Schedule make_chimera(int D, int N) {
-  check_sizes(D, N);
-  if (D % 2 != 0)
-    usage_error("--stages", "chimera needs an even number of stages (got {}): each device pairs "
-                "stage i of the down pipeline with stage D-1-i of the up pipeline", D);
-  if (N % D != 0)
-    usage_error("--micro-batches", "chimera needs a multiple of --stages ({}), got {}: each basic "
-                "unit carries D micro-batches, D/2 per pipeline", D, N);
-  Schedule s = empty("chimera", D, D, 2, N);
-  // Basic unit u carries micro-batches uD..uD+D-1: the first half down (pipeline 0), the second
-  // half up (pipeline 1). Order by a list scheduler with T_b = 2 T_f that prefers the earlier
-  // unit, then the later stage, then the backward, then the lower micro-batch: for N = D this
-  // reproduces the paper's closed form D*T_f + (2D-2)*T_b.
+namespace {
+
+// One Chimera order from the list scheduler (see make_chimera), with durations tf/tb and, within
+// a unit and stage, backward first (or forward first); returns the order and its makespan under
+// (real_tf, real_tb), replayed on the same dependencies.
+std::pair<std::vector<std::vector<Action>>, double> chimera_order(const Schedule& s, int D, int N, double tf, double tb,
+                                                                  bool backward_first, double real_tf, double real_tb) {
   std::vector<ListTask> tasks;
   std::map<std::tuple<int, int, int>, int> id;  // (kind, stage, mb) -> task
   for (int m = 0; m < N; ++m) {
@@ -120,8 +115,8 @@ Schedule make_chimera(int D, int N) {
         ListTask t;
         t.action = act(k, st, m, p);
         t.device = s.device_of(p, st);
-        t.duration = k == Kind::F ? 1 : 2;
-        t.priority = {unit, -st, k == Kind::B ? 0 : 1, m};
+        t.duration = k == Kind::F ? tf : tb;
+        t.priority = {unit, -st, (k == Kind::B) == backward_first ? 0 : 1, m};
         id[{static_cast<int>(k), st, m}] = static_cast<int>(tasks.size());
         tasks.push_back(t);
       }
@@ -136,7 +131,67 @@ Schedule make_chimera(int D, int N) {
       if (st + 1 < D) t.preds.push_back(id[{static_cast<int>(Kind::B), st + 1, m}]);
     }
   }
-  s.per_device = list_schedule(tasks, D);
+  std::vector<std::vector<Action>> order = list_schedule(tasks, D);
+  // Replay: every device runs its order; an action starts when its device is free and its
+  // predecessors have ended (the order is deadlock-free: it came from a list schedule).
+  std::vector<std::vector<int>> ids(D);  // the orders as task indices
+  for (int d = 0; d < D; ++d)
+    for (const Action& a : order[d]) ids[d].push_back(id.at({static_cast<int>(a.kind), a.stage, a.micro_batch}));
+  std::vector<double> end(tasks.size(), -1);
+  std::vector<size_t> next(D, 0);
+  std::vector<double> free(D, 0);
+  double makespan = 0;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int d = 0; d < D; ++d)
+      while (next[d] < ids[d].size()) {
+        const int t = ids[d][next[d]];
+        double ready = free[d];
+        bool ok = true;
+        for (int pred : tasks[t].preds) {
+          if (end[pred] < 0) ok = false;
+          ready = std::max(ready, end[pred]);
+        }
+        if (!ok) break;
+        free[d] = end[t] = ready + (tasks[t].action.kind == Kind::F ? real_tf : real_tb);
+        makespan = std::max(makespan, end[t]);
+        ++next[d];
+        progress = true;
+      }
+  }
+  return {std::move(order), makespan};
+}
+
+}  // namespace
+
+Schedule make_chimera(int D, int N, double tf, double tb) {
+  check_sizes(D, N);
+  if (D % 2 != 0)
+    usage_error("--stages", "chimera needs an even number of stages (got {}): each device pairs "
+                "stage i of the down pipeline with stage D-1-i of the up pipeline", D);
+  if (N % D != 0)
+    usage_error("--micro-batches", "chimera needs a multiple of --stages ({}), got {}: each basic "
+                "unit carries D micro-batches, D/2 per pipeline", D, N);
+  if (!(tf > 0) || !(tb > 0)) tf = 1, tb = 2;  // no durations to order for: the paper's ratio
+  Schedule s = empty("chimera", D, D, 2, N);
+  // Basic unit u carries micro-batches uD..uD+D-1: the first half down (pipeline 0), the second
+  // half up (pipeline 1); k = N/D units concatenated. Order by a list scheduler that prefers the
+  // earlier unit, then the later stage, then the backward, then the lower micro-batch: with
+  // T_b = 2 T_f and N = D this reproduces the paper's closed form D*T_f + (2D-2)*T_b. For the
+  // actual T_f/T_b, the orders the scheduler makes with them and with the ratios 1:1 to 1:3,
+  // backward or forward first, are replayed with them and the shortest kept (the 1:2
+  // backward-first order on a tie).
+  std::pair<std::vector<std::vector<Action>>, double> best;
+  bool have = false;
+  std::vector<std::pair<double, double>> ratios = {{1.0, 2.0}};
+  if (tb < 2 * tf) ratios.insert(ratios.end(), {{tf, tb}, {1.0, 1.0}, {1.0, 1.25}, {1.0, 1.5}, {1.0, 1.75}});
+  if (N > D) ratios.push_back({1.0, 3.0});  // at N = D and T_b >= 2 T_f, 1:2 is exact already
+  for (auto [f, b] : ratios)
+    for (bool backward_first : {true, false}) {
+      auto cand = chimera_order(s, D, N, f, b, backward_first, tf, tb);
+      if (!have || cand.second < best.second - 1e-9 * best.second) best = std::move(cand), have = true;
+    }
+  s.per_device = std::move(best.first);
   return s;
 }
 
@@ -174,12 +229,12 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int D, int N, int V) {
+Schedule make_schedule(const std::string& name, int D, int N, int V, double tf, double tb) {
   if (name == "naive") return make_naive(D, N);
   if (name == "gpipe") return make_gpipe(D, N);
   if (name == "1f1b") return make_1f1b(D, N);
   if (name == "interleaved") return make_interleaved(D, N, V);
-  if (name == "chimera") return make_chimera(D, N);
+  if (name == "chimera") return make_chimera(D, N, tf, tb);
   if (name == "zb-h1") return make_zb_h1(D, N);
   usage_error("--schedule", "unknown schedule '{}' (expected one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1)", name);
 }

@@ -5,7 +5,8 @@
 //   gpipe        all forwards, then all backwards (flush)
 //   1f1b         PipeDream-flush: warm-up forwards, one-forward-one-backward, cool-down
 //   interleaved  Megatron's interleaved 1F1B with V model chunks per device (N multiple of D)
-//   chimera      two bidirectional pipelines (D even, N multiple of D)
+//   chimera      two bidirectional pipelines (D even, N = kD: k basic units concatenated), the
+//                order chosen for the given T_f and T_b
 //   zb-h1        zero-bubble H1: split backward I + W, W fills the bubbles, 1F1B memory
 #include "schedule/schedule.hpp"
 
@@ -18,11 +19,12 @@ Schedule make_naive(int D, int N);
 Schedule make_gpipe(int D, int N);
 Schedule make_1f1b(int D, int N);
 Schedule make_interleaved(int D, int N, int V);
-Schedule make_chimera(int D, int N);
+Schedule make_chimera(int D, int N, double tf = 1, double tb = 2);
 Schedule make_zb_h1(int D, int N);
 
-// By name (schedule_names()); V is used by interleaved only.
-Schedule make_schedule(const std::string& name, int D, int N, int V = 2);
+// By name (schedule_names()); V is used by interleaved only, tf/tb (one micro-batch's forward
+// and backward on one stage) by chimera only, whose order is chosen for them.
+Schedule make_schedule(const std::string& name, int D, int N, int V = 2, double tf = 1, double tb = 2);
 const std::vector<std::string>& schedule_names();
 
 }  // namespace pf

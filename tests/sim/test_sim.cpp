@@ -51,21 +51,19 @@ TEST(ClosedForm, Chimera) {
 }
 
 TEST(ClosedForm, ChimeraGeneralTb) {
-  // The Chimera order is generated for T_b = 2 T_f (the paper's ratio). Replayed with other
-  // ratios, the closed form D*T_f + (2D-2)*T_b still holds exactly whenever T_b >= 2 T_f; for
-  // T_b < 2 T_f it is a lower bound the fixed order does not always reach (e.g. D = 8,
-  // T_f = T_b: 24 instead of 22).
-  for (int D = 2; D <= 8; D += 2) {
-    for (auto [tf, tb] : {std::pair{1.0, 2.5}, {1.0, 3.0}, {0.5, 4.0}}) {
-      Timeline tl = simulate(make_chimera(D, D), uniform(tf, tb));
-      EXPECT_DOUBLE_EQ(tl.step_time, D * tf + (2 * D - 2) * tb) << "D=" << D << " tb=" << tb;
-    }
-    for (auto [tf, tb] : {std::pair{1.0, 1.0}, {2.0, 1.0}}) {
-      Timeline tl = simulate(make_chimera(D, D), uniform(tf, tb));
-      EXPECT_GE(tl.step_time, D * tf + (2 * D - 2) * tb);
-    }
-  }
-  EXPECT_DOUBLE_EQ(simulate(make_chimera(8, 8), uniform(1, 1)).step_time, 24);
+  // The order is chosen for the actual T_f/T_b (make_chimera's candidates, replayed with them):
+  // the paper's closed form D*T_f + (2D-2)*T_b at N = D for every T_b >= T_f tried (the fixed
+  // 1:2 order missed it below 2 T_f: D = 8, T_f = T_b = 1 gave 24 instead of 22).
+  for (int D = 2; D <= 8; D += 2)
+    for (double r : {1.0, 1.25, 1.5, 1.69, 1.75, 2.0, 2.5, 3.0})
+      for (double tf : {1.0, 0.5}) {
+        Timeline tl = simulate(make_chimera(D, D, tf, r * tf), uniform(tf, r * tf));
+        EXPECT_NEAR(tl.step_time, D * tf + (2 * D - 2) * r * tf, 1e-9) << "D=" << D << " Tb/Tf=" << r;
+      }
+  EXPECT_DOUBLE_EQ(simulate(make_chimera(8, 8, 1, 1), uniform(1, 1)).step_time, 22);
+  // T_b < T_f: above the closed form (its critical path assumes the backward is the longer).
+  for (int D = 2; D <= 8; D += 2)
+    EXPECT_GE(simulate(make_chimera(D, D, 2, 1), uniform(2, 1)).step_time, D * 2.0 + (2 * D - 2) * 1.0);
 }
 
 TEST(ClosedForm, ChimeraWorkPerDeviceAndConcatenatedUnits) {
@@ -80,6 +78,18 @@ TEST(ClosedForm, ChimeraWorkPerDeviceAndConcatenatedUnits) {
       // Fewer bubbles than 1F1B at the same N.
       EXPECT_LT(tl.step_time, simulate(make_1f1b(D, N), uniform(1, 2)).step_time);
     }
+  // N = kD as k basic units: the units fill each other's bubbles, so the bubble stays that of one
+  // unit (within one backward) while the work grows k-fold (it grew with k before: D = 8, T_b = 2:
+  // 12 at N = 8, 15 at N = 16; now 12, 11, 12 for k = 1, 2, 3).
+  for (double r : {1.0, 1.5, 1.69, 2.0, 3.0})
+    for (int D = 2; D <= 8; D += 2) {
+      const double one = simulate(make_chimera(D, D, 1, r), uniform(1, r)).step_time - D * (1 + r);
+      for (int k = 2; k <= 4; ++k) {
+        const double bubble = simulate(make_chimera(D, k * D, 1, r), uniform(1, r)).step_time - k * D * (1 + r);
+        EXPECT_LE(bubble, one + r + 1e-9) << "D=" << D << " k=" << k << " Tb/Tf=" << r;
+      }
+    }
+  EXPECT_DOUBLE_EQ(simulate(make_chimera(8, 16), uniform(1, 2)).step_time - 16 * 3, 11);
 }
 
 TEST(ClosedForm, NaiveRunsMicroBatchesOneAfterAnother) {
