@@ -42,7 +42,7 @@ struct PlanArgs {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
-  bool json = false, sweep = false, kfac = false, split_to_shorten = false, no_stage_group = false;
+  bool json = false, sweep = false, kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;
   int data_parallel = 1;
   double margin = 0.05;
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
@@ -109,6 +109,7 @@ int run_sweep_mode(const PlanArgs& a) {
   spec.schedule = a.schedule.empty() ? "chimera" : a.schedule;
   make_schedule(spec.schedule, 2, 2, 2);  // refuse an unknown name up front
   spec.stages = a.sweep_stages;
+  spec.recompute = a.recompute;
   if (a.given("--virtual-stages")) spec.virtual_stages = a.virtual_stages;
   std::vector<SweepRow> rows = run_sweep(spec, load_profiles(a));
   if (rows.empty()) usage_error("--sweep-stages", "schedule {} is defined for none of the requested depths", spec.schedule);
@@ -124,7 +125,7 @@ int run_sweep_mode(const PlanArgs& a) {
                    {"t_prec", r.t_prec}, {"t_curv_inv", r.t_curv_inv}, {"ratio", r.ratio},
                    {"throughput_pipe", r.throughput_pipe}, {"throughput_pipefisher", r.throughput_pipefisher},
                    {"throughput_kfac", r.throughput_kfac}, {"throughput_kfac_skip", r.throughput_kfac_skip},
-                   {"m_pipe", r.m_pipe}, {"m_kfac", r.m_kfac}});
+                   {"m_pipe", r.m_pipe}, {"m_kfac", r.m_kfac}, {"recompute", r.recompute}});
     fmt::print("{}\n", j.dump(1));
   } else if (a.csv.empty()) {
     fmt::print("{}", csv);
@@ -242,6 +243,7 @@ int run(const PlanArgs& a) {
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
+  if (a.given("--recompute") && !a.sweep) usage_error("--recompute", "only applies with --sweep");
   if (a.sweep) return run_sweep_mode(a);
   if (a.schedule.empty() == a.schedule_file.empty())
     usage_error("--schedule", "give either --schedule NAME or --schedule-file FILE");
@@ -379,6 +381,8 @@ Runner setup(CLI::App& app) {
                "Chimera: every pipeline copy inverts all its stage's factors and all devices share one cycle (what "
                "the runtime executes), instead of the twins sharing them");
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
+  app.add_flag("--recompute", a->recompute,
+               "--sweep with activation recomputation (R): every backward repeats its forward, one M_act per stage");
   app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
   return [a] { return run(*a); };
 }

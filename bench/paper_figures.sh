@@ -82,9 +82,9 @@ echo
 echo "### Sweeps (Figures 5, 6, 9-16): (curvature+inversion)/bubble ratio, N = D, Chimera"
 echo
 echo "\`pipefisher plan --sweep --schedule chimera --profile data/profiles/<file>\`, ratio at N = D per"
-echo "micro-batch size (rows) and depth D (columns), one block per stage. No activation recomputation"
-echo "(R) yet. T_inv, T_prec and M_curv per stage as the paper defines them (Chimera's two copies of a"
-echo "stage share them)."
+echo "micro-batch size (rows) and depth D (columns), one block per stage. T_inv, T_prec and M_curv per"
+echo "stage as the paper defines them (Chimera's two copies of a stage share them). With activation"
+echo "recomputation (R) in the next section."
 echo
 for f in "$prof"/*.csv; do
   name=$(basename "$f" .csv)
@@ -96,5 +96,24 @@ for f in "$prof"/*.csv; do
   jq -r 'map(select(.micro_batches == .stages)) | group_by(.micro_batch_size)[] |
          "| \(.[0].micro_batch_size) | " + (sort_by(.stages) | map(.ratio * 100 | round / 100 | tostring) | join(" | ")) + " |"' \
      <<<"$sweep"
+  echo
+done
+
+echo "### Activation recomputation (R, Figures 5, 9, 10): Chimera, N = D, P100"
+echo
+echo "\`plan --sweep --recompute\`: every backward repeats its forward; a stage keeps one micro-batch's"
+echo "activations (its inputs per micro-batch are not in the profiles: not counted). Ratio and M_pipe"
+echo "(worst device, MB) without / with R; M_kfac+ is the same with and without R."
+echo
+for name in bert-base_p100 bert-large_p100; do
+  plain=$("$bin" plan --sweep --schedule chimera --profile "$prof/$name.csv" --json)
+  rec=$("$bin" plan --sweep --schedule chimera --recompute --profile "$prof/$name.csv" --json)
+  echo "**$name**"
+  echo
+  echo "| bs | D | ratio | ratio R | M_pipe | M_pipe R | M_kfac+ |"
+  echo "|---|---|---|---|---|---|---|"
+  jq -r --argjson rec "$rec" 'map(select(.micro_batches == .stages and (.micro_batch_size == 8 or .micro_batch_size == 32))) | .[] as $r |
+     ($rec | map(select(.micro_batches == $r.micro_batches and .stages == $r.stages and .micro_batch_size == $r.micro_batch_size))[0]) as $q |
+     "| \($r.micro_batch_size) | \($r.stages) | \($r.ratio * 100 | round / 100) | \($q.ratio * 100 | round / 100) | \($r.m_pipe | round) | \($q.m_pipe | round) | \($r.m_kfac | round) |"' <<<"$plain"
   echo
 done

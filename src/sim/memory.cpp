@@ -6,7 +6,8 @@
 
 namespace pf {
 
-MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages) {
+MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages,
+                          bool recompute) {
   auto mem = [&](int st) -> const StageMemory& { return stages.size() == 1 ? stages[0] : stages.at(st); };
   MemoryReport worst;
   double worst_total = -1;
@@ -26,7 +27,7 @@ MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vect
     for (auto [ps, n] : processed) {
       const StageMemory& m = mem(ps.second);
       r.params += 2 * m.param;
-      r.activations += n * m.act;
+      r.activations += (recompute ? 1 : n) * m.act;
       r.err_peak = std::max(r.err_peak, m.err_peak);
       r.curv += m.kron / s.pipelines;  // per stage (the paper's M_curv): Chimera's copies count once
       r.err_save += n * m.err_save;
@@ -34,6 +35,7 @@ MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vect
     std::sort(ev.begin(), ev.end());  // at equal times frees (negative) come first
     double cur = 0;
     for (auto [time, delta] : ev) r.activations_in_flight = std::max(r.activations_in_flight, cur += delta);
+    if (recompute) r.activations_in_flight = r.activations;  // one micro-batch per stage at a time
     r.inv = r.curv;
     r.m_pipe = r.params + r.activations + r.err_peak;
     r.m_pipe_in_flight = r.params + r.activations_in_flight + r.err_peak;

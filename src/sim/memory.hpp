@@ -6,6 +6,9 @@
 // the micro-batches it processes there (Chimera: N/2 per pipeline copy). m_pipe_in_flight
 // replaces N * M_act by the activations actually held at the simulated peak (1F1B holds fewer
 // than N). All values in the profile's unit (MB).
+// With activation recomputation (R, the paper's Figures 5, 9, 10) a stage keeps only its input per
+// micro-batch (not modelled: the profiles do not give it) and rebuilds one micro-batch's
+// activations before its backward: N * M_act becomes M_act per hosted stage.
 #include "schedule/schedule.hpp"
 #include "sim/sim.hpp"
 
@@ -34,6 +37,7 @@ struct MemoryReport {
 };
 
 // `stages` has one entry per stage or a single entry for uniform stages.
-MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages);
+MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages,
+                          bool recompute = false);
 
 }  // namespace pf

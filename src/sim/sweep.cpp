@@ -13,7 +13,10 @@ namespace pf {
 
 std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile>& profiles) {
   std::vector<SweepRow> rows;
-  for (const Profile& prof : profiles)
+  for (const Profile& measured : profiles) {
+    Profile prof = measured;
+    if (spec.recompute)  // R: the backward repeats the forward first
+      for (StageCost& c : prof.cost.stages) c.backward += c.forward;
     for (int D : spec.stages)
       for (int k : spec.n_multiples) {
         const int N = k * D;
@@ -25,7 +28,7 @@ std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile
           continue;  // undefined here
         }
         Timeline tl = simulate(s, prof.cost);
-        MemoryReport mem = memory_model(s, tl, prof.memory);
+        MemoryReport mem = memory_model(s, tl, prof.memory, spec.recompute);
         SweepRow r;
         r.schedule = spec.schedule;
         r.micro_batch_size = prof.micro_batch_size;
@@ -58,20 +61,22 @@ std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile
         r.throughput_kfac_skip = seqs / (r.t_pipe + r.t_prec + r.t_curv_inv / every) * per_s;
         r.m_pipe = mem.m_pipe;
         r.m_kfac = mem.m_kfac;
+        r.recompute = spec.recompute;
         rows.push_back(r);
       }
+  }
   return rows;
 }
 
 std::string sweep_csv(const std::vector<SweepRow>& rows) {
   std::string o =
       "schedule,micro_batch_size,stages,micro_batches,t_pipe,t_bubble,t_prec,t_curv_inv,ratio,"
-      "throughput_pipe,throughput_pipefisher,throughput_kfac,throughput_kfac_skip,m_pipe,m_kfac\n";
+      "throughput_pipe,throughput_pipefisher,throughput_kfac,throughput_kfac_skip,m_pipe,m_kfac,recompute\n";
   for (const SweepRow& r : rows)
-    o += fmt::format("{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+    o += fmt::format("{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{}\n",
                      r.schedule, r.micro_batch_size, r.stages, r.micro_batches, r.t_pipe, r.t_bubble, r.t_prec,
                      r.t_curv_inv, r.ratio, r.throughput_pipe, r.throughput_pipefisher, r.throughput_kfac,
-                     r.throughput_kfac_skip, r.m_pipe, r.m_kfac);
+                     r.throughput_kfac_skip, r.m_pipe, r.m_kfac, r.recompute ? 1 : 0);
   return o;
 }
 

@@ -11,6 +11,8 @@
 //               K-FAC (everything added to the step) and of K-FAC skipping curvature+inversion
 //               to refresh every ceil(ratio) steps, the same frequency as PipeFisher
 //   m_pipe, m_kfac  the memory model (memory.hpp), worst device
+// With `recompute` (the paper's R) every backward first repeats its forward: T_b + T_f in the
+// simulated step (so bubble = T_pipe - N (2 T_f + T_b)), and M_act once per hosted stage.
 #include "sim/profile.hpp"
 
 #include <string>
@@ -24,6 +26,7 @@ struct SweepRow {
   double t_pipe = 0, t_bubble = 0, t_prec = 0, t_curv_inv = 0, ratio = 0;
   double throughput_pipe = 0, throughput_pipefisher = 0, throughput_kfac = 0, throughput_kfac_skip = 0;
   double m_pipe = 0, m_kfac = 0;
+  bool recompute = false;
 };
 
 struct SweepSpec {
@@ -32,6 +35,7 @@ struct SweepSpec {
   std::vector<int> n_multiples = {1, 2, 3};  // N = k * D
   int virtual_stages = 2;
   double ms_per_unit = 1;  // throughput is per second: time unit in milliseconds
+  bool recompute = false;  // activation recomputation (R)
 };
 
 // `profiles`: one uniform-stage Profile per micro-batch size. Combinations the schedule does not

@@ -258,6 +258,13 @@ TEST(Memory, PaperModelTerms) {
     EXPECT_DOUBLE_EQ(c.activations, N * 3);
     // M_curv = M_inv per stage as the paper defines them (its Chimera curves: 1x, not 2x).
     EXPECT_DOUBLE_EQ(c.m_kfac, 7 + 7 + N * 1);
+    // Activation recomputation: one micro-batch's activations per hosted stage.
+    MemoryReport gr = memory_model(make_gpipe(D, N), simulate(make_gpipe(D, N), uniform(1, 2)), {m}, true);
+    EXPECT_DOUBLE_EQ(gr.m_pipe, 2 * 10 + 3 + 2);
+    EXPECT_DOUBLE_EQ(gr.m_kfac, g.m_kfac);
+    MemoryReport cr = memory_model(make_chimera(D, N), simulate(make_chimera(D, N), uniform(1, 2)), {m}, true);
+    EXPECT_DOUBLE_EQ(cr.activations, 2 * 3);
+    EXPECT_LT(cr.m_pipe, c.m_pipe);
   }
 }
 

@@ -39,6 +39,7 @@ TEST(PlanCli, BadOrContradictoryArgumentsExitTwoWithOneLine) {
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --layers-per-stage 2",
                "pipefisher: --layers-per-stage: only applies with --profile");
   expect_usage("--schedule-file /nonexistent/s.csv", "pipefisher: --schedule-file: cannot open");
+  expect_usage("--schedule gpipe --stages 2 --micro-batches 2 --recompute", "pipefisher: --recompute: only applies with --sweep");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --svg /nonexistent-dir/t.svg", "pipefisher: --svg: cannot write");
 }
 

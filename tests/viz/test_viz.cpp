@@ -146,6 +146,20 @@ TEST(Sweep, RowsFollowTheClosedForms) {
   EXPECT_DOUBLE_EQ(r.throughput_kfac, 32 / 26.25 * 1000);
   EXPECT_DOUBLE_EQ(r.throughput_kfac_skip, 32 / 26.25 * 1000);  // ratio < 1: refresh every step
   EXPECT_DOUBLE_EQ(r.m_pipe, 20 + 4 * 3 + 2);
+  EXPECT_FALSE(r.recompute);
+  {
+    // R: every backward repeats its forward (T_b' = 3), one micro-batch's activations per stage.
+    SweepSpec rs = spec;
+    rs.recompute = true;
+    const SweepRow q = run_sweep(rs, {p})[3];
+    EXPECT_TRUE(q.recompute);
+    EXPECT_DOUBLE_EQ(q.t_pipe, 7 * (1 + 3));
+    EXPECT_DOUBLE_EQ(q.t_bubble, 3 * (2 * 1 + 2));  // T_pipe - N (2 T_f + T_b)
+    EXPECT_DOUBLE_EQ(q.ratio, 5.0 / 12);            // a larger bubble: curvature fits sooner
+    EXPECT_DOUBLE_EQ(q.m_pipe, 20 + 3 + 2);         // N M_act -> M_act
+    EXPECT_DOUBLE_EQ(q.m_kfac, r.m_kfac);           // K-FAC's memory stays (the bottleneck with R)
+    EXPECT_LT(q.throughput_pipefisher, r.throughput_pipefisher);
+  }
   // Chimera skips odd depths; its stage's copies share T_inv and T_prec (the paper's per stage):
   // at D = N = 4 a device runs 4 micro-batches' curvature and one stage's inversion.
   spec.schedule = "chimera";
