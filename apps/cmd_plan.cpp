@@ -199,7 +199,9 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
                         {"broadcast", sp.bcast_time[k]}, {"communicated", o != kEveryRank},
                         {"owner", o == kEveryRank ? nlohmann::json("every") : nlohmann::json(o)}});
     }
-    placement.push_back({{"pipeline", sp.pipeline}, {"stage", sp.stage}, {"device", sp.device},
+    nlohmann::json members = nlohmann::json::array();  // owner m is members[m]: {device, replica}
+    for (auto [dev, rep] : sp.members) members.push_back({{"device", dev}, {"replica", rep}});
+    placement.push_back({{"pipeline", sp.pipeline}, {"stage", sp.stage}, {"device", sp.device}, {"members", members},
                          {"communicated", sp.placement.communicated()},
                          {"non_communicated", static_cast<int>(sp.pieces.size()) - sp.placement.communicated()},
                          {"load", sp.placement.load}, {"makespan", sp.placement.makespan()}, {"pieces", pieces}});

@@ -406,6 +406,7 @@ void Executor::kfac_make_plan(bool restoring) {
   for (int w = 0; w < W; ++w)
     for (int d = 0; d < D; ++d) {
       for (auto& step : k.plan->cycle[w][d]) step.insert(step.end(), opts[d].begin(), opts[d].end());
+      for (auto& step : k.plan->first_cycle[w][d]) step.insert(step.end(), opts[d].begin(), opts[d].end());
       k.plan->first[w][d].insert(k.plan->first[w][d].end(), opts[d].begin(), opts[d].end());
     }
   const KfacPlan& p = *k.plan;

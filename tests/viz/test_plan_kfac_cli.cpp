@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <fmt/format.h>
 
 #include <array>
 #include <vector>
@@ -147,7 +148,13 @@ TEST(PlanKfacCli, PaperProfilesFromTheRepository) {
   EXPECT_GT(k["utilization"].get<double>(), 0.915);
   // The twins' placements: every stage's pieces over 2 holders, all broadcast (no broadcast model).
   ASSERT_EQ(k["placement"].size(), 16u);
-  for (const auto& sp : k["placement"]) EXPECT_EQ(sp["non_communicated"], 0);
+  for (const auto& sp : k["placement"]) {
+    EXPECT_EQ(sp["non_communicated"], 0);
+    // Members: the stage's pipeline-0 copy (device = stage) and pipeline-1 copy (device 7 - stage).
+    const int st = sp["stage"].get<int>();
+    EXPECT_EQ(sp["members"], nlohmann::json::parse(fmt::format(R"([{{"device":{},"replica":0}},{{"device":{},"replica":0}}])",
+                                                                 st, 7 - st)));
+  }
   // The sweep's memory model per stage as the paper defines it: BERT-Base P100, micro-batch 32,
   // Chimera D = N = 4: M_kfac+ = M_curv + M_inv + N M_err^save = 94.5 + 94.5 + 4 x 108.
   PlanRun sw = plan("--sweep --schedule chimera --sweep-stages 4 --json --profile " + dir + "bert-base_p100.csv");
