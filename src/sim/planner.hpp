@@ -33,7 +33,7 @@
 // its units sit in the gaps of cycle steps 0..R-1, and may also use the leading gap of step R
 // (before any F of that step, where nothing of the new cycle can run): those "wrapped" units are
 // listed at the start of cycle step 0 and run from the second cycle on (actions() omits them in
-// the first cycle). Each device repeats its own cycle: step t runs cycle step t % R_d; data-
+// the first cycle; Chimera's group wraps further, see below). Each device repeats its own cycle: step t runs cycle step t % R_d; data-
 // parallel replicas of a device share R_d (their SYNC_CURVs meet). If any unit runs inline, all
 // devices share one cycle length (the step-0 timeline with inline work is then the one that runs).
 //
@@ -41,8 +41,8 @@
 // whatever inverse its device holds at that point of its order.
 //
 // W > 1 (or Chimera's group): the inversion units of a stage (whole factors, or the diagonal
-// blocks of a split one) are placed over its replicas (holders) by SPD-KFAC's Algorithm 1 (place_load_balanced, kfac/placement.hpp):
-// by dimension, largest first; a unit whose inversion time (its planned duration) is below the
+// blocks of a split one) are placed over its replicas (holders) by SPD-KFAC's Algorithm 1
+// (place_load_balanced, kfac/placement.hpp): by dimension, largest first; a unit whose inversion time (its planned duration) is below the
 // broadcast of its inverse (PlanInput::bcast_*: alpha + beta * bytes of the upper triangle, or of
 // the d floats of a diagonal factor) is non-communicated (NCT): every replica inverts it; else
 // (CT) the least loaded replica inverts it and a BCAST_INV_A/B unit on every replica broadcasts
@@ -66,8 +66,14 @@
 // With `chimera_group` (the default) the twins (both hold stages i and D-1-i) and their replicas
 // form each stage's group: Algorithm 1 places the stage's inversions over its 2W holders, the CT
 // pieces' broadcasts are pinned before the sync, and every pair of twins has its own cycle length
-// and K (pairs share nothing; a step-end sync waits only for the twin's step). Without it every
-// copy inverts all its stage's factors (W = 1) and all devices share one cycle and one K.
+// and K (pairs share nothing; a step-end sync waits only for the twin's step). Since the twins
+// switch to cycle c's inverses only at cycle c+1's syncs, cycle c's inversions may also run in
+// the next cycle's steps 0..K, in the gap time its curvature leaves (the gaps are shared: one
+// cursor per gap); a pair takes the shortest R (and earliest K) for which both twins fit. Those
+// units are "wrapped": listed in cycle steps 0..K from the second cycle on (`first_cycle`, which
+// actions() hands out for the first R steps, omits them). Without the group every copy inverts
+// all its stage's factors (W = 1) and all devices share one cycle and one K.
+//
 // Units larger than every gap (with margin): an inversion is split into k diagonal blocks (the
 // block-diagonal factor of the paper's appendix A.2: block j of size n_j costs T * (n_j/d)^3;
 // sizes as kfac's split_blocks), the smallest k whose largest block fits; if none does, or for
