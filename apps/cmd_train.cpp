@@ -4,6 +4,7 @@
 #include "config/config.hpp"
 #include "core/files.hpp"
 #include "io/checkpoint.hpp"
+#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/train_run.hpp"
 #include "train/checkpointing.hpp"
@@ -55,8 +56,7 @@ int run_train(const TrainArgs& a) {
 
   // Everything that can be refused has been: from here on the run writes its outputs.
   Trainer trainer(cfg);
-  if (init_ckpt) init_ckpt->load_params(trainer.model().params());
-  else if (!a.init.empty()) load_safetensors(a.init, trainer.model().params());
+  load_init_weights(a.init, init_ckpt.get(), trainer.model().params());
   if (resume) {
     load_train_state(*resume, trainer.state());
     trainer.set_step_index(resume->manifest().step);
@@ -64,14 +64,14 @@ int run_train(const TrainArgs& a) {
     resume.reset();  // unmaps the files
   }
   const std::string& out = cfg.train.out_dir;
-  std::unique_ptr<RunLog> log = open_run_outputs(cfg);
+  std::unique_ptr<RunLog> log = open_run_outputs(cfg, trainer.step_index() > 0 ? trainer.step_index() : -1, cfg.kfac.enabled);
 
   const auto& m = cfg.model;
   std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step "
               "(%d x %d x %d sequences of %d), %s, %d steps\n",
-              m.preset.empty() ? "custom" : m.preset.c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
+              preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
               static_cast<long long>(trainer.tokens_per_step()), cfg.parallel.data_parallel,
-              cfg.parallel.micro_batches, cfg.parallel.micro_batch_size, m.seq_len, cfg.optim.name.c_str(),
+              cfg.parallel.micro_batches, cfg.parallel.micro_batch_size, m.seq_len, optimizer_of(cfg).c_str(),
               cfg.train.steps);
   std::fflush(stdout);
 
@@ -113,10 +113,10 @@ int run_train(const TrainArgs& a) {
 
   std::vector<const Param*> params;
   for (Param* p : trainer.model().params()) params.push_back(p);
-  save_safetensors(out + "/model.safetensors", params);
+  save_hf_model(out, params, cfg.model);
   if (!a.save.empty()) save_safetensors(a.save, params);
   write_file_atomic(out + "/summary.json", log->summary(valid, wall));
-  std::printf("outputs: %s/{config.toml, log.jsonl, model.safetensors, summary.json}%s\n", out.c_str(),
+  std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
               a.save.empty() ? "" : (", " + a.save).c_str());
   return 0;
 }

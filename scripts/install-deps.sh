@@ -12,6 +12,7 @@ PKGS=(
   librsvg2-bin
   clang libclang-rt-14-dev libomp-dev python3   # scripts/fuzz.sh: libFuzzer + sanitizers, clang's OpenMP, seeds
   iproute2                                      # tests/faults: two "hosts" in network namespaces
+  python3-torch                                 # tests/apps/hf_check.py: saved models read back by PyTorch
   nodejs npm
 )
 missing=()

@@ -1,9 +1,12 @@
 #include "config/config.hpp"
 
 #include "core/error.hpp"
+#include "core/suggest.hpp"
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -83,8 +86,15 @@ class Reader {
           walk(*sub, key);
           continue;
         }
+        if (prefix.empty()) {
+          const std::string near = closest_match(key, kTables);
+          if (!near.empty()) usage_error(key, "unknown configuration table (did you mean [{}]?)", near);
+        }
       }
-      if (!known_.count(key)) usage_error(key, "unknown configuration key");
+      if (known_.count(key)) continue;
+      const std::string near = closest_match(key, known_);
+      if (near.empty()) usage_error(key, "unknown configuration key");
+      usage_error(key, "unknown configuration key (did you mean {}?)", near);
     }
   }
   static inline const std::set<std::string> kTables = {"model", "data", "optim", "train", "parallel", "kfac"};
@@ -402,11 +412,11 @@ std::string Config::to_toml() const {
                             {"hidden", model.hidden}, {"heads", model.heads}, {"ffn", model.ffn},
                             {"seq_len", model.seq_len}, {"max_position", model.max_position},
                             {"vocab", model.vocab}, {"type_vocab", model.type_vocab},
-                            {"dropout", double(model.dropout)}, {"layer_norm_eps", double(model.layer_norm_eps)},
-                            {"init_std", double(model.init_std)}, {"gelu", model.gelu}}},
+                            {"dropout", float_as_written(model.dropout)}, {"layer_norm_eps", float_as_written(model.layer_norm_eps)},
+                            {"init_std", float_as_written(model.init_std)}, {"gelu", model.gelu}}},
       {"data", toml::table{{"vocab", data.vocab}, {"train_file", data.train_file},
                            {"valid_file", data.valid_file}, {"shuffle", data.shuffle},
-                           {"mask_prob", double(data.mask_prob)}, {"nsp", data.nsp}, {"seed", int64_t(data.seed)}}},
+                           {"mask_prob", float_as_written(data.mask_prob)}, {"nsp", data.nsp}, {"seed", int64_t(data.seed)}}},
       {"optim", toml::table{{"name", optim.name}, {"lr", optim.lr}, {"warmup_steps", optim.warmup_steps},
                             {"decay_power", optim.decay_power}, {"weight_decay", optim.weight_decay},
                             {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
@@ -433,9 +443,61 @@ std::string Config::to_toml() const {
                            {"replan_on_drift", kfac.replan_on_drift}, {"split_inversions", kfac.split_inversions},
                            {"plan_profile", kfac.plan_profile}}},
   };
+  // toml++ prints doubles with 17 digits (0.10000000000000001): the tables are written here, the
+  // doubles in their shortest exact form, everything else (quoting, arrays) by toml++.
   std::ostringstream ss;
-  ss << t << "\n";
+  for (auto&& [name, table] : t) {
+    ss << (ss.tellp() > 0 ? "\n" : "") << "[" << name.str() << "]\n";
+    for (auto&& [k, v] : *table.as_table()) {
+      ss << k.str() << " = ";
+      if (const auto* d = v.as_floating_point()) ss << shortest_double(d->get());
+      else v.visit([&](auto&& x) { ss << x; });
+      ss << "\n";
+    }
+  }
   return ss.str();
+}
+
+double float_as_written(float f) { return std::stod(fmt::format("{}", f)); }
+
+std::string shortest_double(double d) {
+  if (!std::isfinite(d)) return std::isnan(d) ? "nan" : (d > 0 ? "inf" : "-inf");
+  std::string s = fmt::format("{}", d);  // fmt's default: the shortest round-trip form
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";  // stays a float in TOML
+  return s;
+}
+
+std::string preset_of(const ModelConfig& m) {
+  ModelConfig p;
+  for (const std::string& name : model_preset_names()) {
+    apply_model_preset(p, name);
+    if (p.arch == m.arch && p.layers == m.layers && p.hidden == m.hidden && p.heads == m.heads && p.ffn == m.ffn &&
+        p.vocab == m.vocab && p.max_position == m.max_position)
+      return name;
+  }
+  return m.preset.empty() ? "custom" : "custom (" + m.preset + ", resized)";
+}
+
+std::string optimizer_of(const Config& c) {
+  if (!c.kfac.enabled) return c.optim.name;
+  const bool dp_kfac = c.parallel.stages == 1 && c.parallel.data_parallel > 1;
+  const std::string where = dp_kfac ? c.kfac.distributed
+                            : c.kfac.placement == "bubbles" ? "in the pipeline bubbles: PipeFisher"
+                            : c.kfac.placement == "skip"    ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every)
+                                                            : "inline";
+  return fmt::format("{} + K-FAC ({})", c.optim.name, where);
+}
+
+std::vector<std::string> config_warnings(const Config& c) {
+  std::vector<std::string> w;
+  // The warm-up in effect (make_run_lr_schedule): K-FAC's own when it sets one.
+  const bool kfac_own = c.kfac.enabled && c.kfac.warmup_steps >= 0;
+  const int warmup = kfac_own ? c.kfac.warmup_steps : c.optim.warmup_steps;
+  if (warmup > c.train.steps)
+    w.push_back(fmt::format("{} = {} exceeds train.steps = {}: the learning rate never reaches optim.lr = {}",
+                            kfac_own ? "kfac.warmup_steps" : "optim.warmup_steps", warmup, c.train.steps,
+                            shortest_double(c.optim.lr)));
+  return w;
 }
 
 }  // namespace pf

@@ -125,6 +125,21 @@ struct Config {
   std::string to_toml() const;
 };
 
+// A float as the user wrote it: 0.15f -> 0.15 (its shortest decimal form, read as a double), not
+// 0.15000000596046448. Files we write (config.toml, config.json) hold these.
+double float_as_written(float f);
+// The shortest text that reads back as exactly this double ("0.1", "1e-06", "2.0").
+std::string shortest_double(double d);
+
+// The preset whose shape (architecture, sizes, vocabulary, positions) `m` has, or "custom".
+std::string preset_of(const ModelConfig& m);
+// The optimizer as a banner says it: "nvlamb", "nvlamb + K-FAC (inline)", ... (with K-FAC's placement).
+std::string optimizer_of(const Config& c);
+
+// Settings that work but are probably not what was meant (warm-up longer than the run, ...): one
+// sentence each, naming the keys.
+std::vector<std::string> config_warnings(const Config& c);
+
 // Fills model sizes for a named preset; throws UsageError("model.preset: ...") for an unknown one.
 void apply_model_preset(ModelConfig& m, const std::string& preset);
 std::vector<std::string> model_preset_names();

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "dkfac/distributed_kfac.hpp"
+#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "kfac/factor.hpp"
 #include "train/run_log.hpp"
@@ -87,7 +88,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
     std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%d x %d x %d sequences "
                 "of %d), %s + K-FAC (%s%s), %d steps; %d data-parallel ranks; %zu factors, %d inverses broadcast, "
                 "perf model %s\n",
-                m.preset.empty() ? "custom" : m.preset.c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
+                preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
                 static_cast<long long>(tokens), p.data_parallel, p.micro_batches, p.micro_batch_size, m.seq_len,
                 cfg.optim.name.c_str(), cfg.kfac.distributed.c_str(),
                 cfg.kfac.distributed != "spd-kfac" ? ""
@@ -179,7 +180,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
   if (root) {
     std::vector<const Param*> ps;
     for (Param* q : params) ps.push_back(q);
-    save_safetensors(out + "/model.safetensors", ps);
+    save_hf_model(out, ps, cfg.model);
     if (!a.save.empty()) save_safetensors(a.save, ps);
     write_file_atomic(out + "/summary.json", log->summary(valid, wall));
     const InversionPlacement& pl = dk.placement();
@@ -203,7 +204,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
         {"inverse_wait_s", tot[3] / is},
     };
     write_file_atomic(out + "/dkfac.json", j.dump(2) + "\n");
-    std::printf("outputs: %s/{config.toml, log.jsonl, model.safetensors, summary.json, dkfac.json}%s\n", out.c_str(),
+    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, dkfac.json}%s\n", out.c_str(),
                 a.save.empty() ? "" : (", " + a.save).c_str());
   }
   return 0;

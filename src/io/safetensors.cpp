@@ -1,5 +1,7 @@
 #include "io/safetensors.hpp"
 
+#include "io/hf_model.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -359,7 +361,9 @@ SafetensorsLoadResult load_safetensors(const std::string& path, const std::vecto
     PF_CHECK(!p->hf_transposed || p->value.rank() == 2, "'{}' is hf_transposed but of rank {}", p->name,
              p->value.rank());
     Shape want = p->hf_transposed ? transposed(p->value.shape()) : p->value.shape();
-    const SafetensorsEntry* e = file.find(p->name);
+    const SafetensorsEntry* e = nullptr;
+    for (const std::string& name : hf_name_candidates(p->name))
+      if ((e = file.find(name))) break;
     if (!e) {
       if (options.require_all) usage_error(path, "tensor '{}' (shape {}) is missing", p->name, shape_str(want));
       result.missing.push_back(p->name);

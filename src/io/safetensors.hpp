@@ -99,8 +99,9 @@ struct SafetensorsLoadResult {
   std::vector<std::string> unused;   // file tensors matched by no Param
 };
 
-// Loads Param values by name: the file's shape must equal the Param's (transposed for
-// hf_transposed), its dtype F32/F16/BF16/F64 (converted to fp32). Mirrors load like their owner.
+// Loads Param values by name (or the hub's other names for it, io/hf_model.hpp's
+// hf_name_candidates): the file's shape must equal the Param's (transposed for hf_transposed), its
+// dtype F32/F16/BF16/F64 (converted to fp32). Mirrors load like their owner.
 // Nothing is modified unless every check passes.
 SafetensorsLoadResult load_safetensors(const std::string& path, const std::vector<Param*>& params,
                                        const SafetensorsLoadOptions& options = {});

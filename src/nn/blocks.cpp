@@ -552,6 +552,21 @@ void HeadBlock::nsp_backward(const MicroBatch& mb, Tensor& dx_in, HeadState& st)
   }
 }
 
+void HeadBlock::logits(const float* x, int64_t rows, float* out) const {
+  const int64_t C = cfg_.hidden;
+  std::vector<float> t, g, h(static_cast<size_t>(rows * C)), mean(static_cast<size_t>(rows)), rstd(mean.size());
+  const float* hin = x;
+  if (bert_) {
+    t.resize(h.size());
+    g.resize(h.size());
+    transform_->forward(0, x, rows, t.data());
+    gelu_forward(g.data(), t.data(), rows * C, gelu_of(cfg_));
+    hin = g.data();
+  }
+  ln_->forward(h.data(), mean.data(), rstd.data(), hin, rows);
+  decoder_->forward(0, h.data(), rows, out);
+}
+
 void HeadBlock::backward(const MicroBatch& mb, const Tensor&, Tensor& dx_in, BlockState& bs) {
   auto& st = static_cast<HeadState&>(bs);
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, V = cfg_.vocab, M = st.M;

@@ -114,6 +114,9 @@ class HeadBlock : public ModelBlock {
   void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
   void init(uint64_t seed) override;
   Param* mirror() { return mirror_.get(); }
+  // Inference: the LM logits (rows, vocab) of hidden rows x (rows, hidden), without loss or
+  // saved state (forward() turns its logits into probabilities for the backward).
+  void logits(const float* x, int64_t rows, float* out) const;
 
  private:
   double nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st);

@@ -94,6 +94,21 @@ void Model::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, 
   }
 }
 
+void Model::logits(const MicroBatch& mb, ModelState& st, int row, int position, float* out) {
+  PF_CHECK(has_embedding() && has_head() && blocks_.size() >= 2, "logits need the whole model");
+  PF_CHECK(0 <= row && row < mb.rows && 0 <= position && position < mb.seq, "logits at ({}, {}) of {} x {}", row,
+           position, mb.rows, mb.seq);
+  Tensor none;
+  const Tensor* x = &none;
+  for (size_t j = 0; j + 1 < blocks_.size(); ++j) {
+    blocks_[j]->forward(mb, *x, st.acts[j], *st.blocks[j]);
+    x = &st.acts[j];
+  }
+  const int64_t C = cfg_.hidden;
+  const auto& head = static_cast<const HeadBlock&>(*blocks_.back());
+  head.logits(x->data() + (static_cast<int64_t>(row) * mb.seq + position) * C, 1, out);
+}
+
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, int first_block, int last_block) {
   return std::make_unique<Model>(cfg, first_block, last_block);
 }

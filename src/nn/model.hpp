@@ -58,6 +58,9 @@ class Model {
   // dx_out: gradient of x_out (ignored with the head); writes dx_in unless the range starts at the
   // embedding.
   void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st);
+  // Inference on the whole model (embedding to head): the LM logits (vocab floats into `out`) at
+  // token `position` of row `row` of mb. Runs every block but the head's loss; no backward may follow.
+  void logits(const MicroBatch& mb, ModelState& st, int row, int position, float* out);
 
  private:
   ModelConfig cfg_;

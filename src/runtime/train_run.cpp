@@ -8,6 +8,7 @@
 #include "core/files.hpp"
 #include "dkfac/dp_train.hpp"
 #include "io/checkpoint.hpp"
+#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "optim/lr_schedule.hpp"
 #include "runtime/executor.hpp"
@@ -101,7 +102,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const std::string& out = cfg.train.out_dir;
   std::unique_ptr<RunLog> log;
   comm::on_root_agreed(world.rank(), [&] {
-    log = open_run_outputs(cfg);
+    log = open_run_outputs(cfg, first_step > 0 ? first_step : -1);
   });
 
   std::vector<MicroBatch> mbs(static_cast<size_t>(p.data_parallel) * p.micro_batches);
@@ -111,9 +112,9 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     const auto& m = cfg.model;
     std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%d x %d x %d sequences "
                 "of %d), %s, %d steps; %d ranks: %d stages (%s%s) x %d data-parallel\n",
-                m.preset.empty() ? "custom" : m.preset.c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
+                preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
                 static_cast<long long>(tokens), p.data_parallel, p.micro_batches, p.micro_batch_size, m.seq_len,
-                cfg.optim.name.c_str(), cfg.train.steps, world.size(), p.stages, layout.schedule.name.c_str(),
+                optimizer_of(cfg).c_str(), cfg.train.steps, world.size(), p.stages, layout.schedule.name.c_str(),
                 layout.stages() != p.stages ? fmt::format(", {} model chunks", layout.stages()).c_str() : "",
                 p.data_parallel);
     std::fflush(stdout);
@@ -209,10 +210,10 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   if (root) {
     std::vector<const Param*> params;
     for (Param* q : model->params()) params.push_back(q);
-    save_safetensors(out + "/model.safetensors", params);
+    save_hf_model(out, params, cfg.model);
     if (!a.save.empty()) save_safetensors(a.save, params);
     write_file_atomic(out + "/summary.json", log->summary(valid, wall));
-    std::printf("outputs: %s/{config.toml, log.jsonl, model.safetensors, summary.json}%s\n", out.c_str(),
+    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
                 a.save.empty() ? "" : (", " + a.save).c_str());
   }
   return 0;

@@ -1,8 +1,10 @@
 #include "train/checkpointing.hpp"
 
 #include "core/error.hpp"
+#include "io/safetensors.hpp"
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -46,6 +48,20 @@ std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, 
   if (dir) ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(init, "--init"));
   if (!init.empty() && !resume.empty()) usage_error("--init", "give --init or --resume, not both");
   return ckpt;
+}
+
+void load_init_weights(const std::string& init, const CheckpointReader* ckpt, const std::vector<Param*>& params) {
+  if (ckpt) return ckpt->load_params(params);
+  if (init.empty()) return;
+  const SafetensorsLoadResult r = load_safetensors(init, params);
+  // A hub file holds more than our model uses (attention-mask buffers, an untied copy of the
+  // decoder, heads we lack): say which, so that nothing is dropped unseen.
+  if (r.unused.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < r.unused.size() && i < 8; ++i) names += (i ? ", " : "") + r.unused[i];
+  if (r.unused.size() > 8) names += fmt::format(", ... ({} more)", r.unused.size() - 8);
+  std::fprintf(stderr, "--init: %zu of %zu tensors in %s not used by the model: %s\n", r.unused.size(),
+               r.unused.size() + r.loaded.size(), init.c_str(), names.c_str());
 }
 
 void check_resume(const Config& cfg, const CheckpointManifest& m) {

@@ -42,6 +42,11 @@ void check_resume(const Config& cfg, const CheckpointManifest& m);
 // Null when init is empty or a file.
 std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume);
 
+// Loads `--init` weights into params by name: from a safetensors file, or from the newest complete
+// checkpoint of a directory (`ckpt`, as open_init_checkpoint returned it; null for a file). A file
+// may use the hub's layouts (io/hf_model.hpp); its tensors the model does not use are named on stderr.
+void load_init_weights(const std::string& init, const CheckpointReader* ckpt, const std::vector<Param*>& params);
+
 // Writes weights-stage-S and state-stage-S into step_dir; returns the two files.
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st);
 // Restores parameters, optimizer state and step count, and K-FAC state, by name.

@@ -8,48 +8,151 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <ctime>
+#include <fstream>
+#include <limits>
+
 namespace pf {
 
-RunLog::RunLog(int total_steps, int log_every, std::vector<std::string> json_paths)
-    : total_(total_steps), every_(log_every), tty_(isatty(fileno(stderr))), machine_(machine_info()) {
+namespace {
+
+// The CSV columns, in order: the JSON record's fields (absent ones are empty cells).
+const std::vector<std::string> kColumns = {"step", "time", "elapsed_s", "loss", "valid_loss", "lr", "grad_norm",
+                                           "tokens", "step_time_s", "tokens_per_s"};
+const std::vector<std::string> kKfacColumns = {"kfac_curvature", "kfac_inversion", "kfac_damping_raised",
+                                               "kfac_time_s"};
+
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, ms);
+}
+
+// 75 -> "1:15", 3725 -> "1:02:05".
+std::string clock_time(double s) {
+  const auto t = static_cast<long long>(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02d}:{:02d}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02d}", t / 60, t % 60);
+}
+
+std::string csv_cell(const nlohmann::json& v) {
+  if (v.is_null()) return "";
+  if (v.is_boolean()) return v.get<bool>() ? "1" : "0";
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+// The step a record line is about (JSON: "step"; CSV: the first cell); -1 for a header or junk.
+int64_t step_of(const std::string& line, bool csv) {
+  if (csv) {
+    char* end = nullptr;
+    const long long s = std::strtoll(line.c_str(), &end, 10);
+    return end != line.c_str() && (*end == ',' || *end == '\0') ? s : -1;
+  }
+  const auto j = nlohmann::json::parse(line, nullptr, false);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
+}
+
+}  // namespace
+
+RunLog::RunLog(const RunLogOptions& o, std::vector<std::string> json_paths, const std::string& csv_path)
+    : o_(o), tty_(isatty(fileno(stderr))), machine_(machine_info()) {
   // First, so that every number the run prints can be traced to the machine that made it.
   std::printf("machine: %s\n", machine_line(machine_).c_str());
-  for (const auto& p : json_paths) {
-    FILE* f = std::fopen(p.c_str(), "w");
-    if (!f) usage_error(p, "cannot open the log file for writing");
-    json_.push_back(f);
-  }
+  for (auto& p : json_paths) files_.push_back({std::move(p), nullptr, false});
+  if (!csv_path.empty()) files_.push_back({csv_path, nullptr, true});
+  for (File& f : files_) open(f);
 }
 
 RunLog::~RunLog() {
-  for (FILE* f : json_) std::fclose(f);
+  for (File& f : files_) std::fclose(f.f);
+}
+
+void RunLog::open(File& file) {
+  // On resume: the records up to the checkpoint's step, rewritten, then appended to. The first
+  // JSON file (out_dir/log.jsonl) also restores the whole run's counts.
+  std::string kept;
+  if (o_.resume_step >= 0) {
+    std::ifstream in(file.path);
+    const bool counts = &file == &files_.front();
+    for (std::string line; std::getline(in, line);) {
+      const int64_t s = step_of(line, file.csv);
+      const bool header = file.csv && s < 0 && kept.empty();
+      if (!header && (s < 0 || s > o_.resume_step)) continue;  // junk, or past the checkpoint
+      kept += line + "\n";
+      if (counts && !header) count_previous(line);
+    }
+  }
+  if (!kept.empty()) write_file_atomic(file.path, kept);
+  file.f = std::fopen(file.path.c_str(), kept.empty() ? "w" : "a");
+  if (!file.f) usage_error(file.path, "cannot open the log file for writing");
+  if (file.csv && kept.empty()) {
+    std::fprintf(file.f, "%s%s%s\n", fmt::format("{}", fmt::join(kColumns, ",")).c_str(), o_.kfac ? "," : "",
+                 o_.kfac ? fmt::format("{}", fmt::join(kKfacColumns, ",")).c_str() : "");
+  }
+}
+
+void RunLog::count_previous(const std::string& line) {
+  const auto j = nlohmann::json::parse(line);
+  // A non-finite loss was written as null.
+  auto num = [&](const char* k, double otherwise) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : otherwise; };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (steps_ == 0) first_loss_ = num("loss", nan);
+  last_loss_ = num("loss", nan);
+  ++steps_;
+  tokens_ += num("tokens", 0);
+  busy_s_ += num("step_time_s", 0);
+  elapsed_before_ = num("elapsed_s", busy_s_);  // logs from before elapsed_s: their busy time
 }
 
 void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
   if (steps_ == 0) first_loss_ = s.loss;
   last_loss_ = s.loss;
   ++steps_;
+  ++segment_steps_;
   tokens_ += static_cast<double>(s.tokens);
   busy_s_ += s.step_time_s;
   const double tps = s.step_time_s > 0 ? static_cast<double>(s.tokens) / s.step_time_s : 0;
+  const double segment_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 
-  nlohmann::json j{{"step", s.step + 1}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
-                   {"tokens", s.tokens}, {"step_time_s", s.step_time_s}, {"tokens_per_s", tps}};
+  nlohmann::ordered_json j{{"step", s.step + 1},         {"time", utc_now()}, {"elapsed_s", elapsed_before_ + segment_s},
+                           {"loss", s.loss},             {"lr", s.lr},        {"grad_norm", s.grad_norm},
+                           {"tokens", s.tokens},         {"step_time_s", s.step_time_s},
+                           {"tokens_per_s", tps}};
   if (valid_loss) j["valid_loss"] = *valid_loss;
+  if (o_.kfac) {
+    j["kfac_curvature"] = s.kfac_curvature;
+    j["kfac_inversion"] = s.kfac_inversion;
+    j["kfac_damping_raised"] = s.kfac_raised;
+    j["kfac_time_s"] = s.kfac_time_s;
+  }
   const std::string line = j.dump() + "\n";
-  for (FILE* f : json_) {
-    std::fputs(line.c_str(), f);
-    std::fflush(f);
+  std::vector<std::string> cells;
+  for (const auto& c : kColumns) cells.push_back(csv_cell(j.contains(c) ? j[c] : nullptr));
+  if (o_.kfac)
+    for (const auto& c : kKfacColumns) cells.push_back(csv_cell(j[c]));
+  const std::string row = fmt::format("{}\n", fmt::join(cells, ","));
+  for (File& f : files_) {
+    std::fputs(f.csv ? row.c_str() : line.c_str(), f.f);
+    std::fflush(f.f);
   }
 
-  const std::string text = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s", s.step + 1,
-                                       fmt::formatted_size("{}", total_), total_, s.loss, s.lr, tps);
+  const int total = o_.total_steps;
+  const double eta = segment_s / static_cast<double>(segment_steps_) * static_cast<double>(total - s.step - 1);
+  const std::string text =
+      fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {} elapsed, ETA {}", s.step + 1,
+                  fmt::formatted_size("{}", total), total, s.loss, s.lr, tps,
+                  clock_time(elapsed_before_ + segment_s), clock_time(eta));
   const std::string valid = valid_loss ? fmt::format(" | valid {:.4f}", *valid_loss) : "";
-  const bool last = s.step + 1 == total_;
+  const bool last = s.step + 1 == total;
   if (tty_) {
     // A status line rewritten in place; validation results and the last step stay on screen.
     std::fprintf(stderr, "\r%s%s\033[K%s", text.c_str(), valid.c_str(), (valid_loss || last) ? "\n" : "");
-  } else if ((s.step + 1) % every_ == 0 || s.step == 0 || last || valid_loss) {
+  } else if ((s.step + 1) % o_.log_every == 0 || s.step == 0 || last || valid_loss) {
     std::fprintf(stdout, "%s%s\n", text.c_str(), valid.c_str());
     std::fflush(stdout);
   }
@@ -62,7 +165,7 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
                    {"final_valid_loss", final_valid_loss},
                    {"tokens", tokens_},
                    {"tokens_per_s", busy_s_ > 0 ? tokens_ / busy_s_ : 0.0},
-                   {"wall_time_s", wall_s},
+                   {"wall_time_s", elapsed_before_ + wall_s},
                    {"machine",
                     {{"cpu", machine_.cpu},
                      {"blas", machine_.blas},
@@ -73,17 +176,18 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
                      {"load_average_at_start", machine_.load_average}}}};
   std::fprintf(stdout, "summary: %lld steps, loss %.4f -> %.4f, validation loss %.4f, %.0f tokens/s, %.1f s\n",
                static_cast<long long>(steps_), first_loss_, last_loss_, final_valid_loss,
-               j["tokens_per_s"].get<double>(), wall_s);
+               j["tokens_per_s"].get<double>(), j["wall_time_s"].get<double>());
   return j.dump(2) + "\n";
 }
 
-std::unique_ptr<RunLog> open_run_outputs(const Config& cfg) {
+std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step, bool kfac_metrics) {
   const std::string& out = cfg.train.out_dir;
   make_dirs(out, "train.out_dir");
   write_file_atomic(out + "/config.toml", cfg.to_toml());
   std::vector<std::string> logs{out + "/log.jsonl"};
   if (!cfg.train.log_json.empty()) logs.push_back(cfg.train.log_json);
-  return std::make_unique<RunLog>(cfg.train.steps, cfg.train.log_every, std::move(logs));
+  const RunLogOptions o{cfg.train.steps, cfg.train.log_every, kfac_metrics, resume_step};
+  return std::make_unique<RunLog>(o, std::move(logs), out + "/metrics.csv");
 }
 
 }  // namespace pf

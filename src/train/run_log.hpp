@@ -1,9 +1,24 @@
 #pragma once
 // What a training run reports: a status line on a terminal (or a line per log_every steps when
-// the output is not a terminal), one JSON object per step in the log files, and a summary.
+// the output is not a terminal) with elapsed time and ETA, one record per step in the log files,
+// and a summary.
+//
+// Step records: one JSON object per line in out_dir/log.jsonl (and train.log_json), the same
+// fields as a CSV row in out_dir/metrics.csv (spreadsheets, pandas, gnuplot):
+//   step, time (UTC, ISO 8601), elapsed_s (training seconds since the run's first step, resumed
+//   segments continuing the count), loss, valid_loss (steps that evaluated), lr, grad_norm,
+//   tokens, step_time_s, tokens_per_s, and with K-FAC (single process: inline or skip placement)
+//   kfac_curvature / kfac_inversion (this step refreshed the factors / their inverses),
+//   kfac_damping_raised (factors whose inversion needed more damping) and kfac_time_s (the
+//   step's K-FAC work after the backward: factor commit, inversions, preconditioning, KL clip).
+//
+// A resumed run (--resume into the same out_dir) keeps the records of steps 1..k of the files it
+// finds (dropping those a killed segment wrote past its checkpoint at step k) and appends, so the
+// logs hold each step once and the summary covers the whole run.
 #include "core/machine.hpp"
 #include "train/trainer.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -12,29 +27,50 @@
 
 namespace pf {
 
+struct RunLogOptions {
+  int total_steps = 0;
+  int log_every = 1;
+  bool kfac = false;              // records carry the K-FAC fields
+  int64_t resume_step = -1;       // >= 0: continue the files' records after this step
+};
+
 class RunLog {
  public:
-  // `json_paths`: files that receive one JSON object per step (opened now, truncated).
-  RunLog(int total_steps, int log_every, std::vector<std::string> json_paths);
+  // `json_paths` receive JSON lines, `csv_path` (if not empty) CSV rows; opened now (truncated,
+  // or filtered and appended to on resume).
+  RunLog(const RunLogOptions& o, std::vector<std::string> json_paths, const std::string& csv_path);
   ~RunLog();
   void step(const StepStats& s, std::optional<double> valid_loss);
-  // Prints the final summary and returns it as a JSON object (written to summary.json).
+  // Prints the final summary and returns it as a JSON object (written to summary.json). The
+  // counts and times cover the whole run: wall_s is this segment's, earlier ones' are added.
   std::string summary(double final_valid_loss, double wall_s) const;
 
   double first_loss() const { return first_loss_; }
   double last_loss() const { return last_loss_; }
 
  private:
-  int total_, every_;
+  struct File {
+    std::string path;
+    FILE* f = nullptr;
+    bool csv = false;
+  };
+  void open(File& file);  // truncates, or on resume keeps the records up to resume_step
+  void count_previous(const std::string& json_line);
+
+  RunLogOptions o_;
   bool tty_;
   MachineInfo machine_;  // as the run began
-  std::vector<FILE*> json_;
+  std::vector<File> files_;
   double first_loss_ = 0, last_loss_ = 0, tokens_ = 0, busy_s_ = 0;
-  int64_t steps_ = 0;
+  double elapsed_before_ = 0;  // training seconds of the run's earlier segments
+  int64_t steps_ = 0, segment_steps_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // Makes train.out_dir, writes the resolved config.toml there and opens the step logs
-// (out_dir/log.jsonl, and train.log_json when set). Every training path starts its outputs here.
-std::unique_ptr<RunLog> open_run_outputs(const Config& cfg);
+// (out_dir/log.jsonl and metrics.csv, and train.log_json when set). Every training path starts
+// its outputs here; `resume_step` >= 0 continues a run's logs after that step; `kfac_metrics`:
+// the caller fills StepStats' K-FAC fields (the single-process trainer does).
+std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step = -1, bool kfac_metrics = false);
 
 }  // namespace pf

@@ -90,7 +90,11 @@ StepStats Trainer::step() {
     }
     s.grad_norm = std::numeric_limits<double>::quiet_NaN();
   } else {
-    if (kfac_) kfac_step(s);
+    if (kfac_) {
+      const auto tk = std::chrono::steady_clock::now();
+      kfac_step(s);
+      s.kfac_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tk).count();
+    }
     s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
     s.nonfinite = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
     if (!s.nonfinite) optim_->step(params_, s.lr, s.grad_norm);
@@ -116,23 +120,41 @@ void Trainer::kfac_step(StepStats& s) {
   s.kfac_nu = kfac_->kl_clip(s.lr);
 }
 
+EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb) {
+  EvalResult r;
+  const EvalScales scale = eval_scales(valid, batches, rows, mb);
+  const Tensor none;
+  Tensor no_output;
+  // The summed forward losses with these scales: the mean LM loss (+ the mean NSP loss).
+  auto pass = [&](float nsp_scale) {
+    double loss = 0;
+    for (int b = 0; b < batches; ++b) {
+      valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
+      mb.index = 0;
+      mb.loss_scale = scale.loss;
+      mb.nsp_scale = nsp_scale;
+      loss += model.forward(mb, none, no_output, st);
+    }
+    return loss;
+  };
+  model.set_training(false);
+  r.loss = r.lm_loss = pass(scale.nsp);
+  if (scale.nsp > 0) r.lm_loss = pass(0.0f);  // NSP pairs: the LM part alone, for perplexity
+  model.set_training(true);
+  for (int b = 0; b < batches; ++b) {
+    valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
+    r.positions += mb.loss_positions();
+  }
+  r.sequences = static_cast<int64_t>(batches) * rows;
+  return r;
+}
+
 double Trainer::evaluate() {
   // Held-out sequences 0 .. eval_batches*mbs - 1: the same ones at every evaluation.
   if (kfac_) kfac_->detach();  // evaluation is no curvature (a step that threw may have left taps)
-  MicroBatch& mb = mbs_[0];
-  double loss = 0;
-  const int rows = cfg_.parallel.micro_batch_size;
-  const EvalScales scale = eval_scales(*valid_data_, cfg_.train.eval_batches, rows, mb);
-  model_->set_training(false);
-  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
-    valid_data_->fill(static_cast<int64_t>(b) * rows, rows, mb);
-    mb.index = 0;
-    mb.loss_scale = scale.loss;
-    mb.nsp_scale = scale.nsp;
-    loss += model_->forward(mb, no_input_, no_output_, state_);
-  }
-  model_->set_training(true);
-  return loss;
+  return evaluate_model(*model_, state_, *valid_data_, cfg_.train.eval_batches, cfg_.parallel.micro_batch_size,
+                        mbs_[0])
+      .loss;
 }
 
 }  // namespace pf

@@ -40,10 +40,12 @@ struct StepStats {
   bool kfac_curvature = false, kfac_inversion = false;
   int kfac_raised = 0, kfac_kept = 0;
   double kfac_nu = 1;      // KL-clip factor
+  double kfac_time_s = 0;  // K-FAC's work after the backward: commit, inversions, precondition, KL clip
   // The loss or the gradient norm was NaN/Inf: the step changed no weight, optimizer or K-FAC
   // state (the loop then skips on, or stops: train.on_nonfinite).
   bool nonfinite = false;
 };
+
 
 // The run's learning-rate schedule: optim's, with K-FAC's own warm-up (kfac.warmup_steps, -1 =
 // optim.warmup_steps) when kfac.enabled. The paper shortens K-FAC's warm-up (600 vs 2000 steps).
@@ -59,6 +61,18 @@ struct EvalScales {
   float loss = 0, nsp = 0;
 };
 EvalScales eval_scales(Batcher& valid, int batches, int rows, MicroBatch& mb);
+
+// Validation loss over `batches` micro-batches of `rows` held-out sequences, sequences
+// 0 .. batches*rows - 1 of `valid` (the same ones every time), without dropout: what the trainer
+// logs (Trainer::evaluate), and for `pipefisher eval` also the language-model part alone. `mb`
+// and `st` are scratch sized for rows x seq_len.
+struct EvalResult {
+  double loss = 0;          // as training reports it: mean LM loss (+ mean NSP loss with data.nsp)
+  double lm_loss = 0;       // mean over the scored positions (GPT: every next token; BERT: masked ones)
+  int64_t positions = 0;    // tokens scored
+  int64_t sequences = 0;
+};
+EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb);
 
 class Trainer {
  public:

@@ -1,0 +1,75 @@
+// `pipefisher generate`: text from a trained GPT model, through the GPT-2 tokenizer.
+//   pipefisher generate --config configs/gpt2-tiny.toml --init runs/gpt2-tiny/model.safetensors
+//       --prompt "Call me Ishmael." --max-new-tokens 40 --temperature 0.8 --top-k 40 --seed 1
+// --temperature 0 is greedy decoding. Generation stops early after <|endoftext|>. With --json, one
+// object: the prompt's ids, the new ids and their text (train/generate.hpp says how tokens are drawn).
+#include "command.hpp"
+#include "core/error.hpp"
+#include "data/tokenizer.hpp"
+#include "model_flags.hpp"
+#include "train/generate.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace pf::app {
+namespace {
+
+constexpr int32_t kEndOfText = 50256;  // GPT-2's <|endoftext|>
+
+struct GenerateArgs {
+  ModelFlags model;
+  std::string prompt;
+  std::string vocab_dir = "data/vocab";
+  int max_new_tokens = 32;
+  double temperature = 1.0;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+  if (!(a.temperature >= 0)) usage_error("--temperature", "must be >= 0 (0 = greedy), got {}", a.temperature);
+  const Config cfg = load_model_config(a.model, "generate");
+  if (cfg.model.arch != "gpt") usage_error("model.arch", "generate needs a causal LM (gpt); {} is a masked LM", cfg.model.arch);
+  auto tok = load_tokenizer("gpt2", a.vocab_dir);
+  LoadedModel m = load_model(a.model, cfg);
+  std::vector<int32_t> prompt = tok->encode(a.prompt);
+  if (prompt.empty()) prompt.push_back(kEndOfText);  // as GPT-2 itself starts unconditional text
+  GenerateOptions o;
+  o.max_new_tokens = a.max_new_tokens;
+  o.sample = {a.temperature, a.top_k, a.seed};
+  o.stop_token = kEndOfText;
+  o.vocab = tok->vocab_size();
+  const std::vector<int32_t> ids = generate(*m.model, prompt, o);
+  const std::string text = tok->decode(ids);
+  if (a.json) {
+    nlohmann::json j{{"prompt", a.prompt}, {"prompt_ids", prompt}, {"ids", ids}, {"text", text}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("{}{}\n", a.prompt, text);
+  }
+  return 0;
+}
+
+Runner setup(CLI::App& cmd) {
+  auto a = std::make_shared<GenerateArgs>();
+  add_model_flags(cmd, a->model);
+  cmd.add_option("--prompt", a->prompt, "the text to continue (empty: start from <|endoftext|>)");
+  cmd.add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--temperature", a->temperature, "softmax temperature; 0 = greedy (argmax)")->capture_default_str();
+  cmd.add_option("--top-k", a->top_k, "sample among the K most likely tokens only (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--seed", a->seed, "random seed of the sampling")->capture_default_str();
+  cmd.add_option("--vocab-dir", a->vocab_dir, "directory with the GPT-2 vocabulary files")->capture_default_str();
+  cmd.add_flag("--json", a->json, "print one JSON object: prompt, prompt_ids, ids (the new tokens), text");
+  return [a] { return run_generate(*a); };
+}
+
+}  // namespace
+
+PF_COMMAND(generate, "generate", "continue a prompt with a trained GPT model (--init)", setup)
+
+}  // namespace pf::app

@@ -1,0 +1,33 @@
+#include "model_flags.hpp"
+
+#include "core/blas.hpp"
+#include "core/error.hpp"
+#include "train/checkpointing.hpp"
+
+namespace pf::app {
+
+void add_model_flags(CLI::App& cmd, ModelFlags& f) {
+  cmd.add_option("--config", f.config, "TOML configuration file of the model (default: the built-in default job's)");
+  cmd.add_option("--set", f.sets, "override a configuration key: --set model.layers=4 (repeatable)")
+      ->allow_extra_args(false);
+  cmd.add_option("--init", f.init, "the weights: a safetensors file or a checkpoint directory (required)");
+}
+
+Config load_model_config(const ModelFlags& f, const char* command) {
+  Config cfg = Config::load(f.config, f.sets);
+  if (f.init.empty()) usage_error("--init", "{} needs the weights: --init FILE.safetensors or a checkpoint directory", command);
+  open_init_checkpoint(f.init, "");  // refuses a missing path now
+  return cfg;
+}
+
+LoadedModel load_model(const ModelFlags& f, const Config& cfg) {
+  LoadedModel m{cfg, nullptr};
+  std::unique_ptr<CheckpointReader> ckpt = open_init_checkpoint(f.init, "");
+  set_threads(cfg.train.threads);
+  m.model = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
+  m.model->init(cfg.train.seed);
+  load_init_weights(f.init, ckpt.get(), m.model->params());
+  return m;
+}
+
+}  // namespace pf::app

@@ -1,0 +1,31 @@
+#pragma once
+// What Hugging Face's transformers needs to open a saved model as it is:
+//   AutoModelForPreTraining.from_pretrained(dir) / GPT2LMHeadModel.from_pretrained(dir)
+// reads dir/config.json (the architecture and its sizes) and dir/model.safetensors (the tensors
+// under HF's names, save_safetensors). BERT is written as BertForPreTraining, GPT as
+// GPT2LMHeadModel, both with tied word embeddings; our attention probabilities have no dropout
+// (attention_probs_dropout_prob / attn_pdrop = 0), the other dropouts are model.dropout.
+//
+// Loading goes the other way too: hub files name tensors in older or headless layouts, which
+// hf_name_candidates maps to ours.
+#include "config/config.hpp"
+#include "nn/param.hpp"
+
+#include <string>
+#include <vector>
+
+namespace pf {
+
+// The config.json text transformers reads for a model of this shape.
+std::string hf_config_json(const ModelConfig& m);
+
+// Writes dir/model.safetensors and dir/config.json (each through a temporary file, renamed).
+void save_hf_model(const std::string& dir, const std::vector<const Param*>& params, const ModelConfig& m);
+
+// The names a tensor of ours may carry in a file from the hub, ours first:
+//   GPT2Model's files lack the "transformer." prefix (h.0.attn.c_attn.weight, wte.weight);
+//   BertModel's lack "bert." (embeddings.word_embeddings.weight);
+//   BERT's original TensorFlow-converted files call LayerNorm's weight/bias gamma/beta.
+std::vector<std::string> hf_name_candidates(const std::string& name);
+
+}  // namespace pf

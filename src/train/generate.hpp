@@ -1,0 +1,38 @@
+#pragma once
+// Text generation with a causal LM (model.arch = gpt): one token at a time, each from the logits
+// at the last position of the context (the last model.seq_len tokens, the length it was trained
+// on), recomputed in full every step (no key/value cache: these models are small).
+//
+// Sampling: temperature 0 is greedy (the argmax, the lowest id on a tie); otherwise the logits are
+// divided by the temperature, all but the top_k largest dropped (top_k = 0 keeps all), and a token
+// drawn from their softmax with the uniform number `draw` of the stream (seed, "generate"), so a
+// seed gives the same text for any thread count.
+#include "nn/model.hpp"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pf {
+
+struct SampleOptions {
+  double temperature = 1.0;
+  int top_k = 0;
+  uint64_t seed = 0;
+};
+
+// The token chosen from one row of logits for the draw-th sampled token.
+int32_t sample_token(std::span<const float> logits, const SampleOptions& o, uint64_t draw);
+
+struct GenerateOptions {
+  int max_new_tokens = 32;
+  SampleOptions sample;
+  int32_t stop_token = -1;  // generation ends after this token (GPT-2: <|endoftext|>); -1 = none
+  int vocab = 0;            // only ids below this are drawn (the tokenizer's size); 0 = model.vocab
+};
+
+// The new tokens after `prompt` (which must not be empty). `model` is the whole model, with its
+// weights loaded.
+std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& o);
+
+}  // namespace pf

@@ -1,0 +1,197 @@
+// `pipefisher eval` and `pipefisher generate` on weights a Trainer wrote in this process:
+// eval's loss is the trainer's evaluate() on the same weights; generate is a pure function of its
+// seed, and greedy decoding picks the argmax of logits computed here from the weights file itself.
+#include "../support/launch.hpp"
+#include "../support/scratch.hpp"
+#include "../support/weights.hpp"
+#include "io/safetensors.hpp"
+#include "nn/model.hpp"
+#include "train/trainer.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using pf_test::run;
+
+namespace {
+
+std::string sample(const std::string& vocab) {
+  return std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20." + vocab + ".bin";
+}
+
+// A small model of `arch` on the committed sample (train and validation), one thread.
+std::vector<std::string> tiny_sets(const std::string& arch) {
+  const std::string vocab = arch == "gpt" ? "gpt2" : "bert";
+  return {"model.arch=" + arch, "model.layers=2", "model.hidden=32", "model.heads=2", "model.ffn=64",
+          "model.seq_len=16", "data.train_file=" + sample(vocab), "data.valid_file=" + sample(vocab),
+          "parallel.micro_batches=1", "parallel.micro_batch_size=4", "train.eval_batches=3", "train.threads=1",
+          "optim.lr=1e-2", "optim.warmup_steps=0", "train.steps=3"};
+}
+
+std::string set_flags(const std::vector<std::string>& sets) {
+  std::string s;
+  for (const auto& kv : sets) s += " --set " + kv;
+  return s;
+}
+
+// Trains `steps` steps in this process, saves the weights, returns the trainer's validation loss.
+double train_and_save(const std::vector<std::string>& sets, const fs::path& weights, int steps) {
+  pf::Trainer t(pf::Config::from_toml_string("", sets));
+  for (int s = 0; s < steps; ++s) t.step();
+  const std::vector<pf::Param*> mine = t.model().params();
+  const std::vector<const pf::Param*> ps(mine.begin(), mine.end());
+  pf::save_safetensors(weights.string(), ps);
+  return t.evaluate();
+}
+
+nlohmann::json json_of(const pf_test::Launch& r) {
+  EXPECT_EQ(r.status, 0) << r.out;
+  const auto lines = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
+  return nlohmann::json::parse(lines.substr(lines.rfind('\n') == std::string::npos ? 0 : lines.rfind('\n') + 1));
+}
+
+class EvalCli : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EvalCli, LossEqualsTheTrainersEvaluate) {
+  const auto sets = tiny_sets(GetParam());
+  const fs::path w = pf_test::scratch_dir("infer_cli") / ("eval-" + GetParam() + ".safetensors");
+  const double trainer_loss = train_and_save(sets, w, 2);
+  const auto j = json_of(run(std::string(PF_BINARY) + " eval" + set_flags(sets) + " --init " + w.string() + " --json"));
+  const double loss = j.at("loss").get<double>();
+  // The same forward on the same sequences with one thread: equal up to float32 rounding.
+  EXPECT_NEAR(loss, trainer_loss, 1e-6 * trainer_loss) << j.dump();
+  EXPECT_NEAR(j.at("perplexity").get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  EXPECT_EQ(j.at("sequences").get<int>(), 3 * 4);
+  EXPECT_GT(j.at("positions").get<int>(), 0);
+
+  // Fresh (untrained) weights score differently: the loss really comes from --init's file.
+  const fs::path w0 = w.parent_path() / ("eval0-" + GetParam() + ".safetensors");
+  train_and_save(sets, w0, 0);
+  const auto j0 = json_of(run(std::string(PF_BINARY) + " eval" + set_flags(sets) + " --init " + w0.string() + " --json"));
+  EXPECT_NE(j0.at("loss").get<double>(), loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, EvalCli, ::testing::Values("gpt", "bert"));
+
+std::string generate_cmd(const std::vector<std::string>& sets, const fs::path& w, const std::string& extra) {
+  return std::string(PF_BINARY) + " generate" + set_flags(sets) + " --init " + w.string() + " --vocab-dir " +
+         PF_SOURCE_DIR + "/data/vocab --prompt 'Call me Ishmael. Some years ago' --json " + extra;
+}
+
+TEST(GenerateCli, SameSeedSameTextOtherSeedOtherText) {
+  const auto sets = tiny_sets("gpt");
+  const fs::path w = pf_test::scratch_dir("infer_cli") / "gen.safetensors";
+  train_and_save(sets, w, 2);
+  const std::string cmd = generate_cmd(sets, w, "--max-new-tokens 12 --temperature 1 --top-k 50");
+  const auto a = json_of(run(cmd + " --seed 5")), b = json_of(run(cmd + " --seed 5")), c = json_of(run(cmd + " --seed 6"));
+  EXPECT_EQ(a.at("ids"), b.at("ids"));
+  EXPECT_EQ(a.at("text"), b.at("text"));
+  EXPECT_EQ(a.at("ids").size(), 12u);
+  EXPECT_NE(a.at("ids"), c.at("ids"));  // 12 draws among 50 candidates each: equal by chance ~never
+}
+
+// The logits of the last position, computed here: the transformer body's output (the model
+// without its head), then GPT-2's head written out from the weights file: ln_f, then the
+// tied word embedding.
+std::vector<double> reference_logits(pf::Model& body, const std::map<std::string, std::vector<float>>& w,
+                                     const std::vector<int32_t>& ctx, int hidden) {
+  pf::MicroBatch mb;
+  mb.resize(1, static_cast<int>(ctx.size()));
+  std::copy(ctx.begin(), ctx.end(), mb.tokens.begin());
+  std::fill(mb.labels.begin(), mb.labels.end(), -1);
+  std::fill(mb.attn_mask.begin(), mb.attn_mask.end(), 1);
+  pf::ModelState st = body.make_state(1, static_cast<int>(ctx.size()));
+  pf::Tensor out({1, static_cast<int64_t>(ctx.size()), hidden}), none;
+  body.forward(mb, none, out, st);
+  const float* x = out.data() + (ctx.size() - 1) * hidden;
+  double mean = 0, var = 0;
+  for (int c = 0; c < hidden; ++c) mean += x[c];
+  mean /= hidden;
+  for (int c = 0; c < hidden; ++c) var += (x[c] - mean) * (x[c] - mean);
+  var /= hidden;
+  std::vector<double> h(hidden);
+  const auto &g = w.at("transformer.ln_f.weight"), &b = w.at("transformer.ln_f.bias"), &wte = w.at("transformer.wte.weight");
+  for (int c = 0; c < hidden; ++c) h[c] = (x[c] - mean) / std::sqrt(var + 1e-5) * g[c] + b[c];
+  std::vector<double> logits(wte.size() / hidden);
+  for (size_t v = 0; v < logits.size(); ++v) {
+    double s = 0;
+    for (int c = 0; c < hidden; ++c) s += h[c] * wte[v * hidden + c];
+    logits[v] = s;
+  }
+  return logits;
+}
+
+TEST(GenerateCli, GreedyIsTheArgmaxOfTheLogits) {
+  const auto sets = tiny_sets("gpt");
+  const fs::path w = pf_test::scratch_dir("infer_cli") / "greedy.safetensors";
+  train_and_save(sets, w, 3);
+  const int n = 20;  // more than model.seq_len = 16 - prompt: the context window slides
+  const auto j = json_of(run(generate_cmd(sets, w, "--max-new-tokens " + std::to_string(n) + " --temperature 0")));
+  auto ctx = j.at("prompt_ids").get<std::vector<int32_t>>();
+  const auto ids = j.at("ids").get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), static_cast<size_t>(n));
+
+  const pf::Config cfg = pf::Config::from_toml_string("", sets);
+  auto body = pf::build_model(cfg.model, 0, cfg.model.layers);  // embedding + blocks, no head
+  pf::load_safetensors(w.string(), body->params(), {true, true});
+  const auto weights = pf_test::read_weights(w);
+  int checked = 0;
+  for (int32_t id : ids) {
+    if (ctx.size() > static_cast<size_t>(cfg.model.seq_len)) ctx.erase(ctx.begin());
+    const auto logits = reference_logits(*body, weights, ctx, cfg.model.hidden);
+    std::vector<double> sorted = logits;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    const size_t best = std::max_element(logits.begin(), logits.end()) - logits.begin();
+    // Only where the top two differ by more than float32 rounding of a 32-term dot product.
+    if (sorted[0] - sorted[1] > 1e-5 * (1 + std::abs(sorted[0]))) {
+      EXPECT_EQ(static_cast<size_t>(id), best) << "token " << checked;
+      ++checked;
+    }
+    ctx.push_back(id);
+  }
+  EXPECT_GE(checked, n / 2);
+}
+
+struct Refusal {
+  std::string args, prefix;
+  friend std::ostream& operator<<(std::ostream& os, const Refusal& r) { return os << r.args; }
+};
+
+class InferRefusal : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(InferRefusal, ExitTwoWithOneLineNamingTheFlag) {
+  const auto sets = tiny_sets("gpt");
+  const fs::path w = pf_test::scratch_dir("infer_cli") / "refusal.safetensors";
+  if (!fs::exists(w)) train_and_save(sets, w, 0);
+  std::string args = GetParam().args;
+  for (size_t p; (p = args.find("WEIGHTS")) != std::string::npos;) args.replace(p, 7, w.string());
+  const auto r = run(std::string(PF_BINARY) + " " + args);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("pipefisher: " + GetParam().prefix, 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, InferRefusal,
+    ::testing::Values(Refusal{"eval --set model.arch=gpt", "--init"},
+                      Refusal{"generate --set model.arch=gpt --init /nonexistent.safetensors", "--init"},
+                      Refusal{"generate --init WEIGHTS --temperature -1", "--temperature"},
+                      Refusal{"generate --init WEIGHTS --top-k -2", "--top-k"},
+                      Refusal{"generate --init WEIGHTS --max-new-tokens x", "--max-new-tokens"},
+                      Refusal{"eval --init WEIGHTS --batches -1", "--batches"},
+                      Refusal{"eval --init WEIGHTS --bogus", "eval: unknown flag --bogus"},
+                      Refusal{"generate --init WEIGHTS --max-new-token 3",
+                              "generate: unknown flag --max-new-token (did you mean --max-new-tokens?)"},
+                      Refusal{"generate --set model.arch=bert --set model.layers=2 --set model.hidden=32 "
+                              "--set model.heads=2 --set model.ffn=64 --init WEIGHTS",
+                              "model.arch"}));
+
+}  // namespace
