@@ -75,3 +75,68 @@ TEST_F(TrainCli, MalformedConfigFile) {
 }
 
 TEST_F(TrainCli, BadFlagValue) { expect_refused("--steps -3", "--steps"); }
+
+// --- what a user sees ---
+
+namespace {
+
+struct Output {
+  int status;
+  std::string out, err;
+};
+
+Output pipefisher(const std::string& args, const fs::path& dir) {
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const int rc = std::system((std::string(PF_BINARY) + " " + args + " > " + out.string() + " 2> " + err.string()).c_str());
+  std::ifstream o(out), e(err);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string((std::istreambuf_iterator<char>(o)), {}),
+          std::string((std::istreambuf_iterator<char>(e)), {})};
+}
+
+}  // namespace
+
+TEST_F(TrainCli, BareCallPrintsUsageAndTrainsNothing) {
+  const Output r = pipefisher("", dir_);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("Usage:"), std::string::npos) << r.out;
+  for (const char* cmd : {"train", "eval", "generate", "plan", "tokenize"}) EXPECT_NE(r.out.find(cmd), std::string::npos) << cmd;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << "a bare call must not start the default job";
+}
+
+TEST_F(TrainCli, PrintConfigShowsNumbersAsWritten) {
+  const Output r = pipefisher("train --print-config --set optim.lr=0.1 --set kfac.damping=3e-4", dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* line : {"\nmask_prob = 0.15\n", "\nlr = 0.1\n", "\ndamping = 0.0003\n", "\nlayer_norm_eps = 1e-12\n",
+                           "\ndropout = 0.0\n", "\nsteps = 80\n"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " in\n" << r.out;
+}
+
+TEST_F(TrainCli, MisspeltFlagOrKeyGetsASuggestion) {
+  Output r = pipefisher("train --stpes 3", dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "pipefisher: train: unknown flag --stpes (did you mean --steps?); see pipefisher train --help\n");
+  r = pipefisher("train --set optim.warmup_step=3", dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "pipefisher: optim.warmup_step: unknown configuration key (did you mean optim.warmup_steps?)\n");
+  r = pipefisher("trian", dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "pipefisher: unknown command 'trian' (did you mean train?)\n");
+  r = pipefisher("train --steps 3 oops", dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "pipefisher: train: unexpected argument 'oops'\n");
+}
+
+TEST_F(TrainCli, WarmupLongerThanTheRunIsWarnedAbout) {
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const Output r = pipefisher("train --set model.preset=bert-tiny --set model.seq_len=16 --set parallel.micro_batches=1 "
+                              "--set parallel.micro_batch_size=2 --set train.eval_batches=1 --set optim.warmup_steps=10 "
+                              "--steps 2 --set data.train_file=" + sample + " --set data.valid_file=" + sample +
+                              " --set train.out_dir=" + out_.string(), dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("pipefisher: warning: optim.warmup_steps = 10 exceeds train.steps = 2: the learning rate never "
+                       "reaches optim.lr = 0.01"), std::string::npos) << r.err;
+  // The banner names the preset and the optimizer; the status lines the time so far and to go.
+  EXPECT_NE(r.out.find("pipefisher train: bert-tiny (bert, 2 layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", nvlamb, 2 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" elapsed, ETA "), std::string::npos) << r.out;
+}

@@ -53,8 +53,8 @@ TEST(Config, OverridesParseTomlValues) {
 }
 
 TEST(Config, BadInputNamesTheKey) {
-  EXPECT_EQ(error_of("[model]\nlayerz = 2\n"), "model.layerz: unknown configuration key");
-  EXPECT_EQ(error_of("", {"modle.layers=2"}), "modle: unknown configuration key");
+  EXPECT_EQ(error_of("[model]\nlayerz = 2\n"), "model.layerz: unknown configuration key (did you mean model.layers?)");
+  EXPECT_EQ(error_of("", {"modle.layers=2"}), "modle: unknown configuration table (did you mean [model]?)");
   EXPECT_EQ(error_of("", {"model.hidden=0"}), "model.hidden: must be positive (got 0)");
   EXPECT_EQ(error_of("", {"model.hidden=100", "model.heads=3"}),
             "model.hidden: 100 is not divisible by model.heads = 3");
@@ -115,4 +115,52 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   } catch (const pf::UsageError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("kfac.plan_profile: no such file '/nonexistent/p.json'", 0), 0u) << e.what();
   }
+}
+
+TEST(Config, NumbersPrintInTheirShortestExactForm) {
+  for (double d : {0.1, 1e-3, 3e-4, 1e-12, 0.15, 2.0, 1234567.0, 0.1 + 0.2, 1e-300}) {
+    const std::string s = pf::shortest_double(d);
+    EXPECT_EQ(std::stod(s), d) << s;  // exact
+    EXPECT_NE(s.find_first_of(".e"), std::string::npos) << s << " would read back as an integer";
+  }
+  EXPECT_EQ(pf::shortest_double(0.1), "0.1");
+  EXPECT_EQ(pf::shortest_double(2.0), "2.0");
+  EXPECT_EQ(pf::shortest_double(0.1 + 0.2), "0.30000000000000004");  // not 0.3: that is another double
+  EXPECT_EQ(pf::float_as_written(0.15f), 0.15);
+  EXPECT_EQ(static_cast<float>(pf::float_as_written(0.15f)), 0.15f);
+  EXPECT_EQ(pf::float_as_written(1e-12f), 1e-12);
+}
+
+TEST(Config, BannerNamesThePresetAndTheOptimizer) {
+  EXPECT_EQ(pf::preset_of(Config{}.model), "bert-mini");  // the default job's shape
+  EXPECT_EQ(pf::preset_of(Config::from_toml_string("", {"model.preset=\"gpt2-tiny\""}).model), "gpt2-tiny");
+  EXPECT_EQ(pf::preset_of(Config::from_toml_string("", {"model.preset=\"bert-tiny\"", "model.layers=3"}).model),
+            "custom (bert-tiny, resized)");
+  EXPECT_EQ(pf::preset_of(Config::from_toml_string("", {"model.hidden=64", "model.heads=2"}).model), "custom");
+  EXPECT_EQ(pf::optimizer_of(Config{}), "nvlamb");
+  EXPECT_EQ(pf::optimizer_of(Config::from_toml_string("", {"kfac.enabled=true", "kfac.placement=\"inline\""})),
+            "nvlamb + K-FAC (inline)");
+  EXPECT_EQ(pf::optimizer_of(Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2"})),
+            "nvlamb + K-FAC (in the pipeline bubbles: PipeFisher)");
+  EXPECT_EQ(pf::optimizer_of(Config::from_toml_string("", {"kfac.enabled=true", "parallel.data_parallel=4",
+                                                            "optim.name=\"adamw\""})),
+            "adamw + K-FAC (spd-kfac)");
+}
+
+TEST(Config, MisspeltKeysGetASuggestion) {
+  EXPECT_EQ(error_of("[model]\nlayerz = 3\n"), "model.layerz: unknown configuration key (did you mean model.layers?)");
+  EXPECT_EQ(error_of("[optim]\nwarmup = 3\n"), "optim.warmup: unknown configuration key");  // too far to guess
+  EXPECT_EQ(error_of("[kfca]\nenabled = true\n"), "kfca: unknown configuration table (did you mean [kfac]?)");
+}
+
+TEST(Config, WarnsWhenWarmupOutlastsTheRun) {
+  EXPECT_TRUE(pf::config_warnings(Config{}).empty());
+  const auto w = pf::config_warnings(Config::from_toml_string("", {"train.steps=5", "optim.warmup_steps=10"}));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0], "optim.warmup_steps = 10 exceeds train.steps = 5: the learning rate never reaches optim.lr = 0.01");
+  // With K-FAC's own warm-up set, that one is in effect.
+  EXPECT_TRUE(pf::config_warnings(Config::from_toml_string(
+                  "", {"train.steps=5", "optim.warmup_steps=10", "kfac.enabled=true", "kfac.placement=\"inline\"",
+                       "kfac.warmup_steps=2"}))
+                  .empty());
 }

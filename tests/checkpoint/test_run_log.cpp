@@ -1,0 +1,94 @@
+// Logs that last: `--resume` into the same run keeps one record per step in log.jsonl and
+// metrics.csv and a summary of the whole run; records carry a timestamp, the run's elapsed time
+// and, with K-FAC, what the step refreshed and how long K-FAC's work took.
+#include "cli.hpp"
+
+#include <fstream>
+#include <regex>
+
+namespace {
+
+using namespace pf_test;
+
+fs::path dir() { return work_dir("run_log"); }
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::ifstream f(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(f, l);) out.push_back(l);
+  return out;
+}
+
+nlohmann::json json_file(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+TEST(RunLog, ResumeIntoTheSameRunAppendsAndSummarisesTheWholeRun) {
+  tiny_config(dir());
+  const fs::path out = dir() / "out-same", ck = dir() / "same-ckpt";
+  const std::string sets = "--set train.checkpoint_dir=" + ck.string() + " --set train.checkpoint_every=3";
+  Launch first = run(train_cmd(dir(), "same", sets));
+  ASSERT_EQ(first.status, 0) << first.out;
+  const auto whole = read_log(out / "log.jsonl");
+  const auto whole_summary = json_file(out / "summary.json");
+  ASSERT_EQ(whole.size(), 6u);
+  // As if killed after step 6 before its checkpoint: the log holds steps 4..6 past step 3's.
+  fs::remove_all(ck / "step-000006");
+  Launch resumed = run(train_cmd(dir(), "same", sets + " --resume " + ck.string()));
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+
+  const auto lines = lines_of(out / "log.jsonl");
+  ASSERT_EQ(lines.size(), 6u) << "each step once";
+  double elapsed = 0;
+  const std::regex iso(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)");
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto j = nlohmann::json::parse(lines[i]);
+    const int64_t s = static_cast<int64_t>(i) + 1;
+    EXPECT_EQ(j.at("step").get<int64_t>(), s);
+    EXPECT_EQ(j.at("loss").get<double>(), whole.at(s).at("loss").get<double>()) << "step " << s;  // deterministic
+    EXPECT_TRUE(std::regex_match(j.at("time").get<std::string>(), iso)) << j.dump();
+    EXPECT_GE(j.at("elapsed_s").get<double>(), elapsed) << "the run's clock goes on across the resume";
+    elapsed = j.at("elapsed_s").get<double>();
+  }
+  const auto summary = json_file(out / "summary.json");
+  EXPECT_EQ(summary.at("steps"), 6);
+  EXPECT_EQ(summary.at("first_loss"), whole_summary.at("first_loss"));
+  EXPECT_EQ(summary.at("final_loss"), whole_summary.at("final_loss"));
+  EXPECT_EQ(summary.at("tokens"), whole_summary.at("tokens"));
+  EXPECT_GE(summary.at("wall_time_s").get<double>(), whole.at(3).at("elapsed_s").get<double>());
+
+  // metrics.csv: the header, then the same six steps.
+  const auto csv = lines_of(out / "metrics.csv");
+  ASSERT_EQ(csv.size(), 7u);
+  EXPECT_EQ(csv[0].rfind("step,time,elapsed_s,loss,valid_loss,lr,grad_norm,tokens,step_time_s,tokens_per_s", 0), 0u);
+  for (int s = 1; s <= 6; ++s) EXPECT_EQ(csv[s].rfind(std::to_string(s) + ",", 0), 0u) << csv[s];
+}
+
+TEST(RunLog, KfacRecordsSayWhatEachStepRefreshed) {
+  tiny_config(dir());
+  const std::string k = "--set kfac.enabled=true --set kfac.placement=skip --set kfac.inverse_every=2";
+  Launch r = run(train_cmd(dir(), "kfac-log", k));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "nvlamb + K-FAC (skip: refreshed every 2 steps)")) << r.out;
+  const auto log = read_log(dir() / "out-kfac-log" / "log.jsonl");
+  ASSERT_EQ(log.size(), 6u);
+  for (const auto& [step, j] : log) {
+    const bool refresh = (step - 1) % 2 == 0;  // record `step` is 0-based step - 1
+    EXPECT_EQ(j.at("kfac_curvature").get<bool>(), refresh) << j.dump();
+    EXPECT_EQ(j.at("kfac_inversion").get<bool>(), refresh) << j.dump();
+    EXPECT_GE(j.at("kfac_damping_raised").get<int>(), 0);
+    EXPECT_GT(j.at("kfac_time_s").get<double>(), 0.0) << "preconditioning runs every step";
+    EXPECT_LT(j.at("kfac_time_s").get<double>(), j.at("step_time_s").get<double>());
+  }
+  const auto csv = lines_of(dir() / "out-kfac-log" / "metrics.csv");
+  ASSERT_EQ(csv.size(), 7u);
+  EXPECT_NE(csv[0].find(",kfac_curvature,kfac_inversion,kfac_damping_raised,kfac_time_s"), std::string::npos);
+  EXPECT_EQ(csv[1].substr(0, 2), "1,");
+  // Without K-FAC the records have no K-FAC fields.
+  Launch plain = run(train_cmd(dir(), "plain-log", ""));
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  EXPECT_FALSE(read_log(dir() / "out-plain-log" / "log.jsonl").at(1).contains("kfac_time_s"));
+}
+
+}  // namespace
