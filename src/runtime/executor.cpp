@@ -161,19 +161,29 @@ StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, dou
     if (kfac_begin_step(step, mbs) && !times) times = &kfac_times_;  // K-FAC profiling needs the stamps
   }
   if (times) times->assign(list.size(), {});
+  kfac_curv_ = kfac_inv_ = 0;
+  kfac_ns_ = 0;
   const int64_t step_t0 = now_ns();
   for (size_t i = 0; i < list.size(); ++i) {
-    const int64_t t0 = times ? now_ns() : 0;
+    const bool kf = kfac_ && is_kfac(list[i].kind);
+    const int64_t t0 = times || kf ? now_ns() : 0;
     finish_ns_ = 0;
     run_action(i, list[i], mbs, lr);
-    if (times) (*times)[i] = {t0, now_ns(), finish_ns_};
+    const int64_t t1 = times || kf ? now_ns() : 0;
+    if (times) (*times)[i] = {t0, t1, finish_ns_};
+    if (kf) kfac_ns_ += t1 - t0;
   }
   p2p_->wait_all();  // sends done: the next step may write their buffers
   step_ns_ = now_ns() - step_t0;
   if (kfac_) kfac_end_step(step, list, times ? *times : kfac_times_);
-  double loss = loss_;
-  comm::allreduce_sum({&loss, 1}, MPI_COMM_WORLD, "the step's loss");
-  return {loss, grad_norm_};
+  // One reduction for the loss and the K-FAC counts.
+  double sums[4] = {loss_, static_cast<double>(kfac_curv_), static_cast<double>(kfac_inv_), kfac_ns_ * 1e-9};
+  comm::allreduce_sum({sums, 4}, MPI_COMM_WORLD, "the step's loss");
+  StepOutcome o{sums[0], grad_norm_};
+  o.kfac_curvature = static_cast<int>(sums[1]);
+  o.kfac_inversion = static_cast<int>(sums[2]);
+  o.kfac_time_s = sums[3];
+  return o;
 }
 
 void Executor::run_action(size_t index, const Action& a, const std::vector<MicroBatch>& mbs, double lr) {

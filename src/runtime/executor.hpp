@@ -51,6 +51,11 @@ struct ActionTime {
 struct StepOutcome {
   double loss = 0;       // mean token loss of the global batch (every rank gets it)
   double grad_norm = 0;  // global gradient norm before clipping
+  // K-FAC's work in the step, summed over the ranks (every rank gets it): factor pieces whose
+  // curvature / inversion ran (placed units, or an inline refresh's layers), and the seconds
+  // spent in K-FAC actions (curvature, sync, inversion, broadcast, precondition).
+  int kfac_curvature = 0, kfac_inversion = 0;
+  double kfac_time_s = 0;
 };
 
 class Executor {
@@ -134,6 +139,8 @@ class Executor {
   bool gradients_finished_ = false;
   bool step_finite_ = true;  // loss and gradient norm finite on every rank (finish_gradients)
   int64_t finish_ns_ = 0;  // time finish_gradients took in this step
+  int kfac_curv_ = 0, kfac_inv_ = 0;  // this step's K-FAC work on this rank (StepOutcome)
+  int64_t kfac_ns_ = 0;
   std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
   int64_t step_ = 0;
   int64_t step_ns_ = 0;  // duration of the last step's action list

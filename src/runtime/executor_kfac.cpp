@@ -121,10 +121,10 @@ bool Executor::kfac_action(const Action& a) {
   PF_CHECK(i < chunks_.size(), "device {} does not host stage {} of pipeline {}", device_, a.stage, a.pipeline);
   ChunkKfac& ck = *kfac_->chunk[i];
   switch (a.kind) {
-    case Kind::CURV_A: ck.curvature(Side::A, a.layer, a.micro_batch); return true;
-    case Kind::CURV_B: ck.curvature(Side::B, a.layer, a.micro_batch); return true;
-    case Kind::INV_A: ck.invert(Side::A, a.layer, a.block); return true;
-    case Kind::INV_B: ck.invert(Side::B, a.layer, a.block); return true;
+    case Kind::CURV_A: ck.curvature(Side::A, a.layer, a.micro_batch); return ++kfac_curv_, true;
+    case Kind::CURV_B: ck.curvature(Side::B, a.layer, a.micro_batch); return ++kfac_curv_, true;
+    case Kind::INV_A: ck.invert(Side::A, a.layer, a.block); return ++kfac_inv_, true;
+    case Kind::INV_B: ck.invert(Side::B, a.layer, a.block); return ++kfac_inv_, true;
     case Kind::PREC: kfac_precondition(*chunks_[i], i); return true;
     case Kind::SYNC_CURV: ck.sync(step_); return true;
     case Kind::BCAST_INV_A:
@@ -146,14 +146,21 @@ void Executor::kfac_precondition(Chunk& c, size_t index) {
   if (ck.preconditioned()) return;
   if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;  // precondition the summed gradient
   MPI_Comm holders = k.holders[index].get();
-  if (!k.bubbles)
-    ck.inline_refresh(step_, ck.pre().curvature_step(step_), ck.pre().inversion_step(step_), holders, nullptr);
-  else if (k.profiling(step_)) {
+  // An inline refresh's work counts one unit per K-FAC layer of the chunk (StepOutcome).
+  const int layers = static_cast<int>(ck.pre().size());
+  if (!k.bubbles) {
+    const bool curv = ck.pre().curvature_step(step_), inv = ck.pre().inversion_step(step_);
+    ck.inline_refresh(step_, curv, inv, holders, nullptr);
+    kfac_curv_ += curv ? layers : 0;
+    kfac_inv_ += inv ? layers : 0;
+  } else if (k.profiling(step_)) {
     ck.set_replicated(MPI_COMM_NULL, 1);  // re-profiling: inline, as at the start (pending inverses dropped)
     ck.inline_refresh(step_, true, true, holders, &k.times[index]);
-  }
-  else
+    kfac_curv_ += layers;
+    kfac_inv_ += layers;
+  } else {
     ck.precondition(step_);
+  }
 }
 
 void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {

@@ -102,7 +102,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const std::string& out = cfg.train.out_dir;
   std::unique_ptr<RunLog> log;
   comm::on_root_agreed(world.rank(), [&] {
-    log = open_run_outputs(cfg, first_step > 0 ? first_step : -1);
+    log = open_run_outputs(cfg, first_step > 0 ? first_step : -1, cfg.kfac.enabled);
   });
 
   std::vector<MicroBatch> mbs(static_cast<size_t>(p.data_parallel) * p.micro_batches);
@@ -169,6 +169,10 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     StepOutcome o = exec.step(s, mbs, st.lr, prof ? &times : nullptr);
     st.loss = o.loss;
     st.grad_norm = o.grad_norm;
+    st.kfac_curvature = o.kfac_curvature > 0;
+    st.kfac_inversion = o.kfac_inversion > 0;
+    st.kfac_time_s = o.kfac_time_s;
+    st.kfac_raised = -1;
     // Every rank has the same loss (world sum) and norm (pipeline sum of all-reduced gradients); a
     // non-finite norm made every optimizer skip its update (optim/optimizer.hpp).
     st.nonfinite = !std::isfinite(o.loss) || !std::isfinite(o.grad_norm);

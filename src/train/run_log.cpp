@@ -127,7 +127,7 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
   if (o_.kfac) {
     j["kfac_curvature"] = s.kfac_curvature;
     j["kfac_inversion"] = s.kfac_inversion;
-    j["kfac_damping_raised"] = s.kfac_raised;
+    j["kfac_damping_raised"] = s.kfac_raised >= 0 ? nlohmann::ordered_json(s.kfac_raised) : nlohmann::ordered_json();
     j["kfac_time_s"] = s.kfac_time_s;
   }
   const std::string line = j.dump() + "\n";

@@ -7,10 +7,13 @@
 // fields as a CSV row in out_dir/metrics.csv (spreadsheets, pandas, gnuplot):
 //   step, time (UTC, ISO 8601), elapsed_s (training seconds since the run's first step, resumed
 //   segments continuing the count), loss, valid_loss (steps that evaluated), lr, grad_norm,
-//   tokens, step_time_s, tokens_per_s, and with K-FAC (single process: inline or skip placement)
-//   kfac_curvature / kfac_inversion (this step refreshed the factors / their inverses),
-//   kfac_damping_raised (factors whose inversion needed more damping) and kfac_time_s (the
-//   step's K-FAC work after the backward: factor commit, inversions, preconditioning, KL clip).
+//   tokens, step_time_s, tokens_per_s, and with K-FAC
+//   kfac_curvature / kfac_inversion (this step did curvature / inversion work: a refresh, or in
+//   PipeFisher's bubbles a part of one), kfac_damping_raised (factors whose inversion needed more
+//   damping; one process only, empty under MPI) and kfac_time_s (the step's K-FAC work: in one
+//   process commit, inversions, preconditioning and KL clip after the backward; under MPI the
+//   K-FAC actions' seconds summed over the ranks). The data-parallel K-FAC run (SPD-KFAC) keeps
+//   its K-FAC numbers in dkfac.json.
 //
 // A resumed run (--resume into the same out_dir) keeps the records of steps 1..k of the files it
 // finds (dropping those a killed segment wrote past its checkpoint at step k) and appends, so the

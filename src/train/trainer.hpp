@@ -38,9 +38,11 @@ struct StepStats {
   double step_time_s = 0;
   // K-FAC: what this step refreshed, and the factors whose inversion needed more damping.
   bool kfac_curvature = false, kfac_inversion = false;
-  int kfac_raised = 0, kfac_kept = 0;
+  int kfac_raised = 0, kfac_kept = 0;  // kfac_raised -1: not known (the MPI runtime does not gather it)
   double kfac_nu = 1;      // KL-clip factor
-  double kfac_time_s = 0;  // K-FAC's work after the backward: commit, inversions, precondition, KL clip
+  // K-FAC's work: in one process, after the backward (commit, inversions, precondition, KL clip);
+  // under MPI the K-FAC actions' time summed over the ranks.
+  double kfac_time_s = 0;
   // The loss or the gradient norm was NaN/Inf: the step changed no weight, optimizer or K-FAC
   // state (the loop then skips on, or stops: train.on_nonfinite).
   bool nonfinite = false;

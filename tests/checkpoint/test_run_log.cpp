@@ -91,4 +91,24 @@ TEST(RunLog, KfacRecordsSayWhatEachStepRefreshed) {
   EXPECT_FALSE(read_log(dir() / "out-plain-log" / "log.jsonl").at(1).contains("kfac_time_s"));
 }
 
+TEST(RunLog, PipeFisherRecordsCarryKfacWork) {
+  tiny_config(dir());
+  Launch r = run(mpi_train_cmd(2, dir(), "kfac-pipe", "--set parallel.stages=2 --set kfac.enabled=true "
+                                                      "--set kfac.placement=bubbles --set kfac.replan_on_drift=false"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "nvlamb + K-FAC (in the pipeline bubbles: PipeFisher)")) << r.out;
+  const auto log = read_log(dir() / "out-kfac-pipe" / "log.jsonl");
+  ASSERT_EQ(log.size(), 6u);
+  int curvature = 0, inversion = 0;
+  for (const auto& [step, j] : log) {
+    curvature += j.at("kfac_curvature").get<bool>();
+    inversion += j.at("kfac_inversion").get<bool>();
+    EXPECT_GT(j.at("kfac_time_s").get<double>(), 0.0) << "every step preconditions: " << j.dump();
+    EXPECT_TRUE(j.at("kfac_damping_raised").is_null()) << "not gathered under MPI";
+  }
+  // The first steps profile K-FAC inline (a whole refresh each), later ones run the plan's units.
+  EXPECT_GE(curvature, 1);
+  EXPECT_GE(inversion, 1);
+}
+
 }  // namespace
