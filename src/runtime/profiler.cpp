@@ -126,7 +126,7 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   const Schedule& s = layout_.schedule;
   const std::string title = fmt::format("measured {} D={} W={} N={} step {}", s.name, layout_.devices,
                                         layout_.replicas, s.micro_batches, m.step);
-  const SvgOptions svg{.title = title, .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}};
+  const SvgOptions svg{.title = title, .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}, .first_step = m.step};
   write_file_atomic(fmt::format("{}/timeline-step{}.svg", opt_.dir, m.step), timeline_svg(m.timeline, svg),
                     "--profile-dir");
   write_file_atomic(fmt::format("{}/trace-step{}.json", opt_.dir, m.step), chrome_trace(m.timeline, title),

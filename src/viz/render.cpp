@@ -111,7 +111,7 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
                      "stroke-dasharray=\"4 3\"/>\n", x, top - 14, x, rows_bottom);
     if (k + 1 < bounds.size())
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"11\" fill=\"#333\">step {}</text>\n", x + 4,
-                       top - 4, k + 1);
+                       top - 4, static_cast<int>(k) + opt.first_step);
   }
   // Time axis.
   const double tick = nice_step(span, 10);
@@ -148,6 +148,10 @@ std::string chrome_trace(const Timeline& tl, const std::string& name, double us_
   json events = json::array();
   for (size_t d = 0; d < tl.per_device.size(); ++d) {
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", d}, {"args", {{"name", fmt::format("device {}", d)}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", d}, {"args", {{"sort_index", d}}}});
+    for (int tid : {0, 1})
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", d}, {"tid", tid},
+                        {"args", {{"name", tid == 0 ? "compute" : "communication"}}}});
     for (const TimedAction& t : tl.per_device[d]) {
       const Action& a = t.action;
       json args = {{"stage", a.stage}, {"pipeline", a.pipeline}};
@@ -159,7 +163,7 @@ std::string chrome_trace(const Timeline& tl, const std::string& name, double us_
                         {"ts", t.start * us_per_unit},
                         {"dur", (t.end - t.start) * us_per_unit},
                         {"pid", d},
-                        {"tid", 0},
+                        {"tid", is_p2p(a.kind) || is_collective(a.kind) ? 1 : 0},
                         {"args", args}});
     }
   }

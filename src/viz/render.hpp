@@ -3,7 +3,9 @@
 //   timeline_svg   like the paper's Figures 1, 3, 4: one row per device, one box per action
 //                  coloured by kind with the micro-batch number, step boundaries, legend,
 //                  utilization in the title; Chimera's up pipeline drawn hatched
-//   chrome_trace   Chrome trace-event JSON (one process per device), opens in Perfetto
+//   chrome_trace   Chrome trace-event JSON, opens in Perfetto: one process per device, with a
+//                  "compute" thread (forward, backward, optimizer, K-FAC compute) and a
+//                  "communication" thread (send/recv, all-reduce, curvature sync, broadcasts)
 //   timeline_text  a terminal rendering, one line per device
 // Files are written through write_file_atomic (temporary name, then rename).
 #include "schedule/schedule.hpp"
@@ -22,6 +24,7 @@ struct SvgOptions {
   // If set: `tl` already spans several steps (a PipeFisher refresh period) starting at these
   // times; it is drawn once with a boundary at each (and `steps` is ignored).
   std::vector<double> step_starts;
+  int first_step = 1;       // the number the first step drawn is labelled with (a measured step's own)
 };
 
 std::string timeline_svg(const Timeline& tl, const SvgOptions& opt);

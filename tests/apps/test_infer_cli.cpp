@@ -66,8 +66,9 @@ TEST_P(EvalCli, LossEqualsTheTrainersEvaluate) {
   const double trainer_loss = train_and_save(sets, w, 2);
   const auto j = json_of(run(std::string(PF_BINARY) + " eval" + set_flags(sets) + " --init " + w.string() + " --json"));
   const double loss = j.at("loss").get<double>();
-  // The same forward on the same sequences with one thread: equal up to float32 rounding.
-  EXPECT_NEAR(loss, trainer_loss, 1e-6 * trainer_loss) << j.dump();
+  // The same forward on the same sequences with one thread: equal up to float32 rounding (~100 ulps
+  // allows another BLAS kernel family in the launched process; another batch differs by ~1e-2).
+  EXPECT_NEAR(loss, trainer_loss, 1e-5 * trainer_loss) << j.dump();
   EXPECT_NEAR(j.at("perplexity").get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
   EXPECT_EQ(j.at("sequences").get<int>(), 3 * 4);
   EXPECT_GT(j.at("positions").get<int>(), 0);

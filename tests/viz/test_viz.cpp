@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 namespace pf {
@@ -50,7 +51,7 @@ TEST(Style, EveryKindHasAColourAndDistinctPipelineColours) {
 TEST(Svg, OneBoxPerActionPerStepWithTitleAndLegend) {
   Schedule s = make_chimera(4, 8);
   Timeline tl = simulate(s, uniform(1, 2));
-  std::string svg = timeline_svg(tl, {.title = "chimera D=4 N=8", .unit = "ms", .steps = 2, .width = 1200, .step_starts = {}});
+  std::string svg = timeline_svg(tl, {.title = "chimera D=4 N=8", .unit = "ms", .steps = 2, .width = 1200, .step_starts = {}, .first_step = 1});
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(count(svg, "<title>"), 2 * s.num_actions());
   EXPECT_EQ(count(svg, "<title>0F4p0"), 0u);  // pipeline 0 tokens carry no suffix
@@ -70,7 +71,7 @@ TEST(Svg, KfacKindsGetTheirColours) {
   CostModel c = uniform(1, 2);
   c.stages[0].curvature = 2;
   c.stages[0].inversion = 2;
-  std::string svg = timeline_svg(simulate(s, c), {.title = "k", .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}});
+  std::string svg = timeline_svg(simulate(s, c), {.title = "k", .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}, .first_step = 1});
   EXPECT_NE(svg.find(std::string("fill=\"") + std::string(kind_style(Kind::CURV_A).color)), std::string::npos);
   EXPECT_NE(svg.find(">inversion A<"), std::string::npos);
 }
@@ -96,8 +97,36 @@ TEST(Trace, ChromeEventsMatchTheTimeline) {
       }
     EXPECT_TRUE(found) << e.dump();
   }
-  EXPECT_EQ(meta, 3u);
+  EXPECT_EQ(meta, 3u * 4);  // per device: its name, its order, its two threads' names
   EXPECT_EQ(complete, s.num_actions());
+}
+
+TEST(Trace, ComputeAndCommunicationOnNamedThreads) {
+  Schedule s = make_gpipe(2, 2);
+  s.per_device[0].push_back(act(Kind::ALLREDUCE, 0, -1));
+  s.per_device[1].push_back(act(Kind::ALLREDUCE, 1, -1));
+  auto j = nlohmann::json::parse(chrome_trace(simulate(s, uniform(1, 2)), "gpipe"));
+  std::map<std::pair<int, int>, std::string> threads;
+  int on_comm = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["name"] == "thread_name") threads[{e["pid"], e["tid"]}] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    const bool comm = e["cat"] == std::string(kind_style(Kind::ALLREDUCE).label);
+    EXPECT_EQ(e["tid"].get<int>(), comm ? 1 : 0) << e.dump();
+    on_comm += comm;
+  }
+  EXPECT_EQ(on_comm, 2);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(threads[std::make_pair(d, 0)], "compute");
+    EXPECT_EQ(threads[std::make_pair(d, 1)], "communication");
+  }
+}
+
+TEST(Svg, MeasuredStepsKeepTheirNumbers) {
+  Timeline tl = simulate(make_1f1b(2, 2), uniform(1, 2));
+  const std::string svg = timeline_svg(tl, {.title = "measured", .unit = "ms", .steps = 1, .width = 600, .step_starts = {}, .first_step = 8});
+  EXPECT_NE(svg.find(">step 8<"), std::string::npos);
+  EXPECT_EQ(svg.find(">step 1<"), std::string::npos);
 }
 
 TEST(Text, TerminalRowsShowKindsAndIdle) {
