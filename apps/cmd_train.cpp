@@ -37,8 +37,6 @@ int run_train(const TrainArgs& a) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
-  if (launcher_rank() == 0)
-    for (const std::string& w : config_warnings(cfg)) std::fprintf(stderr, "pipefisher: warning: %s\n", w.c_str());
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
     return run_parallel_training(

@@ -204,8 +204,8 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
         {"inverse_wait_s", tot[3] / is},
     };
     write_file_atomic(out + "/dkfac.json", j.dump(2) + "\n");
-    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, dkfac.json}%s\n", out.c_str(),
-                a.save.empty() ? "" : (", " + a.save).c_str());
+    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, "
+                "dkfac.json}%s\n", out.c_str(), a.save.empty() ? "" : (", " + a.save).c_str());
   }
   return 0;
 }

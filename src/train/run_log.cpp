@@ -187,7 +187,10 @@ std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step,
   std::vector<std::string> logs{out + "/log.jsonl"};
   if (!cfg.train.log_json.empty()) logs.push_back(cfg.train.log_json);
   const RunLogOptions o{cfg.train.steps, cfg.train.log_every, kfac_metrics, resume_step};
-  return std::make_unique<RunLog>(o, std::move(logs), out + "/metrics.csv");
+  auto log = std::make_unique<RunLog>(o, std::move(logs), out + "/metrics.csv");
+  std::fflush(stdout);  // the machine line first, then what may not be meant
+  for (const std::string& w : config_warnings(cfg)) std::fprintf(stderr, "pipefisher: warning: %s\n", w.c_str());
+  return log;
 }
 
 }  // namespace pf

@@ -72,7 +72,8 @@ class RunLog {
 
 // Makes train.out_dir, writes the resolved config.toml there and opens the step logs
 // (out_dir/log.jsonl and metrics.csv, and train.log_json when set). Every training path starts
-// its outputs here; `resume_step` >= 0 continues a run's logs after that step; `kfac_metrics`:
+// its outputs here (and warns about settings that are probably not meant, config_warnings);
+// `resume_step` >= 0 continues a run's logs after that step; `kfac_metrics`:
 // the caller fills StepStats' K-FAC fields (the single-process trainer does).
 std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step = -1, bool kfac_metrics = false);
 
