@@ -330,16 +330,16 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   }
 }
 
+SafetensorsTensor param_tensor(const Param& p) {
+  PF_CHECK(!p.hf_transposed || p.value.rank() == 2, "'{}' is hf_transposed but of rank {}", p.name, p.value.rank());
+  return {p.name, p.hf_transposed ? transposed(p.value.shape()) : p.value.shape(), p.value.span(), p.hf_transposed};
+}
+
 void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
                       const SafetensorsMetadata& metadata) {
   std::vector<SafetensorsTensor> tensors;
-  for (const Param* p : params) {
-    if (p->mirror) continue;
-    PF_CHECK(!p->hf_transposed || p->value.rank() == 2, "'{}' is hf_transposed but of rank {}", p->name,
-             p->value.rank());
-    tensors.push_back({p->name, p->hf_transposed ? transposed(p->value.shape()) : p->value.shape(),
-                       p->value.span(), p->hf_transposed});
-  }
+  for (const Param* p : params)
+    if (!p->mirror) tensors.push_back(param_tensor(*p));
   // transformers' loader refuses a file whose metadata lacks a known "format"; ours are PyTorch's.
   SafetensorsMetadata meta = metadata;
   meta.emplace("format", "pt");

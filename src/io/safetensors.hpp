@@ -82,6 +82,10 @@ struct SafetensorsTensor {
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const SafetensorsMetadata& metadata = {});
 
+// A parameter as a file tensor: its Hugging Face name and layout (hf_transposed weights as their
+// transpose, [in, out]), which load_safetensors reads back.
+SafetensorsTensor param_tensor(const Param& p);
+
 // Saves parameter values under their Hugging Face names; hf_transposed weights are written as
 // their transpose ([in, out]); mirrors are skipped (their owner is saved). The metadata gets
 // "format": "pt" unless it has a "format", as transformers' loader requires one.

@@ -86,7 +86,7 @@ void check_resume(const Config& cfg, const CheckpointManifest& m) {
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st) {
   std::vector<SafetensorsTensor> weights, state;
   for (const Param* p : st.params)
-    if (!p->mirror) weights.push_back({p->name, p->value.shape(), p->value.span(), false});
+    if (!p->mirror) weights.push_back(param_tensor(*p));  // the layout load_params reads (GPT-2's Conv1D [in, out])
   // Optimizer state of mirrors equals their owner's (same gradients, same updates): left out.
   for (auto& [name, t] : st.optim->state_tensors()) {
     const std::string owner = name.substr(0, name.rfind('.'));

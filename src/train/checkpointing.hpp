@@ -3,8 +3,9 @@
 // the run's stop signals and the numerical-fault test hook. Shared by the single-process loop
 // (apps/cmd_train.cpp) and the MPI loop (runtime/train_run.cpp).
 //
-// Per stage: weights-stage-S.safetensors holds its parameter values (mirrors left out: their
-// owner's file has them) and state-stage-S.safetensors its optimizer state ("<param>.exp_avg", ...)
+// Per stage: weights-stage-S.safetensors holds its parameter values in Hugging Face's names and
+// layouts, as model.safetensors does (mirrors left out: their owner's file has them) and
+// state-stage-S.safetensors its optimizer state ("<param>.exp_avg", ...)
 // and K-FAC state ("<layer>.kfac.A", "_inv", "_counters": factors, inverses and the refresh
 // counters), with the optimizer's step count in the metadata. Everything else a step depends on is a
 // pure function of the step number and the configuration: the data position (sequence

@@ -239,6 +239,25 @@ TEST(Resume, SingleProcessWithKfacIsBitIdentical) {
   expect_resume_identical("kfac", 1, k, read_log(dir() / "refk.jsonl"));
 }
 
+// GPT-2's Conv1D weights are stored transposed ([in, out]): a GPT checkpoint resumes, and its
+// weights load as --init into `pipefisher eval`, equal to the run's model.safetensors.
+TEST(Resume, GptCheckpointResumesAndLoadsAsInit) {
+  tiny_config(dir());
+  const std::string gpt = std::string("--set model.arch=gpt --set data.vocab=gpt2 --set data.train_file=") +
+                          PF_SOURCE_DIR + "/data/sample/moby-dick-1-20.gpt2.bin --set data.valid_file=" +
+                          PF_SOURCE_DIR + "/data/sample/moby-dick-1-20.gpt2.bin";
+  Launch ref = run(train_cmd(dir(), "refgpt", gpt));
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  expect_resume_identical("gpt", 1, gpt, read_log(dir() / "refgpt.jsonl"));
+  auto eval = [&](const fs::path& init) {
+    Launch r = run(kEnv + kBinary + " eval --config " + (dir() / "tiny.toml").string() + " " + gpt + " --init " +
+                   init.string() + " --json");
+    EXPECT_EQ(r.status, 0) << r.out;
+    return nlohmann::json::parse(r.out.substr(r.out.rfind('{'))).at("loss").get<double>();
+  };
+  EXPECT_EQ(eval(dir() / "gpt-ckpt"), eval(dir() / "out-gpt-resumed" / "model.safetensors"));
+}
+
 TEST(Resume, TwoStagePipelineIsBitIdentical) {
   tiny_config(dir());
   Launch ref = run(mpi_train_cmd(2, dir(), "ref2", "--set parallel.stages=2"));
