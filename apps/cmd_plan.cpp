@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/validate.hpp"
+#include "sim/limits.hpp"
 #include "sim/memory.hpp"
 #include "sim/planner.hpp"
 #include "sim/profile.hpp"
@@ -31,7 +32,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 
@@ -80,6 +83,7 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
   if (ends_with(a.profile, ".json")) {
     if (a.given("--layers-per-stage") && !a.kfac) usage_error("--layers-per-stage", "only applies to the paper's CSV profile (the JSON profile is per stage)");
     Profile p = read_profile_json(a.profile);
+    check_profile(p, "--profile");
     if (a.given("--micro-batch-size") && a.micro_batch_size != p.micro_batch_size)
       usage_error("--micro-batch-size", "{} but the profile was measured at micro-batch size {}", a.micro_batch_size,
                   p.micro_batch_size);
@@ -97,6 +101,7 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
   if (out.size() > 1 && !a.sweep)
     usage_error("--micro-batch-size", "'{}' has rows for bs {}: pick one", a.profile, have);
   for (Profile& p : out) p.cost.p2p_latency = a.tcomm;
+  for (const Profile& p : out) check_profile(p, "--profile");  // scaled by --layers-per-stage
   return out;
 }
 
@@ -108,6 +113,12 @@ int run_sweep_mode(const PlanArgs& a) {
   SweepSpec spec;
   spec.schedule = a.schedule.empty() ? "chimera" : a.schedule;
   make_schedule(spec.schedule, 2, 2, 2);  // refuse an unknown name up front
+  for (int d : a.sweep_stages) {
+    if (d < 1) usage_error("--sweep-stages", "depths must be >= 1, got {}", d);
+    // The sweep's largest schedule: N = 3D micro-batches.
+    check_schedule_size(d, int64_t{6} * d * 3 * d * (a.given("--virtual-stages") ? a.virtual_stages : 2), false,
+                        "--sweep-stages");
+  }
   spec.stages = a.sweep_stages;
   spec.recompute = a.recompute;
   if (a.given("--virtual-stages")) spec.virtual_stages = a.virtual_stages;
@@ -145,6 +156,12 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
     usage_error("--model", "unknown preset '{}' (expected one of {})", a.model, names);
   }
   const int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
+  // K-FAC units per step: per device, per Linear of its blocks, curvature per micro-batch (A and
+  // B), two inversions and a precondition, on top of the schedule's own actions.
+  const int64_t linears = int64_t{blocks} * static_cast<int64_t>(block_linears(m.arch, m.hidden, m.ffn).size());
+  check_schedule_size(s.devices,
+                      static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
+                      true, a.given("--layers-per-stage") ? "--layers-per-stage" : "--micro-batches");
   std::vector<LinearShape> layers;
   for (int b = 0; b < blocks; ++b)
     for (const LinearShape& l : block_linears(m.arch, m.hidden, m.ffn)) layers.push_back(l);
@@ -169,6 +186,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
                                        prof.cost.allreduce_alpha + prof.cost.allreduce_beta * bytes));
   }
   KfacPlan p = plan_kfac(in);
+  for (double t : {p.step_time, p.base_step_time, p.inline_time}) check_step_time(t, "--kfac");
   const int P = p.period();
   std::vector<double> starts;
   Timeline tl = p.period_timeline(0, P, &starts);
@@ -242,6 +260,9 @@ int run(const PlanArgs& a) {
     for (const char* f : {"--model", "--data-parallel", "--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
+  if (a.data_parallel > kMaxDevices)
+    usage_error("--data-parallel", "{} replicas, more than the {} the planner takes (sim/limits.hpp)", a.data_parallel,
+                kMaxDevices);
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
@@ -258,11 +279,17 @@ int run(const PlanArgs& a) {
   } else {
     if (!a.given("--stages")) usage_error("--stages", "required with --schedule");
     if (!a.given("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
+    // The work bound before the schedule is made: each micro-batch passes each stage (of each
+    // model chunk) as F and B with a send and a receive each way.
+    const int v = a.given("--virtual-stages") ? a.virtual_stages : 2;
+    const int64_t estimate = int64_t{6} * a.stages * a.micro_batches * (a.schedule == "interleaved" ? v : 1);
+    check_schedule_size(a.stages, estimate, a.kfac, a.stages > kMaxDevices ? "--stages" : "--micro-batches");
     // Chimera's order is chosen for the durations (the profile's first stage, or --tf/--tb).
     const StageCost c0 = load_profiles(a).front().cost.stage(0);  // a copy: the vector is a temporary
-    s = make_schedule(a.schedule, a.stages, a.micro_batches, a.given("--virtual-stages") ? a.virtual_stages : 2,
-                      c0.forward, c0.backward);
+    s = make_schedule(a.schedule, a.stages, a.micro_batches, v, c0.forward, c0.backward);
   }
+  check_schedule_size(s.devices, static_cast<int64_t>(s.num_actions()), a.kfac,
+                      a.schedule_file.empty() ? "--micro-batches" : "--schedule-file");
   try {
     validate(s);
   } catch (const ScheduleError& e) {
@@ -274,6 +301,11 @@ int run(const PlanArgs& a) {
     usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
 
   Timeline tl = simulate(s, prof.cost);
+  const char* durations = a.profile.empty() ? "--tf/--tb/--tcomm" : "--profile";
+  check_step_time(tl.step_time, durations);
+  if (a.kfac && !(tl.step_time > 0))
+    usage_error(durations, "the step takes 0 ms: PipeFisher has no bubbles to fill (give the forward or backward a "
+                "duration)");
   MemoryReport mem = memory_model(s, tl, prof.memory);
   const std::string title = fmt::format("{} D={} N={}{}", s.name, s.devices, s.micro_batches,
                                         s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
@@ -325,16 +357,26 @@ Runner setup(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   a->app = &app;
   // CLI11's own range check prints the whole double range; say it plainly instead.
+  // Durations: finite, >= 0 and within a double's microsecond range (sim/limits.hpp); inf, nan
+  // and 1e308 would make an infinite or NaN step.
+  // (strtod: a subnormal such as 1e-310 is a number, 1e999 overflows to inf.)
+  auto in_range = [](const std::string& v, double hi) {
+    char* end = nullptr;
+    const double x = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+    return !v.empty() && end == v.c_str() + v.size() && std::isfinite(x) && x >= 0 && x <= hi;
+  };
   const CLI::Validator nonneg(
-      [](std::string& v) -> std::string {
-        try {
-          size_t used = 0;
-          if (std::stod(v, &used) >= 0 && used == v.size()) return "";
-        } catch (const std::exception&) {
-        }
-        return "must be a number >= 0 (ms), got '" + v + "'";
+      [in_range](std::string& v) -> std::string {
+        if (in_range(v, kMaxDuration)) return "";
+        return fmt::format("must be a finite number of ms in [0, {:.4g}], got '{}'", kMaxDuration, v);
       },
       "MS");
+  const CLI::Validator fraction(
+      [in_range](std::string& v) -> std::string {
+        if (in_range(v, 1000)) return "";
+        return "must be a finite number in [0, 1000], got '" + v + "'";
+      },
+      "X");
   const CLI::Validator positive(
       [](std::string& v) -> std::string {
         try {
@@ -369,7 +411,7 @@ Runner setup(CLI::App& app) {
   app.add_option("--data-parallel", a->data_parallel, "Replicas W per stage (curvature sync, inversions shared)")
       ->check(positive);
   app.add_option("--margin", a->margin, "Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default 0.05)")
-      ->check(nonneg);
+      ->check(fraction);
   app.add_option("--bcast-alpha", a->bcast_alpha,
                  "Broadcast of an inverse among replicas: alpha, ms (default: the profile's all-reduce alpha, else 0)")
       ->check(nonneg);

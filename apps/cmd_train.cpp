@@ -2,12 +2,14 @@
 // job (a short bert-mini pretraining run on the real corpus).
 #include "command.hpp"
 #include "config/config.hpp"
+#include "config/limits.hpp"
 #include "core/files.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/train_run.hpp"
 #include "train/checkpointing.hpp"
+#include "train/preflight.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
@@ -39,22 +41,20 @@ int run_train(const TrainArgs& a) {
   }
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
-    return run_parallel_training(
-        cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}}, a.resume});
+    return run_parallel_training(cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}},
+                                       a.resume, !a.log_json.empty()});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
+  check_resources(cfg);
   std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
   // The checkpoint to resume from, verified (checksums) before anything is written.
   std::unique_ptr<CheckpointReader> resume;
-  if (!a.resume.empty()) {
-    resume = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.resume));
-    check_resume(cfg, resume->manifest());
-    if (resume->manifest().step >= cfg.train.steps)
-      usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train",
-                  resume->manifest().step, cfg.train.steps);
-  }
-
+  std::vector<std::string> notes;
+  if (!a.resume.empty()) resume = open_resume_checkpoint(cfg, a.resume, notes);
+  check_output_paths(cfg, {a.save, "", !a.log_json.empty()});
   // Everything that can be refused has been: from here on the run writes its outputs.
+  const std::unique_ptr<RunLocks> locks = lock_output_dirs(cfg);
+  for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
   Trainer trainer(cfg);
   load_init_weights(a.init, init_ckpt.get(), trainer.model().params());
   if (resume) {
@@ -81,10 +81,17 @@ int run_train(const TrainArgs& a) {
   auto save_checkpoint = [&](int64_t steps_done) {
     const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
     remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
-    make_dirs(step_dir, "train.checkpoint_dir");
-    CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, "1 process"),
-                         write_stage_state(step_dir, 0, trainer.state())};
-    commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
+    try {
+      make_dirs(step_dir, "train.checkpoint_dir");
+      CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, "1 process"),
+                           write_stage_state(step_dir, 0, trainer.state())};
+      commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
+    } catch (const UsageError& e) {
+      // A full disk: the partial directory goes, the previous checkpoint stays the newest.
+      remove_checkpoint(step_dir);
+      throw UsageError(fmt::format("{} (the checkpoint after step {} was not written); {}", e.what(), steps_done,
+                                   last_checkpoint_note(ckpt_dir)));
+    }
   };
   install_stop_signals();
   for (int64_t s = trainer.step_index(); s < cfg.train.steps; ++s) {
@@ -98,7 +105,11 @@ int run_train(const TrainArgs& a) {
     std::optional<double> v;
     bool last = s + 1 == cfg.train.steps;
     if (last || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0)) v = valid = trainer.evaluate();
-    log->step(st, v);
+    try {
+      log->step(st, v);
+    } catch (const UsageError& e) {  // a full disk: the run stops (exit 2), naming its last checkpoint
+      throw UsageError(fmt::format("{}; {}", e.what(), last_checkpoint_note(ckpt_dir)));
+    }
     const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
                           (s + 1) % cfg.train.checkpoint_every == 0;
     if (periodic || stop_signal()) save_checkpoint(s + 1);
@@ -113,8 +124,9 @@ int run_train(const TrainArgs& a) {
 
   std::vector<const Param*> params;
   for (Param* p : trainer.model().params()) params.push_back(p);
+  require_finite(params, out + "/model.safetensors");
   save_hf_model(out, params, cfg.model);
-  if (!a.save.empty()) save_safetensors(a.save, params);
+  if (!a.save.empty()) save_trained_weights(a.save, params);
   write_file_atomic(out + "/summary.json", log->summary(valid, wall));
   std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
               a.save.empty() ? "" : (", " + a.save).c_str());

@@ -25,8 +25,23 @@ cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 # Seeds: valid examples of each format (the fuzzer mutates from there).
 seeds="$build/seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_config,fuzz_safetensors,fuzz_manifest,fuzz_profile_csv,fuzz_profile_json,fuzz_schedule,fuzz_tokenizer_files,fuzz_tokenize_text,fuzz_token_file}
+mkdir -p "$seeds"/{fuzz_config,fuzz_config_overrides,fuzz_plan_flags,fuzz_safetensors,fuzz_manifest,fuzz_profile_csv,fuzz_profile_json,fuzz_schedule,fuzz_tokenizer_files,fuzz_tokenize_text,fuzz_token_file}
 cp "$root"/configs/*.toml "$seeds/fuzz_config/"
+# TOML, a NUL, then one `key=value` override per line (pipefisher train --set).
+for f in "$root"/configs/*.toml; do
+  { cat "$f"; printf '\0model.layers=2\noptim.lr=3e-3\nparallel.partition=[1,1]\nkfac.enabled=true\n'; } \
+    > "$seeds/fuzz_config_overrides/$(basename "$f")"
+done
+printf '[model]\nhidden = 64\n\0optim.lr=inf\ntrain.threads=65536\nmodel.vocab=2000000000\nmodel.init_std=1e39\n' \
+  > "$seeds/fuzz_config_overrides/limits"
+# One argument per line (pipefisher plan ...).
+printf -- '--schedule\n1f1b\n--stages\n4\n--micro-batches\n8\n--tf\n1\n--tb\n2\n--svg\nx\n' > "$seeds/fuzz_plan_flags/1f1b"
+printf -- '--schedule\ninterleaved\n--stages\n2\n--micro-batches\n4\n--virtual-stages\n2\n--tcomm\n0.5\n--json\n' \
+  > "$seeds/fuzz_plan_flags/interleaved"
+printf -- '--kfac\n--schedule\nchimera\n--stages\n4\n--micro-batches\n4\n--tf\n1e308\n--tcurv\n3\n--tinv\n9\n--tprec\n1\n--data-parallel\n2\n--svg\nx\n' \
+  > "$seeds/fuzz_plan_flags/kfac"
+printf -- '--schedule\ngpipe\n--stages\n100000\n--micro-batches\n4\n--tf\n0\n--tb\n0\n--trace\nx\n' > "$seeds/fuzz_plan_flags/big"
+printf -- '--sweep\n--schedule\n1f1b\n--sweep-stages\n2,4\n--tf\ninf\n--csv\nx\n' > "$seeds/fuzz_plan_flags/sweep"
 python3 - "$seeds" <<'PY'
 import json, struct, sys, os
 d = sys.argv[1]
@@ -89,5 +104,5 @@ for t in "${targets[@]}"; do
     echo
   fi
 done
-rm -f /tmp/pf_fuzz_*
+rm -rf /tmp/pf_fuzz_*
 exit $status

@@ -58,7 +58,12 @@ class Reader {
       out = static_cast<T>(v);
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!n.is_number()) usage_error(key, "expected a number");
-      out = static_cast<T>(*n.value<double>());
+      const double v = *n.value<double>();
+      // inf and nan are TOML numbers; so is 1e39, which a float key turns into inf.
+      if (!std::isfinite(v) || std::abs(v) > static_cast<double>(std::numeric_limits<T>::max()))
+        usage_error(key, "must be a finite number{} (got {})",
+                    sizeof(T) < sizeof(double) ? " within single precision (|x| < 3.4e38)" : "", v);
+      out = static_cast<T>(v);
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!n.is_string()) usage_error(key, "expected a string");
       out = *n.value<std::string>();
@@ -68,7 +73,10 @@ class Reader {
       out.clear();
       for (const toml::node& e : *a) {
         if (!e.is_integer()) usage_error(key, "expected an array of integers");
-        out.push_back(static_cast<int>(*e.value<int64_t>()));
+        const int64_t v = *e.value<int64_t>();
+        if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+          usage_error(key, "{} is out of range", v);
+        out.push_back(static_cast<int>(v));
       }
     }
   }
@@ -180,6 +188,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("optim.lr", o.lr);
   r.get("optim.warmup_steps", o.warmup_steps);
   r.get("optim.decay_power", o.decay_power);
+  r.get("optim.decay_steps", o.decay_steps);
   r.get("optim.weight_decay", o.weight_decay);
   r.get("optim.beta1", o.beta1);
   r.get("optim.beta2", o.beta2);
@@ -286,8 +295,10 @@ Config Config::from_toml_string(const std::string& text, const std::vector<std::
 
 Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return from_toml_string("", overrides);
+  // A directory opens as an empty stream (which would train with the defaults).
+  if (std::filesystem::is_directory(path)) usage_error("--config", "'{}' is a directory, not a TOML file", path);
   std::ifstream in(path);
-  if (!in) usage_error(path, "cannot open configuration file");
+  if (!in) usage_error("--config", "cannot open configuration file '{}'", path);
   std::stringstream ss;
   ss << in.rdbuf();
   toml::table root;
@@ -300,6 +311,16 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
 }
 
 void Config::validate() const {
+  // Every real-valued key finite (the TOML reader refuses inf and nan already; this covers a
+  // Config built in code).
+  const std::pair<const char*, double> reals[] = {
+      {"model.dropout", model.dropout}, {"model.layer_norm_eps", model.layer_norm_eps},
+      {"model.init_std", model.init_std}, {"data.mask_prob", data.mask_prob}, {"optim.lr", optim.lr},
+      {"optim.decay_power", optim.decay_power}, {"optim.weight_decay", optim.weight_decay},
+      {"optim.beta1", optim.beta1}, {"optim.beta2", optim.beta2}, {"optim.eps", optim.eps},
+      {"optim.momentum", optim.momentum}, {"optim.grad_clip", optim.grad_clip}, {"kfac.damping", kfac.damping},
+      {"kfac.ema", kfac.ema}, {"kfac.kl_clip", kfac.kl_clip}};
+  for (auto [key, v] : reals) require(std::isfinite(v), key, "must be a finite number (got {})", v);
   const auto& m = model;
   one_of(m.arch, {"bert", "gpt"}, "model.arch");
   require(m.layers > 0, "model.layers", "must be positive (got {})", m.layers);
@@ -335,6 +356,7 @@ void Config::validate() const {
   require(optim.lr > 0, "optim.lr", "must be positive (got {})", optim.lr);
   require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (got {})", optim.warmup_steps);
   require(optim.decay_power >= 0, "optim.decay_power", "must be >= 0 (got {})", optim.decay_power);
+  require(optim.decay_steps >= 0, "optim.decay_steps", "must be >= 0 (got {})", optim.decay_steps);
   require(optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0 (got {})", optim.weight_decay);
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1) (got {})", optim.beta1);
   require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "must be in [0, 1) (got {})", optim.beta2);
@@ -364,7 +386,7 @@ void Config::validate() const {
   require(p.virtual_stages > 0, "parallel.virtual_stages", "must be positive (got {})", p.virtual_stages);
   one_of(p.schedule, {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1"}, "parallel.schedule");
   if (!p.partition.empty()) {
-    int sum = 0;
+    int64_t sum = 0;
     for (int b : p.partition) {
       require(b >= 0, "parallel.partition", "entries must be >= 0 (got {})", b);
       sum += b;
@@ -373,6 +395,8 @@ void Config::validate() const {
       usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}", sum, m.layers);
   }
 
+  require(kfac.warmup_steps >= -1, "kfac.warmup_steps", "must be >= 0, or -1 for optim.warmup_steps (got {})",
+          kfac.warmup_steps);
   require(kfac.damping > 0, "kfac.damping", "must be positive (got {})", kfac.damping);
   require(kfac.ema >= 0 && kfac.ema < 1, "kfac.ema", "must be in [0, 1) (got {})", kfac.ema);
   require(kfac.kl_clip >= 0, "kfac.kl_clip", "must be >= 0 (got {})", kfac.kl_clip);
@@ -418,7 +442,8 @@ std::string Config::to_toml() const {
                            {"valid_file", data.valid_file}, {"shuffle", data.shuffle},
                            {"mask_prob", float_as_written(data.mask_prob)}, {"nsp", data.nsp}, {"seed", int64_t(data.seed)}}},
       {"optim", toml::table{{"name", optim.name}, {"lr", optim.lr}, {"warmup_steps", optim.warmup_steps},
-                            {"decay_power", optim.decay_power}, {"weight_decay", optim.weight_decay},
+                            {"decay_power", optim.decay_power}, {"decay_steps", optim.decay_steps},
+                            {"weight_decay", optim.weight_decay},
                             {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
                             {"momentum", optim.momentum}, {"grad_clip", optim.grad_clip}}},
       {"train", toml::table{{"steps", train.steps}, {"seed", int64_t(train.seed)}, {"threads", train.threads},

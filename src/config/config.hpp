@@ -47,6 +47,9 @@ struct OptimConfig {
   double lr = 1e-2;
   int warmup_steps = 10;
   double decay_power = 0.5;     // polynomial decay after warm-up
+  // Steps over which the rate decays to 0 (0 = train.steps). A --resume with another train.steps
+  // keeps the checkpoint's schedule unless this is set (train/checkpointing.hpp).
+  int decay_steps = 0;
   double weight_decay = 0.01;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-6;
   double momentum = 0.9;        // sgd

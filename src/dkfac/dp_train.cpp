@@ -2,6 +2,7 @@
 
 #include "comm/collectives.hpp"
 #include "comm/perf_model.hpp"
+#include "comm/rank_monitor.hpp"
 #include "comm/small.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
@@ -10,6 +11,7 @@
 #include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "kfac/factor.hpp"
+#include "train/preflight.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
@@ -36,6 +38,12 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
                 "(parallel.stages = 1) writes its K-FAC timings to train.out_dir/dkfac.json instead");
   cfg.check_files();
   if (!a.init.empty() && !std::filesystem::is_regular_file(a.init)) usage_error("--init", "no such file '{}'", a.init);
+  // Every output path writable and the directories locked, before anything is allocated.
+  std::unique_ptr<RunLocks> locks;
+  comm::on_root_agreed(world.rank(), [&] {
+    check_output_paths(cfg, {a.save, "", false});
+    locks = lock_output_dirs(cfg);
+  });
   comm::Groups groups = comm::make_groups(world, 1, p.data_parallel);
   const int threads = comm::threads_per_rank(cfg.train.threads);
   set_threads(threads);
@@ -106,7 +114,10 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
   double valid = 0, step_time_sum = 0;
   int timed_steps = 0;
   const int w = groups.replica, N = p.micro_batches;
+  std::string write_error;  // rank 0's log could not be written (a full disk): every rank stops
+  comm::StepsRunning running;
   for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    comm::monitor_step(s);
     auto ts = std::chrono::steady_clock::now();
     StepStats stats;
     stats.step = s;
@@ -168,7 +179,16 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
       }
       v = valid = vl;
     }
-    if (root) log->step(stats, v);
+    if (root) {
+      try {
+        log->step(stats, v);
+      } catch (const UsageError& e) {
+        write_error = e.what();
+      }
+    }
+    double failed = write_error.empty() ? 0 : 1;
+    comm::allreduce_sum({&failed, 1}, MPI_COMM_WORLD, "the write-error flag");
+    if (failed > 0) throw UsageError(write_error.empty() ? "a write error on rank 0" : write_error);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -177,11 +197,12 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
   std::vector<double> tot = {t.factor_inflight, t.factor_wait, t.inversion, t.inverse_wait, step_time_sum};
   comm::allreduce_sum(tot, groups.data_parallel.get(), "the K-FAC time totals");
   for (double& x : tot) x /= world.size();
-  if (root) {
+  comm::on_root_agreed(world.rank(), [&] {
     std::vector<const Param*> ps;
     for (Param* q : params) ps.push_back(q);
+    require_finite(ps, out + "/model.safetensors");
     save_hf_model(out, ps, cfg.model);
-    if (!a.save.empty()) save_safetensors(a.save, ps);
+    if (!a.save.empty()) save_trained_weights(a.save, ps);
     write_file_atomic(out + "/summary.json", log->summary(valid, wall));
     const InversionPlacement& pl = dk.placement();
     const double ks = std::max(1, t.steps), is = std::max(1, t.inversion_steps);
@@ -206,7 +227,7 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
     write_file_atomic(out + "/dkfac.json", j.dump(2) + "\n");
     std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, "
                 "dkfac.json}%s\n", out.c_str(), a.save.empty() ? "" : (", " + a.save).c_str());
-  }
+  });
   return 0;
 }
 

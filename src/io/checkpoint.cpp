@@ -229,6 +229,10 @@ CheckpointManifest read_checkpoint(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "manifest.json").string();
   if (!fs::is_regular_file(path)) usage_error(step_dir, "incomplete checkpoint (no manifest.json)");
   CheckpointManifest m = parse_checkpoint_manifest(read_small_file(path, kMaxManifestBytes), path);
+  // The directory name is what `latest`, retention and the fallback scan go by.
+  const int64_t named = step_of(fs::path(step_dir).lexically_normal().filename().string());
+  if (named >= 0 && named != m.step)
+    usage_error(path, "says step {} but its directory is step {} (moved or edited checkpoint)", m.step, named);
   for (const CheckpointFile& f : m.files) {
     const std::string p = (fs::path(step_dir) / f.name).string();
     std::error_code ec;
@@ -240,20 +244,30 @@ CheckpointManifest read_checkpoint(const std::string& step_dir) {
   return m;
 }
 
-std::string find_latest_checkpoint(const std::string& dir, const std::string& what) {
+std::string find_latest_checkpoint(const std::string& dir, const std::string& what, std::string* passed_over) {
   if (!fs::is_directory(dir)) usage_error(what, "no checkpoint directory '{}'", dir);
-  std::string first_error;
+  std::vector<std::string> skipped;  // newer candidates that did not verify, newest first
   auto complete = [&](const fs::path& p) {
     try {
       read_checkpoint(p.string());
       return true;
     } catch (const UsageError& e) {
-      if (first_error.empty()) first_error = e.what();
+      skipped.push_back(e.what());
       return false;
     }
   };
+  auto found = [&](const fs::path& p) {
+    if (passed_over) {
+      passed_over->clear();
+      if (!skipped.empty())
+        *passed_over = fmt::format("{} newer checkpoint{} not usable (the newest: {})", skipped.size(),
+                                   skipped.size() > 1 ? "s" : "", skipped.front());
+    }
+    return p.string();
+  };
   // `latest` names a directory of dir; anything else in it is ignored (the scan below decides).
   std::error_code ec;
+  std::string tried;
   if (fs::is_regular_file(fs::path(dir) / "latest", ec)) {
     std::string name;
     try {
@@ -261,17 +275,22 @@ std::string find_latest_checkpoint(const std::string& dir, const std::string& wh
     } catch (const UsageError&) {
     }
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (step_of(name) >= 0 && complete(fs::path(dir) / name)) return (fs::path(dir) / name).string();
+    if (step_of(name) >= 0) {
+      tried = name;
+      const fs::path p = fs::path(dir) / name;
+      if (!fs::is_directory(p, ec)) skipped.push_back(fmt::format("{}: named by 'latest' but missing", p.string()));
+      else if (complete(p)) return found(p);
+    }
   }
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const int64_t s = step_of(e.path().filename().string());
-    if (s >= 0 && e.is_directory()) steps.emplace_back(s, e.path());
+    if (s >= 0 && e.is_directory() && e.path().filename().string() != tried) steps.emplace_back(s, e.path());
   }
   std::sort(steps.rbegin(), steps.rend());
   for (const auto& [s, p] : steps)
-    if (complete(p)) return p.string();
-  usage_error(what, "no complete checkpoint in '{}'{}", dir, first_error.empty() ? "" : " (" + first_error + ")");
+    if (complete(p)) return found(p);
+  usage_error(what, "no complete checkpoint in '{}'{}", dir, skipped.empty() ? "" : " (" + skipped.front() + ")");
 }
 
 CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir), manifest_(read_checkpoint(step_dir)) {

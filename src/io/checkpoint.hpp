@@ -65,12 +65,16 @@ void remove_checkpoint(const std::string& step_dir);
 // Parses a manifest's text; `what` names it in errors. Refuses anything malformed (wrong types,
 // a file name with a path in it, a bad checksum string, a duplicate file) with a UsageError.
 CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::string& what);
-// Reads step_dir/manifest.json and verifies every file it lists (size and SHA-256).
+// Reads step_dir/manifest.json and verifies every file it lists (size and SHA-256), and that a
+// step-N directory's manifest says step N.
 CheckpointManifest read_checkpoint(const std::string& step_dir);
 
 // The step directory of the newest complete checkpoint under dir: the one `latest` names if it
-// verifies, else the highest step-* directory that does. UsageError naming `what` if none.
-std::string find_latest_checkpoint(const std::string& dir, const std::string& what = "--resume");
+// verifies, else the highest step-* directory that does. UsageError naming `what` if none. When
+// newer candidates were passed over (corrupt, incomplete, missing), *passed_over says how many
+// and why the newest failed, for the caller to tell the user (empty otherwise).
+std::string find_latest_checkpoint(const std::string& dir, const std::string& what = "--resume",
+                                   std::string* passed_over = nullptr);
 
 // Every tensor of a verified checkpoint, found by name across its safetensors files.
 class CheckpointReader {

@@ -5,6 +5,7 @@
 #include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
 #include "schedule/validate.hpp"
+#include "sim/limits.hpp"
 
 #include <numeric>
 
@@ -34,7 +35,7 @@ bool runtime_handles(Kind k) {
 Schedule compute_schedule(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   if (!p.schedule_file.empty()) {
-    Schedule s = read_schedule_file(p.schedule_file);
+    Schedule s = read_schedule_file(p.schedule_file, "parallel.schedule_file");
     if (s.devices != p.stages)
       usage_error("parallel.schedule_file", "'{}' is for {} devices but parallel.stages = {}", p.schedule_file,
                   s.devices, p.stages);
@@ -61,6 +62,10 @@ Schedule compute_schedule(const Config& cfg) {
   if (p.virtual_stages != 1 && p.schedule != "interleaved")
     usage_error("parallel.virtual_stages", "only applies to parallel.schedule = \"interleaved\" (got {} with \"{}\")",
                 p.virtual_stages, p.schedule);
+  // The simulator's bound (sim/limits.hpp): each micro-batch passes each model chunk as F and B
+  // with a send and a receive each way.
+  check_schedule_size(p.stages, int64_t{6} * p.stages * p.micro_batches * p.virtual_stages, false,
+                      p.stages > kMaxDevices ? "parallel.stages" : "parallel.micro_batches");
   try {
     return make_schedule(p.schedule, p.stages, p.micro_batches, p.virtual_stages);
   } catch (const UsageError& e) {

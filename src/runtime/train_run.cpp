@@ -1,8 +1,10 @@
 #include "runtime/train_run.hpp"
 
 #include "comm/collectives.hpp"
+#include "comm/rank_monitor.hpp"
 #include "comm/small.hpp"
 #include "comm/world.hpp"
+#include "config/limits.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
@@ -15,6 +17,7 @@
 #include "runtime/layout.hpp"
 #include "schedule/validate.hpp"
 #include "train/checkpointing.hpp"
+#include "train/preflight.hpp"
 #include "train/run_log.hpp"
 #include "train/trainer.hpp"
 
@@ -54,12 +57,12 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
   // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
   std::unique_ptr<CheckpointReader> resume;
+  std::vector<std::string> notes;
   const ParallelConfig& p = cfg.parallel;
   const std::string layout_name = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout.schedule.name,
                                               p.data_parallel);
   if (!a.resume.empty()) {
-    resume = std::make_unique<CheckpointReader>(find_latest_checkpoint(a.resume));
-    check_resume(cfg, resume->manifest());
+    resume = open_resume_checkpoint(cfg, a.resume, notes);
     // Each rank's K-FAC state (its chunks' factors, cycle, plan) belongs to its place in the
     // layout: it continues only in the same one. Weights and optimizer state load into any.
     if (cfg.kfac.enabled) {
@@ -69,10 +72,15 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
         usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
                     "the same layout (start from its weights with --init {})", was, layout_name, a.resume);
     }
-    if (resume->manifest().step >= cfg.train.steps)
-      usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train",
-                  resume->manifest().step, cfg.train.steps);
   }
+  // Every output path writable, before the first allocation of the model; then the directories
+  // locked against another run (rank 0 writes them).
+  std::unique_ptr<RunLocks> locks;
+  comm::on_root_agreed(world.rank(), [&] {
+    check_output_paths(cfg, {a.save, a.profile.dir, a.log_json_from_flag});
+    locks = lock_output_dirs(cfg);
+    for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
+  });
   comm::Groups groups = comm::make_groups(world, cfg.parallel.stages, cfg.parallel.data_parallel);
   set_threads(comm::threads_per_rank(cfg.train.threads));
 
@@ -135,7 +143,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
       make_dirs(step_dir, "train.checkpoint_dir");
     });
     nlohmann::json mine = nlohmann::json::array();
-    std::string err;
+    std::string err;  // this rank's write error (a full disk)
     try {
       if (groups.replica == 0)
         for (auto& c : exec.chunk_states())
@@ -148,17 +156,29 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     }
     const auto all = comm::gather_bytes(err.empty() ? "F" + mine.dump() : "E" + err, 0, MPI_COMM_WORLD);
     comm::on_root_agreed(world.rank(), [&] {
-      CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, layout_name), {}};
-      for (const std::string& r : all) {
-        if (r[0] == 'E') throw UsageError(r.substr(1));
-        for (const auto& f : nlohmann::json::parse(r.substr(1)))
-          m.files.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(), f[2].get<std::string>()});
+      try {
+        CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, layout_name), {}};
+        for (const std::string& r : all) {
+          if (r[0] == 'E') throw UsageError(r.substr(1));
+          for (const auto& f : nlohmann::json::parse(r.substr(1)))
+            m.files.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(), f[2].get<std::string>()});
+        }
+        commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
+      } catch (const UsageError& e) {
+        // The partial directory goes; the previous checkpoint stays the newest.
+        remove_checkpoint(step_dir);
+        throw UsageError(fmt::format("{} (the checkpoint after step {} was not written); {}", e.what(), steps_done,
+                                     last_checkpoint_note(ckpt_dir)));
       }
-      commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
     });
+    comm::checkpoint_written();
   };
   install_stop_signals();
+  // A write error of rank 0 (log, profile: a full disk) stops every rank after the step, exit 2.
+  std::string write_error;
+  comm::StepsRunning running;
   for (int64_t s = first_step; s < cfg.train.steps; ++s) {
+    comm::monitor_step(s);
     auto ts = std::chrono::steady_clock::now();
     StepStats st;
     st.step = s;
@@ -185,15 +205,31 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     }
     st.tokens = tokens;
     st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (prof) profiler.record(s, times, exec.step_actions(s));
+    if (prof) {
+      try {
+        profiler.record(s, times, exec.step_actions(s));  // collective; rank 0 writes
+      } catch (const UsageError& e) {
+        if (write_error.empty()) write_error = e.what();
+      }
+    }
     std::optional<double> v;
     if (s + 1 == cfg.train.steps || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0))
       v = valid = exec.evaluate(*valid_data);
-    if (root) log->step(st, v);
+    if (root && write_error.empty()) {
+      try {
+        log->step(st, v);
+      } catch (const UsageError& e) {
+        write_error = e.what();
+      }
+    }
     // SIGINT/SIGTERM reach the ranks at different moments: they agree to stop after the step in
-    // which any of them saw one.
-    double sig = stop_signal();
-    comm::allreduce_sum({&sig, 1}, MPI_COMM_WORLD, "the stop flag");
+    // which any of them saw one; and on a write error of rank 0.
+    double flags[2] = {static_cast<double>(stop_signal()), write_error.empty() ? 0.0 : 1.0};
+    comm::allreduce_sum(flags, MPI_COMM_WORLD, "the stop flags");
+    if (flags[1] > 0)
+      throw UsageError(fmt::format("{}; {}", write_error.empty() ? "a write error on rank 0" : write_error,
+                                   last_checkpoint_note(ckpt_dir)));
+    const double sig = flags[0];
     const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
                           (s + 1) % cfg.train.checkpoint_every == 0;
     if (periodic || sig > 0) save_checkpoint(s + 1);
@@ -209,17 +245,24 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::unique_ptr<Model> model = exec.gather_model();
-  if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
-  profiler.finish(exec.plan_profile_json());
-  if (root) {
+  // Rank 0's write errors here (collectives inside) are agreed on below, so every rank exits 2.
+  try {
+    if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
+    profiler.finish(exec.plan_profile_json());
+  } catch (const UsageError& e) {
+    write_error = e.what();
+  }
+  comm::on_root_agreed(world.rank(), [&] {
+    if (!write_error.empty()) throw UsageError(write_error);
     std::vector<const Param*> params;
     for (Param* q : model->params()) params.push_back(q);
+    require_finite(params, out + "/model.safetensors");
     save_hf_model(out, params, cfg.model);
-    if (!a.save.empty()) save_safetensors(a.save, params);
+    if (!a.save.empty()) save_trained_weights(a.save, params);
     write_file_atomic(out + "/summary.json", log->summary(valid, wall));
     std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
                 a.save.empty() ? "" : (", " + a.save).c_str());
-  }
+  });
   return 0;
 }
 
@@ -227,10 +270,24 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
 
 int launcher_world_size() { return std::max(1, env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1)); }
 int launcher_rank() { return std::max(0, env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0)); }
+int launcher_local_size() { return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", 1)); }
 
 int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
   comm::World world;
   try {
+    // Memory and threads of the ranks on this host, before anything is allocated.
+    check_resources(cfg, launcher_local_size(), world.size());
+    const std::string ckpt_dir = checkpoint_dir_of(cfg);
+    comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); });
+    if (is_dp_kfac_run(cfg)) {
+      // That loop writes no checkpoints: say so rather than ignore the request.
+      if (!args.resume.empty())
+        usage_error("--resume", "data-parallel K-FAC (parallel.stages = 1, kfac.enabled) writes no checkpoints to "
+                    "resume from; run it as a pipeline (parallel.stages > 1) to checkpoint");
+      if (cfg.train.checkpoint_every > 0)
+        usage_error("train.checkpoint_every", "data-parallel K-FAC (parallel.stages = 1, kfac.enabled) writes no "
+                    "checkpoints; set it to 0 or run a pipeline (parallel.stages > 1)");
+    }
     if (is_dp_kfac_run(cfg)) return run_dp_kfac_training(world, std::move(cfg), {args.init, args.save, "", args.profile.dir});
     return train(world, std::move(cfg), args);
   } catch (const UsageError&) {

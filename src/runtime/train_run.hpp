@@ -13,6 +13,7 @@ struct ParallelRunArgs {
   std::string init, save;  // --init, --save (safetensors)
   ProfileOptions profile;  // --profile-dir, --profile-steps
   std::string resume;      // --resume: a checkpoint directory
+  bool log_json_from_flag = false;  // train.log_json came from --log-json (for messages)
 };
 
 // Initialises MPI (comm::World), trains, finalises. Returns the exit status. A UsageError found
@@ -24,5 +25,7 @@ int run_parallel_training(Config cfg, const ParallelRunArgs& args);
 // OMPI_COMM_WORLD_SIZE / _RANK, or PMI_SIZE / PMI_RANK): 1 and 0 when not launched by mpirun.
 int launcher_world_size();
 int launcher_rank();
+// Ranks on this host (OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS), 1 without mpirun.
+int launcher_local_size();
 
 }  // namespace pf

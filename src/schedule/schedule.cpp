@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -162,9 +163,11 @@ Schedule parse_csv(const std::string& text, const std::string& source) {
   });
 }
 
-Schedule read_schedule_file(const std::string& path) {
+Schedule read_schedule_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) usage_error(what, "'{}' is a directory, not a schedule file", path);
   std::ifstream f(path, std::ios::binary);
-  if (!f) usage_error("--schedule-file", "cannot open '{}'", path);
+  if (!f) usage_error(what, "cannot open '{}'", path);
   std::stringstream buf;
   buf << f.rdbuf();
   bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;

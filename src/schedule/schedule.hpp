@@ -45,6 +45,6 @@ Schedule parse_text(const std::string& text, const std::string& source);
 std::string to_csv(const Schedule& s);
 Schedule parse_csv(const std::string& text, const std::string& source);
 // Reads a schedule file: ".csv" as CSV, anything else as text. UsageError names the file.
-Schedule read_schedule_file(const std::string& path);
+Schedule read_schedule_file(const std::string& path, const std::string& what = "--schedule-file");
 
 }  // namespace pf

@@ -1,10 +1,13 @@
 #include "sim/profile.hpp"
 
 #include "core/error.hpp"
+#include "sim/limits.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace pf {
@@ -19,14 +22,41 @@ std::string slurp(const std::string& path, const std::string& flag) {
   return b.str();
 }
 
+// A finite number in [0, 2^53] (times in ms, memory in MB: sim/limits.hpp bounds what follows).
 double number(const std::string& cell, const std::string& where) {
   try {
     size_t used = 0;
     double v = std::stod(cell, &used);
-    if (cell.find_first_not_of(" \t", used) == std::string::npos && v >= 0) return v;
+    if (cell.find_first_not_of(" \t", used) == std::string::npos && std::isfinite(v) && v >= 0 && v <= kMaxBytes)
+      return v;
   } catch (const std::exception&) {
   }
-  usage_error(where, "expected a non-negative number, got '{}'", cell);
+  usage_error(where, "expected a finite non-negative number up to 2^53, got '{}'", cell);
+}
+
+// nlohmann's overflow message quotes the number ("number overflow parsing '1e999'"); the key
+// before its first occurrence in the text names the field.
+std::string overflow_field(const std::string& text, const std::string& message) {
+  const size_t q0 = message.find('\''), q1 = q0 == std::string::npos ? q0 : message.find('\'', q0 + 1);
+  if (q1 == std::string::npos) return message;
+  const std::string number = message.substr(q0 + 1, q1 - q0 - 1);
+  const size_t at = text.find(number);
+  std::string key;
+  if (at != std::string::npos) {
+    size_t i = at;
+    while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n' || text[i - 1] == '\r')) --i;
+    if (i > 0 && text[i - 1] == ':') {
+      --i;
+      while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n' || text[i - 1] == '\r')) --i;
+      if (i > 1 && text[i - 1] == '"') {
+        const size_t open = text.rfind('"', i - 2);
+        if (open != std::string::npos) key = text.substr(open + 1, i - 2 - open);
+      }
+    }
+  }
+  const std::string shown = number.size() > 40 ? number.substr(0, 40) + "..." : number;
+  if (key.empty() || key.size() > 64) return fmt::format("the number {} is beyond the range of a double", shown);
+  return fmt::format("'{}': the number {} is beyond the range of a double", key, shown);
 }
 
 }  // namespace
@@ -84,27 +114,44 @@ Profile profile_from_row(const ProfileRow& row, int L) {
 Profile read_profile_json(const std::string& path, const std::string& flag) {
   using nlohmann::json;
   json j;
+  const std::string text = slurp(path, flag);
   try {
-    j = json::parse(slurp(path, flag));
-  } catch (const json::parse_error& e) {
+    j = json::parse(text);
+  } catch (const json::out_of_range& e) {
+    // A number beyond double (1e999): name the field it belongs to.
+    usage_error(flag, "profile '{}': {}", path, overflow_field(text, e.what()));
+  } catch (const json::exception& e) {
     usage_error(flag, "profile '{}' is not valid JSON: {}", path, e.what());
   }
   const std::string where = fmt::format("{} ({})", flag, path);
+  // Times (ms) up to kMaxDuration, everything else (bytes, MB, counts) up to kMaxBytes.
   auto num = [&](const json& o, const char* key, double dflt, bool required, const std::string& ctx) {
     if (!o.contains(key)) {
       if (required) usage_error(where, "missing '{}{}'", ctx, key);
       return dflt;
     }
-    if (!o[key].is_number() || o[key].get<double>() < 0)
-      usage_error(where, "'{}{}' must be a non-negative number", ctx, key);
+    const std::string k(key);
+    const bool time = k == "forward" || k == "backward" || k == "input_grad" || k == "weight_grad" ||
+                      k == "curvature" || k == "inversion" || k == "precondition" || k == "optimizer" ||
+                      k == "latency" || k == "alpha" || k == "beta";
+    const double limit = time ? kMaxDuration : kMaxBytes;
+    if (!o[key].is_number() || !std::isfinite(o[key].get<double>()) || o[key].get<double>() < 0 ||
+        o[key].get<double>() > limit)
+      usage_error(where, "'{}{}' must be a finite number in [0, {:.4g}]{}", ctx, key, limit,
+                  time ? " (ms: 2^53 us)" : " (2^53)");
     return o[key].get<double>();
+  };
+  auto count = [&](const json& o, const char* key, double dflt, bool required, const std::string& ctx) {
+    const double v = num(o, key, dflt, required, ctx);
+    if (v < 1 || v > std::numeric_limits<int>::max() || v != std::floor(v))
+      usage_error(where, "'{}{}' must be an integer in [1, {}]", ctx, key, std::numeric_limits<int>::max());
+    return static_cast<int>(v);
   };
   if (!j.is_object() || j.value("format", "") != "pipefisher-profile")
     usage_error(where, "missing \"format\": \"pipefisher-profile\"");
   if (!j.contains("version") || j["version"] != 1) usage_error(where, "unsupported or missing 'version' (expected 1)");
   Profile p;
-  p.micro_batch_size = static_cast<int>(num(j, "micro_batch_size", 0, true, ""));
-  if (p.micro_batch_size < 1) usage_error(where, "'micro_batch_size' must be >= 1");
+  p.micro_batch_size = count(j, "micro_batch_size", 0, true, "");
   if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
     usage_error(where, "'stages' must be a non-empty array");
   p.cost.stages.clear();
@@ -121,7 +168,7 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     c.inversion = num(s, "inversion", 0, false, ctx);
     c.precondition = num(s, "precondition", 0, false, ctx);
     c.optimizer = num(s, "optimizer", 0, false, ctx);
-    c.layers = static_cast<int>(num(s, "layers", 1, false, ctx));
+    c.layers = count(s, "layers", 1, false, ctx);
     c.activation_bytes = num(s, "activation_bytes", 0, false, ctx);
     c.grad_bytes = num(s, "grad_bytes", 0, false, ctx);
     c.curvature_bytes = num(s, "curvature_bytes", 0, false, ctx);

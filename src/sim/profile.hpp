@@ -23,7 +23,9 @@
 //      "p2p": { "latency": 0.02, "bandwidth": 1.0e7 },        optional, ms and bytes per ms
 //      "allreduce": { "alpha": 0.05, "beta": 1.0e-8 }          optional, ms and ms per byte
 //    }
-//    Optional numbers default to 0 (input_grad / weight_grad: half the backward).
+//    Optional numbers default to 0 (input_grad / weight_grad: half the backward). Every number
+//    is finite and >= 0, times at most 2^53 us (in ms), the others at most 2^53; micro_batch_size
+//    and layers are integers >= 1 (sim/limits.hpp).
 #include "sim/cost.hpp"
 #include "sim/memory.hpp"
 

@@ -2,6 +2,7 @@
 
 #include "schedule/deps.hpp"
 #include "schedule/validate.hpp"
+#include "sim/limits.hpp"
 
 #include <fmt/format.h>
 
@@ -57,6 +58,7 @@ int peak_in_flight(const std::vector<TimedAction>& row) {
 }  // namespace
 
 Timeline simulate(const Schedule& s, const CostModel& cost, const std::vector<std::vector<double>>* durations) {
+  check_schedule_size(s.devices, static_cast<int64_t>(s.num_actions()), false, "the schedule");
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Dependencies deps = build_dependencies(s);
   std::vector<std::vector<double>> start(s.devices), end(s.devices);

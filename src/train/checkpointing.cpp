@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,7 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
       {"optim.name", cfg.optim.name},
       {"kfac.enabled", cfg.kfac.enabled ? "true" : "false"},
       {"train.steps", std::to_string(cfg.train.steps)},
+      {"lr_decay_steps", std::to_string(cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps)},
       {"layout", layout},
   };
 }
@@ -83,6 +85,56 @@ void check_resume(const Config& cfg, const CheckpointManifest& m) {
   }
 }
 
+std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m) {
+  auto it = m.info.find("lr_decay_steps");
+  if (it == m.info.end()) it = m.info.find("train.steps");  // written before lr_decay_steps was recorded
+  if (it == m.info.end()) return "";
+  char* end = nullptr;
+  const long long was = std::strtoll(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || was < 1) return "";
+  OptimConfig& o = cfg.optim;
+  const long long now = o.decay_steps > 0 ? o.decay_steps : cfg.train.steps;
+  if (now == was) return "";
+  if (o.decay_steps > 0)
+    return fmt::format("the learning rate decays over optim.decay_steps = {} steps from here (the checkpoint's run: {})",
+                       now, was);
+  if (cfg.train.steps > was)
+    usage_error("train.steps", "{} is past the checkpoint's run, whose learning rate decays to 0 over {} steps; set "
+                "optim.decay_steps for a new schedule, or start from its weights with --init", cfg.train.steps, was);
+  o.decay_steps = static_cast<int>(was);
+  return fmt::format("train.steps = {}: the run stops early, its learning rate keeps the checkpoint's schedule (decay "
+                     "over {} steps)", cfg.train.steps, was);
+}
+
+std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,
+                                                         std::vector<std::string>& notes) {
+  std::string passed_over;
+  auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, "--resume", &passed_over));
+  if (!passed_over.empty()) notes.push_back("--resume: " + passed_over + "; resuming from the newest that verifies");
+  check_resume(cfg, r->manifest());
+  if (r->manifest().step >= cfg.train.steps)
+    usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train", r->manifest().step,
+                cfg.train.steps);
+  if (std::string n = keep_lr_schedule(cfg, r->manifest()); !n.empty()) notes.push_back("--resume: " + n);
+  return r;
+}
+
+void require_finite(std::span<const float> values, const std::string& tensor, const std::string& path) {
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]))
+      usage_error(path, "tensor '{}' holds a non-finite value ({} at index {}): not written (the training diverged; "
+                  "a smaller optim.lr?)", tensor, values[i], i);
+}
+
+void require_finite(const std::vector<const Param*>& params, const std::string& path) {
+  for (const Param* p : params) require_finite(p->value.span(), p->name, path);
+}
+
+void save_trained_weights(const std::string& path, const std::vector<const Param*>& params) {
+  require_finite(params, path);
+  save_safetensors(path, params);
+}
+
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st) {
   std::vector<SafetensorsTensor> weights, state;
   for (const Param* p : st.params)
@@ -98,6 +150,9 @@ std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int s
   if (st.kfac) kfac = st.kfac->state();
   for (const auto& [name, t] : kfac) state.push_back({name, t.shape(), t.span(), false});
   SafetensorsMetadata meta{{"optimizer", st.optim->name()}, {"optimizer_steps", std::to_string(st.optim->step_count())}};
+  for (const auto& files : {std::pair{&weights, "weights"}, std::pair{&state, "state"}})
+    for (const SafetensorsTensor& t : *files.first)
+      require_finite(t.data, t.name, fmt::format("{}/{}-stage-{}.safetensors", step_dir, files.second, stage));
   std::vector<CheckpointFile> out;
   out.push_back(write_checkpoint_tensors(step_dir, fmt::format("weights-stage-{}.safetensors", stage), weights));
   out.push_back(write_checkpoint_tensors(step_dir, fmt::format("state-stage-{}.safetensors", stage), state, meta));
@@ -117,6 +172,23 @@ void load_train_state(const CheckpointReader& r, const TrainState& st) {
     for (auto& [name, t] : kfac) r.read(name, t.shape(), t.span());
     st.kfac->load_state(kfac);
   }
+}
+
+std::string last_checkpoint_note(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string name;
+  if (FILE* f = std::fopen((fs::path(dir) / "latest").c_str(), "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) name = buf;
+    std::fclose(f);
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const fs::path step = fs::path(dir) / name;
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos ||
+      !fs::is_regular_file(step / "manifest.json", ec))
+    return fmt::format("no complete checkpoint in {}", dir);
+  return fmt::format("the last complete checkpoint is {}: continue with --resume {}", step.string(), dir);
 }
 
 std::string checkpoint_dir_of(const Config& cfg) {

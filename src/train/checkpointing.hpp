@@ -37,6 +37,17 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
 // Refuses (UsageError naming the key) a configuration whose seeds, batch or optimizer differ from
 // those the checkpoint was written with: the resumed run would not continue the same one.
 void check_resume(const Config& cfg, const CheckpointManifest& m);
+// A resumed run continues the checkpoint's learning-rate schedule (recorded as lr_decay_steps):
+// with a smaller train.steps it stops early on that schedule (cfg.optim.decay_steps is set to it);
+// a larger one is refused (UsageError naming train.steps) unless optim.decay_steps is set, which
+// chooses a new schedule. Returns a line for the user when the schedule or the length differs.
+std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m);
+// `--resume DIR`: the newest complete checkpoint of DIR, verified, checked against the
+// configuration (check_resume, steps left, keep_lr_schedule, which may set cfg.optim.decay_steps).
+// `notes` gets lines for the user: newer checkpoints passed over (corrupt, incomplete) and the
+// schedule kept.
+std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,
+                                                         std::vector<std::string>& notes);
 // `--init` and `--resume` as given to `pipefisher train`: init may be a safetensors file or a
 // checkpoint directory (its newest complete checkpoint, verified, returned; weights by name,
 // whatever layout wrote it); a missing path, or both flags, is a UsageError naming the flag.
@@ -48,7 +59,13 @@ std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, 
 // may use the hub's layouts (io/hf_model.hpp); its tensors the model does not use are named on stderr.
 void load_init_weights(const std::string& init, const CheckpointReader* ckpt, const std::vector<Param*>& params);
 
-// Writes weights-stage-S and state-stage-S into step_dir; returns the two files.
+// A training run's outputs never hold NaN or Inf: a diverged run's tensors (an absurd optim.lr)
+// are refused, UsageError naming the file and tensor, before anything of the file is written.
+void require_finite(std::span<const float> values, const std::string& tensor, const std::string& path);
+void require_finite(const std::vector<const Param*>& params, const std::string& path);
+// save_safetensors of the trained weights, after require_finite on each.
+void save_trained_weights(const std::string& path, const std::vector<const Param*>& params);
+// Writes weights-stage-S and state-stage-S into step_dir (require_finite first); returns the two files.
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st);
 // Restores parameters, optimizer state and step count, and K-FAC state, by name.
 void load_train_state(const CheckpointReader& r, const TrainState& st);
@@ -56,6 +73,9 @@ void load_train_state(const CheckpointReader& r, const TrainState& st);
 // The directory checkpoints go to: train.checkpoint_dir, or out_dir/checkpoints when that is empty
 // (a stop signal still writes one).
 std::string checkpoint_dir_of(const Config& cfg);
+// "the last complete checkpoint is DIR/step-000012: continue with --resume DIR", or "no complete
+// checkpoint in DIR", from DIR/latest (not verified: for messages when a run stops).
+std::string last_checkpoint_note(const std::string& dir);
 
 // SIGINT / SIGTERM / SIGUSR1 set a flag the loop reads at the end of each step (a second signal
 // kills). Under mpirun: mpirun forwards SIGTERM to the ranks but SIGKILLs them

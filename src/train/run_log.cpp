@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <limits>
@@ -137,8 +139,10 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
     for (const auto& c : kKfacColumns) cells.push_back(csv_cell(j[c]));
   const std::string row = fmt::format("{}\n", fmt::join(cells, ","));
   for (File& f : files_) {
-    std::fputs(f.csv ? row.c_str() : line.c_str(), f.f);
-    std::fflush(f.f);
+    // A full disk or a vanished file system: the run stops (exit 2) rather than losing its log.
+    errno = 0;
+    if (std::fputs(f.csv ? row.c_str() : line.c_str(), f.f) < 0 || std::fflush(f.f) != 0)
+      usage_error(f.path, "cannot write the log after step {}: {}", s.step + 1, std::strerror(errno ? errno : EIO));
   }
 
   const int total = o_.total_steps;

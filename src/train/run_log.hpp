@@ -43,6 +43,7 @@ class RunLog {
   // or filtered and appended to on resume).
   RunLog(const RunLogOptions& o, std::vector<std::string> json_paths, const std::string& csv_path);
   ~RunLog();
+  // UsageError naming the file when a log line cannot be written (full disk).
   void step(const StepStats& s, std::optional<double> valid_loss);
   // Prints the final summary and returns it as a JSON object (written to summary.json). The
   // counts and times cover the whole run: wall_s is this segment's, earlier ones' are added.

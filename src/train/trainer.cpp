@@ -35,7 +35,7 @@ EvalScales eval_scales(Batcher& valid, int batches, int rows, MicroBatch& mb) {
 LrSchedule make_run_lr_schedule(const Config& cfg) {
   OptimConfig o = cfg.optim;
   if (cfg.kfac.enabled && cfg.kfac.warmup_steps >= 0) o.warmup_steps = cfg.kfac.warmup_steps;
-  return make_lr_schedule(o, cfg.train.steps);
+  return make_lr_schedule(o, o.decay_steps > 0 ? o.decay_steps : cfg.train.steps);
 }
 
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {

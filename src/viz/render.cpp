@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -29,7 +30,9 @@ std::string xml_escape(const std::string& s) {
 namespace {
 
 // A "nice" tick spacing (1, 2 or 5 times a power of ten) giving about `target` ticks.
+// 0 when the range is empty or not finite (no ticks).
 double nice_step(double range, int target) {
+  if (!(range > 0) || !std::isfinite(range)) return 0;
   double raw = range / target, p = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (raw <= m * p) return m * p;
@@ -117,7 +120,11 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
   const double tick = nice_step(span, 10);
   o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"#333\"/>\n", left,
                    rows_bottom, left + opt.width, rows_bottom);
-  for (double t = 0; t <= span * (1 + 1e-9); t += tick) {
+  // Counted, not accumulated: a tick of 0 (an empty step) or below the resolution of huge times
+  // must not loop forever.
+  const int ticks = tick > 0 ? static_cast<int>(std::min(1000.0, std::floor(span * (1 + 1e-9) / tick))) : -1;
+  for (int k = 0; k <= ticks; ++k) {
+    const double t = k * tick;
     double x = left + t * scale;
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\"/>"
                      "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{:g}</text>\n",

@@ -118,39 +118,6 @@ TEST(NonFinite, InfStopsTheRunBeforeItsCheckpoint) {
 
 // --- signals and kills ---
 
-// A job started through `sh -c 'echo PID $$; exec CMD'`, read line by line.
-struct Job {
-  FILE* p = nullptr;
-  int pid = -1;
-  std::string out;
-  explicit Job(const std::string& cmd) {
-    p = popen(("sh -c 'echo PID $$; exec env " + cmd + "' 2>&1").c_str(), "r");
-    if (p) pid = std::stoi(line().substr(4));
-  }
-  std::string line() {
-    std::array<char, 4096> buf;
-    if (!fgets(buf.data(), buf.size(), p)) return "";
-    out += buf.data();
-    return buf.data();
-  }
-  // Reads until a line starts with `prefix`; false at end of output.
-  bool until(const std::string& prefix) {
-    for (std::string l = line(); !l.empty(); l = line())
-      if (l.rfind(prefix, 0) == 0) return true;
-    return false;
-  }
-  int finish() {
-    while (!line().empty()) {
-    }
-    const int st = pclose(p);
-    p = nullptr;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-  ~Job() {
-    if (p) kill(pid, SIGKILL), pclose(p);
-  }
-};
-
 TEST(Signals, SigtermWritesAFinalCheckpointThenResumes) {
   tiny_config(dir());
   const fs::path ck = dir() / "term-ckpt";
@@ -197,7 +164,8 @@ TEST(Signals, UnderMpirunTheRanksAgreeAndCheckpoint) {
 }
 
 // A rank SIGKILLed mid-run: the job ends within 30 s, non-zero, naming the lost rank (OpenMPI's
-// "process rank 1 ... exited on signal 9"); the run resumes from its last checkpoint.
+// "process rank 1 ... exited on signal 9", and pipefisher's own line with the step and the last
+// checkpoint, issue 12 item 11); the run resumes from its last checkpoint.
 TEST(Kills, KilledRankIsNamedAndTheRunResumes) {
   tiny_config(dir());
   const fs::path ck = dir() / "kill-ckpt";
@@ -218,6 +186,10 @@ TEST(Kills, KilledRankIsNamedAndTheRunResumes) {
   EXPECT_NE(status, 0) << job.out;
   EXPECT_LT(seconds, 30.0) << job.out;
   EXPECT_TRUE(contains(job.out, "rank 1") && contains(job.out, "signal 9")) << job.out;
+  // pipefisher's own line besides mpirun's banner: which rank, which step, where to resume from.
+  EXPECT_TRUE(contains(job.out, "pipefisher: rank 1 (pid " + std::to_string(victim) + ") died during step ")) << job.out;
+  EXPECT_TRUE(contains(job.out, "; the last complete checkpoint is " + ck.string() + "/step-0000")) << job.out;
+  EXPECT_TRUE(contains(job.out, ": continue with --resume " + ck.string() + "\n")) << job.out;
   std::printf("[ killed ] job ended %.2f s after the SIGKILL of rank 1\n", seconds);
   const pf::CheckpointManifest m = pf::read_checkpoint(pf::find_latest_checkpoint(ck.string()));
   EXPECT_GE(m.step, 10);

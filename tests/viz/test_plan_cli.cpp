@@ -35,7 +35,7 @@ TEST(PlanCli, BadOrContradictoryArgumentsExitTwoWithOneLine) {
   expect_usage("--schedule 1f1b --stages 4", "pipefisher: --micro-batches: required with --schedule");
   expect_usage("--stages 4 --micro-batches 4", "pipefisher: --schedule: give either --schedule NAME or --schedule-file FILE");
   expect_usage("--schedule 1f1b --stages 0 --micro-batches 4", "pipefisher: --stages: must be an integer >= 1");
-  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --tb -2", "pipefisher: --tb: must be a number >= 0");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --tb -2", "pipefisher: --tb: must be a finite number of ms in [0, 9.007e+12]");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --layers-per-stage 2",
                "pipefisher: --layers-per-stage: only applies with --profile");
   expect_usage("--schedule-file /nonexistent/s.csv", "pipefisher: --schedule-file: cannot open");

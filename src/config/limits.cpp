@@ -1,0 +1,208 @@
+#include "config/limits.hpp"
+
+#include "core/error.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace pf {
+
+namespace {
+
+// A number from a /proc or /sys file, or -1 (absent, "max", unreadable).
+double read_number(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return -1;
+  return std::strtod(s.c_str(), nullptr);
+}
+
+double meminfo_total() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  double kb = 0;
+  while (f >> key >> kb >> unit)
+    if (key == "MemTotal:") return kb * 1024;
+  return -1;
+}
+
+// OMP_STACKSIZE: a size with an optional B, K, M or G suffix (K by default), as libgomp reads it.
+double omp_stacksize() {
+  const char* s = std::getenv("OMP_STACKSIZE");
+  if (!s || !*s) return -1;
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  if (end == s || !(v > 0)) return -1;
+  while (*end == ' ') ++end;
+  switch (std::toupper(static_cast<unsigned char>(*end))) {
+    case 'B': return v;
+    case 'M': return v * 1024 * 1024;
+    case 'G': return v * 1024 * 1024 * 1024;
+    default: return v * 1024;
+  }
+}
+
+struct Terms {
+  double state = 0;    // parameters, gradients, optimizer state
+  double kfac = 0;     // factors and inverses
+  double acts = 0;     // one micro-batch's activations through the whole model
+  double stacks = 0;   // the threads' stacks
+  double total() const { return state + kfac + acts + stacks; }
+};
+
+Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_bytes) {
+  const ModelConfig& m = cfg.model;
+  const double C = m.hidden, F = m.ffn, V = m.vocab, P = m.max_position, T = m.type_vocab, L = m.layers,
+               H = m.heads, S = m.seq_len, B = cfg.parallel.micro_batch_size, N = B * S;
+  const bool bert = m.arch == "bert";
+  // Parameters (nn/blocks.cpp): embeddings and their LayerNorm; per block Q, K, V, O, two FFN
+  // Linears with biases and two LayerNorms; BERT's head transform, its LayerNorm and decoder bias.
+  const double params = (V + P + T) * C + 2 * C + L * (4 * C * C + 2 * C * F + 9 * C + F) +
+                        (bert ? C * C + 3 * C + V : 2 * C);
+  const std::string& o = cfg.optim.name;
+  const double slots = o == "sgd" ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;  // momentum / Adam's moments
+  const double W = cfg.parallel.data_parallel;
+  Terms t;
+  t.state = W * 4 * params * (2 + slots);  // value and gradient, plus the optimizer's slots
+  if (cfg.kfac.enabled) {
+    // A (d_in^2) and B (d_out^2, or its diagonal past kfac.diag_limit), factor and inverse.
+    auto lin = [&](double in, double out) { return in * in + (out <= cfg.kfac.diag_limit ? out * out : out); };
+    const double per_block = 4 * lin(C, C) + lin(C, F) + lin(F, C);
+    t.kfac = W * 4 * 2 * (L * per_block + (bert ? lin(C, C) : 0));
+  }
+  // make_state of each block for one micro-batch of B sequences of S tokens: per block eight
+  // (N, C) tensors, two (N, F), the attention probabilities (B, H, S, S); the head's logits (N, V).
+  const double acts = N * C + L * (8 * N * C + 2 * N * F + B * H * S * S) + (bert ? 4 : 2) * N * C + N * V + 2 * N * C;
+  t.acts = W * 4 * acts;
+  // The host's share of the job; stacks are per process.
+  const double share = static_cast<double>(local_ranks) / std::max(1, world_ranks);
+  t.state *= share, t.kfac *= share, t.acts *= share;
+  t.stacks = cfg.train.threads > 0 ? static_cast<double>(cfg.train.threads) * local_ranks * stack_bytes : 0;
+  return t;
+}
+
+std::string value_of(const Config& c, const std::string& key) {
+  const ModelConfig& m = c.model;
+  if (key == "model.layers") return std::to_string(m.layers);
+  if (key == "model.hidden") return std::to_string(m.hidden);
+  if (key == "model.heads") return std::to_string(m.heads);
+  if (key == "model.ffn") return std::to_string(m.ffn);
+  if (key == "model.seq_len") return std::to_string(m.seq_len);
+  if (key == "model.vocab") return std::to_string(m.vocab);
+  if (key == "model.max_position") return std::to_string(m.max_position);
+  if (key == "model.type_vocab") return std::to_string(m.type_vocab);
+  if (key == "parallel.micro_batch_size") return std::to_string(c.parallel.micro_batch_size);
+  if (key == "train.threads") return std::to_string(c.train.threads);
+  return "?";
+}
+
+}  // namespace
+
+std::string format_bytes(double b) {
+  const double k = 1024;
+  if (b < k * k) return fmt::format("{:.0f} KiB", b / k);
+  if (b < k * k * k) return fmt::format("{:.1f} MiB", b / (k * k));
+  if (b < k * k * k * k) return fmt::format("{:.1f} GiB", b / (k * k * k));
+  return fmt::format("{:.3g} TiB", b / (k * k * k * k));
+}
+
+MachineMemory machine_memory() {
+  MachineMemory m{meminfo_total(), "MemTotal"};
+  // A container's limit (cgroup v2, then v1); "max" or an absurd v1 value means none.
+  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const double v = read_number(p);
+    if (v > 0 && (m.bytes <= 0 || v < m.bytes)) m = {v, std::string("cgroup limit ") + p};
+  }
+  if (m.bytes <= 0) m = {std::numeric_limits<double>::infinity(), "unknown"};
+  return m;
+}
+
+ThreadLimits thread_limits() {
+  ThreadLimits t;
+  t.stack_bytes = omp_stacksize();
+  if (t.stack_bytes <= 0) {
+    rlimit r{};
+    // Threads get the stack rlimit as their size (glibc), 2 MiB when it is unlimited.
+    t.stack_bytes = getrlimit(RLIMIT_STACK, &r) == 0 && r.rlim_cur != RLIM_INFINITY ? static_cast<double>(r.rlim_cur)
+                                                                                     : 2.0 * 1024 * 1024;
+  }
+  t.kernel_max = std::numeric_limits<int64_t>::max();
+  auto least = [&](double v, const char* what) {
+    if (v > 0 && v < static_cast<double>(t.kernel_max)) t.kernel_max = static_cast<int64_t>(v), t.kernel_what = what;
+  };
+  least(read_number("/proc/sys/kernel/threads-max"), "kernel.threads-max");
+  least(read_number("/proc/sys/kernel/pid_max"), "kernel.pid_max");
+  rlimit np{};
+  if (getrlimit(RLIMIT_NPROC, &np) == 0 && np.rlim_cur != RLIM_INFINITY)
+    least(static_cast<double>(np.rlim_cur), "ulimit -u (RLIMIT_NPROC)");
+  // A thread's stack and its guard page are two memory mappings.
+  const double maps = read_number("/proc/sys/vm/max_map_count");
+  if (maps > 0) least(maps / 2, "vm.max_map_count / 2 (a stack and its guard page per thread)");
+  return t;
+}
+
+double estimate_run_bytes(const Config& cfg, int local_ranks, int world_ranks) {
+  return terms(cfg, local_ranks, world_ranks, thread_limits().stack_bytes).total();
+}
+
+void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
+  const ThreadLimits tl = thread_limits();
+  const MachineMemory mem = machine_memory();
+  if (cfg.train.threads > 0) {
+    const int64_t host_threads = static_cast<int64_t>(cfg.train.threads) * local_ranks;
+    const std::string per = local_ranks > 1 ? fmt::format(" x {} ranks on this host", local_ranks) : "";
+    const double stacks = static_cast<double>(host_threads) * tl.stack_bytes;
+    if (stacks > mem.bytes)
+      usage_error("train.threads", "{}{} threads need {} for their stacks ({} each: OMP_STACKSIZE or ulimit -s), "
+                  "this machine has {} ({}); at most {} threads fit", cfg.train.threads, per, format_bytes(stacks),
+                  format_bytes(tl.stack_bytes), format_bytes(mem.bytes), mem.source,
+                  static_cast<int64_t>(mem.bytes / tl.stack_bytes / local_ranks));
+    if (host_threads > tl.kernel_max)
+      usage_error("train.threads", "{}{} threads exceed this machine's limit of {} ({})", cfg.train.threads, per,
+                  tl.kernel_max, tl.kernel_what);
+  }
+  const Terms t = terms(cfg, local_ranks, world_ranks, tl.stack_bytes);
+  if (!(t.total() > mem.bytes)) return;
+  // Blame the size key whose default value would shrink the estimate the most.
+  const Config d;
+  const std::vector<std::pair<std::string, std::function<void(Config&)>>> keys = {
+      {"model.layers", [&](Config& c) { c.model.layers = std::min(c.model.layers, d.model.layers); }},
+      {"model.hidden", [&](Config& c) { c.model.hidden = std::min(c.model.hidden, d.model.hidden); }},
+      {"model.heads", [&](Config& c) { c.model.heads = std::min(c.model.heads, d.model.heads); }},
+      {"model.ffn", [&](Config& c) { c.model.ffn = std::min(c.model.ffn, d.model.ffn); }},
+      {"model.seq_len", [&](Config& c) { c.model.seq_len = std::min(c.model.seq_len, d.model.seq_len); }},
+      {"model.vocab", [&](Config& c) { c.model.vocab = std::min(c.model.vocab, 50257); }},
+      {"model.max_position", [&](Config& c) { c.model.max_position = std::min(c.model.max_position, 1024); }},
+      {"model.type_vocab", [&](Config& c) { c.model.type_vocab = std::min(c.model.type_vocab, d.model.type_vocab); }},
+      {"parallel.micro_batch_size",
+       [&](Config& c) { c.parallel.micro_batch_size = std::min(c.parallel.micro_batch_size, d.parallel.micro_batch_size); }},
+  };
+  std::string key = "model.hidden";
+  double best = t.total();
+  for (const auto& [k, reset] : keys) {
+    Config c = cfg;
+    reset(c);
+    const double e = terms(c, local_ranks, world_ranks, tl.stack_bytes).total();
+    if (e < best) best = e, key = k;
+  }
+  std::string parts = "parameters, gradients and optimizer state " + format_bytes(t.state);
+  if (t.kfac > 0) parts += ", K-FAC factors and inverses " + format_bytes(t.kfac);
+  parts += ", activations of one micro-batch " + format_bytes(t.acts);
+  if (t.stacks > 0) parts += ", thread stacks " + format_bytes(t.stacks);
+  usage_error(key, "{} makes the run need at least {} of memory{} ({}); this machine has {} ({})", value_of(cfg, key),
+              format_bytes(t.total()), local_ranks > 1 ? fmt::format(" on this host ({} ranks)", local_ranks) : "",
+              parts, format_bytes(mem.bytes), mem.source);
+}
+
+}  // namespace pf

@@ -1,0 +1,40 @@
+#pragma once
+// What a configuration asks of the machine, checked before anything is allocated: the memory its
+// sizes imply (parameters, gradients, optimizer state, K-FAC factors and inverses, the activations
+// of a micro-batch, the threads' stacks) against the memory this machine has, and its thread count
+// against the machine's limits. Estimates are lower bounds (what the run certainly allocates), so a
+// refusal is never wrong; the message names the key most responsible and both amounts.
+#include "config/config.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace pf {
+
+struct MachineMemory {
+  double bytes = 0;    // the smaller of MemTotal and the cgroup's memory limit
+  std::string source;  // "MemTotal" or "cgroup memory.max"
+};
+MachineMemory machine_memory();
+
+// The limits on threads per host: memory for their stacks, and the kernel's.
+struct ThreadLimits {
+  double stack_bytes = 0;    // per thread: OMP_STACKSIZE, else the stack rlimit (ulimit -s)
+  int64_t kernel_max = 0;    // threads-max, pid_max, RLIMIT_NPROC and vm.max_map_count / 2, the least
+  std::string kernel_what;   // which of them
+};
+ThreadLimits thread_limits();
+
+// Bytes the run allocates at least, on the host of a rank: the job's share of `local_ranks` of
+// `world_ranks` processes (pipeline stages split the model, data-parallel replicas copy it).
+double estimate_run_bytes(const Config& cfg, int local_ranks = 1, int world_ranks = 1);
+
+// Refuses (UsageError naming the key) a configuration whose thread count exceeds the machine's
+// limits, or whose memory estimate exceeds the machine's memory. `local_ranks` processes of
+// `world_ranks` share this host.
+void check_resources(const Config& cfg, int local_ranks = 1, int world_ranks = 1);
+
+// "1.5 GiB", "23.4 GiB", "7.3e+03 TiB".
+std::string format_bytes(double bytes);
+
+}  // namespace pf

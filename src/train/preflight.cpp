@@ -1,0 +1,148 @@
+#include "train/preflight.hpp"
+
+#include "core/error.hpp"
+#include "core/files.hpp"
+#include "train/checkpointing.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace pf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kLockName = ".pipefisher-lock";
+
+// Creates and removes a file in `dir` (an existing directory): the one test of writability that
+// also holds for root, read-only mounts and full inode tables.
+void probe_dir(const fs::path& dir, const std::string& what, const std::string& target) {
+  const fs::path probe = dir / fmt::format(".pipefisher-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int e = errno;
+    usage_error(what, "cannot write '{}': {} (in '{}')", target, std::strerror(e), dir.string());
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// A directory the run will make if missing: it, or its nearest existing ancestor, must be a
+// writable directory.
+void check_dir(const std::string& path, const std::string& what) {
+  if (path.empty()) return;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  if (ec) usage_error(what, "bad path '{}': {}", path, ec.message());
+  for (fs::path at = p;; at = at.parent_path()) {
+    const fs::file_status st = fs::status(at, ec);
+    if (fs::exists(st)) {
+      if (!fs::is_directory(st))
+        usage_error(what, "cannot make directory '{}': '{}' is not a directory", path, at.string());
+      probe_dir(at, what, path);
+      return;
+    }
+    if (at == at.parent_path()) usage_error(what, "cannot make directory '{}'", path);
+  }
+}
+
+// A file written whole (or opened for writing): its directory must exist and be writable; if it
+// exists, it must not be a directory and must open for writing (a device such as /dev/null is
+// fine). Nothing is truncated.
+void check_file(const std::string& path, const std::string& what) {
+  if (path.empty()) return;
+  std::error_code ec;
+  const fs::path p = fs::absolute(path, ec);
+  if (ec) usage_error(what, "bad path '{}': {}", path, ec.message());
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::is_directory(st)) usage_error(what, "'{}' is a directory", path);
+  if (fs::exists(st) && !fs::is_regular_file(st)) {
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      const int e = errno;
+      usage_error(what, "cannot write '{}': {}", path, std::strerror(e));
+    }
+    ::close(fd);
+    return;
+  }
+  const fs::path dir = p.parent_path();
+  if (!fs::is_directory(dir, ec)) usage_error(what, "cannot write '{}': no directory '{}'", path, dir.string());
+  probe_dir(dir, what, path);  // a file is written under a temporary name and renamed
+  if (fs::exists(st) && ::access(p.c_str(), W_OK) != 0) {
+    const int e = errno;
+    usage_error(what, "cannot write '{}': {}", path, std::strerror(e));
+  }
+}
+
+int take_lock(const std::string& dir, const std::string& what) {
+  make_dirs(dir, what);
+  const std::string path = (fs::path(dir) / kLockName).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    usage_error(what, "cannot create the lock file '{}': {}", path, std::strerror(e));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[256] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    std::string holder(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd);
+    usage_error(what, "'{}' is in use by another run ({}); give each run its own", dir,
+                holder.empty() ? "its lock is held" : holder);
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = fmt::format("pid {} on host {}\n", ::getpid(), host);
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) < 0) {
+    // The holder's name is for the other run's message only: the lock holds without it.
+  }
+  return fd;
+}
+
+}  // namespace
+
+void check_output_paths(const Config& cfg, const RunOutputs& o) {
+  const std::string& out = cfg.train.out_dir;
+  check_dir(out, "train.out_dir");
+  std::error_code ec;
+  for (const char* name : {"config.toml", "config.json", "log.jsonl", "metrics.csv", "model.safetensors", "summary.json",
+                           "kfac_refresh.json",
+                           "dkfac.json"})
+    if (fs::is_directory(fs::path(out) / name, ec))
+      usage_error("train.out_dir", "'{}' is a directory; the run writes a file there", (fs::path(out) / name).string());
+  check_file(cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json");
+  check_file(o.save, "--save");
+  const std::string ck = checkpoint_dir_of(cfg);
+  check_dir(ck, "train.checkpoint_dir");
+  const fs::path latest = fs::path(ck) / "latest";
+  if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::status(latest, ec)))
+    usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",
+                latest.string());
+  check_dir(o.profile_dir, "--profile-dir");
+}
+
+RunLocks::~RunLocks() {
+  for (int fd : fds_) ::close(fd);
+}
+
+std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg) {
+  auto locks = std::make_unique<RunLocks>();
+  locks->add(take_lock(cfg.train.out_dir, "train.out_dir"));
+  // The checkpoint directory too, default or not: another run may name this one's
+  // out_dir/checkpoints as its train.checkpoint_dir.
+  const std::string ck = checkpoint_dir_of(cfg);
+  make_dirs(ck, "train.checkpoint_dir");
+  std::error_code ec;
+  if (!fs::equivalent(ck, cfg.train.out_dir, ec)) locks->add(take_lock(ck, "train.checkpoint_dir"));
+  return locks;
+}
+
+}  // namespace pf

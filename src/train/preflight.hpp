@@ -1,0 +1,52 @@
+#pragma once
+// Before the first step of a run: every path it will write is checked writable (nothing is
+// written: a probe file is created and removed), and its output directories are locked so that
+// two live runs never share one.
+//
+//   train.out_dir          a directory (made if missing) where config.toml, log.jsonl,
+//                          model.safetensors, summary.json go: none of those may be a directory
+//   train.log_json         a file (--log-json) whose directory exists
+//   --save                 a file whose directory exists
+//   train.checkpoint_dir   a directory (made if missing; default out_dir/checkpoints) whose
+//                          `latest`, if present, is a file
+//   --profile-dir          a directory (made if missing)
+//
+// Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
+// checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
+// process exits (a killed run's lock goes with it). A second run finds one held and is refused,
+// also a --resume that would write into the checkpoint directory of a live run.
+#include "config/config.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+struct RunOutputs {
+  std::string save;                 // --save
+  std::string profile_dir;          // --profile-dir
+  bool log_json_from_flag = false;  // train.log_json came from --log-json (named so in errors)
+};
+
+// UsageError naming the key or flag of the first path that cannot be written.
+void check_output_paths(const Config& cfg, const RunOutputs& outputs);
+
+// Held locks on the run's output directories (released on destruction or exit).
+class RunLocks {
+ public:
+  RunLocks() = default;
+  ~RunLocks();
+  RunLocks(const RunLocks&) = delete;
+  RunLocks& operator=(const RunLocks&) = delete;
+  void add(int fd) { fds_.push_back(fd); }
+
+ private:
+  std::vector<int> fds_;
+};
+
+// Makes out_dir and the checkpoint directory and locks them; UsageError naming the key when
+// another live process holds one (its pid and host are in the message).
+std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg);
+
+}  // namespace pf

@@ -1,0 +1,322 @@
+// Issue 12 at the command line: every defect found by probing with bad input, faults and full
+// disks. A refusal is exit status 2 with one line naming the key, flag or file, and nothing
+// written; a write error during a run is exit 2 naming the file and the last complete
+// checkpoint, which stays loadable; no output holds NaN or Inf. (Library-level regressions of the
+// same items are in test_bad_input.cpp; the dying rank's line in test_faults.cpp.)
+#include "../checkpoint/cli.hpp"
+
+#include "core/error.hpp"
+#include "io/checkpoint.hpp"
+#include "io/safetensors.hpp"
+
+#include <sys/mount.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace {
+
+using namespace pf_test;
+
+fs::path dir() { return work_dir("faults"); }
+
+// Exit 2, exactly one line of output, containing `what`.
+void expect_refusal(const Launch& r, const std::string& what, const std::string& context = "") {
+  EXPECT_EQ(r.status, 2) << context << "\n" << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << context << ": not one line\n" << r.out;
+  EXPECT_TRUE(contains(r.out, what)) << context << ": expected '" << what << "'\n" << r.out;
+}
+
+// `pipefisher train` of the tiny config under `name`: refused, and nothing of it written.
+void expect_train_refused(const std::string& name, const std::string& sets, const std::string& what) {
+  Launch r = run(train_cmd(dir(), name, sets));
+  expect_refusal(r, what, sets);
+  EXPECT_FALSE(fs::exists(dir() / ("out-" + name))) << sets << ": out_dir written";
+  EXPECT_FALSE(fs::exists(dir() / (name + ".jsonl"))) << sets << ": log written";
+}
+
+// Every float of every tensor of a safetensors file is finite.
+void expect_all_finite(const fs::path& file) {
+  pf::SafetensorsReader r(file.string());
+  for (const pf::SafetensorsEntry& e : r.tensors()) {
+    std::vector<float> v(static_cast<size_t>(pf::shape_numel(e.shape)));
+    r.read_f32(e, v);
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); })) << file << ": " << e.name;
+  }
+}
+
+// Items 2, 3, 9: configuration values refused with the key named, before anything is written.
+TEST(Hardening, BadConfigurationValuesAreRefusedBeforeAnythingIsWritten) {
+  tiny_config(dir());
+  const struct {
+    std::string sets, what;
+  } cases[] = {
+      {"--set optim.lr=inf", "optim.lr: must be a finite number (got inf)"},
+      {"--set model.init_std=inf", "model.init_std: must be a finite number"},
+      {"--set optim.weight_decay=inf", "optim.weight_decay: must be a finite number (got inf)"},
+      {"--set optim.lr=nan", "optim.lr: must be a finite number (got nan)"},
+      {"--set train.threads=65536", "train.threads: 65536 threads"},
+      {"--set train.threads=32768", "train.threads: 32768 threads"},
+      {"--set model.hidden=2147483646", "model.hidden: 2147483646 makes the run need at least"},
+      {"--set model.vocab=2000000000", "model.vocab: 2000000000 makes the run need at least"},
+      {"--set parallel.micro_batch_size=2000000000", "parallel.micro_batch_size: 2000000000 makes the run need"},
+      {"--set kfac.warmup_steps=-5", "kfac.warmup_steps: must be >= 0, or -1"},
+  };
+  int k = 0;
+  for (const auto& c : cases) expect_train_refused("cfg" + std::to_string(k++), c.sets, c.what);
+  // A directory as the configuration trained with the built-in defaults.
+  const std::string tmp = fs::temp_directory_path().string();
+  Launch d = run(kEnv + kBinary + " train --config " + tmp + " --set train.out_dir=" + (dir() / "out-cfgdir").string());
+  expect_refusal(d, "--config: '" + tmp + "' is a directory, not a TOML file");
+  EXPECT_FALSE(fs::exists(dir() / "out-cfgdir"));
+  // The memory message says how much is needed and how much there is.
+  Launch r = run(train_cmd(dir(), "cfgmem", "--set model.vocab=2000000000"));
+  EXPECT_TRUE(contains(r.out, "TiB of memory") && contains(r.out, "this machine has ")) << r.out;
+}
+
+// Item 2: an absurd but finite learning rate diverges; nothing non-finite reaches any output
+// (the weights are refused rather than written, or stay finite).
+TEST(Hardening, DivergedRunWritesNoNonFiniteValue) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "div-ckpt";
+  Launch r = run(train_cmd(dir(), "div", "--set optim.name=sgd --set optim.lr=1e30 --set train.checkpoint_every=2 "
+                                         "--set train.checkpoint_dir=" + ck.string()));
+  EXPECT_TRUE(r.status == 0 || r.status == 2) << r.out;
+  if (r.status == 2) EXPECT_TRUE(contains(r.out, "holds a non-finite value")) << r.out;
+  const fs::path model = dir() / "out-div" / "model.safetensors";
+  if (fs::exists(model)) expect_all_finite(model);
+  if (fs::exists(ck))
+    for (const auto& e : fs::recursive_directory_iterator(ck))
+      if (e.path().extension() == ".safetensors") expect_all_finite(e.path());
+  // The log has no NaN/Inf literal (a non-finite loss is null).
+  for (const auto& [step, j] : read_log(dir() / "div.jsonl"))
+    for (const char* key : {"loss", "grad_norm", "lr"})
+      if (j.contains(key) && !j[key].is_null()) EXPECT_TRUE(std::isfinite(j[key].get<double>())) << step << " " << key;
+}
+
+// Item 4: every output path is checked before the first step; nothing is written when one is bad.
+TEST(Hardening, UnwritableOutputPathsAreRefusedBeforeTheFirstStep) {
+  tiny_config(dir());
+  std::ofstream(dir() / "a-file") << "x";
+  fs::create_directories(dir() / "ck-latest" / "latest");  // a directory where the pointer file goes
+  const std::string file = (dir() / "a-file").string();
+  const struct {
+    std::string sets, what;
+  } cases[] = {
+      {"--save /nonexistent-pf/w.safetensors", "--save: cannot write '/nonexistent-pf/w.safetensors': no directory"},
+      {"--save " + dir().string(), "--save: '" + dir().string() + "' is a directory"},
+      {"--save " + file + "/w.safetensors", "--save: cannot write"},
+      {"--set train.checkpoint_dir=" + file + "/ck", "train.checkpoint_dir: cannot make directory"},
+      {"--set train.checkpoint_dir=/proc/pf-ck", "train.checkpoint_dir: cannot write '/proc/pf-ck'"},
+      {"--set train.checkpoint_dir=" + (dir() / "ck-latest").string(), "train.checkpoint_dir: '" +
+                                                                            (dir() / "ck-latest" / "latest").string() +
+                                                                            "' is not a file"},
+  };
+  int k = 0;
+  for (const auto& c : cases) expect_train_refused("path" + std::to_string(k++), c.sets, c.what);
+  // --log-json, out_dir, --profile-dir.
+  const std::string base = kEnv + kBinary + " train --config " + (dir() / "tiny.toml").string();
+  Launch log = run(base + " --set train.out_dir=" + (dir() / "out-path-log").string() + " --log-json /proc/pf-log.jsonl");
+  expect_refusal(log, "--log-json: cannot write '/proc/pf-log.jsonl'");
+  EXPECT_FALSE(fs::exists(dir() / "out-path-log"));
+  Launch out = run(base + " --set train.out_dir=/proc/pf-out");
+  expect_refusal(out, "train.out_dir: cannot write '/proc/pf-out'");
+  Launch prof = run(train_cmd(dir(), "path-prof", "--profile-dir /proc/pf-prof"));
+  EXPECT_EQ(prof.status, 2) << prof.out;
+  EXPECT_TRUE(contains(prof.out, "--profile-dir: cannot write '/proc/pf-prof'")) << prof.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-path-prof"));
+}
+
+// Item 5: a log that cannot be written stops the run (exit 2) naming the file; under mpirun too.
+TEST(Hardening, LogWriteErrorsStopTheRun) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "full-ckpt";
+  Launch one = run(kEnv + kBinary + " train --config " + (dir() / "tiny.toml").string() + " --set train.out_dir=" +
+                   (dir() / "out-full").string() + " --log-json /dev/full --set train.checkpoint_every=1 "
+                   "--set train.checkpoint_dir=" + ck.string());
+  EXPECT_EQ(one.status, 2) << one.out;
+  EXPECT_TRUE(contains(one.out, "pipefisher: /dev/full: cannot write the log after step 1: No space left on device"))
+      << one.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-full" / "model.safetensors"));
+  Launch mpi = run(kEnv + kPfrun + " -np 2 " + kBinary + " train --config " + (dir() / "tiny.toml").string() +
+                   " --set parallel.stages=2 --set train.out_dir=" + (dir() / "out-full2").string() +
+                   " --log-json /dev/full");
+  EXPECT_EQ(mpi.status, 2) << mpi.out;
+  EXPECT_TRUE(contains(mpi.out, "pipefisher: /dev/full: cannot write the log after step 1")) << mpi.out;
+}
+
+// Items 4, 5: a disk that fills up while checkpointing: exit 2 naming the file, the partial
+// checkpoint removed, the previous one still the newest, verified and resumable. Needs a small
+// tmpfs (root, and a machine that allows mounts).
+TEST(Hardening, FullDiskKeepsTheLastGoodCheckpoint) {
+  tiny_config(dir());
+  const fs::path mnt = dir() / "small-disk";
+  fs::create_directories(mnt);
+  // One checkpoint of the tiny model is ~12 MB (weights and NVLAMB's two moments): 20 MB holds one.
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=20m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << ")";
+  struct Unmount {
+    fs::path p;
+    ~Unmount() { umount2(p.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const fs::path ck = mnt / "ck";
+  Launch r = run(train_cmd(dir(), "disk", "--set train.checkpoint_every=1 --set train.checkpoint_dir=" + ck.string()));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "No space left on device (the checkpoint after step 2 was not written); the last complete "
+                              "checkpoint is " + (ck / "step-000001").string() + ": continue with --resume " + ck.string()))
+      << r.out;
+  EXPECT_FALSE(fs::exists(ck / "step-000002")) << "the partial checkpoint stays";
+  EXPECT_EQ(pf::find_latest_checkpoint(ck.string()), (ck / "step-000001").string());
+  EXPECT_NO_THROW(pf::read_checkpoint((ck / "step-000001").string()));
+}
+
+// Item 6: two live runs never share an out_dir or a checkpoint directory; the lock goes with
+// the process.
+TEST(Hardening, TwoLiveRunsCannotShareOutputDirectories) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "shared-ckpt";
+  Job first(train_cmd(dir(), "live", "--steps 100000 --set train.checkpoint_every=50 --set train.checkpoint_dir=" +
+                                         ck.string()));
+  ASSERT_TRUE(first.until("step ")) << first.out;
+  // The same out_dir (with another seed: its config must not replace the first run's).
+  Launch same_out = run(kEnv + kBinary + " train --config " + (dir() / "tiny.toml").string() + " --set train.out_dir=" +
+                        (dir() / "out-live").string() + " --set train.seed=7 --steps 2");
+  expect_refusal(same_out, "train.out_dir: '" + (dir() / "out-live").string() + "' is in use by another run (pid " +
+                               std::to_string(first.pid));
+  // The same checkpoint directory from another out_dir, and a --resume that would write there.
+  Launch same_ck = run(train_cmd(dir(), "live2", "--steps 2 --set train.checkpoint_dir=" + ck.string()));
+  expect_refusal(same_ck, "train.checkpoint_dir: '" + ck.string() + "' is in use by another run");
+  std::ifstream cfg(dir() / "out-live" / "config.toml");
+  const std::string text((std::istreambuf_iterator<char>(cfg)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(text, "seed = 42")) << text;
+  EXPECT_FALSE(contains(text, "seed = 7")) << text;
+  ASSERT_EQ(kill(first.pid, SIGKILL), 0);
+  first.finish();
+  Launch after = run(train_cmd(dir(), "live", "--steps 2"));
+  EXPECT_EQ(after.status, 0) << "the lock outlived its process\n" << after.out;
+}
+
+// Item 6 (default checkpoint directory): a run naming another live run's out_dir/checkpoints.
+TEST(Hardening, TheDefaultCheckpointDirectoryIsLockedToo) {
+  tiny_config(dir());
+  Job first(train_cmd(dir(), "deflive", "--steps 100000"));
+  ASSERT_TRUE(first.until("step ")) << first.out;
+  const fs::path ck = dir() / "out-deflive" / "checkpoints";
+  Launch other = run(train_cmd(dir(), "deflive2", "--steps 2 --set train.checkpoint_dir=" + ck.string()));
+  expect_refusal(other, "train.checkpoint_dir: '" + ck.string() + "' is in use by another run");
+  ASSERT_EQ(kill(first.pid, SIGKILL), 0);
+  first.finish();
+}
+
+// Items 1, 7, 9: `plan` refuses durations that are not finite, negative or beyond 2^53 us, work
+// beyond its bounds, and malformed profiles, with one line naming the flag or field; nothing is
+// written. An SVG of an empty step is drawn (its axis looped forever).
+TEST(Hardening, PlanRefusesBadNumbersAndTooMuchWork) {
+  const std::string plan = kBinary + " plan --schedule 1f1b --stages 2 --micro-batches 4 ";
+  const fs::path svg = dir() / "plan.svg";
+  const struct {
+    std::string args, what;
+  } cases[] = {
+      {"--tf inf", "--tf: must be a finite number of ms in [0, 9.007e+12], got 'inf'"},
+      {"--tf 1e308", "--tf: must be a finite number of ms"},
+      {"--tf nan", "--tf: must be a finite number of ms"},
+      {"--tf -1", "--tf: must be a finite number of ms"},
+      {"--tcomm 1e308", "--tcomm: must be a finite number of ms"},
+      {"--kfac --tcurv 1e308 --tinv 1e308", "--tcurv: must be a finite number of ms"},
+      {"--tf 9e12 --tb 9e12", "--tf/--tb/--tcomm: the step takes"},
+      {"--tf 0 --tb 0 --kfac", "--tf/--tb/--tcomm: the step takes 0 ms: PipeFisher has no bubbles"},
+      {"--kfac --margin inf", "--margin: must be a finite number"},
+  };
+  for (const auto& c : cases) {
+    Launch r = run("timeout 60 " + plan + c.args + " --svg " + svg.string());
+    expect_refusal(r, c.what, c.args);
+    EXPECT_FALSE(fs::exists(svg)) << c.args;
+  }
+  for (const std::string args : {"--tf 0 --tb 0", "--tf 0 --tb 0 --tcomm 0"}) {
+    Launch r = run("timeout 60 " + plan + args + " --svg " + svg.string());
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
+    EXPECT_LT(r.seconds, 30) << args;
+    std::ifstream f(svg);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(contains(text, "nan") || contains(text, "inf<")) << args;
+    EXPECT_FALSE(contains(r.out, "nan") || contains(r.out, "inf")) << args << "\n" << r.out;
+    fs::remove(svg);
+  }
+  // Work beyond the stated bounds: refused at once, not a bad_alloc or minutes of simulation.
+  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
+           {"--stages 100000 --micro-batches 4", "--stages: 100000 devices, more than the 4096"},
+           {"--stages 64 --micro-batches 100000", "--micro-batches: about 38400000 actions per step, more than"},
+           {"--stages 64 --micro-batches 512 --kfac", "the PipeFisher planner takes"},
+           {"--stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: about"}}) {
+    Launch r = run("timeout 60 " + kBinary + " plan --schedule 1f1b " + args);
+    expect_refusal(r, what, args);
+    EXPECT_LT(r.seconds, 5) << args;
+  }
+  // Profiles: 1e999 ("internal error", exit 1) and 1.7e308 name their field.
+  const std::string head = R"({"format": "pipefisher-profile", "version": 1, "micro_batch_size": 4, "stages": [)";
+  std::ofstream(dir() / "p999.json") << head << R"({"forward": 1e999, "backward": 1}]})";
+  std::ofstream(dir() / "pmax.json") << head << R"({"forward": 1.7e308, "backward": 1}]})";
+  expect_refusal(run(plan + "--profile " + (dir() / "p999.json").string()),
+                 "'forward': the number 1e999 is beyond the range of a double");
+  expect_refusal(run(plan + "--kfac --profile " + (dir() / "pmax.json").string()),
+                 "'stages[0].forward' must be a finite number in [0, 9.007e+12]");
+}
+
+// Item 8: --resume says when the newest checkpoint does not verify, refuses a manifest whose step
+// disagrees with its directory, and keeps the checkpoint's learning-rate schedule.
+TEST(Hardening, ResumeSaysWhatItSkipsAndKeepsTheSchedule) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "res-ckpt";
+  Launch first = run(train_cmd(dir(), "res", "--set train.checkpoint_every=2 --set train.keep_checkpoints=10 "
+                                             "--set train.checkpoint_dir=" + ck.string()));
+  ASSERT_EQ(first.status, 0) << first.out;
+  const auto ref = read_log(dir() / "res.jsonl");
+  // Corrupt the newest (step 6): one byte of its weights.
+  {
+    std::fstream f(ck / "step-000006" / "weights-stage-0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.put('\x7f');
+  }
+  // Edit step 4's manifest to say step 5.
+  {
+    std::ifstream in(ck / "step-000004" / "manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find("\"step\": 4"), 9, "\"step\": 5");
+    std::ofstream(ck / "step-000004" / "manifest.json") << text;
+  }
+  Launch res = run(train_cmd(dir(), "res2", "--resume " + ck.string()));
+  ASSERT_EQ(res.status, 0) << res.out;
+  EXPECT_TRUE(contains(res.out, "--resume: 2 newer checkpoints not usable (the newest: " +
+                                    (ck / "step-000006" / "weights-stage-0.safetensors").string() +
+                                    ": checksum does not match the manifest (corrupt file)); resuming from the newest "
+                                    "that verifies")) << res.out;
+  EXPECT_TRUE(contains(res.out, "resuming from " + (ck / "step-000002").string() + " (step 2)")) << res.out;
+  // Longer than the checkpoint's run: its learning rate would have decayed to 0 by then.
+  Launch longer = run(train_cmd(dir(), "res3", "--resume " + ck.string() + " --steps 9"));
+  expect_refusal(longer, "train.steps: 9 is past the checkpoint's run, whose learning rate decays to 0 over 6 steps");
+  EXPECT_FALSE(fs::exists(dir() / "res3.jsonl"));
+  // Shorter: stops early on the same schedule (the same lr as the uninterrupted run).
+  Launch shorter = run(train_cmd(dir(), "res4", "--resume " + ck.string() + " --steps 4"));
+  ASSERT_EQ(shorter.status, 0) << shorter.out;
+  EXPECT_TRUE(contains(shorter.out, "train.steps = 4: the run stops early, its learning rate keeps the checkpoint's "
+                                    "schedule (decay over 6 steps)")) << shorter.out;
+  const auto log = read_log(dir() / "res4.jsonl");
+  ASSERT_EQ(log.size(), 2u);
+  for (int64_t s = 3; s <= 4; ++s) EXPECT_EQ(log.at(s)["lr"].get<double>(), ref.at(s)["lr"].get<double>()) << s;
+  // A new schedule when asked for.
+  Launch chosen = run(train_cmd(dir(), "res5", "--resume " + ck.string() + " --steps 9 --set optim.decay_steps=9"));
+  ASSERT_EQ(chosen.status, 0) << chosen.out;
+  EXPECT_TRUE(contains(chosen.out, "the learning rate decays over optim.decay_steps = 9 steps from here")) << chosen.out;
+}
+
+// Item 9: a missing schedule file of a run is named by its key, not plan's flag.
+TEST(Hardening, MissingScheduleFileNamesTheKey) {
+  tiny_config(dir());
+  Launch r = run(mpi_train_cmd(2, dir(), "sf", "--set parallel.stages=2 --set parallel.schedule_file=/nonexistent-pf.csv"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "pipefisher: parallel.schedule_file: cannot open '/nonexistent-pf.csv'")) << r.out;
+  EXPECT_FALSE(contains(r.out, "--schedule-file")) << r.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-sf"));
+}
+
+}  // namespace
