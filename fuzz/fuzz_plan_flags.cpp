@@ -22,7 +22,7 @@ std::vector<Command>& commands() {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!std::freopen("/dev/null", "w", stdout)) __builtin_trap();  // the plan's report
-  pf::set_work_limits(20000, 2000);
+  pf::set_work_limits(20000, 2000, 500);
   return 0;
 }
 

@@ -8,12 +8,14 @@
 namespace pf {
 
 namespace {
-std::atomic<int64_t> g_max_actions{kMaxActions}, g_max_planned{kMaxPlannedActions};
+std::atomic<int64_t> g_max_actions{kMaxActions}, g_max_planned{kMaxPlannedActions},
+    g_max_per_device{kMaxPlannedPerDevice};
 }
 
-void set_work_limits(int64_t max_actions, int64_t max_planned_actions) {
+void set_work_limits(int64_t max_actions, int64_t max_planned_actions, int64_t max_planned_per_device) {
   g_max_actions.store(max_actions);
   g_max_planned.store(max_planned_actions);
+  g_max_per_device.store(max_planned_per_device);
 }
 
 double check_duration(double v, const std::string& what) {
@@ -59,9 +61,13 @@ void check_schedule_size(int64_t devices, int64_t actions, bool planned, const s
     usage_error(what, "{} devices, more than the {} the simulator takes (sim/limits.hpp)", devices, kMaxDevices);
   const int64_t limit = planned ? g_max_planned.load() : g_max_actions.load();
   if (actions > limit)
-    usage_error(what, "about {} actions per step, more than the {} the {} takes (sim/limits.hpp: it would run for {})",
-                actions, limit, planned ? "PipeFisher planner" : "simulator",
-                planned ? "minutes to hours" : "minutes");
+    usage_error(what, "about {} actions per step, more than the {} the {} takes (sim/limits.hpp: it would run for "
+                "minutes or more)", actions, limit, planned ? "PipeFisher planner" : "simulator");
+  const int64_t per_device = devices > 0 ? actions / devices : actions;
+  if (planned && per_device > g_max_per_device.load())
+    usage_error(what, "about {} actions per device and step, more than the {} the PipeFisher planner takes "
+                "(sim/limits.hpp: its time grows with the square of a device's list)", per_device,
+                g_max_per_device.load());
 }
 
 void check_step_time(double step_time, const std::string& what) {

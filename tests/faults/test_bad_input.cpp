@@ -196,6 +196,9 @@ TEST(Hardening, SimulatorBoundsAndRendering) {
                  "--micro-batches: about 38400000 actions");
   expect_refused([] { pf::check_schedule_size(8, pf::kMaxPlannedActions + 1, true, "--micro-batches"); },
                  "the PipeFisher planner takes");
+  expect_refused([] { pf::check_schedule_size(2, 2 * pf::kMaxPlannedPerDevice + 2, true, "--micro-batches"); },
+                 "actions per device and step");
+  EXPECT_NO_THROW(pf::check_schedule_size(8, pf::kMaxPlannedActions, true, "--micro-batches"));
   expect_refused([] { pf::check_step_time(std::numeric_limits<double>::infinity(), "--tf"); }, "--tf: the step takes inf");
   pf::CostModel zero;
   zero.stages[0].forward = 0;

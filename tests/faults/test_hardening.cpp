@@ -247,6 +247,7 @@ TEST(Hardening, PlanRefusesBadNumbersAndTooMuchWork) {
            {"--stages 100000 --micro-batches 4", "--stages: 100000 devices, more than the 4096"},
            {"--stages 64 --micro-batches 100000", "--micro-batches: about 38400000 actions per step, more than"},
            {"--stages 64 --micro-batches 512 --kfac", "the PipeFisher planner takes"},
+           {"--stages 2 --micro-batches 1600 --kfac", "actions per device and step, more than the 8000"},
            {"--stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: about"}}) {
     Launch r = run("timeout 60 " + kBinary + " plan --schedule 1f1b " + args);
     expect_refusal(r, what, args);
