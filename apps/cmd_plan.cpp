@@ -114,7 +114,8 @@ int run_sweep_mode(const PlanArgs& a) {
   spec.schedule = a.schedule.empty() ? "chimera" : a.schedule;
   make_schedule(spec.schedule, 2, 2, 2);  // refuse an unknown name up front
   for (int d : a.sweep_stages) {
-    if (d < 1) usage_error("--sweep-stages", "depths must be >= 1, got {}", d);
+    // One stage has no bubbles: the ratio of K-FAC work to bubble time would be infinite.
+    if (d < 2) usage_error("--sweep-stages", "depths must be >= 2 (a pipeline with bubbles), got {}", d);
     // The sweep's largest schedule: N = 3D micro-batches.
     check_schedule_size(d, int64_t{6} * d * 3 * d * (a.given("--virtual-stages") ? a.virtual_stages : 2), false,
                         "--sweep-stages");
@@ -124,6 +125,11 @@ int run_sweep_mode(const PlanArgs& a) {
   if (a.given("--virtual-stages")) spec.virtual_stages = a.virtual_stages;
   std::vector<SweepRow> rows = run_sweep(spec, load_profiles(a));
   if (rows.empty()) usage_error("--sweep-stages", "schedule {} is defined for none of the requested depths", spec.schedule);
+  const char* durations = a.profile.empty() ? "--tf/--tb/--tcomm" : "--profile";
+  for (const SweepRow& r : rows) {
+    if (!(r.t_pipe > 0)) usage_error(durations, "the step takes 0 ms: no throughput to sweep (give the forward or backward a duration)");
+    check_step_time(r.t_pipe + r.t_prec + r.t_curv_inv, durations);
+  }
   std::string csv = sweep_csv(rows);
   if (!a.csv.empty()) write_file_atomic(a.csv, csv, "--csv");
   if (!a.svg.empty())
@@ -283,7 +289,10 @@ int run(const PlanArgs& a) {
     // model chunk) as F and B with a send and a receive each way.
     const int v = a.given("--virtual-stages") ? a.virtual_stages : 2;
     const int64_t estimate = int64_t{6} * a.stages * a.micro_batches * (a.schedule == "interleaved" ? v : 1);
-    check_schedule_size(a.stages, estimate, a.kfac, a.stages > kMaxDevices ? "--stages" : "--micro-batches");
+    check_schedule_size(a.stages, estimate, a.kfac,
+                        a.stages > kMaxDevices                                     ? "--stages"
+                        : a.schedule == "interleaved" && v > a.micro_batches ? "--virtual-stages"
+                                                                               : "--micro-batches");
     // Chimera's order is chosen for the durations (the profile's first stage, or --tf/--tb).
     const StageCost c0 = load_profiles(a).front().cost.stage(0);  // a copy: the vector is a temporary
     s = make_schedule(a.schedule, a.stages, a.micro_batches, v, c0.forward, c0.backward);

@@ -53,10 +53,10 @@ void check_dir(const std::string& path, const std::string& what) {
   }
 }
 
-// A file written whole (or opened for writing): its directory must exist and be writable; if it
-// exists, it must not be a directory and must open for writing (a device such as /dev/null is
-// fine). Nothing is truncated.
-void check_file(const std::string& path, const std::string& what) {
+// A file written whole (or opened for writing): its directory must exist and be writable (or be
+// `made`, a directory the run makes first: out_dir); if it exists, it must not be a directory and
+// must open for writing (a device such as /dev/null is fine). Nothing is truncated.
+void check_file(const std::string& path, const std::string& what, const std::string& made) {
   if (path.empty()) return;
   std::error_code ec;
   const fs::path p = fs::absolute(path, ec);
@@ -73,7 +73,13 @@ void check_file(const std::string& path, const std::string& what) {
     return;
   }
   const fs::path dir = p.parent_path();
-  if (!fs::is_directory(dir, ec)) usage_error(what, "cannot write '{}': no directory '{}'", path, dir.string());
+  if (!fs::is_directory(dir, ec)) {
+    if (!made.empty() && (dir / "").lexically_normal() == (fs::absolute(made, ec) / "").lexically_normal()) {
+      check_dir(made, what);
+      return;
+    }
+    usage_error(what, "cannot write '{}': no directory '{}'", path, dir.string());
+  }
   probe_dir(dir, what, path);  // a file is written under a temporary name and renamed
   if (fs::exists(st) && ::access(p.c_str(), W_OK) != 0) {
     const int e = errno;
@@ -118,8 +124,8 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
                            "dkfac.json"})
     if (fs::is_directory(fs::path(out) / name, ec))
       usage_error("train.out_dir", "'{}' is a directory; the run writes a file there", (fs::path(out) / name).string());
-  check_file(cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json");
-  check_file(o.save, "--save");
+  check_file(cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json", out);
+  check_file(o.save, "--save", out);
   const std::string ck = checkpoint_dir_of(cfg);
   check_dir(ck, "train.checkpoint_dir");
   const fs::path latest = fs::path(ck) / "latest";

@@ -121,6 +121,10 @@ TEST(Hardening, UnwritableOutputPathsAreRefusedBeforeTheFirstStep) {
   EXPECT_FALSE(fs::exists(dir() / "out-path-log"));
   Launch out = run(base + " --set train.out_dir=/proc/pf-out");
   expect_refusal(out, "train.out_dir: cannot write '/proc/pf-out'");
+  // Into the out_dir the run makes: fine.
+  Launch inside = run(train_cmd(dir(), "path-in", "--steps 1 --save " + (dir() / "out-path-in" / "w.safetensors").string()));
+  EXPECT_EQ(inside.status, 0) << inside.out;
+  EXPECT_TRUE(fs::exists(dir() / "out-path-in" / "w.safetensors"));
   Launch prof = run(train_cmd(dir(), "path-prof", "--profile-dir /proc/pf-prof"));
   EXPECT_EQ(prof.status, 2) << prof.out;
   EXPECT_TRUE(contains(prof.out, "--profile-dir: cannot write '/proc/pf-prof'")) << prof.out;
@@ -244,12 +248,16 @@ TEST(Hardening, PlanRefusesBadNumbersAndTooMuchWork) {
   }
   // Work beyond the stated bounds: refused at once, not a bad_alloc or minutes of simulation.
   for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
-           {"--stages 100000 --micro-batches 4", "--stages: 100000 devices, more than the 4096"},
-           {"--stages 64 --micro-batches 100000", "--micro-batches: about 38400000 actions per step, more than"},
-           {"--stages 64 --micro-batches 512 --kfac", "the PipeFisher planner takes"},
-           {"--stages 2 --micro-batches 1600 --kfac", "actions per device and step, more than the 8000"},
-           {"--stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: about"}}) {
-    Launch r = run("timeout 60 " + kBinary + " plan --schedule 1f1b " + args);
+           {"--schedule 1f1b --stages 100000 --micro-batches 4", "--stages: 100000 devices, more than the 4096"},
+           {"--schedule 1f1b --stages 64 --micro-batches 100000", "--micro-batches: about 38400000 actions per step, more than"},
+           {"--schedule 1f1b --stages 64 --micro-batches 512 --kfac", "the PipeFisher planner takes"},
+           {"--schedule 1f1b --stages 2 --micro-batches 1600 --kfac", "actions per device and step, more than the 8000"},
+           {"--schedule interleaved --stages 4 --micro-batches 4 --virtual-stages 1000000", "--virtual-stages: about"},
+           {"--schedule 1f1b --sweep --sweep-stages 100000", "--sweep-stages: 100000 devices"},
+           {"--schedule 1f1b --sweep --sweep-stages 1", "--sweep-stages: depths must be >= 2"},
+           {"--schedule 1f1b --sweep --tf 0 --tb 0", "--tf/--tb/--tcomm: the step takes 0 ms: no throughput to sweep"},
+           {"--schedule 1f1b --stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: about"}}) {
+    Launch r = run("timeout 60 " + kBinary + " plan " + args);
     expect_refusal(r, what, args);
     EXPECT_LT(r.seconds, 5) << args;
   }
