@@ -35,6 +35,27 @@ constexpr Preset kPresets[] = {
     {"gpt2-medium", "gpt", 24, 1024, 16, 4096, 50257, 1024},
 };
 
+// Text a TOML file can hold and config.toml can print back: valid UTF-8 (no overlong forms or
+// surrogates), no NUL (a path would end there).
+bool printable_text(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == 0) return false;
+    int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+    if (n < 0 || i + n >= s.size()) return false;
+    uint32_t cp = n == 0 ? c : n == 1 ? c & 0x1f : n == 2 ? c & 0x0f : c & 0x07;
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += static_cast<size_t>(n) + 1;
+  }
+  return true;
+}
+
 // Reads typed values by dotted key and remembers which keys exist, so that anything left in the
 // file afterwards is an unknown key.
 class Reader {
@@ -67,6 +88,7 @@ class Reader {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!n.is_string()) usage_error(key, "expected a string");
       out = *n.value<std::string>();
+      if (!printable_text(out)) usage_error(key, "must be UTF-8 text without NUL characters");
     } else if constexpr (std::is_same_v<T, std::vector<int>>) {
       const toml::array* a = n.as_array();
       if (!a) usage_error(key, "expected an array of integers");

@@ -67,6 +67,20 @@ TEST(FuzzRegressions, ScheduleNumbersTooLarge) {
                  "too large");
 }
 
+// fuzz_config_overrides: a --set value with bytes that are not UTF-8 (taken as a bare string)
+// was accepted, and the config.toml printed from it did not load back; a TOML "\u0000" would
+// cut a path short.
+TEST(FuzzRegressions, ConfigTextMustBeUtf8WithoutNul) {
+  expect_refused([] { pf::Config::from_toml_string("# ", {std::string("data.train_file =l\xff\xff\xff") + "1"}); },
+                 "data.train_file: must be UTF-8 text without NUL characters");
+  expect_refused([] { pf::Config::from_toml_string("[train]\nout_dir = \"runs/a\\u0000b\"\n"); },
+                 "train.out_dir: must be UTF-8 text without NUL characters");
+  expect_refused([] { pf::Config::from_toml_string("", {std::string("train.log_json=\xc0\xaf")}); },  // overlong '/'
+                 "train.log_json: must be UTF-8");
+  const pf::Config c = pf::Config::from_toml_string("", {"train.out_dir=runs/é-\u00e9-日本"});
+  EXPECT_EQ(pf::Config::from_toml_string(c.to_toml()).to_toml(), c.to_toml());
+}
+
 TEST(BadInput, SafetensorsTruncatedOrLying) {
   std::string header = R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
   std::string len(8, '\0');
