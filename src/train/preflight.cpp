@@ -119,9 +119,8 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
   const std::string& out = cfg.train.out_dir;
   check_dir(out, "train.out_dir");
   std::error_code ec;
-  for (const char* name : {"config.toml", "config.json", "log.jsonl", "metrics.csv", "model.safetensors", "summary.json",
-                           "kfac_refresh.json",
-                           "dkfac.json"})
+  for (const char* name : {"config.toml", "config.json", "log.jsonl", "metrics.csv", "model.safetensors",
+                           "summary.json", "kfac_refresh.json", "kfac_profile.json", "dkfac.json"})
     if (fs::is_directory(fs::path(out) / name, ec))
       usage_error("train.out_dir", "'{}' is a directory; the run writes a file there", (fs::path(out) / name).string());
   check_file(cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json", out);
