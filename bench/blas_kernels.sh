@@ -6,7 +6,8 @@
 #   bench/blas_kernels.sh [build-dir]    # default build/; STEPS=10 THREADS=2 REPEAT=2
 #
 # The default job (bert-mini, 4 x 8 x 128 tokens per step) without evaluation; tokens/s is the
-# median over steps 3..; rounds alternate the variants and the best round of each is kept.
+# median over steps 3..; rounds alternate the variants, each round starting one variant later (no
+# variant always runs first), and the best round of each is kept.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/bench/lib.sh"
@@ -32,8 +33,11 @@ run() {  # run NAME [VAR=VALUE...]: one training run, prints its tokens/s
 cd "$root"
 pf_machine "$bin" "$threads"
 declare -A best
+variants=(installed "${families[@]}")
 for ((k = 1; k <= repeat; ++k)); do
-  for v in installed "${families[@]}"; do
+  n=${#variants[@]}
+  for ((i = 0; i < n; ++i)); do
+    v=${variants[(i + k - 1) % n]}
     if [[ $v == installed ]]; then tps=$(run "$v" -u OPENBLAS_CORETYPE)
     else tps=$(run "$v" OPENBLAS_CORETYPE="$v"); fi
     kernel=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['machine']['blas_kernel'])" "$out/$v/summary.json")

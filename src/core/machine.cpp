@@ -87,9 +87,9 @@ std::string best_kernel_for(IsaLevel level) {
 EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const char* (*env)(const char*)) {
   EnvironmentFix fix;
   if (!env("OPENBLAS_CORETYPE") && kernel_isa_level(loaded) < cpu) fix.coretype = best_kernel_for(cpu);
-  // Idle OpenMP workers spin ~0.3 s by default, taking the core a descheduled sibling or another
-  // rank needs; a passive wait sleeps. GOMP_SPINCOUNT is the user's finer version of the same.
-  fix.passive_wait = !env("OMP_WAIT_POLICY") && !env("GOMP_SPINCOUNT");
+  // Idle OpenMP workers spin long by default, taking the core a descheduled sibling or another
+  // process needs; a short spin, then sleep, costs little when idle (kShortSpin).
+  fix.short_spin = !env("OMP_WAIT_POLICY") && !env("GOMP_SPINCOUNT");
   return fix;
 }
 
@@ -105,7 +105,7 @@ void fit_process_to_machine(char** argv) {
   const EnvironmentFix fix = environment_fix(loaded, cpu_isa_level(), real_env);
   if (!fix.needed()) return;
   if (!fix.coretype.empty()) setenv("OPENBLAS_CORETYPE", fix.coretype.c_str(), 1);
-  if (fix.passive_wait) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  if (fix.short_spin) setenv("GOMP_SPINCOUNT", kShortSpin, 1);
   setenv(kReplacedVar, loaded.c_str(), 1);
   execv("/proc/self/exe", argv);
   // Still here: exec failed (no /proc?). Run as loaded, with the environment as it was, so that
@@ -113,7 +113,7 @@ void fit_process_to_machine(char** argv) {
   std::fprintf(stderr, "pipefisher: could not re-execute with OPENBLAS_CORETYPE=%s (%s); continuing\n",
                fix.coretype.c_str(), std::strerror(errno));
   if (!fix.coretype.empty()) unsetenv("OPENBLAS_CORETYPE");
-  if (fix.passive_wait) unsetenv("OMP_WAIT_POLICY");
+  if (fix.short_spin) unsetenv("GOMP_SPINCOUNT");
   unsetenv(kReplacedVar);
 }
 
@@ -130,17 +130,17 @@ MachineInfo machine_info() {
   else
     m.kernel_chosen_by = "OpenBLAS";
   m.threads = num_threads();
-  const char* wait = std::getenv("OMP_WAIT_POLICY");
-  m.wait_policy = wait ? wait : "";
+  if (const char* spin = std::getenv("GOMP_SPINCOUNT")) m.wait_policy = fmt::format("GOMP_SPINCOUNT={}", spin);
+  else if (const char* wait = std::getenv("OMP_WAIT_POLICY")) m.wait_policy = fmt::format("OMP_WAIT_POLICY={}", wait);
   double load[1] = {0};
   if (getloadavg(load, 1) == 1) m.load_average = load[0];
   return m;
 }
 
 std::string machine_line(const MachineInfo& m) {
-  return fmt::format("{}, {} kernel {} ({}), {} thread{}, OMP_WAIT_POLICY={}, load {:.2f}", m.cpu, m.blas,
+  return fmt::format("{}, {} kernel {} ({}), {} thread{}, {}, load {:.2f}", m.cpu, m.blas,
                      m.kernel, m.kernel_chosen_by, m.threads, m.threads == 1 ? "" : "s",
-                     m.wait_policy.empty() ? "default" : m.wait_policy, m.load_average);
+                     m.wait_policy.empty() ? "OpenMP waits by default" : m.wait_policy, m.load_average);
 }
 
 }  // namespace pf

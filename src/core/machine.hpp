@@ -19,20 +19,25 @@ IsaLevel kernel_isa_level(const std::string& openblas_core);
 // equal here, bench/RESULTS.md), and SkylakeX needs no BF16.
 std::string best_kernel_for(IsaLevel level);
 
+// libgomp spins this many times before an idle thread sleeps (its default: 300000). Measured
+// here (bench/RESULTS.md): beside a busy process 2 threads ran at 0.51x 1 thread with 100000,
+// 0.84x with 10000; idle, 10000 kept 0.94x of the default's speed, where a passive wait kept 0.90x.
+constexpr const char* kShortSpin = "10000";
+
 // The environment the process should run under, as a decision with its reason. Pure: `env`
 // reads a variable (nullptr if unset), so it is testable without touching the real environment.
 struct EnvironmentFix {
   std::string coretype;     // OPENBLAS_CORETYPE to set, "" = leave as is
-  bool passive_wait = false;  // set OMP_WAIT_POLICY=PASSIVE
-  bool needed() const { return !coretype.empty() || passive_wait; }
+  bool short_spin = false;  // set GOMP_SPINCOUNT=kShortSpin
+  bool needed() const { return !coretype.empty() || short_spin; }
 };
 EnvironmentFix environment_fix(const std::string& loaded_core, IsaLevel cpu,
                                const char* (*env)(const char* name));
 
 // Called first in main(), before MPI or any BLAS call: when OpenBLAS loaded kernels weaker than
 // the CPU runs (Debian's OpenBLAS 0.3.21 falls back to generic Prescott kernels on CPUs it does
-// not know, 4-5x slower) or OpenMP would spin in its waits, sets OPENBLAS_CORETYPE and
-// OMP_WAIT_POLICY and re-executes the program once (both are read when the libraries load, before
+// not know, 4-5x slower) or OpenMP would spin long in its waits, sets OPENBLAS_CORETYPE and
+// GOMP_SPINCOUNT and re-executes the program once (both are read when the libraries load, before
 // main). A user's own setting of either variable always wins; PF_NO_REEXEC=1 turns this off.
 void fit_process_to_machine(char** argv);
 
@@ -47,12 +52,12 @@ struct MachineInfo {
   std::string kernel;        // the kernel family in use, e.g. "SkylakeX"
   std::string kernel_chosen_by;  // "pipefisher (OpenBLAS picked Prescott)", "OPENBLAS_CORETYPE", "OpenBLAS"
   int threads = 1;           // OpenMP = OpenBLAS threads of this process
-  std::string wait_policy;   // OMP_WAIT_POLICY as set, "" = libgomp's default (spinning)
+  std::string wait_policy;   // "GOMP_SPINCOUNT=N" or "OMP_WAIT_POLICY=X" as set, "" = libgomp's default
   double load_average = 0;   // 1-minute load average when asked
 };
 MachineInfo machine_info();
 // One line: "CPU ..., OpenBLAS 0.3.21 kernel SkylakeX (pipefisher; OpenBLAS picked Prescott),
-// 2 threads, OMP_WAIT_POLICY=PASSIVE, load 0.12".
+// 2 threads, GOMP_SPINCOUNT=10000, load 0.12".
 std::string machine_line(const MachineInfo& m);
 
 }  // namespace pf

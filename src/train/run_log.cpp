@@ -176,7 +176,7 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
                      {"blas_kernel", machine_.kernel},
                      {"blas_kernel_chosen_by", machine_.kernel_chosen_by},
                      {"threads", machine_.threads},
-                     {"omp_wait_policy", machine_.wait_policy},
+                     {"openmp_wait", machine_.wait_policy},
                      {"load_average_at_start", machine_.load_average}}}};
   std::fprintf(stdout, "summary: %lld steps, loss %.4f -> %.4f, validation loss %.4f, %.0f tokens/s, %.1f s\n",
                static_cast<long long>(steps_), first_loss_, last_loss_, final_valid_loss,
