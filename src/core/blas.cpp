@@ -15,9 +15,10 @@ static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// Width of the pieces C is cut into: 2 per thread (4 cost 7% idle: smaller products), so that a thread that loses its core
-// delays one piece while the others take the rest (core/parallel.hpp); multiples of 16 and at
-// least 64 wide, so each piece still runs OpenBLAS's kernels at full speed.
+// Width of the pieces C is cut into: 2 per thread (more pieces are smaller, slower products;
+// bench/RESULTS.md, issue 11), so that a thread that loses its core delays one piece while the
+// others take the rest (core/parallel.hpp); multiples of 16 and at least 64 wide, so each piece
+// still runs OpenBLAS's kernels at full speed.
 static int64_t piece_width(int64_t len, int threads) {
   const int64_t wanted = 2 * static_cast<int64_t>(threads);
   return std::max<int64_t>(64, ((len + wanted - 1) / wanted + 15) / 16 * 16);

@@ -19,9 +19,9 @@ IsaLevel kernel_isa_level(const std::string& openblas_core);
 // equal here, bench/RESULTS.md), and SkylakeX needs no BF16.
 std::string best_kernel_for(IsaLevel level);
 
-// libgomp spins this many times before an idle thread sleeps (its default: 300000). Measured
-// here (bench/RESULTS.md): beside a busy process 2 threads ran at 0.51x 1 thread with 100000,
-// 0.84x with 10000; idle, 10000 kept 0.94x of the default's speed, where a passive wait kept 0.90x.
+// libgomp spins this many times before an idle thread sleeps (its default: 300000). Short enough
+// that 2 threads beside a busy process keep up with 1, long enough that an idle machine loses
+// little; the measurements behind the choice are in bench/RESULTS.md (issue 11).
 constexpr const char* kShortSpin = "10000";
 
 // The environment the process should run under, as a decision with its reason. Pure: `env`
