@@ -27,6 +27,9 @@
 # directory), kfac_profile.json (the recorded PipeFisher profile).
 # Environment: MODEL STEPS SEQ MB MBS RANKS SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
 # EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus).
+# Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
+# kept, so an interrupted tuning goes on where it stopped; delete out-dir/runs to start over. The
+# timing columns compare runs of one machine only: re-run the seeds elsewhere rather than mixing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -71,12 +74,19 @@ kfac=(--set kfac.enabled=true --set kfac.placement=bubbles --set kfac.damping="$
 train() {  # run-name, args...: trains into $out/runs/run-name; its exit status is kept in run-name/status
   local name=$1
   shift
+  local args="${common[*]} $*"
+  args=${args//$out/OUT}
+  if [[ $(cat "$out/runs/$name/status" 2>/dev/null) == 0 && $(cat "$out/runs/$name/args" 2>/dev/null) == "$args" ]]; then
+    echo "  $name: kept (an earlier run of tune.sh with the same arguments)"
+    return 0
+  fi
   rm -rf "$out/runs/$name"
   local status=0
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$ranks" "$bin" train "${common[@]}" "$@" \
     --set train.out_dir="$out/runs/$name" > "$out/runs/$name.out" 2>&1 || status=$?
   mkdir -p "$out/runs/$name"
   echo "$status" > "$out/runs/$name/status"
+  echo "$args" > "$out/runs/$name/args"
   mv "$out/runs/$name.out" "$out/runs/$name/stdout.txt"
   echo "  $name: exit $status, $(grep -h '^summary' "$out/runs/$name/stdout.txt" || echo 'no summary')"
 }
