@@ -105,6 +105,13 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
   return out;
 }
 
+// The single profile of a schedule's simulation, with --recompute's extra forward in each backward.
+Profile profile_of(const PlanArgs& a) {
+  Profile p = load_profiles(a).front();
+  if (a.recompute) add_recomputation(p.cost);
+  return p;
+}
+
 int run_sweep_mode(const PlanArgs& a) {
   if (!a.schedule_file.empty()) usage_error("--sweep", "sweeps generated schedules, not --schedule-file");
   if (a.given("--trace")) usage_error("--trace", "not available with --sweep");
@@ -178,6 +185,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   in.margin = a.margin;
   in.split_to_shorten = a.split_to_shorten;
   in.chimera_group = !a.no_stage_group;
+  in.recompute = a.recompute;
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.cost.allreduce_alpha;
@@ -272,7 +280,6 @@ int run(const PlanArgs& a) {
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
-  if (a.given("--recompute") && !a.sweep) usage_error("--recompute", "only applies with --sweep");
   if (a.sweep) return run_sweep_mode(a);
   if (a.schedule.empty() == a.schedule_file.empty())
     usage_error("--schedule", "give either --schedule NAME or --schedule-file FILE");
@@ -294,7 +301,7 @@ int run(const PlanArgs& a) {
                         : a.schedule == "interleaved" && v > a.micro_batches ? "--virtual-stages"
                                                                                : "--micro-batches");
     // Chimera's order is chosen for the durations (the profile's first stage, or --tf/--tb).
-    const StageCost c0 = load_profiles(a).front().cost.stage(0);  // a copy: the vector is a temporary
+    const StageCost c0 = profile_of(a).cost.stage(0);
     s = make_schedule(a.schedule, a.stages, a.micro_batches, v, c0.forward, c0.backward);
   }
   check_schedule_size(s.devices, static_cast<int64_t>(s.num_actions()), a.kfac,
@@ -305,7 +312,7 @@ int run(const PlanArgs& a) {
     std::fprintf(stderr, "%s", e.grid.c_str());
     throw;
   }
-  Profile prof = load_profiles(a).front();
+  const Profile prof = profile_of(a);
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
     usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
 
@@ -315,7 +322,7 @@ int run(const PlanArgs& a) {
   if (a.kfac && !(tl.step_time > 0))
     usage_error(durations, "the step takes 0 ms: PipeFisher has no bubbles to fill (give the forward or backward a "
                 "duration)");
-  MemoryReport mem = memory_model(s, tl, prof.memory);
+  MemoryReport mem = memory_model(s, tl, prof.memory, a.recompute);
   const std::string title = fmt::format("{} D={} N={}{}", s.name, s.devices, s.micro_batches,
                                         s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
   nlohmann::json kfac;
@@ -336,7 +343,7 @@ int run(const PlanArgs& a) {
                      {"utilization", tl.utilization[d]}, {"peak_in_flight", tl.peak_in_flight[d]}});
     nlohmann::json j = {
         {"schedule", s.name}, {"stages", s.devices}, {"virtual_stages", s.stages / s.devices},
-        {"pipelines", s.pipelines}, {"micro_batches", s.micro_batches}, {"time_unit", "ms"},
+        {"pipelines", s.pipelines}, {"micro_batches", s.micro_batches}, {"recompute", a.recompute}, {"time_unit", "ms"},
         {"step_time", tl.step_time}, {"bubble_time", tl.mean_bubble()}, {"utilization", tl.mean_utilization()},
         {"per_device", per}, {"peak_in_flight", peak},
         {"memory", {{"unit", "MB"}, {"worst_device", mem.device}, {"params", mem.params},
@@ -350,8 +357,9 @@ int run(const PlanArgs& a) {
     fmt::print("{}\n", j.dump(1));
     return 0;
   }
-  fmt::print("{}: {} devices, {} stages{}, {} micro-batches (times in ms)\n", s.name, s.devices, s.stages,
-             s.pipelines > 1 ? " per pipeline x 2 pipelines" : "", s.micro_batches);
+  fmt::print("{}: {} devices, {} stages{}, {} micro-batches{} (times in ms)\n", s.name, s.devices, s.stages,
+             s.pipelines > 1 ? " per pipeline x 2 pipelines" : "", s.micro_batches,
+             a.recompute ? ", activation recomputation" : "");
   fmt::print("step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n", tl.step_time,
              tl.mean_bubble(), 100 * tl.mean_utilization(), peak);
   fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "
@@ -435,7 +443,9 @@ Runner setup(CLI::App& app) {
                "the runtime executes), instead of the twins sharing them");
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
   app.add_flag("--recompute", a->recompute,
-               "--sweep with activation recomputation (R): every backward repeats its forward, one M_act per stage");
+               "Activation recomputation (R, the runtime's parallel.recompute): every backward repeats its forward "
+               "(add it to durations measured without R), one M_act per stage; with --kfac, A's curvature follows "
+               "the backward");
   app.add_option("--sweep-stages", a->sweep_stages, "Depths D for --sweep (default 4 8 16 32)")->delimiter(',');
   return [a] { return run(*a); };
 }

@@ -242,6 +242,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("parallel.micro_batch_size", p.micro_batch_size);
   r.get("parallel.virtual_stages", p.virtual_stages);
   r.get("parallel.partition", p.partition);
+  r.get("parallel.recompute", p.recompute);
 
   auto& k = c.kfac;
   r.get("kfac.enabled", k.enabled);
@@ -481,7 +482,7 @@ std::string Config::to_toml() const {
                                {"micro_batches", parallel.micro_batches},
                                {"micro_batch_size", parallel.micro_batch_size},
                                {"virtual_stages", parallel.virtual_stages},
-                               {"partition", ints(parallel.partition)}}},
+                               {"partition", ints(parallel.partition)}, {"recompute", parallel.recompute}}},
       {"kfac", toml::table{{"enabled", kfac.enabled}, {"damping", kfac.damping}, {"ema", kfac.ema},
                            {"kl_clip", kfac.kl_clip}, {"inverse_every", kfac.inverse_every},
                            {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},
@@ -544,6 +545,11 @@ std::vector<std::string> config_warnings(const Config& c) {
     w.push_back(fmt::format("{} = {} exceeds train.steps = {}: the learning rate never reaches optim.lr = {}",
                             kfac_own ? "kfac.warmup_steps" : "optim.warmup_steps", warmup, c.train.steps,
                             shortest_double(c.optim.lr)));
+  // One stage runs each micro-batch's backward right after its forward: one micro-batch's
+  // activations are held either way, so there is nothing to recompute.
+  if (c.parallel.recompute && c.parallel.stages == 1)
+    w.push_back("parallel.recompute = true has no effect with parallel.stages = 1: each micro-batch's backward "
+                "follows its forward, so only one micro-batch's activations are held anyway");
   return w;
 }
 

@@ -81,6 +81,9 @@ struct ParallelConfig {
   int micro_batch_size = 8;     // sequences per micro-batch
   int virtual_stages = 1;
   std::vector<int> partition;   // transformer blocks per stage; empty = balanced
+  // Activation recomputation (the paper's R): a stage keeps only its input per micro-batch and
+  // re-runs its forward just before that micro-batch's backward (runtime/executor.hpp).
+  bool recompute = false;
 };
 
 struct KfacConfig {

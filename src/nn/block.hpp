@@ -7,6 +7,8 @@
 #include "core/tensor.hpp"
 #include "nn/param.hpp"
 
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +19,17 @@ class Linear;
 
 struct BlockState {
   virtual ~BlockState() = default;
+  // Bytes this state holds for one micro-batch (activations, statistics, masks): what a stage
+  // keeps per micro-batch in flight without recomputation.
+  virtual int64_t bytes() const = 0;
 };
+
+// Bytes of float tensors and of byte / index vectors, for BlockState::bytes.
+inline int64_t bytes_of(std::initializer_list<const Tensor*> ts) {
+  int64_t n = 0;
+  for (const Tensor* t : ts) n += t->numel() * static_cast<int64_t>(sizeof(float));
+  return n;
+}
 
 class Block {
  public:

@@ -52,6 +52,7 @@ void init_normal(Param& p, uint64_t seed, float std) {
 struct EmbeddingState : BlockState {
   Tensor e, mean, rstd;        // bert: the sum before LayerNorm, and its statistics
   std::vector<uint8_t> keep;   // dropout mask
+  int64_t bytes() const override { return bytes_of({&e, &mean, &rstd}) + static_cast<int64_t>(keep.size()); }
 };
 
 EmbeddingBlock::EmbeddingBlock(const ModelConfig& cfg)
@@ -151,6 +152,10 @@ struct TransformerState : BlockState {
   Tensor mean1, rstd1, mean2, rstd2;  // (N)
   Tensor f, g;            // (N, F) MLP pre- and post-GELU
   std::vector<uint8_t> keep1, keep2;  // dropout masks after the attention and MLP projections
+  int64_t bytes() const override {
+    return bytes_of({&x, &q, &k, &v, &qkv, &probs, &a, &h1, &r1, &h2r2, &mean1, &rstd1, &mean2, &rstd2, &f, &g}) +
+           static_cast<int64_t>(keep1.size() + keep2.size());
+  }
 };
 
 TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
@@ -395,6 +400,11 @@ struct HeadState : BlockState {
   int64_t K = 0;
   Tensor xc, pooled;                  // (K, C) [CLS] inputs; tanh(pooler) output
   Tensor nsp_logits, nsp_loss;        // (K, 2) logits, then probabilities, then dlogits; (K)
+  int64_t bytes() const override {
+    const size_t ints = rows.size() + labels.size() + nsp_rows.size() + nsp_labels.size();
+    return bytes_of({&xs, &t, &g, &h, &mean, &rstd, &logits, &loss, &xc, &pooled, &nsp_logits, &nsp_loss}) +
+           static_cast<int64_t>(ints * sizeof(int32_t));
+  }
 };
 
 HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == "bert") {

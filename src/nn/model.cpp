@@ -74,6 +74,13 @@ ModelState Model::make_state(int max_rows, int seq) const {
   return st;
 }
 
+int64_t ModelState::activation_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : blocks) n += b->bytes();
+  for (const Tensor& a : acts) n += a.numel() * static_cast<int64_t>(sizeof(float));
+  return n;
+}
+
 float Model::forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, ModelState& st) {
   float loss = 0.0f;
   const Tensor* x = &x_in;

@@ -26,6 +26,9 @@ struct ModelState {
   std::vector<std::unique_ptr<BlockState>> blocks;
   std::vector<Tensor> acts;  // acts[j]: output of the range's j-th block (all but the last)
   Tensor grad_a, grad_b;     // ping-pong gradients between blocks in backward
+  // What forward stores for the backward: the blocks' states and the activations between them
+  // (not grad_a / grad_b, the backward's scratch).
+  int64_t activation_bytes() const;
 };
 
 class Model {

@@ -25,6 +25,7 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
   const ModelConfig& mc = cfg.model;
   const int rows = cfg.parallel.micro_batch_size, N = layout.micro_batches;
   const Schedule& s = layout.schedule;
+  recompute_ = cfg.parallel.recompute && layout.stages() > 1;
   int messages = 0;
   // The chunks this device hosts, in (pipeline, stage) order, with a slot per micro-batch they run.
   for (size_t i = 0; i < actions_.size(); ++i) {
@@ -44,7 +45,7 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
       });
       c = find_chunk(a.pipeline, a.stage);
     }
-    if (a.kind == Kind::F) c->slot.at(a.micro_batch) = static_cast<int>(c->states.size()), c->states.emplace_back();
+    if (a.kind == Kind::F) c->slot.at(a.micro_batch) = c->slots++;
     if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i, c->last_backward_mb = a.micro_batch;
   }
   for (auto& c : chunks_) {
@@ -54,9 +55,12 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
     c->params = c->model->params();
     c->optim = make_optimizer(cfg.optim);
     c->optim->init(c->params);
-    const size_t slots = c->states.size();
-    for (auto& st : c->states) st = c->model->make_state(rows, mc.seq_len);
+    const size_t slots = static_cast<size_t>(c->slots);
+    for (size_t k = 0; k < (recompute_ ? 1 : slots); ++k) c->states.push_back(c->model->make_state(rows, mc.seq_len));
     const Shape act{rows, mc.seq_len, mc.hidden};
+    c->state_bytes = c->states.front().activation_bytes();
+    c->input_bytes = c->model->has_embedding() ? 0 : shape_numel(act) * static_cast<int64_t>(sizeof(float));
+    if (recompute_ && !c->model->has_head()) c->recompute_out = Tensor(act);
     if (!c->model->has_head()) c->x_out.assign(slots, Tensor(act));
     if (!c->model->has_embedding()) c->dx_in.assign(slots, Tensor(act));
     c->recv_f.resize(slots);
@@ -130,6 +134,22 @@ int64_t Executor::stage_param_bytes(int pipeline, int stage) const {
       return n * static_cast<int64_t>(sizeof(float));
     }
   return 0;
+}
+
+ActivationMemory Executor::activation_memory() const {
+  ActivationMemory r;
+  r.recompute = recompute_;
+  r.peak_bytes = peak_held_bytes_;
+  for (auto& c : chunks_) {
+    r.allocated_bytes += static_cast<int64_t>(c->states.size()) * c->state_bytes;
+    r.stages.push_back({c->pipeline, c->stage, c->state_bytes, c->input_bytes});
+  }
+  return r;
+}
+
+void Executor::hold(int64_t bytes) {
+  held_bytes_ += bytes;
+  peak_held_bytes_ = std::max(peak_held_bytes_, held_bytes_);
 }
 
 void Executor::post_receives() {
@@ -242,14 +262,24 @@ void Executor::run_action(size_t index, const Action& a, const std::vector<Micro
   }
 }
 
-void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
+// The chunk's input of micro-batch m: kept until step end (receive buffers and outputs are per slot).
+const Tensor& Executor::stage_input(Chunk& c, int m) {
   static const Tensor none;
-  static Tensor no_output;
   const int k = c.slot.at(m);
   PF_CHECK(k >= 0, "stage {} has no slot for micro-batch {}", c.stage, m);
-  const Tensor& x_in = c.model->has_embedding() ? none : c.prev ? c.prev->x_out[c.prev->slot[m]] : c.x_in[k];
+  return c.model->has_embedding() ? none : c.prev ? c.prev->x_out[c.prev->slot[m]] : c.x_in[k];
+}
+
+void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
+  static Tensor no_output;
+  const Tensor& x_in = stage_input(c, m);
+  const int k = c.slot[m];
   Tensor& x_out = c.model->has_head() ? no_output : c.x_out[k];
-  loss_ += c.model->forward(mb, x_in, x_out, c.states[k]);
+  // With recompute this run only makes the output (and the loss): the backward runs it again.
+  if (recompute_ && c.kfac) c.kfac->skip_inputs(true);
+  loss_ += c.model->forward(mb, x_in, x_out, c.state(k));
+  if (recompute_ && c.kfac) c.kfac->skip_inputs(false);
+  hold(recompute_ ? c.input_bytes : c.state_bytes);
   if (c.model->has_head() && test_poison_loss(step_)) loss_ = std::numeric_limits<double>::quiet_NaN();  // TEST HOOK
 }
 
@@ -259,7 +289,12 @@ void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
   static const Tensor none;
   static Tensor no_input;
   const int k = c.slot.at(m);
-  ModelState& st = c.states[k];
+  if (recompute_) {  // the state again, bit for bit (its loss was counted at F)
+    hold(c.state_bytes);
+    static Tensor no_output;
+    c.model->forward(mb, stage_input(c, m), c.model->has_head() ? no_output : c.recompute_out, c.state(k));
+  }
+  ModelState& st = c.state(k);
   const Tensor& dx_out = c.model->has_head() ? none : c.next ? c.next->dx_in[c.next->slot[m]] : c.dx_out[k];
   Tensor& dx_in = c.model->has_embedding() ? no_input : c.dx_in[k];
   const auto& blocks = c.model->blocks();
@@ -271,6 +306,7 @@ void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
     if (last && c.grad_sync)
       for (size_t i : c.ready_after_block[j]) c.grad_sync->ready(i);
   }
+  hold(-(recompute_ ? c.state_bytes + c.input_bytes : c.state_bytes));
 }
 
 void Executor::finish_gradients() {

@@ -20,6 +20,15 @@
 // K-FAC's kinds (CURV_A/B, SYNC_CURV, INV_A/B, BCAST_INV_A/B, PREC) are PipeFisher's, handled in
 // executor_kfac.cpp. Anything else is refused with a message naming the kind.
 //
+// Activation recomputation (parallel.recompute, the paper's R; pipelines only): F keeps only the
+// stage's input of the micro-batch (the receive buffer, the local predecessor's output, or the
+// micro-batch itself at the embedding; all kept until step end anyway) and one state serves every
+// micro-batch: B / I first re-run the chunk's forward into it, then run the backward. The re-run
+// is bit-identical to F (the same kernels on the same input; dropout masks are drawn from (seed,
+// step, micro-batch)), so losses and weights equal the run without it. Its loss is not counted
+// again; K-FAC's A is taken from it only (ChunkKfac::skip_inputs during F), and with K-FAC in the
+// bubbles the planner makes CURV_A wait for the backward (PlanInput::recompute).
+//
 // Micro-batches: replica w runs global micro-batches w*N .. w*N+N-1 of the step (MicroBatch
 // index j = w*N + m, the single-process trainer's numbering), so losses and gradients are those
 // of single-process training of the same global batch, up to summation order.
@@ -46,6 +55,20 @@ namespace pf {
 // step finishing the gradients: all-reduces, embedding sum, norm), drawn as idle time.
 struct ActionTime {
   int64_t start = 0, end = 0, wait = 0;
+};
+
+// Activation memory of this rank's device: what forwards keep for backwards. Without recompute a
+// forward keeps its whole ModelState (every block's activations) until the micro-batch's backward;
+// with it, the stage's input only, plus one state while a backward re-runs the forward.
+struct ActivationMemory {
+  bool recompute = false;
+  int64_t peak_bytes = 0;       // the most held at once, over the run so far
+  int64_t allocated_bytes = 0;  // the states made at set-up (per micro-batch slot; one per chunk with recompute)
+  struct Stage {
+    int pipeline = 0, stage = 0;
+    int64_t state_bytes = 0, input_bytes = 0;
+  };
+  std::vector<Stage> stages;    // the chunks hosted here
 };
 
 struct StepOutcome {
@@ -98,6 +121,7 @@ class Executor {
   void write_kfac_record(const std::string& path);
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
   int64_t stage_param_bytes(int pipeline, int stage) const;
+  ActivationMemory activation_memory() const;
 
  private:
   struct Chunk;
@@ -105,6 +129,8 @@ class Executor {
   Chunk* find_chunk(int pipeline, int stage);
   void post_receives();
   void run_action(size_t index, const Action& a, const std::vector<MicroBatch>& mbs, double lr);
+  const Tensor& stage_input(Chunk& c, int m);
+  void hold(int64_t bytes);
   void forward(Chunk& c, const MicroBatch& mb, int m);
   void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
   void finish_gradients();
@@ -123,6 +149,8 @@ class Executor {
   void kfac_precondition(Chunk& c, size_t index);
 
   Config cfg_;
+  bool recompute_ = false;  // parallel.recompute (pipelines only)
+  int64_t held_bytes_ = 0, peak_held_bytes_ = 0;  // ActivationMemory, now and at the peak
   const Layout& layout_;
   const comm::Groups& groups_;
   int device_;

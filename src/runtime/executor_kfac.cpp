@@ -52,6 +52,7 @@ void Executor::kfac_setup() {
   for (auto& c : chunks_) {
     k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
                                                   static_cast<int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len));
+    c->kfac = k.chunk.back().get();
     k.times.emplace_back();
   }
   // Factor sums among a stage's copies get their own communicators (another stream of
@@ -370,6 +371,7 @@ void Executor::kfac_make_plan(bool restoring) {
   // Chimera: each copy inverts all of its stage's factors, one cycle for all devices (the
   // planner's stage groups, which share inversions between the twins, are not executed yet).
   in.chimera_group = false;
+  in.recompute = recompute_;
   in.bcast_alpha = v[v.size() - 2] / (D * W);
   in.bcast_beta = v[v.size() - 1] / (D * W);
   std::vector<std::vector<Action>> opts(D);

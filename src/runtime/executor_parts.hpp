@@ -25,8 +25,13 @@ struct Executor::Chunk {
   std::unique_ptr<Model> model;
   std::vector<Param*> params;
   std::unique_ptr<Optimizer> optim;
-  std::vector<int> slot;               // [micro-batch] -> slot of its state and buffers, -1 if not run here
-  std::vector<ModelState> states;      // [slot]
+  std::vector<int> slot;               // [micro-batch] -> slot of its buffers, -1 if not run here
+  int slots = 0;                       // micro-batches run here per step
+  std::vector<ModelState> states;      // [slot], or one shared by all with recompute (state(k))
+  Tensor recompute_out;                // the recomputed forward's output (x_out may still be in flight)
+  int64_t state_bytes = 0;             // what one forward stores for its backward (ModelState)
+  int64_t input_bytes = 0;             // the stage's input of one micro-batch (0 at the embedding)
+  ChunkKfac* kfac = nullptr;           // this chunk's K-FAC state, if any
   std::vector<Tensor> x_out, dx_in;    // [slot] output activation / input gradient (sent, or read locally)
   std::vector<Tensor> x_in, dx_out;    // [slot] receive buffers, when the neighbour stage is on another device
   Chunk* prev = nullptr;               // neighbour stage on this device (interleaved with D = 1 etc.)
@@ -38,6 +43,7 @@ struct Executor::Chunk {
   std::vector<std::vector<size_t>> ready_after_block;  // [block] -> grad_sync buffers final after it
   std::unique_ptr<comm::BucketedAllReduce> grad_sync;
   bool synced = false;                 // grad_sync waited for in this step
+  ModelState& state(int k) { return states.size() == 1 ? states[0] : states.at(k); }
 };
 
 struct Executor::KfacState {

@@ -76,7 +76,7 @@ void ChunkKfac::save(Saved& s, int micro_batch, const float* x, int64_t rows, in
 
 void ChunkKfac::on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) {
   const int i = pre_->index_of(l);
-  if (i < 0) return;
+  if (i < 0 || skip_inputs_) return;
   if (saving_) save(saved_a_[i], micro_batch, x, rows, cols);
   if (tapping_) pre_->curvature(i, Side::A, x, rows);
 }

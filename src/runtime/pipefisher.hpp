@@ -160,6 +160,10 @@ class ChunkKfac final : public LinearTap {
   const std::vector<SplitEvent>& splits() const { return splits_; }
   int layers() const { return static_cast<int>(pre_->size()); }
 
+  // parallel.recompute: the backward re-runs the forward, and A is taken from that run only (from
+  // both, every micro-batch would count twice): the executor skips the inputs of the first run.
+  void skip_inputs(bool on) { skip_inputs_ = on; }
+
   void on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) override;
   void on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) override;
 
@@ -184,7 +188,7 @@ class ChunkKfac final : public LinearTap {
   int slots_ = 0;
   int64_t rows_ = 0;
   std::vector<Saved> saved_a_, saved_b_;  // [layer]
-  bool saving_ = false, tapping_ = false, preconditioned_ = false;
+  bool saving_ = false, tapping_ = false, preconditioned_ = false, skip_inputs_ = false;
   int64_t cycle_step_ = 0;  // step whose micro-batches the saved buffers hold
   float loss_scale_ = 1.0f;
   std::pair<int64_t, float> next_cycle_{-1, 1.0f};  // a cycle starting at this step's first copy

@@ -44,6 +44,28 @@ int env_int(const char* a, const char* b, int dflt) {
 
 
 
+// Collective: every rank's ActivationMemory (executor.hpp), for rank 0's activations.json; rank 0
+// also prints the worst device's peak. Empty on other ranks.
+std::string activation_memory_json(const Executor& exec, const comm::Groups& groups, MPI_Comm world) {
+  const ActivationMemory m = exec.activation_memory();
+  nlohmann::json j{{"device", groups.stage}, {"replica", groups.replica}, {"peak_bytes", m.peak_bytes},
+                   {"allocated_bytes", m.allocated_bytes}};
+  for (const auto& st : m.stages)
+    j["stages"].push_back({{"pipeline", st.pipeline}, {"stage", st.stage}, {"state_bytes", st.state_bytes},
+                           {"input_bytes", st.input_bytes}});
+  const std::vector<std::string> all = comm::gather_bytes(j.dump(), 0, world);
+  if (all.empty()) return "";
+  nlohmann::json out{{"recompute", m.recompute}, {"ranks", nlohmann::json::array()}};
+  int64_t worst = 0;
+  for (const std::string& r : all) {
+    out["ranks"].push_back(nlohmann::json::parse(r));
+    worst = std::max(worst, out["ranks"].back()["peak_bytes"].get<int64_t>());
+  }
+  std::printf("activation memory: at most %.3f MB held at once on a device (parallel.recompute = %s)\n", worst / 1e6,
+              m.recompute ? "true" : "false");
+  return out.dump(2) + "\n";
+}
+
 int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const bool root = world.rank() == 0;
   Layout layout;
@@ -245,6 +267,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::unique_ptr<Model> model = exec.gather_model();
+  const std::string activations = activation_memory_json(exec, groups, MPI_COMM_WORLD);
   // Rank 0's write errors here (collectives inside) are agreed on below, so every rank exits 2.
   try {
     if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
@@ -260,7 +283,9 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     save_hf_model(out, params, cfg.model);
     if (!a.save.empty()) save_trained_weights(a.save, params);
     write_file_atomic(out + "/summary.json", log->summary(valid, wall));
-    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
+    write_file_atomic(out + "/activations.json", activations);
+    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, "
+                "activations.json}%s\n", out.c_str(),
                 a.save.empty() ? "" : (", " + a.save).c_str());
   });
   return 0;

@@ -23,6 +23,16 @@ double CostModel::duration(const Action& a) const {
   return 0;
 }
 
+void add_recomputation(CostModel& cost) {
+  for (StageCost& c : cost.stages) {
+    const double i = c.input_grad >= 0 ? c.input_grad : c.backward / 2;  // the split before the sum
+    const double w = c.weight_grad >= 0 ? c.weight_grad : c.backward / 2;
+    c.input_grad = i + c.forward;
+    c.weight_grad = w;
+    c.backward += c.forward;
+  }
+}
+
 double CostModel::p2p_time(int s) const {
   const StageCost& c = stage(s);
   return p2p_latency + (p2p_bandwidth > 0 ? c.activation_bytes / p2p_bandwidth : 0);

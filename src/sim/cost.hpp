@@ -35,4 +35,8 @@ struct CostModel {
   double p2p_time(int stage) const;        // one message leaving `stage`
 };
 
+// Activation recomputation (R, parallel.recompute): every backward (ZB-H1: its I, which runs
+// first) repeats the stage's forward. For costs measured without R.
+void add_recomputation(CostModel& cost);
+
 }  // namespace pf

@@ -168,7 +168,8 @@ DeviceUnits make_units(const PlanInput& in, const Timeline& step, int d, double 
   for (int side = 0; side < 2; ++side)
     for (const TimedAction& t : row) {
       const Action& a = t.action;
-      const bool src = side == 0 ? a.kind == Kind::F : (a.kind == Kind::B || a.kind == Kind::I);
+      const bool backward = a.kind == Kind::B || a.kind == Kind::I;
+      const bool src = side == 0 && !in.recompute ? a.kind == Kind::F : backward;
       if (!src) continue;
       const StageKfacCost& c = stage_cost(in, a.stage);
       for (int l = 0; l < c.layers(); ++l) {

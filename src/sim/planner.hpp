@@ -146,6 +146,10 @@ struct PlanInput {
   // each pair of twins keeps its own cycle (see above). Off: every copy inverts all of its
   // stage's factors and all devices share one cycle (what the runtime executes today).
   bool chimera_group = true;
+  // Activation recomputation (parallel.recompute): a layer's inputs exist again only when the
+  // backward re-runs the forward, so a micro-batch's CURV_A is ready after its backward, not its
+  // forward (the measured backward durations include that forward).
+  bool recompute = false;
 };
 
 // One placed K-FAC unit of one replica's device, times relative to its cycle step's start.

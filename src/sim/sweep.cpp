@@ -15,8 +15,7 @@ std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile
   std::vector<SweepRow> rows;
   for (const Profile& measured : profiles) {
     Profile prof = measured;
-    if (spec.recompute)  // R: the backward repeats the forward first
-      for (StageCost& c : prof.cost.stages) c.backward += c.forward;
+    if (spec.recompute) add_recomputation(prof.cost);  // R: the backward repeats the forward first
     for (int D : spec.stages)
       for (int k : spec.n_multiples) {
         const int N = k * D;

@@ -117,6 +117,21 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   }
 }
 
+// parallel.recompute (activation recomputation, off by default) parses as a bool, round-trips, and
+// says so when one stage has nothing to recompute.
+TEST(Config, RecomputeKey) {
+  EXPECT_FALSE(Config::from_toml_string("").parallel.recompute);
+  Config a = Config::from_toml_string("", {"parallel.recompute=true", "parallel.stages=2"});
+  EXPECT_TRUE(a.parallel.recompute);
+  EXPECT_TRUE(Config::from_toml_string(a.to_toml()).parallel.recompute);
+  EXPECT_NE(a.to_toml().find("recompute = true"), std::string::npos);
+  EXPECT_EQ(error_of("", {"parallel.recompute=1"}), "parallel.recompute: expected true or false");
+  EXPECT_TRUE(pf::config_warnings(a).empty());
+  const auto w = pf::config_warnings(Config::from_toml_string("", {"parallel.recompute=true"}));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].rfind("parallel.recompute = true has no effect with parallel.stages = 1", 0), 0u) << w[0];
+}
+
 TEST(Config, NumbersPrintInTheirShortestExactForm) {
   for (double d : {0.1, 1e-3, 3e-4, 1e-12, 0.15, 2.0, 1234567.0, 0.1 + 0.2, 1e-300}) {
     const std::string s = pf::shortest_double(d);

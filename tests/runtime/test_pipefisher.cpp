@@ -305,6 +305,18 @@ TEST(PipeFisherRuntime, BubblesWithChimeraEqualSingleProcessWithSamePattern) {
                        {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05");
 }
 
+// Activation recomputation (parallel.recompute): the planner makes CURV_A wait for the backward
+// that re-runs the forward (the A taps see only that run), so the refresh pattern may differ from
+// the run without it; the weights equal single-process K-FAC following the run's own record.
+TEST(PipeFisherRuntime, BubblesWithRecomputeEqualSingleProcessWithSamePattern) {
+  expect_bubbles_match("1f1b_recompute", 2,
+                       "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.recompute=true", {});
+  expect_bubbles_match("chimera_recompute", 2,
+                       "--set parallel.stages=2 --set parallel.schedule=chimera --set train.steps=16 "
+                       "--set parallel.recompute=true",
+                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001");
+}
+
 // Re-plan on drift: a test hook counts steps 4, 5, 6 as 10x their measured forward/backward time;
 // after the third step over 1.3x the profile every rank finishes its cycle, then all re-profile
 // and re-plan. The refresh record carries the

@@ -39,7 +39,6 @@ TEST(PlanCli, BadOrContradictoryArgumentsExitTwoWithOneLine) {
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --layers-per-stage 2",
                "pipefisher: --layers-per-stage: only applies with --profile");
   expect_usage("--schedule-file /nonexistent/s.csv", "pipefisher: --schedule-file: cannot open");
-  expect_usage("--schedule gpipe --stages 2 --micro-batches 2 --recompute", "pipefisher: --recompute: only applies with --sweep");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --svg /nonexistent-dir/t.svg", "pipefisher: --svg: cannot write");
 }
 
@@ -81,6 +80,27 @@ TEST(PlanCli, PaperProfileRowAndLayerScaling) {
                "pipefisher: --micro-batch-size: no row with bs=64");
   expect_usage("--schedule gpipe --stages 4 --micro-batches 4 --profile " + csv + " --micro-batch-size 16 --tf 3",
                "pipefisher: --tf: durations come from --profile");
+}
+
+// --recompute (the runtime's parallel.recompute) outside a sweep: each backward carries its
+// forward (GPipe 4x4: 7 slots of F + B + F), the activations fall from N M_act to one M_act per
+// stage, both as the paper's closed form (layers_per_stage 3 scales them).
+TEST(PlanCli, RecomputeAddsAForwardAndKeepsOneMicroBatch) {
+  const std::string csv = tmp("paper-r.csv");
+  std::ofstream(csv) << "bs,time_f,time_b,time_kron,time_inv,time_prec,mem_param,mem_act,mem_peak_err,mem_save_err,mem_kron\n"
+                        "32,10.25,16.5,27.45,80.85,8.90,27,160,40,24,168\n";
+  const std::string base = "--schedule gpipe --stages 4 --micro-batches 4 --profile " + csv + " --layers-per-stage 3 --json";
+  PlanRun off = plan(base), on = plan(base + " --recompute");
+  ASSERT_EQ(off.status, 0) << off.err;
+  ASSERT_EQ(on.status, 0) << on.err;
+  auto a = nlohmann::json::parse(off.out), b = nlohmann::json::parse(on.out);
+  EXPECT_FALSE(a["recompute"].get<bool>());
+  EXPECT_TRUE(b["recompute"].get<bool>());
+  EXPECT_NEAR(b["step_time"].get<double>(), 7 * 3 * (2 * 10.25 + 16.5), 1e-9);
+  EXPECT_NEAR(a["memory"]["activations"].get<double>(), 4 * 3 * 160, 1e-9);
+  EXPECT_NEAR(b["memory"]["activations"].get<double>(), 3 * 160, 1e-9);
+  EXPECT_NEAR(b["memory"]["activations_in_flight"].get<double>(), 3 * 160, 1e-9);
+  EXPECT_LT(b["memory"]["m_pipe"].get<double>(), a["memory"]["m_pipe"].get<double>());
 }
 
 TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
