@@ -36,10 +36,12 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path dir() { return pf_test::scratch_dir("recompute_test"); }
+// A run's outputs: "recompute_" + name, apart from the other runtime tests' in the shared dir().
+fs::path out(const std::string& name) { return dir() / ("recompute_" + name); }
 
 // Tiny BERT (4 blocks, hidden 32) with dropout on the committed sample; 4 micro-batches of 2.
 fs::path config_file() {
-  fs::path p = dir() / "tiny.toml";
+  fs::path p = out("tiny.toml");
   if (!fs::exists(p))
     std::ofstream(p) << "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\n"
                      << "max_position = 16\ndropout = 0.1\n"
@@ -60,14 +62,14 @@ pf_test::Launch launch(const std::string& name, const std::string& sets, const s
   const std::string export_env = env.empty() ? "" : " -x " + env.substr(0, env.find('='));
   return pf_test::run(env + " OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_SOURCE_DIR "/scripts/pfrun -np 2" +
                       export_env + " " PF_BINARY " train --config " + config_file().string() + " --set train.out_dir=" +
-                      (dir() / name).string() + " --save " + (dir() / (name + ".safetensors")).string() + " " + sets);
+                      out(name).string() + " --save " + out(name + ".safetensors").string() + " " + sets);
 }
 
 nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(std::ifstream(p)); }
 
 std::vector<double> losses(const std::string& name) {
   std::vector<double> v;
-  std::ifstream f(dir() / name / "log.jsonl");
+  std::ifstream f(out(name) / "log.jsonl");
   for (std::string l; std::getline(f, l);) v.push_back(nlohmann::json::parse(l)["loss"].get<double>());
   return v;
 }
@@ -78,14 +80,14 @@ void expect_recompute_changes_nothing(const std::string& name, const std::string
   pf_test::Launch on = launch(name + "_on", sets + " --set parallel.recompute=true", env);
   ASSERT_EQ(off.status, 0) << off.out;
   ASSERT_EQ(on.status, 0) << on.out;
-  EXPECT_FALSE(read_json(dir() / (name + "_off") / "activations.json")["recompute"].get<bool>());
-  EXPECT_TRUE(read_json(dir() / (name + "_on") / "activations.json")["recompute"].get<bool>());
+  EXPECT_FALSE(read_json(out(name + "_off") / "activations.json")["recompute"].get<bool>());
+  EXPECT_TRUE(read_json(out(name + "_on") / "activations.json")["recompute"].get<bool>());
   const std::vector<double> a = losses(name + "_off"), b = losses(name + "_on");
   ASSERT_EQ(a.size(), 4u) << off.out;
   EXPECT_EQ(a, b) << name;
-  const auto wa = pf_test::read_weights(dir() / (name + "_off.safetensors"));
+  const auto wa = pf_test::read_weights(out(name + "_off.safetensors"));
   EXPECT_GT(wa.size(), 10u);
-  EXPECT_TRUE(wa == pf_test::read_weights(dir() / (name + "_on.safetensors"))) << name << ": weights differ";
+  EXPECT_TRUE(wa == pf_test::read_weights(out(name + "_on.safetensors"))) << name << ": weights differ";
   std::printf("[ %s ] losses %.9f .. %.9f, equal with recompute on\n", name.c_str(), a.front(), a.back());
 }
 
@@ -93,6 +95,12 @@ TEST(Recompute, BertOneF1BWithDropout) { expect_recompute_changes_nothing("bert_
 TEST(Recompute, GptOneF1BWithDropout) { expect_recompute_changes_nothing("gpt_1f1b", kGpt); }
 TEST(Recompute, BertChimeraWithDropout) {
   expect_recompute_changes_nothing("bert_chimera", "--set parallel.schedule=chimera");
+}
+// Interleaved: a stage's input is the previous chunk's output on the same device; ZB-H1: the
+// re-run comes before I (W does nothing).
+TEST(Recompute, InterleavedAndZeroBubble) {
+  expect_recompute_changes_nothing("interleaved", "--set parallel.schedule=interleaved --set parallel.virtual_stages=2");
+  expect_recompute_changes_nothing("zbh1", "--set parallel.schedule=zb-h1");
 }
 // K-FAC inline: the curvature taps see each micro-batch's inputs once, at the re-run.
 TEST(Recompute, KfacInlineOneF1BAndChimera) {
@@ -117,9 +125,9 @@ TEST(Recompute, HeldActivationsFallAsTheMemoryModelSays) {
   ASSERT_EQ(r_on.status, 0) << r_on.out;
   EXPECT_NE(r_on.out.find("activation memory: at most"), std::string::npos) << r_on.out;
   EXPECT_EQ(losses("gpipe_off"), losses("gpipe_on"));  // and GPipe trains the same, bit for bit
-  EXPECT_TRUE(pf_test::read_weights(dir() / "gpipe_off.safetensors") == pf_test::read_weights(dir() / "gpipe_on.safetensors"));
-  const nlohmann::json off = read_json(dir() / "gpipe_off" / "activations.json");
-  const nlohmann::json on = read_json(dir() / "gpipe_on" / "activations.json");
+  EXPECT_TRUE(pf_test::read_weights(out("gpipe_off.safetensors")) == pf_test::read_weights(out("gpipe_on.safetensors")));
+  const nlohmann::json off = read_json(out("gpipe_off") / "activations.json");
+  const nlohmann::json on = read_json(out("gpipe_on") / "activations.json");
   const pf::Schedule s = pf::make_schedule("gpipe", 2, 4);
   const pf::Timeline tl = pf::simulate(s, pf::CostModel{});
   ASSERT_EQ(off["ranks"].size(), 2u);
