@@ -22,6 +22,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 common=(--config "$root/configs/bert-mini.toml" --steps "$steps" --set train.eval_every=0 --set train.eval_batches=1
+        --set optim.warmup_steps=1
         --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs" --set parallel.stages=2
         --set parallel.schedule="$schedule" --set train.threads=1)
 cd "$root"
