@@ -29,28 +29,54 @@ std::string xml_escape(const std::string& s) {
 
 namespace {
 
-// A "nice" tick spacing (1, 2 or 5 times a power of ten) giving about `target` ticks.
-// 0 when the range is empty or not finite (no ticks).
-double nice_step(double range, int target) {
-  if (!(range > 0) || !std::isfinite(range)) return 0;
-  double raw = range / target, p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (raw <= m * p) return m * p;
-  return 10 * p;
+// A micro-batch number inside a box: at 11 px, else 8 px, else none (never wider than the box).
+// DejaVu Sans digits are 0.64 em wide; 2 px of padding each side.
+double label_font(double box_width, size_t chars) {
+  for (double font : {11.0, 8.0})
+    if (0.64 * font * static_cast<double>(chars) + 4 <= box_width) return font;
+  return 0;
 }
 
 }  // namespace
 
+int timeline_width(const Timeline& tl, const SvgOptions& opt) {
+  if (opt.width > 0) return opt.width;
+  std::vector<double> d;
+  for (const auto& row : tl.per_device)
+    for (const TimedAction& t : row)
+      if ((t.action.kind == Kind::F || t.action.kind == Kind::B || t.action.kind == Kind::I ||
+           t.action.kind == Kind::W) && t.end > t.start)
+        d.push_back(t.end - t.start);
+  const int copies = opt.step_starts.empty() ? opt.steps : 1;
+  const double span = tl.step_time * copies;
+  if (d.empty() || !(span > 0)) return 1200;
+  // The lower median: with T_b = 2 T_f, the forward boxes get the 24 px.
+  const size_t mid = (d.size() - 1) / 2;
+  std::nth_element(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(mid), d.end());
+  return static_cast<int>(std::clamp(std::ceil(span / d[mid] * 24), 1200.0, 16000.0));
+}
+
 std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
   const int devices = static_cast<int>(tl.per_device.size());
-  const double left = 70, top = 58, row_h = 26, gap = 6, right = 20;
+  const int axis_w = timeline_width(tl, opt);
+  bool p2p_seen = false;  // a lane under each row for sends and receives, when any has a duration
+  for (const auto& row : tl.per_device)
+    for (const TimedAction& t : row) p2p_seen = p2p_seen || (is_p2p(t.action.kind) && t.end > t.start);
+  const double left = 70, top = 58, row_h = 26, lane_h = p2p_seen ? 9 : 0, gap = 6, right = 20;
+  const double pitch = row_h + lane_h + gap;
   const bool multi = !opt.step_starts.empty();
   const int copies = multi ? 1 : opt.steps;
   const double span = tl.step_time * copies;
-  const double scale = span > 0 ? opt.width / span : 1;
-  const double rows_bottom = top + devices * (row_h + gap);
+  const double scale = span > 0 ? axis_w / span : 1;
+  const double rows_bottom = top + devices * pitch;
   const double legend_y = rows_bottom + 42;
-  const double width = left + opt.width + right, height = legend_y + 30;
+  const std::string summary =
+      !opt.summary.empty() ? opt.summary
+                           : fmt::format("step {:.2f} {}, utilization {:.1f}%, bubble {:.2f} {} per device", tl.step_time,
+                                         opt.unit, 100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
+  // Wide enough for the title too (16 px bold: under 10 px a character).
+  const double title_w = left + 10.0 * static_cast<double>(opt.title.size() + summary.size() + 3) + right;
+  const double width = std::max(left + axis_w + right, title_w), height = legend_y + 30;
 
   std::string o = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
@@ -60,20 +86,18 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
        "patternTransform=\"rotate(45)\"><rect width=\"2\" height=\"6\" fill=\"#ffffff\" fill-opacity=\"0.45\"/>"
        "</pattern></defs>\n";
   o += fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
-  o += fmt::format(
-      "<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — step {:.2f} {}, utilization "
-      "{:.1f}%, bubble {:.2f} {} per device</text>\n",
-      left, xml_escape(opt.title), tl.step_time, opt.unit, 100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
+  o += fmt::format("<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — {}</text>\n", left,
+                   xml_escape(opt.title), xml_escape(summary));
 
   // Device rows and boxes.
   std::set<int> kinds_seen;
   bool up_seen = false;
   for (int d = 0; d < devices; ++d) {
-    const double y = top + d * (row_h + gap);
+    const double y = top + d * pitch;
     o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"end\">device {}</text>\n",
                      left - 8, y + row_h / 2 + 4, d);
     o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", left, y,
-                     opt.width, row_h);
+                     axis_w, row_h + lane_h);
     for (int k = 0; k < copies; ++k)
       for (const TimedAction& t : tl.per_device[d]) {
         const Action& a = t.action;
@@ -81,9 +105,10 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
         if (w <= 0) continue;
         const KindStyle& st = kind_style(a.kind);
         kinds_seen.insert(static_cast<int>(a.kind));
-        if (is_p2p(a.kind)) {  // a receive waiting for data: a thin bar at the bottom of the row
-          o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"4\" fill=\"{}\"/>\n", x0,
-                           y + row_h - 4, w, st.color);
+        if (is_p2p(a.kind)) {  // sends and receive waits in the lane under the row, at least 1 px wide
+          o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} "
+                           "[{:.3f}, {:.3f}]</title></rect>\n",
+                           x0, y + row_h + 1, std::max(w, 1.0), lane_h - 2, st.color, to_token(a), t.start, t.end);
           continue;
         }
         o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
@@ -95,10 +120,9 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
                            x0, y, w, row_h);
         }
         if (a.micro_batch >= 0) {
-          std::string label = std::to_string(a.micro_batch);
-          double font = std::min(12.0, w / (0.62 * label.size() + 0.3));
-          if (font >= 6)
-            o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.1f}\" text-anchor=\"middle\" "
+          const std::string label = std::to_string(a.micro_batch);
+          if (const double font = label_font(w, label.size()); font > 0)
+            o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" "
                              "fill=\"#ffffff\">{}</text>\n", x0 + w / 2, y + row_h / 2 + font * 0.36, font, label);
         }
       }
@@ -116,10 +140,10 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"11\" fill=\"#333\">step {}</text>\n", x + 4,
                        top - 4, static_cast<int>(k) + opt.first_step);
   }
-  // Time axis.
-  const double tick = nice_step(span, 10);
+  // Time axis: about one tick per 120 px.
+  const double tick = nice_tick(span, std::max(2, axis_w / 120));
   o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"#333\"/>\n", left,
-                   rows_bottom, left + opt.width, rows_bottom);
+                   rows_bottom, left + axis_w, rows_bottom);
   // Counted, not accumulated: a tick of 0 (an empty step) or below the resolution of huge times
   // must not loop forever.
   const int ticks = tick > 0 ? static_cast<int>(std::min(1000.0, std::floor(span * (1 + 1e-9) / tick))) : -1;
@@ -127,11 +151,11 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
     const double t = k * tick;
     double x = left + t * scale;
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\"/>"
-                     "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{:g}</text>\n",
-                     x, rows_bottom, x, rows_bottom + 4, x, rows_bottom + 15, t);
+                     "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{}</text>\n",
+                     x, rows_bottom, x, rows_bottom + 4, x, rows_bottom + 15, tick_text(t, tick));
   }
   o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"end\">time ({})</text>\n",
-                   left + opt.width, rows_bottom + 28, opt.unit);
+                   left + axis_w, rows_bottom + 28, opt.unit);
   // Legend: the kinds present, in table order, one entry per label.
   double x = left;
   std::set<std::string_view> labels;
@@ -151,28 +175,57 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
 }
 
 std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit) {
+  return chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, name, {}, us_per_unit);
+}
+
+std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string& name, const LayerNames& layers,
+                         double us_per_unit) {
   using nlohmann::json;
   json events = json::array();
-  for (size_t d = 0; d < tl.per_device.size(); ++d) {
+  size_t devices = 0;
+  for (const TraceStep& st : steps) devices = std::max(devices, st.timeline->per_device.size());
+  for (size_t d = 0; d < devices; ++d) {
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", d}, {"args", {{"name", fmt::format("device {}", d)}}}});
     events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", d}, {"args", {{"sort_index", d}}}});
     for (int tid : {0, 1})
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", d}, {"tid", tid},
                         {"args", {{"name", tid == 0 ? "compute" : "communication"}}}});
-    for (const TimedAction& t : tl.per_device[d]) {
-      const Action& a = t.action;
-      json args = {{"stage", a.stage}, {"pipeline", a.pipeline}};
-      if (a.micro_batch >= 0) args["micro_batch"] = a.micro_batch;
-      if (a.layer >= 0) args["layer"] = a.layer;
-      events.push_back({{"name", to_token(a)},
-                        {"cat", std::string(kind_style(a.kind).label)},
-                        {"ph", "X"},
-                        {"ts", t.start * us_per_unit},
-                        {"dur", (t.end - t.start) * us_per_unit},
-                        {"pid", d},
-                        {"tid", is_p2p(a.kind) || is_collective(a.kind) ? 1 : 0},
-                        {"args", args}});
-    }
+  }
+  // The steps on a track of their own above the devices, and a global marker where each begins.
+  const size_t steps_pid = devices;
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", steps_pid}, {"args", {{"name", "steps"}}}});
+  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", steps_pid}, {"args", {{"sort_index", -1}}}});
+  for (const TraceStep& st : steps) {
+    const Timeline& tl = *st.timeline;
+    const std::string label = fmt::format("step {}", st.step);
+    events.push_back({{"name", label}, {"cat", "step"}, {"ph", "X"}, {"ts", st.start * us_per_unit},
+                      {"dur", tl.step_time * us_per_unit}, {"pid", steps_pid}, {"tid", 0}, {"args", {{"step", st.step}}}});
+    events.push_back({{"name", label}, {"cat", "step"}, {"ph", "i"}, {"s", "g"}, {"ts", st.start * us_per_unit},
+                      {"pid", steps_pid}, {"tid", 0}});
+    for (size_t d = 0; d < tl.per_device.size(); ++d)
+      for (const TimedAction& t : tl.per_device[d]) {
+        const Action& a = t.action;
+        json args = {{"stage", a.stage}, {"pipeline", a.pipeline}, {"step", st.step}, {"action", to_token(a)}};
+        if (a.micro_batch >= 0) args["micro_batch"] = a.micro_batch;
+        if (a.block >= 0) args["block"] = a.block;
+        std::string ev = to_token(a);
+        if (a.layer >= 0) {
+          args["layer"] = a.layer;
+          auto it = layers.find({a.pipeline, a.stage, a.layer});
+          if (it != layers.end()) {  // "curvature A bert.encoder.layer.0.attention.self.query"
+            args["layer_name"] = it->second;
+            ev = fmt::format("{} {}", kind_style(a.kind).label, it->second);
+          }
+        }
+        events.push_back({{"name", ev},
+                          {"cat", std::string(kind_style(a.kind).label)},
+                          {"ph", "X"},
+                          {"ts", (st.start + t.start) * us_per_unit},
+                          {"dur", (t.end - t.start) * us_per_unit},
+                          {"pid", d},
+                          {"tid", is_p2p(a.kind) || is_collective(a.kind) ? 1 : 0},
+                          {"args", args}});
+      }
   }
   json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"otherData", {{"schedule", name}}}};
   return doc.dump(1) + "\n";

@@ -1,7 +1,9 @@
 #pragma once
-// The sweep chart (like the paper's Figure 6): two panels over micro-batch size, PipeFisher
-// throughput (sequences/s) and the (curvature+inversion)-bubble ratio, one line per D
-// (colour) and N = D, 2D, 3D (solid, dashed, dotted).
+// The sweep chart (like the paper's Figure 6): two panels, PipeFisher throughput (sequences/s)
+// and the (curvature+inversion)-bubble ratio. Over micro-batch size when the rows have several,
+// one line per D (colour) and N = D, 2D, 3D (solid, dashed, dotted); over the depth D when they
+// have one micro-batch size (durations from flags), one line per N = D, 2D, 3D. Y ticks at 1, 2,
+// 5 x 10^k; a panel whose values are all 0 says so instead of drawing a line on its axis.
 #include "sim/sweep.hpp"
 
 #include <string>

@@ -1,6 +1,7 @@
 // Renderings (SVG timeline, Chrome trace, terminal text, sweep table and chart).
 #include "core/error.hpp"
 #include "schedule/generators.hpp"
+#include "schedule/lower.hpp"
 #include "sim/sweep.hpp"
 #include "viz/render.hpp"
 #include "viz/style.hpp"
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +26,15 @@ CostModel uniform(double tf, double tb) {
   c.stages[0].forward = tf;
   c.stages[0].backward = tb;
   return c;
+}
+
+// One step at `width` px (0: automatic).
+SvgOptions options(const std::string& title, int width) {
+  SvgOptions o;
+  o.title = title;
+  o.steps = 1;
+  o.width = width;
+  return o;
 }
 
 size_t count(const std::string& s, const std::string& what) {
@@ -51,7 +62,7 @@ TEST(Style, EveryKindHasAColourAndDistinctPipelineColours) {
 TEST(Svg, OneBoxPerActionPerStepWithTitleAndLegend) {
   Schedule s = make_chimera(4, 8);
   Timeline tl = simulate(s, uniform(1, 2));
-  std::string svg = timeline_svg(tl, {.title = "chimera D=4 N=8", .unit = "ms", .steps = 2, .width = 1200, .step_starts = {}, .first_step = 1});
+  std::string svg = timeline_svg(tl, {.title = "chimera D=4 N=8", .unit = "ms", .steps = 2, .width = 1200, .step_starts = {}, .first_step = 1, .summary = {}});
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(count(svg, "<title>"), 2 * s.num_actions());
   EXPECT_EQ(count(svg, "<title>0F4p0"), 0u);  // pipeline 0 tokens carry no suffix
@@ -71,7 +82,7 @@ TEST(Svg, KfacKindsGetTheirColours) {
   CostModel c = uniform(1, 2);
   c.stages[0].curvature = 2;
   c.stages[0].inversion = 2;
-  std::string svg = timeline_svg(simulate(s, c), {.title = "k", .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}, .first_step = 1});
+  std::string svg = timeline_svg(simulate(s, c), {.title = "k", .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}, .first_step = 1, .summary = {}});
   EXPECT_NE(svg.find(std::string("fill=\"") + std::string(kind_style(Kind::CURV_A).color)), std::string::npos);
   EXPECT_NE(svg.find(">inversion A<"), std::string::npos);
 }
@@ -86,6 +97,7 @@ TEST(Trace, ChromeEventsMatchTheTimeline) {
       ++meta;
       continue;
     }
+    if (e.value("cat", "") == "step") continue;  // the step's marker
     ++complete;
     const int d = e["pid"];
     bool found = false;
@@ -97,7 +109,7 @@ TEST(Trace, ChromeEventsMatchTheTimeline) {
       }
     EXPECT_TRUE(found) << e.dump();
   }
-  EXPECT_EQ(meta, 3u * 4);  // per device: its name, its order, its two threads' names
+  EXPECT_EQ(meta, 3u * 4 + 2);  // per device: its name, its order, its two threads' names; the steps track
   EXPECT_EQ(complete, s.num_actions());
 }
 
@@ -124,7 +136,7 @@ TEST(Trace, ComputeAndCommunicationOnNamedThreads) {
 
 TEST(Svg, MeasuredStepsKeepTheirNumbers) {
   Timeline tl = simulate(make_1f1b(2, 2), uniform(1, 2));
-  const std::string svg = timeline_svg(tl, {.title = "measured", .unit = "ms", .steps = 1, .width = 600, .step_starts = {}, .first_step = 8});
+  const std::string svg = timeline_svg(tl, {.title = "measured", .unit = "ms", .steps = 1, .width = 600, .step_starts = {}, .first_step = 8, .summary = {}});
   EXPECT_NE(svg.find(">step 8<"), std::string::npos);
   EXPECT_EQ(svg.find(">step 1<"), std::string::npos);
 }
@@ -201,8 +213,196 @@ TEST(Sweep, RowsFollowTheClosedForms) {
   std::string csv = sweep_csv(rows);
   EXPECT_EQ(count(csv, "\n"), 7u);
   EXPECT_EQ(csv.rfind("schedule,micro_batch_size,stages,micro_batches,t_pipe", 0), 0u);
+  // One micro-batch size: over the depth, one line per N = kD with a point per depth.
   std::string svg = sweep_svg(rows, "t");
-  EXPECT_EQ(count(svg, "<path"), 2u * 6);  // per panel: 2 depths x 3 multiples
+  EXPECT_EQ(count(svg, "<path"), 2u * 3);
+  EXPECT_EQ(count(svg, "<circle"), 2u * 6);
+  EXPECT_NE(svg.find("pipeline depth D"), std::string::npos);
+  // Two micro-batch sizes: over the micro-batch size, one line per (D, N).
+  Profile q = p;
+  q.micro_batch_size = 16;
+  std::vector<SweepRow> two = run_sweep(spec, {p, q});
+  EXPECT_EQ(count(sweep_svg(two, "t"), "<path"), 2u * 3);  // chimera: one depth (4) x 3 multiples
+}
+
+// Parses the numbers of the y-axis tick labels of the sweep chart's panels / the x-axis ones of
+// a timeline: "<text ... font-size=\"10\" text-anchor=\"(end|middle)\">NUMBER</text>".
+std::vector<std::string> tick_labels(const std::string& svg, const std::string& anchor) {
+  std::vector<std::string> out;
+  const std::string open = "font-size=\"10\" text-anchor=\"" + anchor + "\">";
+  for (size_t p = svg.find(open); p != std::string::npos; p = svg.find(open, p + 1)) {
+    const size_t b = p + open.size(), e = svg.find('<', b);
+    out.push_back(svg.substr(b, e - b));
+  }
+  return out;
+}
+
+bool is_nice(double tick) {  // 1, 2 or 5 times a power of ten
+  const double m = tick / std::pow(10.0, std::floor(std::log10(tick) + 1e-12));
+  return std::abs(m - 1) < 1e-9 || std::abs(m - 2) < 1e-9 || std::abs(m - 5) < 1e-9;
+}
+
+TEST(Ticks, NiceSpacingAndShortLabels) {
+  // Property over ranges from 1e-6 to 1e9: a 1/2/5 x 10^k spacing giving between target/2.5 and
+  // target ticks (the next nice value up is at most 2.5x).
+  for (double range = 1.3e-6; range < 1e9; range *= 1.37)
+    for (int target : {3, 5, 10}) {
+      const double t = nice_tick(range, target);
+      ASSERT_TRUE(is_nice(t)) << range << " " << target << " " << t;
+      EXPECT_GE(t * (1 + 1e-9), range / target) << range;
+      EXPECT_LT(t, 2.5 * range / target * (1 + 1e-9)) << range;
+    }
+  EXPECT_EQ(nice_tick(0, 5), 0);
+  EXPECT_EQ(nice_tick(INFINITY, 5), 0);
+  EXPECT_EQ(tick_text(3 * 0.1, 0.1), "0.3");
+  EXPECT_EQ(tick_text(40, 20), "40");
+  EXPECT_EQ(tick_text(0.25 * 3, 0.05), "0.75");
+  // A timeline with an odd step: every axis label is k * tick, printed without float noise.
+  Timeline tl = simulate(make_1f1b(3, 5), uniform(0.37, 0.71));
+  const std::vector<std::string> xs = tick_labels(timeline_svg(tl, options("t", 0)), "middle");
+  ASSERT_GE(xs.size(), 3u);
+  const double tick = std::stod(xs[1]) - std::stod(xs[0]);
+  EXPECT_TRUE(is_nice(tick)) << tick;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    EXPECT_NEAR(std::stod(xs[k]), k * tick, 1e-9) << xs[k];
+    EXPECT_LE(xs[k].size(), 6u) << xs[k];
+  }
+  // The sweep chart's y axes likewise.
+  Profile p;
+  p.micro_batch_size = 8;
+  p.cost.stages[0].forward = 0.37;
+  p.cost.stages[0].backward = 0.71;
+  p.cost.stages[0].curvature = 0.13;
+  p.cost.stages[0].inversion = 1.7;
+  p.memory = {StageMemory{}};
+  SweepSpec spec;
+  spec.schedule = "1f1b";
+  spec.stages = {2, 4, 8};
+  const std::vector<std::string> ys = tick_labels(sweep_svg(run_sweep(spec, {p}), "t"), "end");
+  ASSERT_GE(ys.size(), 6u);
+  for (const std::string& y : ys) EXPECT_LE(y.size(), 7u) << y;
+  EXPECT_TRUE(is_nice(std::stod(ys[1]) - std::stod(ys[0]))) << ys[1];
+}
+
+TEST(Sweep, AllZeroPanelSaysSoInsteadOfALine) {
+  Profile p;
+  p.micro_batch_size = 8;
+  p.cost.stages[0].forward = 1;
+  p.cost.stages[0].backward = 2;  // no K-FAC durations: every ratio is 0
+  p.memory = {StageMemory{}};
+  SweepSpec spec;
+  spec.schedule = "1f1b";
+  spec.stages = {2, 4};
+  const std::string svg = sweep_svg(run_sweep(spec, {p}), "t");
+  EXPECT_NE(svg.find("all 0 (no K-FAC durations given)"), std::string::npos);
+  EXPECT_EQ(count(svg, "<path"), 3u);  // the throughput panel's lines only
+}
+
+// Box widths and label fonts of a timeline SVG, in order: (box width, label font or 0, label).
+struct Box {
+  double width = 0, font = 0;
+  std::string label;
+};
+std::vector<Box> boxes(const std::string& svg) {
+  std::vector<Box> out;
+  size_t p = 0;
+  while ((p = svg.find("<rect x=", p)) != std::string::npos) {
+    const size_t end = svg.find('\n', p);
+    const std::string line = svg.substr(p, end - p);
+    p = end;
+    if (line.find("<title>") == std::string::npos) continue;  // backgrounds, hatching, legend
+    Box b;
+    const size_t w = line.find("width=\"") + 7;
+    b.width = std::stod(line.substr(w));
+    const size_t next = svg.find("<text x=", end);
+    const size_t next_rect = svg.find("<rect x=", end);
+    if (next != std::string::npos && next < next_rect && svg.find("fill=\"#ffffff\">", next) < svg.find('\n', next)) {
+      const size_t f = svg.find("font-size=\"", next) + 11;
+      b.font = std::stod(svg.substr(f));
+      const size_t lb = svg.find("\">", svg.find("fill=\"#ffffff", next)) + 2;
+      b.label = svg.substr(lb, svg.find('<', lb) - lb);
+    }
+    out.push_back(b);
+  }
+  return out;
+}
+
+TEST(Svg, LabelsOnlyWhereTheBoxHoldsThem) {
+  // 1F1B with 64 micro-batches on 4 devices at a fixed 1200 px: boxes of about 5 px (no label)
+  // and, with T_b = 20 T_f, wide backward boxes (labels "0" .. "63").
+  Timeline tl = simulate(make_1f1b(4, 64), uniform(0.1, 2));
+  const std::vector<Box> bs = boxes(timeline_svg(tl, options("t", 1200)));
+  int labelled = 0, bare = 0;
+  for (const Box& b : bs) {
+    if (b.font > 0) {
+      ++labelled;
+      EXPECT_LE(0.64 * b.font * static_cast<double>(b.label.size()) + 4, b.width + 1e-9) << b.label;
+    } else {
+      ++bare;
+      EXPECT_LT(b.width, 0.64 * 8 * 1 + 4 + 1e-9);  // not even one digit at 8 px fits
+    }
+  }
+  EXPECT_GT(labelled, 0);
+  EXPECT_GT(bare, 0);
+}
+
+TEST(Svg, LongPlansWidenInsteadOfSlivers) {
+  // 8 devices, 96 micro-batches: at the old fixed 1200 px a forward box was ~2 px wide.
+  Timeline tl = simulate(make_1f1b(8, 96), uniform(1, 2));
+  const SvgOptions o = options("long", 0);
+  const int w = timeline_width(tl, o);
+  EXPECT_GE(w / tl.step_time * 1.0, 24 - 1e-9);  // the lower median box (a forward, 1 ms) gets 24 px
+  EXPECT_LE(w, 16000);
+  const std::string svg = timeline_svg(tl, o);
+  EXPECT_NE(svg.find(fmt::format("width=\"{}\" height=", w + 90)), std::string::npos);  // left 70 + right 20
+  // A short plan keeps the usual width.
+  EXPECT_EQ(timeline_width(simulate(make_1f1b(2, 2), uniform(1, 2)), o), 1200);
+}
+
+TEST(Svg, SendsAndReceivesInTheirOwnLane) {
+  // The lowered 1F1B with a message delay: every send/recv with a duration is a dark bar of at
+  // least 1 px in the lane under its device's row, listed in the legend.
+  Schedule s = lower_communication(make_1f1b(2, 4), {});
+  CostModel c = uniform(1, 2);
+  c.p2p_latency = 0.3;
+  Timeline tl = simulate(s, c);
+  int p2p = 0;
+  for (const auto& row : tl.per_device)
+    for (const TimedAction& t : row) p2p += is_p2p(t.action.kind) && t.end > t.start;
+  ASSERT_GT(p2p, 0);
+  const std::string svg = timeline_svg(tl, options("p2p", 0));
+  EXPECT_EQ(count(svg, "height=\"7\" fill=\"" + std::string(kind_style(Kind::RECV_F).color)) +
+                count(svg, "height=\"7\" fill=\"" + std::string(kind_style(Kind::SEND_F).color)),
+            static_cast<size_t>(p2p));
+  EXPECT_NE(svg.find(">recv (waiting)<"), std::string::npos);
+}
+
+TEST(Trace, OneFileForSeveralStepsWithMarkersAndLayerNames) {
+  Schedule s = make_gpipe(2, 2);
+  s.per_device[0].push_back({Kind::CURV_A, 0, 0, 1, 2});
+  CostModel c = uniform(1, 2);
+  c.stages[0].curvature = 1;
+  Timeline tl = simulate(s, c);
+  const LayerNames names = {{{0, 0, 2}, "bert.encoder.layer.0.attention.self.value"}};
+  auto j = nlohmann::json::parse(chrome_trace({{.step = 7, .start = 0, .timeline = &tl},
+                                               {.step = 8, .start = tl.step_time + 5, .timeline = &tl}},
+                                              "gpipe", names));
+  std::map<int, double> marker;  // step -> its start on the steps track
+  int named = 0, last_ts_step8 = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "step" && e["ph"] == "X") marker[e["args"]["step"].get<int>()] = e["ts"].get<double>();
+    if (e["ph"] != "X" || e.value("cat", "") == "step") continue;
+    if (e["args"].contains("layer_name")) {
+      ++named;
+      EXPECT_EQ(e["name"], "curvature A bert.encoder.layer.0.attention.self.value");
+    }
+    if (e["args"]["step"] == 8) last_ts_step8 += e["ts"].get<double>() >= (tl.step_time + 5) * 1000;
+  }
+  EXPECT_EQ(marker.size(), 2u);
+  EXPECT_DOUBLE_EQ(marker[7], 0);
+  EXPECT_DOUBLE_EQ(marker[8], (tl.step_time + 5) * 1000);
+  EXPECT_EQ(named, 2);  // once per step
+  EXPECT_EQ(last_ts_step8, static_cast<int>(s.num_actions()));  // step 8's actions after its start
 }
 
 }  // namespace
