@@ -13,6 +13,11 @@
 //     over --layers-per-stage blocks (default 1; with the paper's CSV it also scales the costs).
 //     --data-parallel W > 1: inversions placed over the replicas by SPD-KFAC's Algorithm 1 with
 //     broadcasts of --bcast-alpha + --bcast-beta * bytes (JSON `kfac.placement`).
+//   pipefisher plan --profile RUN/profile/profile.json
+//     A profile a run wrote carries its shape (schedule, D, N, W, V, model, K-FAC placement) and
+//     its K-FAC units per layer: with no other flag, plan predicts that run; flags override.
+// --data-parallel W without --kfac adds the gradient all-reduce of every hosted stage at the end.
+// The memory model: the profile's, else estimated from --model's shapes (sim/memory.hpp).
 // Times are in milliseconds (flags and profiles alike).
 #include "command.hpp"
 #include "config/config.hpp"
@@ -37,6 +42,7 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <set>
 
 namespace pf::app {
 namespace {
@@ -45,14 +51,55 @@ struct PlanArgs {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
-  bool json = false, sweep = false, kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;
+  bool json = false, sweep = false, kfac = false, no_kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;
   int data_parallel = 1;
   double margin = 0.05;
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
   std::vector<int> sweep_stages = {4, 8, 16, 32};
   CLI::App* app = nullptr;
+  std::set<std::string> from_profile;  // flags whose value came from the profile's run
   bool given(const char* flag) const { return app->count(flag) > 0; }
+  bool has(const char* flag) const { return given(flag) || from_profile.count(flag) > 0; }
 };
+
+bool ends_with(const std::string& s, const std::string& suffix);
+
+// A JSON profile that names its run fills every shape flag not given.
+void apply_profile_run(PlanArgs& a) {
+  if (a.profile.empty() || !ends_with(a.profile, ".json") || a.sweep) return;
+  const Profile p = read_profile_json(a.profile);
+  if (!p.run) return;
+  const ProfileRun& r = *p.run;
+  auto fill = [&](const char* flag, auto& field, auto value) {
+    if (a.given(flag)) return;
+    field = value;
+    a.from_profile.insert(flag);
+  };
+  if (a.schedule.empty() && a.schedule_file.empty()) {
+    a.schedule = r.schedule;
+    a.from_profile.insert("--schedule");
+  }
+  if (a.schedule == r.schedule && a.schedule_file.empty()) {  // the run's schedule: its shape too
+    fill("--stages", a.stages, r.devices);
+    fill("--micro-batches", a.micro_batches, r.micro_batches);
+    if (r.schedule == "interleaved") fill("--virtual-stages", a.virtual_stages, r.virtual_stages);
+  }
+  fill("--data-parallel", a.data_parallel, r.replicas);
+  if (!r.model.empty()) fill("--model", a.model, r.model);
+  if (r.kfac != "off" && !a.no_kfac && !p.kfac.empty()) a.kfac = true;
+}
+
+ModelConfig model_preset(const std::string& name) {
+  ModelConfig m;
+  try {
+    apply_model_preset(m, name);
+  } catch (const UsageError&) {
+    std::string names;
+    for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    usage_error("--model", "unknown preset '{}' (expected one of {})", name, names);
+  }
+  return m;
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -62,10 +109,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // or one profile built from the time flags.
 std::vector<Profile> load_profiles(const PlanArgs& a) {
   if (a.profile.empty()) {
-    for (const char* f : {"--micro-batch-size", "--layers-per-stage"})
-      if (a.given(f) && !(a.sweep && std::string(f) == "--micro-batch-size") &&
-          !(a.kfac && std::string(f) == "--layers-per-stage"))  // --kfac: blocks whose Linears split the costs
-        usage_error(f, "only applies with --profile");
+    // --micro-batch-size and --layers-per-stage size the memory model (and --kfac's Linears).
     Profile p;
     p.micro_batch_size = a.micro_batch_size > 0 ? a.micro_batch_size : 1;
     StageCost& c = p.cost.stages[0];
@@ -159,19 +203,17 @@ int run_sweep_mode(const PlanArgs& a) {
 
 
 // --kfac: plan PipeFisher on the simulated step and report it (JSON `kfac`, summary, drawings).
-nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const std::string& title) {
-  ModelConfig m;
-  try {
-    apply_model_preset(m, a.model);
-  } catch (const UsageError&) {
-    std::string names;
-    for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
-    usage_error("--model", "unknown preset '{}' (expected one of {})", a.model, names);
-  }
+nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const std::string& title,
+                        double base_bubble) {
+  // Units measured per layer (a run's profile) need no model shapes to split stage costs.
+  const bool measured = !prof.kfac.empty() && !a.given("--layers-per-stage");
+  const ModelConfig m = measured && !a.has("--model") ? ModelConfig{} : model_preset(a.model);
+  const std::string model_name = measured && !a.has("--model") ? std::string("measured") : a.model;
   const int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
   // K-FAC units per step: per device, per Linear of its blocks, curvature per micro-batch (A and
   // B), two inversions and a precondition, on top of the schedule's own actions.
-  const int64_t linears = int64_t{blocks} * static_cast<int64_t>(block_linears(m.arch, m.hidden, m.ffn).size());
+  int64_t linears = int64_t{blocks} * static_cast<int64_t>(block_linears(m.arch, m.hidden, m.ffn).size());
+  for (const StageKfacCost& k : prof.kfac) linears = std::max<int64_t>(linears, k.layers());
   check_schedule_size(s.devices,
                       static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
                       true, a.given("--layers-per-stage") ? "--layers-per-stage" : "--micro-batches");
@@ -190,7 +232,12 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.cost.allreduce_alpha;
   in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.cost.allreduce_beta;
+  if (measured) {
+    in.kfac = prof.kfac;  // measured per layer by the run that wrote the profile
+    for (StageKfacCost& k : in.kfac) k.sync = std::max(k.sync, 1e-3);  // as the runtime: never a zero-length sync
+  }
   for (const StageCost& c : prof.cost.stages) {
+    if (measured) break;
     // Curvature sync: all-reduce of the stage's factors (the inverses travel in their own
     // BCAST_INV units), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
     double floats = 0;
@@ -210,6 +257,9 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
     SvgOptions o;
     o.title = kt;
     o.step_starts = starts;
+    // The numbers of the text and JSON reports (a refresh period is several steps).
+    o.summary = fmt::format("refresh period {} steps, step {:.2f} ms, utilization {:.1f}%, bubble {:.2f} ms per "
+                            "device per step before K-FAC", P, p.step_time, 100 * p.utilization, base_bubble);
     write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
   }
   if (!a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, kt), "--trace");
@@ -245,7 +295,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   return {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
           {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
           {"period", P}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
-          {"model", a.model}, {"layers_per_stage", blocks}, {"splits", splits}, {"per_device", per},
+          {"model", model_name}, {"layers_per_stage", blocks}, {"splits", splits}, {"per_device", per},
           {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement},
           {"timeline_text", timeline_text(tl)}};
 }
@@ -269,9 +319,34 @@ void print_kfac(const nlohmann::json& k) {
   fmt::print("\n{}", k["timeline_text"].get<std::string>());
 }
 
-int run(const PlanArgs& a) {
+// Gradient sync among W replicas: an all-reduce per hosted stage at the end of each device's list
+// (lowering's order: by stage), costed alpha + beta * the stage's gradient bytes.
+void add_gradient_sync(Schedule& s) {
+  for (auto& list : s.per_device) {
+    std::set<std::pair<int, int>> hosted;  // (stage, pipeline)
+    for (const Action& x : list)
+      if (x.kind == Kind::F) hosted.insert({x.stage, x.pipeline});
+    for (auto [stage, pipeline] : hosted) list.push_back(act(Kind::ALLREDUCE, stage, -1, pipeline));
+  }
+}
+
+// The memory model's per-stage input: the profile's, or estimated from --model's shapes when the
+// profile has none (durations from flags, or a profile without memory).
+std::vector<StageMemory> stage_memory(const PlanArgs& a, const Profile& prof) {
+  bool measured = false;
+  for (const StageMemory& m : prof.memory) measured = measured || m.param > 0 || m.act > 0;
+  if (measured) return prof.memory;
+  int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
+  const ModelConfig m = model_preset(a.model);
+  if (!prof.kfac.empty())  // the run's own blocks per stage
+    blocks = std::max<int>(1, prof.kfac.front().layers() / static_cast<int>(block_linears(m.arch, m.hidden, m.ffn).size()));
+  return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
+}
+
+int run(PlanArgs& a) {
+  apply_profile_run(a);
   if (!a.kfac)
-    for (const char* f : {"--model", "--data-parallel", "--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
+    for (const char* f : {"--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.data_parallel > kMaxDevices)
@@ -290,11 +365,11 @@ int run(const PlanArgs& a) {
       if (a.given(f)) usage_error(f, "comes from --schedule-file");
     s = read_schedule_file(a.schedule_file);
   } else {
-    if (!a.given("--stages")) usage_error("--stages", "required with --schedule");
-    if (!a.given("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
+    if (!a.has("--stages")) usage_error("--stages", "required with --schedule");
+    if (!a.has("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
     // The work bound before the schedule is made: each micro-batch passes each stage (of each
     // model chunk) as F and B with a send and a receive each way.
-    const int v = a.given("--virtual-stages") ? a.virtual_stages : 2;
+    const int v = a.has("--virtual-stages") ? a.virtual_stages : 2;
     const int64_t estimate = int64_t{6} * a.stages * a.micro_batches * (a.schedule == "interleaved" ? v : 1);
     check_schedule_size(a.stages, estimate, a.kfac,
                         a.stages > kMaxDevices                                     ? "--stages"
@@ -316,17 +391,18 @@ int run(const PlanArgs& a) {
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
     usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
 
+  if (a.data_parallel > 1 && !a.kfac) add_gradient_sync(s);
   Timeline tl = simulate(s, prof.cost);
   const char* durations = a.profile.empty() ? "--tf/--tb/--tcomm" : "--profile";
   check_step_time(tl.step_time, durations);
   if (a.kfac && !(tl.step_time > 0))
     usage_error(durations, "the step takes 0 ms: PipeFisher has no bubbles to fill (give the forward or backward a "
                 "duration)");
-  MemoryReport mem = memory_model(s, tl, prof.memory, a.recompute);
+  MemoryReport mem = memory_model(s, tl, stage_memory(a, prof), a.recompute);
   const std::string title = fmt::format("{} D={} N={}{}", s.name, s.devices, s.micro_batches,
                                         s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
   nlohmann::json kfac;
-  if (a.kfac) kfac = run_kfac(a, s, prof, title);  // draws the whole refresh period
+  if (a.kfac) kfac = run_kfac(a, s, prof, title, tl.mean_bubble());  // draws the whole refresh period
   if (!a.kfac && !a.svg.empty()) {
     SvgOptions o;
     o.title = title;
@@ -354,12 +430,25 @@ int run(const PlanArgs& a) {
       kfac.erase("timeline_text");
       j["kfac"] = kfac;
     }
+    j["data_parallel"] = a.data_parallel;
+    if (prof.run) {  // what the profile's own run measured, beside this prediction
+      std::vector<std::string> filled(a.from_profile.begin(), a.from_profile.end());
+      j["profile_run"] = {{"schedule", prof.run->schedule}, {"devices", prof.run->devices},
+                          {"micro_batches", prof.run->micro_batches}, {"replicas", prof.run->replicas},
+                          {"model", prof.run->model}, {"kfac", prof.run->kfac},
+                          {"measured_step_time", prof.run->step_time}, {"flags_from_profile", filled}};
+    }
     fmt::print("{}\n", j.dump(1));
     return 0;
   }
-  fmt::print("{}: {} devices, {} stages{}, {} micro-batches{} (times in ms)\n", s.name, s.devices, s.stages,
+  fmt::print("{}: {} devices, {} stages{}, {} micro-batches{}{} (times in ms)\n", s.name, s.devices, s.stages,
              s.pipelines > 1 ? " per pipeline x 2 pipelines" : "", s.micro_batches,
-             a.recompute ? ", activation recomputation" : "");
+             a.recompute ? ", activation recomputation" : "",
+             a.data_parallel > 1 ? fmt::format(", {} data-parallel replicas", a.data_parallel) : "");
+  if (prof.run)
+    fmt::print("profile: measured on {} D={} N={} W={}{}, step {:.2f} ms\n", prof.run->schedule, prof.run->devices,
+               prof.run->micro_batches, prof.run->replicas,
+               prof.run->kfac != "off" ? fmt::format(" with K-FAC ({})", prof.run->kfac) : "", prof.run->step_time);
   fmt::print("step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n", tl.step_time,
              tl.mean_bubble(), 100 * tl.mean_utilization(), peak);
   fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "
@@ -424,7 +513,9 @@ Runner setup(CLI::App& app) {
   app.add_option("--trace", a->trace, "Write a Chrome trace-event JSON (open in Perfetto)");
   app.add_option("--csv", a->csv, "Write the schedule as CSV (or the sweep table)");
   app.add_flag("--kfac", a->kfac, "PipeFisher: place K-FAC work into the bubbles and report it");
-  app.add_option("--model", a->model, "Model preset whose Linear shapes split the K-FAC costs (default bert-base)");
+  app.add_flag("--no-kfac", a->no_kfac, "With a K-FAC run's profile: plan it without K-FAC");
+  app.add_option("--model", a->model,
+                 "Model preset: its shapes size the memory model and split the K-FAC costs (default bert-base)");
   app.add_option("--data-parallel", a->data_parallel, "Replicas W per stage (curvature sync, inversions shared)")
       ->check(positive);
   app.add_option("--margin", a->margin, "Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default 0.05)")

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 namespace pf {
@@ -117,6 +118,16 @@ class Executor {
   // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp), as written to
   // out_dir/kfac_profile.json; null before planning or without bubbles.
   nlohmann::json plan_profile_json() const;
+  // The K-FAC unit costs the plan in use was made from, per stage ([stage] objects with
+  // "precondition", "sync" and "kfac_layers": d_in, d_out, curvature_a/b, inversion_a/b,
+  // diagonal_b, as sim/profile.hpp reads them); null before planning or without bubbles.
+  nlohmann::json kfac_stage_costs() const;
+  // For the profiler: the step's list and stamps with each PREC that ran an inline refresh
+  // replaced by the refresh's units as they ran (curvature, curvature sync, inversions per
+  // layer), then the PREC itself from the last unit's end. No-op without K-FAC.
+  void expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const;
+  // This rank's K-FAC layers: (pipeline, stage, layer within the stage, the layer's name).
+  std::vector<std::tuple<int, int, int, std::string>> kfac_layer_names() const;
   // Collective: rank 0 writes the K-FAC refresh record (pipefisher.hpp) to `path`; no-op without K-FAC.
   void write_kfac_record(const std::string& path);
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.

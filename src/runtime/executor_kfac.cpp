@@ -346,6 +346,66 @@ nlohmann::json Executor::plan_profile_json() const {
           {"pipefisher_plan", plan_record(cfg_, layout_, kfac_->plan_input)}};
 }
 
+nlohmann::json Executor::kfac_stage_costs() const {
+  if (!kfac_ || !kfac_->plan) return nullptr;
+  const ProfileShape shape(layout_);
+  const std::vector<double>& v = kfac_->plan_input;
+  nlohmann::json stages = nlohmann::json::array();
+  for (int st = 0; st < layout_.stages(); ++st) {
+    const double* e = &v[shape.off[layout_.devices] + st * shape.per_stage];
+    const double n = std::max(1.0, e[0]);  // the stage's holders each added theirs
+    const int L = shape.Lmax;
+    nlohmann::json layers = nlohmann::json::array();
+    for (int l = 0; l < static_cast<int>(e[1] / n + 0.5); ++l)
+      layers.push_back({{"d_in", std::lround(e[3 + 4 * L + l] / n)}, {"d_out", std::lround(e[3 + 5 * L + l] / n)},
+                        {"curvature_a", e[3 + l] / n}, {"curvature_b", e[3 + L + l] / n},
+                        {"inversion_a", e[3 + 2 * L + l] / n}, {"inversion_b", e[3 + 3 * L + l] / n},
+                        {"diagonal_b", e[3 + 6 * L + l] / n > 0.5}});
+    stages.push_back({{"precondition", e[2] / n}, {"sync", e[shape.per_stage - 1] / n}, {"kfac_layers", layers}});
+  }
+  return stages;
+}
+
+void Executor::expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const {
+  if (!kfac_) return;
+  std::vector<Action> a2;
+  std::vector<ActionTime> t2;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    size_t c = chunks_.size();
+    if (a.kind == Kind::PREC)
+      for (size_t k = 0; k < chunks_.size(); ++k)
+        if (chunks_[k]->stage == a.stage && chunks_[k]->pipeline == a.pipeline) c = k;
+    ActionTime t = times[i];
+    if (c < chunks_.size()) {
+      for (const ChunkKfac::UnitStamp& u : kfac_->chunk[c]->inline_units()) {
+        if (u.start < t.start || u.end > t.end) continue;  // an earlier step's refresh
+        a2.push_back({u.kind, a.stage, a.pipeline, -1, u.layer});
+        t2.push_back({u.start, u.end, 0});
+        t.start = u.end;  // the PREC's own work follows its units
+        t.wait = 0;       // a wait before the units shows as the idle time before the first
+      }
+    }
+    a2.push_back(a);
+    t2.push_back(t);
+  }
+  actions = std::move(a2);
+  times = std::move(t2);
+}
+
+std::vector<std::tuple<int, int, int, std::string>> Executor::kfac_layer_names() const {
+  std::vector<std::tuple<int, int, int, std::string>> out;
+  if (!kfac_) return out;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int l = 0; l < kfac_->chunk[c]->layers(); ++l) {
+      // The layer's name: its weight's without ".weight" (bert.encoder.layer.0.attention.self.query).
+      std::string name = kfac_->chunk[c]->pre().layer(l).name();
+      if (name.ends_with(".weight")) name.resize(name.size() - 7);
+      out.emplace_back(chunks_[c]->pipeline, chunks_[c]->stage, l, std::move(name));
+    }
+  return out;
+}
+
 // The plan from k.plan_input (the same bits on every rank): made at the end of a profile, or
 // remade from a checkpoint (`restoring`: the factors' block structure and the record come from
 // the checkpoint, so nothing is recorded or printed here).

@@ -149,6 +149,13 @@ void ChunkKfac::precondition(int64_t t) {
 
 void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times) {
   const int L = layers();
+  inline_units_.clear();
+  auto stamp = [&](Kind k, int layer, std::chrono::steady_clock::time_point t0) {
+    auto ns = [](std::chrono::steady_clock::time_point x) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(x.time_since_epoch()).count();
+    };
+    inline_units_.push_back({k, layer, ns(t0), ns(std::chrono::steady_clock::now())});
+  };
   if (curvature) {
     attach(false);
     if (times) {  // profiling: the units one by one from the saved buffers
@@ -159,6 +166,7 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
           Saved& sv = (s == Side::A ? saved_a_ : saved_b_)[l];
           for (int k = 0; k < slots_; ++k) pre_->curvature(l, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
           (s == Side::A ? times->curv_a : times->curv_b)[l] += ms_since(t0) / slots_;
+          stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
         }
       ++times->curv_samples;
     }
@@ -176,6 +184,7 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
       sum.start();
       sum.wait();
       if (times) times->sync += ms_since(t0);
+      stamp(Kind::SYNC_CURV, -1, t0);
     }
     for (int l = 0; l < L; ++l)
       for (Side s : {Side::A, Side::B})
@@ -187,6 +196,7 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
       for (int l = 0; l < L; ++l) {
         const auto t0 = std::chrono::steady_clock::now();
         invert(s, l, -1);
+        stamp(s == Side::A ? Kind::INV_A : Kind::INV_B, l, t0);
         if (times) {
           times->inv_a.resize(L, 0), times->inv_b.resize(L, 0);
           (s == Side::A ? times->inv_a : times->inv_b)[l] += ms_since(t0);

@@ -123,6 +123,16 @@ class ChunkKfac final : public LinearTap {
   // invert when asked, precondition. With `times`, curvature comes from the saved buffers, unit
   // by unit, and each unit is timed.
   void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
+  // The units of the last inline refresh as they ran (steady-clock ns), so a measured timeline
+  // shows them instead of one PREC block: CURV_A/B per layer (all micro-batches; with `times`
+  // only), SYNC_CURV (layer -1; with holders), INV_A/B per layer. Cleared at each refresh.
+  struct UnitStamp {
+    Kind kind;
+    int layer;
+    int64_t start, end;
+  };
+  const std::vector<UnitStamp>& inline_units() const { return inline_units_; }
+  void clear_inline_units() { inline_units_.clear(); }
   // Data + inversion parallelism (bubbles, W > 1; paper 3.2, as the planner plans it): factors
   // are committed at SYNC_CURV, which all-reduces the cycle's sums and row counts among the
   // stage's holders over `comm`; every holder switches there to the previous cycle's inverses.
@@ -189,6 +199,7 @@ class ChunkKfac final : public LinearTap {
   int64_t rows_ = 0;
   std::vector<Saved> saved_a_, saved_b_;  // [layer]
   bool saving_ = false, tapping_ = false, preconditioned_ = false, skip_inputs_ = false;
+  std::vector<UnitStamp> inline_units_;
   int64_t cycle_step_ = 0;  // step whose micro-batches the saved buffers hold
   float loss_scale_ = 1.0f;
   std::pair<int64_t, float> next_cycle_{-1, 1.0f};  // a cycle starting at this step's first copy

@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "schedule/lower.hpp"
+#include "sim/memory.hpp"
 #include "viz/render.hpp"
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <sstream>
 #include <tuple>
 
 namespace pf {
@@ -84,6 +86,15 @@ Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& 
   for (int s = 0; s < layout.stages(); ++s) bytes[s] = static_cast<double>(exec.stage_param_bytes(0, s));
   comm::allreduce_sum(bytes, groups.pipeline.get(), "the stages' parameter sizes");
   for (double b : bytes) param_bytes_.push_back(static_cast<int64_t>(b));
+  // Every rank's K-FAC layer names to rank 0, one "pipeline stage layer name" line each.
+  std::string mine;
+  for (const auto& [p, st, l, name] : exec.kfac_layer_names()) mine += fmt::format("{} {} {} {}\n", p, st, l, name);
+  for (const std::string& text : comm::gather_bytes(mine, 0, MPI_COMM_WORLD)) {
+    std::istringstream in(text);
+    int p = 0, st = 0, l = 0;
+    std::string name;
+    while (in >> p >> st >> l >> name) layer_names_[{p, st, l}] = name;
+  }
 }
 
 bool Profiler::wants(int64_t step) const {
@@ -116,6 +127,11 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   }
   MeasuredStep m;
   m.step = static_cast<int>(step) + 1;
+  int64_t t0 = INT64_MAX;  // where measured_timeline puts 0
+  for (const auto& r : per_rank)
+    for (const ActionTime& t : r) t0 = std::min(t0, t.start);
+  if (origin_ns_ < 0) origin_ns_ = t0;
+  m.start = static_cast<double>(t0 - origin_ns_) / 1e6;
   m.timeline = measured_timeline(per_rank_actions, per_rank);
   for (size_t r = 0; r < per_rank.size(); ++r) {
     double w = 0;
@@ -126,16 +142,17 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   const Schedule& s = layout_.schedule;
   const std::string title = fmt::format("measured {} D={} W={} N={} step {}", s.name, layout_.devices,
                                         layout_.replicas, s.micro_batches, m.step);
-  const SvgOptions svg{.title = title, .unit = "ms", .steps = 1, .width = 1200, .step_starts = {}, .first_step = m.step};
+  SvgOptions svg;
+  svg.title = title;
+  svg.steps = 1;
+  svg.first_step = m.step;
   write_file_atomic(fmt::format("{}/timeline-step{}.svg", opt_.dir, m.step), timeline_svg(m.timeline, svg),
-                    "--profile-dir");
-  write_file_atomic(fmt::format("{}/trace-step{}.json", opt_.dir, m.step), chrome_trace(m.timeline, title),
                     "--profile-dir");
   measured_.push_back(std::move(m));
   raw_.push_back(std::move(per_rank));
 }
 
-void Profiler::finish(const nlohmann::json& plan) {
+void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
   if (!enabled() || groups_.rank != 0 || measured_.empty()) return;
   const int S = layout_.stages(), D = layout_.devices;
   std::vector<std::vector<double>> f(S), b(S), i_(S), w(S), opt(S), ar(S);
@@ -203,8 +220,28 @@ void Profiler::finish(const nlohmann::json& plan) {
     c.optimizer = mean(opt[s]) + (first_opt_stage[s] ? mean(finish) : 0.0);
     c.activation_bytes = act_bytes;
     c.grad_bytes = static_cast<double>(param_bytes_[s]);
+    const BlockRange& blocks = layout_.stage_blocks[s];
+    const StageMemory mem = block_memory(mc, blocks.last - blocks.first + 1, cfg_.parallel.micro_batch_size);
     json j = {{"forward", c.forward}, {"backward", c.backward}, {"optimizer", c.optimizer},
-              {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes}};
+              {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes},
+              {"mem_param", mem.param}, {"mem_act", mem.act}, {"mem_peak_err", mem.err_peak},
+              {"mem_save_err", mem.err_save}, {"mem_kron", mem.kron}};
+    if (kfac.is_array() && s < static_cast<int>(kfac.size())) {  // the units the plan was made from
+      json units = kfac[s]["kfac_layers"];
+      double curv = 0, inv = 0;
+      for (size_t l = 0; l < units.size(); ++l) {
+        auto it = layer_names_.find({0, s, static_cast<int>(l)});
+        if (it != layer_names_.end()) units[l]["name"] = it->second;
+        curv += units[l]["curvature_a"].get<double>() + units[l]["curvature_b"].get<double>();
+        inv += units[l]["inversion_a"].get<double>() + units[l]["inversion_b"].get<double>();
+      }
+      j["kfac_layers"] = units;
+      j["layers"] = std::max<size_t>(1, units.size());
+      j["curvature"] = curv;
+      j["inversion"] = inv;
+      j["precondition"] = kfac[s]["precondition"];
+      j["sync"] = kfac[s]["sync"];
+    }
     if (!i_[s].empty()) {
       c.input_grad = mean(i_[s]);
       c.weight_grad = mean(w[s]);
@@ -245,12 +282,22 @@ void Profiler::finish(const nlohmann::json& plan) {
               {"comm_wait", wait}, {"p2p_samples", p2p.size()},
               {"predicted_step_time", predicted.step_time},
               {"predicted_utilization", predicted.utilization}}}};
+  const Schedule& sched = layout_.schedule;
+  j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
+              {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", mc.preset},
+              {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")}};
   if (plan.is_object()) j["pipefisher_plan"] = plan.at("pipefisher_plan");
   write_file_atomic(opt_.dir + "/profile.json", j.dump(1) + "\n", "--profile-dir");
+  std::vector<TraceStep> trace;
+  for (const MeasuredStep& m : measured_) trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline});
+  write_file_atomic(opt_.dir + "/trace.json",
+                    chrome_trace(trace, fmt::format("measured {} D={} W={} N={}", sched.name, D, layout_.replicas,
+                                                    sched.micro_batches), layer_names_),
+                    "--profile-dir");
   std::string u;
   for (double x : util) u += fmt::format("{}{:.0f}%", u.empty() ? "" : " ", 100 * x);
   std::printf("profile: measured step %.2f ms (utilization per rank %s, mean comm wait %.2f ms), simulator with "
-              "this profile predicts %.2f ms; %s/{profile.json, timeline-step*.svg, trace-step*.json}\n",
+              "this profile predicts %.2f ms; %s/{profile.json, timeline-step*.svg, trace.json}\n",
               measured_step, u.c_str(), mean(wait), predicted.step_time, opt_.dir.c_str());
   std::fflush(stdout);
 }

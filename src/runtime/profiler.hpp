@@ -6,8 +6,9 @@
 // offsets comm::estimate_clock_offsets measured at start-up, and turned into the simulator's
 // Timeline type (one row per rank), so the same renderers draw it:
 //   DIR/timeline-step<k>.svg   the SVG timeline `pipefisher plan --svg` draws, measured
-//   DIR/trace-step<k>.json     Chrome trace-event JSON (Perfetto)
 // and when training ends
+//   DIR/trace.json             Chrome trace-event JSON (Perfetto) of every profiled step, each on
+//                              the "steps" track, K-FAC units named by their layer's name
 //   DIR/profile.json           the project's profile format (sim/profile.hpp): mean forward and
 //                              backward (I and W for zero-bubble) per stage per micro-batch, the
 //                              optimizer per stage (the stage of a device's first OPT also
@@ -17,15 +18,20 @@
 //                              a send's start to the end of a receive that was already waiting),
 //                              the all-reduce wait as alpha; plus a "measured" object: step time,
 //                              utilization and communication wait per rank, and the step time the
-//                              simulator predicts from this very profile; with PipeFisher, the
-//                              "pipefisher_plan" its plan was made from (runtime/plan_record.hpp).
-// `pipefisher plan --profile DIR/profile.json` then predicts any schedule from measured costs.
+//                              simulator predicts from this very profile; the "run" (schedule,
+//                              D, N, W, V, model, K-FAC placement) and each stage's memory from
+//                              the model's shapes (sim/memory.hpp); with PipeFisher, each stage's
+//                              K-FAC units as planned ("kfac_layers", "precondition", "sync") and
+//                              the "pipefisher_plan" its plan was made from (runtime/plan_record.hpp).
+// `pipefisher plan --profile DIR/profile.json` then predicts the same run (no other flag), or any
+// schedule from measured costs.
 // Steps are numbered from 1 as the log prints them.
 #include "comm/clock.hpp"
 #include "comm/world.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
 #include "sim/sim.hpp"
+#include "viz/render.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -43,6 +49,7 @@ struct ProfileOptions {
 // What one profiled step looked like, on rank 0's clock, times in ms from the step's first action.
 struct MeasuredStep {
   int step = 0;                     // 1-based
+  double start = 0;                 // ms from the first profiled step's start
   Timeline timeline;                // one row per world rank
   std::vector<double> comm_wait;    // [rank] ms spent waiting for messages and collectives
 };
@@ -58,10 +65,11 @@ class Profiler {
   void record(int64_t step, const std::vector<ActionTime>& times);
   // The same for a step whose action list is not the lowered schedule (K-FAC units inserted).
   void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions);
-  // Rank 0: writes profile.json and prints one summary line. Call after the last step. plan: the
-  // PipeFisher plan's profile (Executor::plan_profile_json), carried into profile.json so that
-  // kfac.plan_profile can name it; null for none.
-  void finish(const nlohmann::json& plan);
+  // Rank 0: writes profile.json and trace.json and prints one summary line. Call after the last
+  // step. plan: the PipeFisher plan's profile (Executor::plan_profile_json), carried into
+  // profile.json so that kfac.plan_profile can name it; kfac: its K-FAC unit costs per stage
+  // (Executor::kfac_stage_costs); null for none.
+  void finish(const nlohmann::json& plan, const nlohmann::json& kfac);
 
  private:
   MeasuredStep assemble(int64_t step, const std::vector<std::string>& per_rank) const;
@@ -73,6 +81,8 @@ class Profiler {
   int total_steps_ = 0;
   comm::ClockOffsets offsets_;
   std::vector<int64_t> param_bytes_;  // [stage] gradient bytes
+  LayerNames layer_names_;            // rank 0: every rank's K-FAC layers
+  int64_t origin_ns_ = -1;            // rank 0's clock at the first profiled step's start
   std::vector<MeasuredStep> measured_;
   // Raw per-rank stamps of the measured steps (rank 0), for per-action statistics.
   std::vector<std::vector<std::vector<ActionTime>>> raw_;  // [profiled step][rank][action]

@@ -229,7 +229,10 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (prof) {
       try {
-        profiler.record(s, times, exec.step_actions(s));  // collective; rank 0 writes
+        std::vector<Action> actions = exec.step_actions(s);
+        std::vector<ActionTime> stamps = times;
+        exec.expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
+        profiler.record(s, stamps, actions);         // collective; rank 0 writes
       } catch (const UsageError& e) {
         if (write_error.empty()) write_error = e.what();
       }
@@ -271,7 +274,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   // Rank 0's write errors here (collectives inside) are agreed on below, so every rank exits 2.
   try {
     if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
-    profiler.finish(exec.plan_profile_json());
+    profiler.finish(exec.plan_profile_json(), exec.kfac_stage_costs());
   } catch (const UsageError& e) {
     write_error = e.what();
   }

@@ -1,10 +1,29 @@
 #include "sim/memory.hpp"
 
+#include "sim/planner.hpp"
+
 #include <algorithm>
 #include <map>
 #include <set>
 
 namespace pf {
+
+StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size) {
+  const double h = m.hidden, f = m.ffn, T = m.seq_len, B = micro_batch_size, n = B * T, H = m.heads;
+  const double mb = 4.0 / (1024.0 * 1024.0) * blocks;  // floats of one block -> MB of the stage
+  double d_out = 0, kron = 0;
+  for (const LinearShape& l : block_linears(m.arch, m.hidden, m.ffn)) {
+    d_out += l.d_out;
+    kron += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
+  }
+  StageMemory s;
+  s.param = (4 * h * h + 2 * h * f + 9 * h + f) * mb;
+  s.act = (n * (9 * h + 2 * f) + B * H * T * T) * mb;
+  s.err_peak = (n * (2 * h + f) + B * H * T * T) * mb;
+  s.err_save = n * d_out * mb;
+  s.kron = kron * mb;
+  return s;
+}
 
 MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages,
                           bool recompute) {

@@ -9,6 +9,7 @@
 // With activation recomputation (R, the paper's Figures 5, 9, 10) a stage keeps only its input per
 // micro-batch (not modelled: the profiles do not give it) and rebuilds one micro-batch's
 // activations before its backward: N * M_act becomes M_act per hosted stage.
+#include "config/config.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/sim.hpp"
 
@@ -35,6 +36,17 @@ struct MemoryReport {
   double curv = 0, inv = 0, err_save = 0;
   double m_kfac = 0;           // M_kfac+
 };
+
+// The memory of `blocks` transformer blocks of `m` at micro-batch size B, 4-byte floats, in MB
+// (2^20 bytes), estimated from the shapes (n = B * seq_len tokens, h hidden, f ffn, H heads) for
+// `plan` without a measured profile:
+//   M_theta    the blocks' weights and biases (4h^2 + 2hf + 9h + f per block, either arch)
+//   M_act      what a block's forward keeps for its backward: the inputs of its Linears and
+//              LayerNorms, q, k, v, the GELU input, n (9h + 2f), and the softmax, B H T^2
+//   M_err^peak one micro-batch's largest error buffers, n (2h + f) + B H T^2
+//   M_err^save the Linears' output errors kept for curvature B, n * sum(d_out)
+//   M_curv     the Kronecker factors, sum(d_in^2 + d_out^2)
+StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size);
 
 // `stages` has one entry per stage or a single entry for uniform stages.
 MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vector<StageMemory>& stages,

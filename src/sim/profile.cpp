@@ -133,7 +133,8 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     const std::string k(key);
     const bool time = k == "forward" || k == "backward" || k == "input_grad" || k == "weight_grad" ||
                       k == "curvature" || k == "inversion" || k == "precondition" || k == "optimizer" ||
-                      k == "latency" || k == "alpha" || k == "beta";
+                      k == "latency" || k == "alpha" || k == "beta" || k == "curvature_a" || k == "curvature_b" ||
+                      k == "inversion_a" || k == "inversion_b" || k == "sync" || k == "step_time";
     const double limit = time ? kMaxDuration : kMaxBytes;
     if (!o[key].is_number() || !std::isfinite(o[key].get<double>()) || o[key].get<double>() < 0 ||
         o[key].get<double>() > limit)
@@ -176,7 +177,32 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     p.memory.push_back({num(s, "mem_param", 0, false, ctx), num(s, "mem_act", 0, false, ctx),
                         num(s, "mem_peak_err", 0, false, ctx), num(s, "mem_save_err", 0, false, ctx),
                         num(s, "mem_kron", 0, false, ctx)});
+    if (s.contains("kfac_layers")) {
+      if (!s["kfac_layers"].is_array()) usage_error(where, "'{}kfac_layers' must be an array", ctx);
+      StageKfacCost k;
+      std::vector<std::string> names;
+      for (size_t l = 0; l < s["kfac_layers"].size(); ++l) {
+        const json& u = s["kfac_layers"][l];
+        const std::string lc = fmt::format("{}kfac_layers[{}].", ctx, l);
+        if (!u.is_object()) usage_error(where, "'{}' must be an object", lc.substr(0, lc.size() - 1));
+        names.push_back(u.contains("name") && u["name"].is_string() ? u["name"].get<std::string>() : "");
+        k.curv_a.push_back(num(u, "curvature_a", 0, true, lc));
+        k.curv_b.push_back(num(u, "curvature_b", 0, true, lc));
+        k.inv_a.push_back(num(u, "inversion_a", 0, true, lc));
+        k.inv_b.push_back(num(u, "inversion_b", 0, true, lc));
+        k.dim_a.push_back(count(u, "d_in", 1, true, lc));
+        k.dim_b.push_back(count(u, "d_out", 1, true, lc));
+        k.diag_b.push_back(u.value("diagonal_b", false) ? 1 : 0);
+      }
+      k.precondition = c.precondition;
+      k.sync = num(s, "sync", 0, false, ctx);
+      p.kfac.push_back(std::move(k));
+      p.layer_names.push_back(std::move(names));
+    }
   }
+  if (!p.kfac.empty() && p.kfac.size() != p.cost.stages.size())
+    usage_error(where, "'kfac_layers' given for {} of {} stages: every stage or none", p.kfac.size(),
+                p.cost.stages.size());
   if (j.contains("p2p")) {
     p.cost.p2p_latency = num(j["p2p"], "latency", 0, false, "p2p.");
     p.cost.p2p_bandwidth = num(j["p2p"], "bandwidth", 0, false, "p2p.");
@@ -184,6 +210,27 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
   if (j.contains("allreduce")) {
     p.cost.allreduce_alpha = num(j["allreduce"], "alpha", 0, false, "allreduce.");
     p.cost.allreduce_beta = num(j["allreduce"], "beta", 0, false, "allreduce.");
+  }
+  // The run's shape: "run", else what older files kept in "measured".
+  const char* key = j.contains("run") ? "run" : j.contains("measured") ? "measured" : nullptr;
+  if (key) {
+    const json& r = j[key];
+    const std::string ctx = std::string(key) + ".";
+    if (!r.is_object()) usage_error(where, "'{}' must be an object", key);
+    ProfileRun run;
+    if (!r.contains("schedule") || !r["schedule"].is_string()) usage_error(where, "missing '{}schedule'", ctx);
+    run.schedule = r["schedule"].get<std::string>();
+    run.devices = count(r, "devices", 0, true, ctx);
+    run.micro_batches = count(r, "micro_batches", 0, true, ctx);
+    run.replicas = count(r, "replicas", 1, false, ctx);
+    run.virtual_stages = count(r, "virtual_stages", 1, false, ctx);
+    if (r.contains("model") && r["model"].is_string()) run.model = r["model"].get<std::string>();
+    if (r.contains("kfac") && r["kfac"].is_string()) run.kfac = r["kfac"].get<std::string>();
+    if (run.kfac != "off" && run.kfac != "inline" && run.kfac != "skip" && run.kfac != "bubbles")
+      usage_error(where, "'{}kfac' must be off, inline, skip or bubbles, got '{}'", ctx, run.kfac);
+    if (j.contains("measured") && j["measured"].is_object() && j["measured"].contains("step_time"))
+      run.step_time = num(j["measured"], "step_time", 0, false, "measured.");
+    p.run = run;
   }
   return p;
 }

@@ -21,13 +21,23 @@
 //          "mem_param": 85, "mem_act": 120, "mem_peak_err": 40, "mem_save_err": 30, "mem_kron": 168,
 //          "activation_bytes": 1572864, "grad_bytes": 340000000, "curvature_bytes": 176000000 } ],
 //      "p2p": { "latency": 0.02, "bandwidth": 1.0e7 },        optional, ms and bytes per ms
-//      "allreduce": { "alpha": 0.05, "beta": 1.0e-8 }          optional, ms and ms per byte
+//      "allreduce": { "alpha": 0.05, "beta": 1.0e-8 },         optional, ms and ms per byte
+//      "run": {                                                optional: the run that measured it
+//        "schedule": "1f1b", "devices": 2, "virtual_stages": 1, "micro_batches": 4, "replicas": 1,
+//        "model": "bert-mini", "kfac": "bubbles" },              kfac: off | inline | skip | bubbles
 //    }
+//    and per stage, optional, the K-FAC units as measured (ms; one micro-batch for curvature):
+//          "kfac_layers": [ { "name": "bert.encoder.layer.0.attention.self.query", "d_in": 256,
+//                             "d_out": 256, "curvature_a": 0.1, "curvature_b": 0.1,
+//                             "inversion_a": 1.2, "inversion_b": 1.2, "diagonal_b": false } ],
+//          "sync": 0.3                                        curvature all-reduce (W > 1)
+//    Files without "run" but with the runtime's "measured" object take the shape from there.
 //    Optional numbers default to 0 (input_grad / weight_grad: half the backward). Every number
 //    is finite and >= 0, times at most 2^53 us (in ms), the others at most 2^53; micro_batch_size
 //    and layers are integers >= 1 (sim/limits.hpp).
 #include "sim/cost.hpp"
 #include "sim/memory.hpp"
+#include "sim/planner.hpp"
 
 #include <optional>
 #include <string>
@@ -41,10 +51,22 @@ struct ProfileRow {
   double mem_param = 0, mem_act = 0, mem_peak_err = 0, mem_save_err = 0, mem_kron = 0;
 };
 
+// The shape of the run that wrote a profile (`pipefisher plan --profile FILE` predicts it).
+struct ProfileRun {
+  std::string schedule;
+  int devices = 0, virtual_stages = 1, micro_batches = 0, replicas = 1;
+  std::string model;         // preset, "" if unknown
+  std::string kfac = "off";  // off | inline | skip | bubbles
+  double step_time = 0;      // measured mean step, ms (0: not measured)
+};
+
 struct Profile {
   int micro_batch_size = 0;
   CostModel cost;
   std::vector<StageMemory> memory;  // one entry per stage, or one for uniform stages
+  std::optional<ProfileRun> run;
+  std::vector<StageKfacCost> kfac;                  // [stage] measured K-FAC units; empty: none
+  std::vector<std::vector<std::string>> layer_names;  // [stage][layer] of `kfac`
 };
 
 // Throws UsageError naming `flag` (e.g. "--profile") on a missing or malformed file.

@@ -476,6 +476,71 @@ TEST(PipeFisherRuntime, PlanProfileGivesTheSameLossesOnEveryRun) {
   EXPECT_TRUE(wa == saved_weights(dir() / "pp_b.safetensors"));
 }
 
+// --profile-dir of a 2-rank PipeFisher run (issue 15): profile.json carries the run's shape and
+// its K-FAC units, so `plan --profile` with no other flag predicts that run; trace.json holds
+// every profiled step, marked, with K-FAC units named as the model names its layers.
+TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
+  const fs::path pdir = dir() / "pr_profile";
+  fs::remove_all(pdir);
+  Launched r = launch(2, "pr_run", "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=bubbles "
+                                   "--set train.steps=8 --set kfac.replan_on_drift=false --profile-dir " +
+                                       pdir.string() + " --profile-steps 2,7,8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json prof = read_json(pdir / "profile.json");
+  const nlohmann::json& run = prof["run"];
+  EXPECT_EQ(run["schedule"], "1f1b");
+  EXPECT_EQ(run["devices"], 2);
+  EXPECT_EQ(run["micro_batches"], 4);
+  EXPECT_EQ(run["replicas"], 1);
+  EXPECT_EQ(run["kfac"], "bubbles");
+  // The layer names are the model's: each is a weight of the saved checkpoint.
+  const auto weights = saved_weights(dir() / "pr_run.safetensors");
+  std::set<std::string> names;
+  for (const auto& st : prof["stages"]) {
+    ASSERT_TRUE(st.contains("kfac_layers")) << st.dump();
+    EXPECT_GE(st["kfac_layers"].size(), 6u);  // 2 blocks x 6 Linears (+ the head's on the last stage)
+    EXPECT_GT(st["mem_param"].get<double>(), 0);
+    for (const auto& l : st["kfac_layers"]) {
+      const std::string n = l["name"];
+      EXPECT_TRUE(weights.count(n + ".weight")) << n;
+      names.insert(n);
+      EXPECT_GT(l["inversion_a"].get<double>(), 0) << n;
+    }
+  }
+  // One trace for the run: the three steps marked, K-FAC units named by those layers.
+  EXPECT_FALSE(fs::exists(pdir / "trace-step7.json"));
+  const nlohmann::json trace = read_json(pdir / "trace.json");
+  std::set<int> steps;
+  int named = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("cat", "") == "step" && e["ph"] == "X") steps.insert(e["args"]["step"].get<int>());
+    if (e.contains("args") && e["args"].contains("layer_name")) {
+      EXPECT_TRUE(names.count(e["args"]["layer_name"].get<std::string>())) << e.dump();
+      EXPECT_NE(e["name"].get<std::string>().find(e["args"]["layer_name"].get<std::string>()), std::string::npos);
+      ++named;
+    }
+  }
+  EXPECT_EQ(steps, (std::set<int>{2, 7, 8}));
+  EXPECT_GT(named, 0);  // steps 7 and 8 run the plan's K-FAC units
+
+  // plan --profile alone: the run's shape, K-FAC, a lower bound, memory.
+  Launched p = pf_test::run(std::string(PF_BINARY) + " plan --json --profile " + (pdir / "profile.json").string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  const nlohmann::json j = nlohmann::json::parse(p.out.substr(p.out.find('{')));
+  EXPECT_EQ(j["schedule"], "1f1b");
+  EXPECT_EQ(j["stages"], 2);
+  EXPECT_EQ(j["micro_batches"], 4);
+  EXPECT_EQ(j["data_parallel"], 1);
+  ASSERT_TRUE(j.contains("kfac")) << p.out;
+  for (const auto& lb : j["kfac"]["lower_bound_refresh_steps"]) EXPECT_GE(lb.get<int>(), 1) << p.out;
+  EXPECT_GT(j["memory"]["m_pipe"].get<double>(), 0);
+  // The machine is shared: the prediction only within a factor of 3 of the measured mean step.
+  const double measured = prof["measured"]["step_time"].get<double>(), predicted = j["kfac"]["step_time"].get<double>();
+  std::printf("[ profile ] measured step %.3f ms, plan --profile predicts %.3f ms with PipeFisher\n", measured, predicted);
+  EXPECT_GT(predicted, measured / 3);
+  EXPECT_LT(predicted, measured * 3);
+}
+
 // A missing, malformed or foreign recorded profile exits 2 naming kfac.plan_profile before any
 // output is written.
 TEST(PipeFisherRuntime, BadPlanProfileIsRefusedNamingTheKey) {

@@ -284,13 +284,19 @@ TEST(RuntimeProfiler, SimulatorPredictsTheMeasuredStepTime) {
     if (std::abs(predicted - measured) <= 0.15 * measured) break;
   }
   EXPECT_LE(std::abs(predicted - measured), 0.15 * measured);
-  for (int k : {2, 3, 4}) {
-    EXPECT_TRUE(fs::exists(dir / ("timeline-step" + std::to_string(k) + ".svg"))) << k;
-    EXPECT_TRUE(fs::exists(dir / ("trace-step" + std::to_string(k) + ".json"))) << k;
-  }
+  for (int k : {2, 3, 4}) EXPECT_TRUE(fs::exists(dir / ("timeline-step" + std::to_string(k) + ".svg"))) << k;
   EXPECT_FALSE(fs::exists(dir / "timeline-step1.svg"));
-  nlohmann::json trace = nlohmann::json::parse(std::ifstream(dir / "trace-step3.json"));
+  // One trace for the run, each step on the steps track and after the one before.
+  nlohmann::json trace = nlohmann::json::parse(std::ifstream(dir / "trace.json"));
   EXPECT_NE(trace.dump().find("1B7"), std::string::npos);  // device 1's backward of the last micro-batch
+  std::vector<std::pair<int, double>> marks;
+  for (const auto& e : trace["traceEvents"])
+    if (e.value("cat", "") == "step" && e["ph"] == "X") marks.push_back({e["args"]["step"].get<int>(), e["ts"].get<double>()});
+  ASSERT_EQ(marks.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(marks[k].first, static_cast<int>(k) + 2);
+  EXPECT_DOUBLE_EQ(marks[0].second, 0);
+  EXPECT_GT(marks[1].second, marks[0].second);
+  EXPECT_GT(marks[2].second, marks[1].second);
   for (const auto& c : prof.cost.stages) {
     EXPECT_GT(c.forward, 0);
     EXPECT_GT(c.backward, c.forward * 0.5);

@@ -36,8 +36,6 @@ TEST(PlanCli, BadOrContradictoryArgumentsExitTwoWithOneLine) {
   expect_usage("--stages 4 --micro-batches 4", "pipefisher: --schedule: give either --schedule NAME or --schedule-file FILE");
   expect_usage("--schedule 1f1b --stages 0 --micro-batches 4", "pipefisher: --stages: must be an integer >= 1");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --tb -2", "pipefisher: --tb: must be a finite number of ms in [0, 9.007e+12]");
-  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --layers-per-stage 2",
-               "pipefisher: --layers-per-stage: only applies with --profile");
   expect_usage("--schedule-file /nonexistent/s.csv", "pipefisher: --schedule-file: cannot open");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --svg /nonexistent-dir/t.svg", "pipefisher: --svg: cannot write");
 }

@@ -112,8 +112,6 @@ TEST(PlanKfacCli, ReplicasPlaceInversionsByAlgorithm1AndDrawTheBroadcasts) {
 }
 
 TEST(PlanKfacCli, BadArgumentsExitTwoWithOneLine) {
-  expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --data-parallel 2",
-               "pipefisher: --data-parallel: only applies with --kfac");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --margin 0.1", "pipefisher: --margin: only applies with --kfac");
   expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --model nope", "pipefisher: --model: unknown preset 'nope'");
   expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --data-parallel 0", "pipefisher: --data-parallel: ");
