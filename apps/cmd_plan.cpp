@@ -319,15 +319,33 @@ void print_kfac(const nlohmann::json& k) {
   fmt::print("\n{}", k["timeline_text"].get<std::string>());
 }
 
-// Gradient sync among W replicas: an all-reduce per hosted stage at the end of each device's list
-// (lowering's order: by stage), costed alpha + beta * the stage's gradient bytes.
-void add_gradient_sync(Schedule& s) {
+// The end of each device's step as lowering makes it, per hosted stage in stage order: the
+// gradient all-reduce among W replicas (alpha + beta * the stage's gradient bytes), then the
+// optimizer (the profile's measured time).
+void add_step_end(Schedule& s, bool grad_sync, bool optimizer) {
   for (auto& list : s.per_device) {
     std::set<std::pair<int, int>> hosted;  // (stage, pipeline)
     for (const Action& x : list)
       if (x.kind == Kind::F) hosted.insert({x.stage, x.pipeline});
-    for (auto [stage, pipeline] : hosted) list.push_back(act(Kind::ALLREDUCE, stage, -1, pipeline));
+    if (grad_sync)
+      for (auto [stage, pipeline] : hosted) list.push_back(act(Kind::ALLREDUCE, stage, -1, pipeline));
+    if (optimizer)
+      for (auto [stage, pipeline] : hosted) list.push_back(act(Kind::OPT, stage, -1, pipeline));
   }
+}
+
+// The optimizer steps that end the slowest device's step (PipeFisher plans without them; the
+// runtime appends them to every planned step).
+double optimizer_tail(const Schedule& s, const CostModel& cost) {
+  double worst = 0;
+  for (const auto& list : s.per_device) {
+    std::set<std::pair<int, int>> hosted;
+    double t = 0;
+    for (const Action& x : list)
+      if (x.kind == Kind::F && hosted.insert({x.stage, x.pipeline}).second) t += cost.stage(x.stage).optimizer;
+    worst = std::max(worst, t);
+  }
+  return worst;
 }
 
 // The memory model's per-stage input: the profile's, or estimated from --model's shapes when the
@@ -391,7 +409,9 @@ int run(PlanArgs& a) {
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
     usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
 
-  if (a.data_parallel > 1 && !a.kfac) add_gradient_sync(s);
+  // A run's profile (optimizer times measured): the step ends as the run's did.
+  const double opt_tail = prof.run ? optimizer_tail(s, prof.cost) : 0;
+  if (!a.kfac) add_step_end(s, a.data_parallel > 1, prof.run.has_value());
   Timeline tl = simulate(s, prof.cost);
   const char* durations = a.profile.empty() ? "--tf/--tb/--tcomm" : "--profile";
   check_step_time(tl.step_time, durations);
@@ -431,6 +451,8 @@ int run(PlanArgs& a) {
       j["kfac"] = kfac;
     }
     j["data_parallel"] = a.data_parallel;
+    if (prof.run)  // the step the run should measure: PipeFisher's with the optimizer after it
+      j["predicted_step_time"] = a.kfac ? kfac["step_time"].get<double>() + opt_tail : tl.step_time;
     if (prof.run) {  // what the profile's own run measured, beside this prediction
       std::vector<std::string> filled(a.from_profile.begin(), a.from_profile.end());
       j["profile_run"] = {{"schedule", prof.run->schedule}, {"devices", prof.run->devices},
@@ -446,9 +468,10 @@ int run(PlanArgs& a) {
              a.recompute ? ", activation recomputation" : "",
              a.data_parallel > 1 ? fmt::format(", {} data-parallel replicas", a.data_parallel) : "");
   if (prof.run)
-    fmt::print("profile: measured on {} D={} N={} W={}{}, step {:.2f} ms\n", prof.run->schedule, prof.run->devices,
-               prof.run->micro_batches, prof.run->replicas,
-               prof.run->kfac != "off" ? fmt::format(" with K-FAC ({})", prof.run->kfac) : "", prof.run->step_time);
+    fmt::print("profile: measured on {} D={} N={} W={}{}, step {:.2f} ms; predicted here {:.2f} ms\n", prof.run->schedule,
+               prof.run->devices, prof.run->micro_batches, prof.run->replicas,
+               prof.run->kfac != "off" ? fmt::format(" with K-FAC ({})", prof.run->kfac) : "", prof.run->step_time,
+               a.kfac ? kfac["step_time"].get<double>() + opt_tail : tl.step_time);
   fmt::print("step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n", tl.step_time,
              tl.mean_bubble(), 100 * tl.mean_utilization(), peak);
   fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "

@@ -143,6 +143,8 @@ TEST(PlanFigures, ProfileAloneDescribesItsRun) {
   // (N + D - 1)(T_f + T_b) = 30 without K-FAC; PipeFisher's step is never below it.
   EXPECT_DOUBLE_EQ(j["step_time"].get<double>(), 30);
   EXPECT_GE(j["kfac"]["step_time"].get<double>(), 30);
+  // The run's step: PipeFisher's, then each device's optimizer (0.5 ms), as the runtime appends it.
+  EXPECT_DOUBLE_EQ(j["predicted_step_time"].get<double>(), j["kfac"]["step_time"].get<double>() + 0.5);
 
   // Flags override the file; --no-kfac plans it without K-FAC.
   PlanRun o = plan("--profile " + run_profile("run_profile.json", true) + " --micro-batches 8 --no-kfac --json");
@@ -151,7 +153,7 @@ TEST(PlanFigures, ProfileAloneDescribesItsRun) {
   EXPECT_EQ(jo["micro_batches"], 8);
   EXPECT_EQ(jo["stages"], 2);
   EXPECT_FALSE(jo.contains("kfac"));
-  EXPECT_DOUBLE_EQ(jo["step_time"].get<double>(), 9 * 6);
+  EXPECT_DOUBLE_EQ(jo["step_time"].get<double>(), 9 * 6 + 0.5);  // (N + D - 1)(T_f + T_b), then the optimizer
 }
 
 TEST(PlanFigures, OlderProfilesStillLoad) {
