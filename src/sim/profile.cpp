@@ -178,7 +178,8 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
                         num(s, "mem_peak_err", 0, false, ctx), num(s, "mem_save_err", 0, false, ctx),
                         num(s, "mem_kron", 0, false, ctx)});
     if (s.contains("kfac_layers")) {
-      if (!s["kfac_layers"].is_array()) usage_error(where, "'{}kfac_layers' must be an array", ctx);
+      if (!s["kfac_layers"].is_array() || s["kfac_layers"].empty())
+        usage_error(where, "'{}kfac_layers' must be a non-empty array", ctx);
       StageKfacCost k;
       std::vector<std::string> names;
       for (size_t l = 0; l < s["kfac_layers"].size(); ++l) {
@@ -192,7 +193,9 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
         k.inv_b.push_back(num(u, "inversion_b", 0, true, lc));
         k.dim_a.push_back(count(u, "d_in", 1, true, lc));
         k.dim_b.push_back(count(u, "d_out", 1, true, lc));
-        k.diag_b.push_back(u.value("diagonal_b", false) ? 1 : 0);
+        if (u.contains("diagonal_b") && !u["diagonal_b"].is_boolean())
+          usage_error(where, "'{}diagonal_b' must be true or false", lc);
+        k.diag_b.push_back(u.contains("diagonal_b") && u["diagonal_b"].get<bool>() ? 1 : 0);
       }
       k.precondition = c.precondition;
       k.sync = num(s, "sync", 0, false, ctx);
@@ -212,7 +215,11 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     p.cost.allreduce_beta = num(j["allreduce"], "beta", 0, false, "allreduce.");
   }
   // The run's shape: "run", else what older files kept in "measured".
+  // (An older file's "measured" without them gives no shape: flags as before.)
   const char* key = j.contains("run") ? "run" : j.contains("measured") ? "measured" : nullptr;
+  if (key && std::string(key) == "measured" &&
+      !(j[key].is_object() && j[key].contains("schedule") && j[key].contains("devices") && j[key].contains("micro_batches")))
+    key = nullptr;
   if (key) {
     const json& r = j[key];
     const std::string ctx = std::string(key) + ".";

@@ -174,6 +174,11 @@ TEST(PlanFigures, OlderProfilesStillLoad) {
   std::ofstream(bad) << R"({"format": "pipefisher-profile", "version": 1, "micro_batch_size": 4,
     "stages": [{"forward": 1, "backward": 2}], "run": {"schedule": "1f1b", "devices": 0, "micro_batches": 2}})";
   expect_usage("--profile " + bad, "pipefisher: --profile (" + bad + "): 'run.devices' must be an integer");
+  const std::string empty = tmp("empty_units_profile.json");
+  std::ofstream(empty) << R"({"format": "pipefisher-profile", "version": 1, "micro_batch_size": 4,
+    "stages": [{"forward": 1, "backward": 2, "kfac_layers": []}]})";
+  expect_usage("--schedule 1f1b --stages 2 --micro-batches 2 --profile " + empty,
+               "pipefisher: --profile (" + empty + "): 'stages[0].kfac_layers' must be a non-empty array");
 }
 
 }  // namespace
