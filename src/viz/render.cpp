@@ -76,17 +76,10 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
                                          opt.unit, 100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
   // Wide enough for the title too (16 px bold: under 10 px a character).
   const double title_w = left + 10.0 * static_cast<double>(opt.title.size() + summary.size() + 3) + right;
-  const double width = std::max(left + axis_w + right, title_w), height = legend_y + 30;
+  const double width = std::max(left + axis_w + right, title_w);
 
-  std::string o = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
-      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
-      width, height, width, height);
-  o += "<defs><pattern id=\"up\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
-       "patternTransform=\"rotate(45)\"><rect width=\"2\" height=\"6\" fill=\"#ffffff\" fill-opacity=\"0.45\"/>"
-       "</pattern></defs>\n";
-  o += fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
-  o += fmt::format("<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — {}</text>\n", left,
+  // The header (size, background) is written last: the legend's rows set the height.
+  std::string o = fmt::format("<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — {}</text>\n", left,
                    xml_escape(opt.title), xml_escape(summary));
 
   // Device rows and boxes.
@@ -156,14 +149,16 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
   }
   o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"end\">time ({})</text>\n",
                    left + axis_w, rows_bottom + 28, opt.unit);
-  // Legend: the kinds present, in table order, one entry per label.
-  double x = left;
+  // Legend: the kinds present, in table order, one entry per label, wrapped to the picture's width.
+  double x = left, y = legend_y;
   std::set<std::string_view> labels;
   auto entry = [&](std::string_view color, std::string_view label, bool hatched) {
-    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"{}\"/>", x, legend_y, color);
-    if (hatched) o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"url(#up)\"/>", x, legend_y);
-    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">{}</text>\n", x + 19, legend_y + 11, label);
-    x += 19 + 7.2 * label.size() + 18;
+    const double w = 19 + 7.2 * static_cast<double>(label.size()) + 18;
+    if (x > left && x + w > width - right) x = left, y += 22;
+    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"{}\"/>", x, y, color);
+    if (hatched) o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"url(#up)\"/>", x, y);
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">{}</text>\n", x + 19, y + 11, label);
+    x += w;
   };
   for (int k : kinds_seen) {
     const KindStyle& st = kind_style(static_cast<Kind>(k));
@@ -171,7 +166,16 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
   }
   if (up_seen) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
   o += "</svg>\n";
-  return o;
+  const double height = y + 30;
+  std::string head = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
+      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
+      width, height, width, height);
+  head += "<defs><pattern id=\"up\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+          "patternTransform=\"rotate(45)\"><rect width=\"2\" height=\"6\" fill=\"#ffffff\" fill-opacity=\"0.45\"/>"
+          "</pattern></defs>\n";
+  head += fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
+  return head + o;
 }
 
 std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit) {

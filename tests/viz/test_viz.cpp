@@ -359,6 +359,31 @@ TEST(Svg, LongPlansWidenInsteadOfSlivers) {
   EXPECT_EQ(timeline_width(simulate(make_1f1b(2, 2), uniform(1, 2)), o), 1200);
 }
 
+TEST(Svg, LegendWrapsWithinThePicture) {
+  // Every K-FAC kind on a narrow picture: the legend takes several rows, none past the right edge.
+  Schedule s = make_gpipe(2, 2);
+  for (Kind k : {Kind::CURV_A, Kind::CURV_B, Kind::SYNC_CURV, Kind::INV_A, Kind::INV_B, Kind::PREC, Kind::BCAST_INV_A,
+                 Kind::BCAST_INV_B, Kind::ALLREDUCE, Kind::OPT})
+    s.per_device[0].push_back({k, 0, 0, k == Kind::CURV_A || k == Kind::CURV_B ? 1 : -1, 0});
+  CostModel c = uniform(1, 2);
+  c.stages[0].curvature = c.stages[0].inversion = c.stages[0].precondition = c.stages[0].optimizer = 1;
+  c.allreduce_alpha = 1;
+  const std::string svg = timeline_svg(simulate(s, c), options("k", 400));
+  const double width = std::stod(svg.substr(svg.find("width=\"") + 7));  // the title may widen it
+  std::set<double> rows;
+  for (size_t p = svg.find("width=\"14\" height=\"14\""); p != std::string::npos; p = svg.find("width=\"14\" height=\"14\"", p + 1)) {
+    const size_t line = svg.rfind("<rect x=\"", p);
+    const double x = std::stod(svg.substr(line + 9));
+    const double y = std::stod(svg.substr(svg.find("y=\"", line) + 3));
+    rows.insert(y);
+    EXPECT_LT(x, width - 20) << x;
+  }
+  EXPECT_GE(rows.size(), 2u);
+  // The picture is tall enough for the last row.
+  const double height = std::stod(svg.substr(svg.find("height=\"") + 8));
+  EXPECT_GE(height, *rows.rbegin() + 14);
+}
+
 TEST(Svg, SendsAndReceivesInTheirOwnLane) {
   // The lowered 1F1B with a message delay: every send/recv with a duration is a dark bar of at
   // least 1 px in the lane under its device's row, listed in the legend.
