@@ -230,8 +230,9 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   in.recompute = a.recompute;
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
-  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.cost.allreduce_alpha;
-  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.cost.allreduce_beta;
+  // A run's profile carries the broadcast model its plan used.
+  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.bcast_alpha >= 0 ? prof.bcast_alpha : prof.cost.allreduce_alpha;
+  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.bcast_beta >= 0 ? prof.bcast_beta : prof.cost.allreduce_beta;
   if (measured) {
     in.kfac = prof.kfac;  // measured per layer by the run that wrote the profile
     for (StageKfacCost& k : in.kfac) k.sync = std::max(k.sync, 1e-3);  // as the runtime: never a zero-length sync

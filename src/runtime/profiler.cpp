@@ -286,7 +286,15 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
   j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
               {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", mc.preset},
               {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")}};
-  if (plan.is_object()) j["pipefisher_plan"] = plan.at("pipefisher_plan");
+  if (plan.is_object()) {
+    j["pipefisher_plan"] = plan.at("pipefisher_plan");
+    // The broadcast model the plan used: the input's last two numbers, summed over the D W ranks
+    // (runtime/plan_record.hpp).
+    const json& in = plan["pipefisher_plan"]["input"];
+    if (layout_.replicas > 1 && in.size() >= 2)
+      j["broadcast"] = {{"alpha", in[in.size() - 2].get<double>() / (D * layout_.replicas)},
+                        {"beta", in[in.size() - 1].get<double>() / (D * layout_.replicas)}};
+  }
   write_file_atomic(opt_.dir + "/profile.json", j.dump(1) + "\n", "--profile-dir");
   std::vector<TraceStep> trace;
   for (const MeasuredStep& m : measured_) trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline});

@@ -214,6 +214,10 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     p.cost.allreduce_alpha = num(j["allreduce"], "alpha", 0, false, "allreduce.");
     p.cost.allreduce_beta = num(j["allreduce"], "beta", 0, false, "allreduce.");
   }
+  if (j.contains("broadcast")) {
+    p.bcast_alpha = num(j["broadcast"], "alpha", 0, true, "broadcast.");
+    p.bcast_beta = num(j["broadcast"], "beta", 0, true, "broadcast.");
+  }
   // The run's shape: "run", else what older files kept in "measured".
   // (An older file's "measured" without them gives no shape: flags as before.)
   const char* key = j.contains("run") ? "run" : j.contains("measured") ? "measured" : nullptr;

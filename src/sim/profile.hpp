@@ -31,6 +31,7 @@
 //                             "d_out": 256, "curvature_a": 0.1, "curvature_b": 0.1,
 //                             "inversion_a": 1.2, "inversion_b": 1.2, "diagonal_b": false } ],
 //          "sync": 0.3                                        curvature all-reduce (W > 1)
+//    and "broadcast": { "alpha": 3.5, "beta": 0 }, the run's broadcast model (W > 1).
 //    Files without "run" but with the runtime's "measured" object take the shape from there.
 //    Optional numbers default to 0 (input_grad / weight_grad: half the backward). Every number
 //    is finite and >= 0, times at most 2^53 us (in ms), the others at most 2^53; micro_batch_size
@@ -67,6 +68,9 @@ struct Profile {
   std::optional<ProfileRun> run;
   std::vector<StageKfacCost> kfac;                  // [stage] measured K-FAC units; empty: none
   std::vector<std::vector<std::string>> layer_names;  // [stage][layer] of `kfac`
+  // "broadcast": {"alpha", "beta"}: the run's model of an inverse's broadcast among replicas
+  // (ms, ms per byte; W > 1), which its plan used; < 0: none.
+  double bcast_alpha = -1, bcast_beta = -1;
 };
 
 // Throws UsageError naming `flag` (e.g. "--profile") on a missing or malformed file.

@@ -45,6 +45,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path dir() { return pf_test::scratch_dir("pipefisher_test"); }
+nlohmann::json read_json(const fs::path& p);
 
 const char* kConfig =
     "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\nmax_position = 16\n"
@@ -235,7 +236,8 @@ TEST(PipeFisherRuntime, BubblesWithTwoReplicasEqualSingleProcessWithSamePattern)
 TEST(PipeFisherRuntime, BubblesWithTwoReplicasBroadcastAndLocalInversionsEqualSingleProcess) {
   Launched r = launch(4, "1f1b_2x2_place",
                       "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
-                      "--set parallel.micro_batches=2 --set model.ffn=128 --set kfac.placement=bubbles",
+                      "--set parallel.micro_batches=2 --set model.ffn=128 --set kfac.placement=bubbles "
+                      "--profile-dir " + (dir() / "1f1b_2x2_place_profile").string() + " --profile-steps 8",
                       "PF_TEST_BCAST_MODEL=0.03,0");
   ASSERT_EQ(r.status, 0) << r.out;
   // The plan's placement line: some pieces broadcast, some inverted on every replica.
@@ -245,6 +247,25 @@ TEST(PipeFisherRuntime, BubblesWithTwoReplicasBroadcastAndLocalInversionsEqualSi
   ASSERT_EQ(std::sscanf(r.out.c_str() + at, "inversion pieces: %d broadcast, %d", &ct, &nct), 2) << r.out;
   EXPECT_GT(ct, 0) << r.out;
   EXPECT_GT(nct, 0) << r.out;
+  // Its profile.json carries W and the broadcast model, so `plan --profile` alone places pieces
+  // of both kinds too (Algorithm 1 on the same inversion times and model; the counts may differ
+  // by a split: the file's durations are stage means, the runtime's plan used each action's).
+  const fs::path prof = dir() / "1f1b_2x2_place_profile" / "profile.json";
+  const nlohmann::json pj = read_json(prof);
+  EXPECT_EQ(pj["run"]["replicas"], 2);
+  EXPECT_NEAR(pj["broadcast"]["alpha"].get<double>(), 0.03, 1e-12);
+  Launched p = pf_test::run(std::string(PF_BINARY) + " plan --json --profile " + prof.string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  const nlohmann::json pl = nlohmann::json::parse(p.out.substr(p.out.find('{')));
+  EXPECT_EQ(pl["data_parallel"], 2);
+  EXPECT_NEAR(pl["kfac"]["bcast_alpha"].get<double>(), 0.03, 1e-12);
+  int planned_ct = 0, planned_nct = 0;
+  for (const auto& sp : pl["kfac"]["placement"]) {
+    planned_ct += sp["communicated"].get<int>();
+    planned_nct += sp["non_communicated"].get<int>();
+  }
+  EXPECT_GT(planned_ct, 0) << p.out;
+  EXPECT_GT(planned_nct, 0) << p.out;
   std::ifstream f(dir() / "1f1b_2x2_place" / "kfac_refresh.json");
   const nlohmann::json rec = nlohmann::json::parse(f);
   pf::Config cfg = load_config({"parallel.data_parallel=2", "parallel.micro_batches=2", "model.ffn=128"});

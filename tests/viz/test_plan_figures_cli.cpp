@@ -146,6 +146,19 @@ TEST(PlanFigures, ProfileAloneDescribesItsRun) {
   // The run's step: PipeFisher's, then each device's optimizer (0.5 ms), as the runtime appends it.
   EXPECT_DOUBLE_EQ(j["predicted_step_time"].get<double>(), j["kfac"]["step_time"].get<double>() + 0.5);
 
+  // W = 2: the replicas and the run's broadcast model come from the file too.
+  json w2 = json::parse(slurp(run_profile("run_profile.json", true)));
+  w2["run"]["replicas"] = 2;
+  w2["broadcast"] = {{"alpha", 3.5}, {"beta", 0}};
+  const std::string w2_path = tmp("run_profile_w2.json");
+  std::ofstream(w2_path) << w2.dump();
+  PlanRun r2 = plan("--profile " + w2_path + " --json");
+  ASSERT_EQ(r2.status, 0) << r2.err;
+  const json j2 = json::parse(r2.out);
+  EXPECT_EQ(j2["data_parallel"], 2);
+  EXPECT_EQ(j2["kfac"]["data_parallel"], 2);
+  EXPECT_DOUBLE_EQ(j2["kfac"]["bcast_alpha"].get<double>(), 3.5);
+
   // Flags override the file; --no-kfac plans it without K-FAC.
   PlanRun o = plan("--profile " + run_profile("run_profile.json", true) + " --micro-batches 8 --no-kfac --json");
   ASSERT_EQ(o.status, 0) << o.err;
