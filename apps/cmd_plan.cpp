@@ -22,6 +22,7 @@
 #include "command.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "nn/names.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/validate.hpp"
 #include "sim/limits.hpp"
@@ -263,7 +264,23 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
                             "device per step before K-FAC", P, p.step_time, 100 * p.utilization, base_bubble);
     write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
   }
-  if (!a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, kt), "--trace");
+  if (!a.trace.empty()) {
+    // K-FAC units named by their layer: the profile's names, else the model's for uniform stages of
+    // `blocks` blocks (stage s holds blocks s*blocks ..).
+    LayerNames names;
+    for (int st = 0; st < s.stages; ++st)
+      for (int pl = 0; pl < s.pipelines; ++pl) {
+        if (measured && st < static_cast<int>(prof.layer_names.size())) {
+          for (size_t l = 0; l < prof.layer_names[st].size(); ++l)
+            if (!prof.layer_names[st][l].empty()) names[{pl, st, static_cast<int>(l)}] = prof.layer_names[st][l];
+          continue;
+        }
+        int l = 0;
+        for (int b = 0; b < blocks; ++b)
+          for (const std::string& n : block_linear_names(m.arch, st * blocks + b)) names[{pl, st, l++}] = n;
+      }
+    write_file_atomic(a.trace, chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, kt, names), "--trace");
+  }
 
   nlohmann::json lb = nlohmann::json::array(), per = nlohmann::json::array(), splits = nlohmann::json::array();
   for (int d = 0; d < s.devices; ++d) {

@@ -1,4 +1,5 @@
 #include "nn/blocks.hpp"
+#include "nn/names.hpp"
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
@@ -158,6 +159,18 @@ struct TransformerState : BlockState {
   }
 };
 
+std::vector<std::string> block_linear_names(const std::string& arch, int layer) {
+  std::vector<std::string> names;
+  if (arch == "bert")
+    for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                          "intermediate.dense", "output.dense"})
+      names.push_back("bert.encoder.layer." + std::to_string(layer) + "." + n);
+  if (arch == "gpt")
+    for (const char* n : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
+      names.push_back("transformer.h." + std::to_string(layer) + "." + n);
+  return names;
+}
+
 TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
     : cfg_(cfg), layer_(layer), bert_(cfg.arch == "bert"), gelu_(gelu_of(cfg)) {
   PF_CHECK(cfg.hidden % cfg.heads == 0, "hidden {} not divisible by heads {}", cfg.hidden, cfg.heads);
@@ -166,10 +179,10 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
   if (bert_) {
     name_ = "bert.encoder.layer." + std::to_string(layer);
     const std::string p = name_ + ".";
-    for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"})
-      lin_.push_back(std::make_unique<Linear>(p + n + ".weight", p + n + ".bias", C, C));
-    lin_.push_back(std::make_unique<Linear>(p + "intermediate.dense.weight", p + "intermediate.dense.bias", C, F));
-    lin_.push_back(std::make_unique<Linear>(p + "output.dense.weight", p + "output.dense.bias", F, C));
+    const std::vector<std::string> n = block_linear_names("bert", layer);
+    for (int k = 0; k < 4; ++k) lin_.push_back(std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", C, C));
+    lin_.push_back(std::make_unique<Linear>(n[4] + ".weight", n[4] + ".bias", C, F));
+    lin_.push_back(std::make_unique<Linear>(n[5] + ".weight", n[5] + ".bias", F, C));
     ln1_ = std::make_unique<LayerNorm>(p + "attention.output.LayerNorm", C, eps);
     ln2_ = std::make_unique<LayerNorm>(p + "output.LayerNorm", C, eps);
     drop_attn_key_ = stream_key(0, p + "attention.output.dropout");
@@ -177,10 +190,11 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
   } else {
     name_ = "transformer.h." + std::to_string(layer);
     const std::string p = name_ + ".";
-    lin_.push_back(std::make_unique<Linear>(p + "attn.c_attn.weight", p + "attn.c_attn.bias", C, 3 * C, true));
-    lin_.push_back(std::make_unique<Linear>(p + "attn.c_proj.weight", p + "attn.c_proj.bias", C, C, true));
-    lin_.push_back(std::make_unique<Linear>(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", C, F, true));
-    lin_.push_back(std::make_unique<Linear>(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias", F, C, true));
+    const std::vector<std::string> n = block_linear_names("gpt", layer);
+    lin_.push_back(std::make_unique<Linear>(n[0] + ".weight", n[0] + ".bias", C, 3 * C, true));
+    lin_.push_back(std::make_unique<Linear>(n[1] + ".weight", n[1] + ".bias", C, C, true));
+    lin_.push_back(std::make_unique<Linear>(n[2] + ".weight", n[2] + ".bias", C, F, true));
+    lin_.push_back(std::make_unique<Linear>(n[3] + ".weight", n[3] + ".bias", F, C, true));
     ln1_ = std::make_unique<LayerNorm>(p + "ln_1", C, eps);
     ln2_ = std::make_unique<LayerNorm>(p + "ln_2", C, eps);
     drop_attn_key_ = stream_key(0, p + "attn.resid_dropout");

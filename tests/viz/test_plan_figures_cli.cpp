@@ -50,6 +50,27 @@ TEST(PlanFigures, KfacSvgTitleSaysWhatTheReportSays) {
             std::string::npos);
 }
 
+TEST(PlanFigures, KfacTraceNamesUnitsByTheModelsLayers) {
+  // 2 BERT blocks per stage: stage 1's layer 7 is block 3's second Linear (the key projection).
+  const std::string trace = tmp("pf_trace.json");
+  PlanRun r = plan("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --tcurv 3 --tinv 10 --tprec 0.5 --model "
+                   "bert-base --layers-per-stage 2 --trace " + trace);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json j = json::parse(slurp(trace));
+  int named = 0, key = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (!e.contains("args") || !e["args"].contains("layer")) continue;
+    ++named;
+    ASSERT_TRUE(e["args"].contains("layer_name")) << e.dump();
+    if (e["args"]["stage"] == 1 && e["args"]["layer"] == 7) {
+      EXPECT_EQ(e["args"]["layer_name"], "bert.encoder.layer.3.attention.self.key");
+      ++key;
+    }
+  }
+  EXPECT_GT(named, 0);
+  EXPECT_GT(key, 0);
+}
+
 TEST(PlanFigures, ReadmeSweepDrawsSeveralPointsAndANonZeroRatio) {
   const std::string csv = tmp("readme_sweep.csv"), svg = tmp("readme_sweep.svg");
   PlanRun r = plan("--sweep --schedule 1f1b --tf 1 --tb 2 --tcurv 1.5 --tinv 6 --tprec 0.5 --csv " + csv + " --svg " + svg);
