@@ -74,8 +74,8 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
       !opt.summary.empty() ? opt.summary
                            : fmt::format("step {:.2f} {}, utilization {:.1f}%, bubble {:.2f} {} per device", tl.step_time,
                                          opt.unit, 100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
-  // Wide enough for the title too (16 px bold: under 10 px a character).
-  const double title_w = left + 10.0 * static_cast<double>(opt.title.size() + summary.size() + 3) + right;
+  // Wide enough for the title too (16 px bold DejaVu Sans: about 9.6 px a character).
+  const double title_w = left + 9.6 * static_cast<double>(opt.title.size() + summary.size() + 3) + right;
   const double width = std::max(left + axis_w + right, title_w);
 
   // The header (size, background) is written last: the legend's rows set the height.
