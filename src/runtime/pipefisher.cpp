@@ -187,9 +187,12 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
       stamp(Kind::SYNC_CURV, -1, t0);
     }
     for (int l = 0; l < L; ++l)
-      for (Side s : {Side::A, Side::B})
+      for (Side s : {Side::A, Side::B}) {
+        const auto t0 = std::chrono::steady_clock::now();  // the running average's update: curvature work too
         if (pre_->finish_curvature(l, s, loss_scale_, static_cast<int64_t>(rows[0][2 * l + side_of(s)])))
           committed(l, s, t);
+        stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
+      }
   }
   if (inversion)
     for (Side s : {Side::A, Side::B})

@@ -124,8 +124,9 @@ class ChunkKfac final : public LinearTap {
   // by unit, and each unit is timed.
   void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
   // The units of the last inline refresh as they ran (steady-clock ns), so a measured timeline
-  // shows them instead of one PREC block: CURV_A/B per layer (all micro-batches; with `times`
-  // only), SYNC_CURV (layer -1; with holders), INV_A/B per layer. Cleared at each refresh.
+  // shows them instead of one PREC block: CURV_A/B per layer (with `times`: all micro-batches'
+  // factors from the saved buffers), SYNC_CURV (layer -1; with holders), CURV_A/B per layer again
+  // (the factor's update from the step's sum), INV_A/B per layer. Cleared at each refresh.
   struct UnitStamp {
     Kind kind;
     int layer;

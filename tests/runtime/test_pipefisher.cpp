@@ -533,8 +533,10 @@ TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
   const nlohmann::json trace = read_json(pdir / "trace.json");
   std::set<int> steps;
   int named = 0;
+  std::map<std::string, int> profiling_step;  // step 2 (inline, profiling): its K-FAC units by kind
   for (const auto& e : trace["traceEvents"]) {
     if (e.value("cat", "") == "step" && e["ph"] == "X") steps.insert(e["args"]["step"].get<int>());
+    if (e["ph"] == "X" && e.contains("args") && e["args"].value("step", 0) == 2) ++profiling_step[e.value("cat", "")];
     if (e.contains("args") && e["args"].contains("layer_name")) {
       EXPECT_TRUE(names.count(e["args"]["layer_name"].get<std::string>())) << e.dump();
       EXPECT_NE(e["name"].get<std::string>().find(e["args"]["layer_name"].get<std::string>()), std::string::npos);
@@ -542,6 +544,12 @@ TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
     }
   }
   EXPECT_EQ(steps, (std::set<int>{2, 7, 8}));
+  // The inline refresh of a profiling step as its units, not one precondition block: every layer's
+  // curvature and inversions, then one precondition per stage.
+  EXPECT_GE(profiling_step["curvature A"], 12) << trace.dump().substr(0, 2000);
+  EXPECT_GE(profiling_step["inversion A"], 12);
+  EXPECT_GE(profiling_step["inversion B"], 12);
+  EXPECT_EQ(profiling_step["precondition"], 2);
   EXPECT_GT(named, 0);  // steps 7 and 8 run the plan's K-FAC units
 
   // plan --profile alone: the run's shape, K-FAC, a lower bound, memory.
