@@ -59,6 +59,7 @@ struct PlanArgs {
   std::vector<int> sweep_stages = {4, 8, 16, 32};
   CLI::App* app = nullptr;
   std::set<std::string> from_profile;  // flags whose value came from the profile's run
+  bool recompute_measured = false;     // the profile's backward times already include R
   bool given(const char* flag) const { return app->count(flag) > 0; }
   bool has(const char* flag) const { return given(flag) || from_profile.count(flag) > 0; }
 };
@@ -88,6 +89,7 @@ void apply_profile_run(PlanArgs& a) {
   fill("--data-parallel", a.data_parallel, r.replicas);
   if (!r.model.empty()) fill("--model", a.model, r.model);
   if (r.kfac != "off" && !a.no_kfac && !p.kfac.empty()) a.kfac = true;
+  if (r.recompute && !a.given("--recompute")) a.recompute = a.recompute_measured = true;
 }
 
 ModelConfig model_preset(const std::string& name) {
@@ -153,7 +155,7 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
 // The single profile of a schedule's simulation, with --recompute's extra forward in each backward.
 Profile profile_of(const PlanArgs& a) {
   Profile p = load_profiles(a).front();
-  if (a.recompute) add_recomputation(p.cost);
+  if (a.recompute && !a.recompute_measured) add_recomputation(p.cost);
   return p;
 }
 

@@ -285,7 +285,8 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
   const Schedule& sched = layout_.schedule;
   j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
               {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", mc.preset},
-              {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")}};
+              {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")},
+              {"recompute", cfg_.parallel.recompute && S > 1}};  // as the executor: pipelines only
   if (plan.is_object()) {
     j["pipefisher_plan"] = plan.at("pipefisher_plan");
     // The broadcast model the plan used: the input's last two numbers, summed over the D W ranks

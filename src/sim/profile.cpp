@@ -237,6 +237,8 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     run.virtual_stages = count(r, "virtual_stages", 1, false, ctx);
     if (r.contains("model") && r["model"].is_string()) run.model = r["model"].get<std::string>();
     if (r.contains("kfac") && r["kfac"].is_string()) run.kfac = r["kfac"].get<std::string>();
+    if (r.contains("recompute") && !r["recompute"].is_boolean()) usage_error(where, "'{}recompute' must be true or false", ctx);
+    run.recompute = r.value("recompute", false);
     if (run.kfac != "off" && run.kfac != "inline" && run.kfac != "skip" && run.kfac != "bubbles")
       usage_error(where, "'{}kfac' must be off, inline, skip or bubbles, got '{}'", ctx, run.kfac);
     if (j.contains("measured") && j["measured"].is_object() && j["measured"].contains("step_time"))

@@ -24,7 +24,7 @@
 //      "allreduce": { "alpha": 0.05, "beta": 1.0e-8 },         optional, ms and ms per byte
 //      "run": {                                                optional: the run that measured it
 //        "schedule": "1f1b", "devices": 2, "virtual_stages": 1, "micro_batches": 4, "replicas": 1,
-//        "model": "bert-mini", "kfac": "bubbles" },              kfac: off | inline | skip | bubbles
+//        "model": "bert-mini", "kfac": "bubbles", "recompute": false },  kfac: off | inline | skip | bubbles
 //    }
 //    and per stage, optional, the K-FAC units as measured (ms; one micro-batch for curvature):
 //          "kfac_layers": [ { "name": "bert.encoder.layer.0.attention.self.query", "d_in": 256,
@@ -58,6 +58,7 @@ struct ProfileRun {
   int devices = 0, virtual_stages = 1, micro_batches = 0, replicas = 1;
   std::string model;         // preset, "" if unknown
   std::string kfac = "off";  // off | inline | skip | bubbles
+  bool recompute = false;    // parallel.recompute: its backward times include the re-run forward
   double step_time = 0;      // measured mean step, ms (0: not measured)
 };
 

@@ -514,6 +514,7 @@ TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
   EXPECT_EQ(run["micro_batches"], 4);
   EXPECT_EQ(run["replicas"], 1);
   EXPECT_EQ(run["kfac"], "bubbles");
+  EXPECT_EQ(run["recompute"], false);
   // The layer names are the model's: each is a weight of the saved checkpoint.
   const auto weights = saved_weights(dir() / "pr_run.safetensors");
   std::set<std::string> names;

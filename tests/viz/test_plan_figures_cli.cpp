@@ -180,6 +180,20 @@ TEST(PlanFigures, ProfileAloneDescribesItsRun) {
   EXPECT_EQ(j2["kfac"]["data_parallel"], 2);
   EXPECT_DOUBLE_EQ(j2["kfac"]["bcast_alpha"].get<double>(), 3.5);
 
+  // A run with activation recomputation: its backward times include the re-run forward, so the
+  // step is not lengthened again; the memory model keeps one micro-batch's activations per stage.
+  json rc = json::parse(slurp(run_profile("run_profile.json", true)));
+  rc["run"]["recompute"] = true;
+  const std::string rc_path = tmp("run_profile_recompute.json");
+  std::ofstream(rc_path) << rc.dump();
+  PlanRun r3 = plan("--profile " + rc_path + " --no-kfac --json");
+  ASSERT_EQ(r3.status, 0) << r3.err;
+  const json j3 = json::parse(r3.out);
+  EXPECT_EQ(j3["recompute"], true);
+  EXPECT_DOUBLE_EQ(j3["step_time"].get<double>(), 5 * 6 + 0.5);  // (N + D - 1)(T_f + T_b), the optimizer
+  PlanRun r4 = plan("--profile " + run_profile("run_profile.json", true) + " --no-kfac --json");
+  EXPECT_LT(j3["memory"]["activations"].get<double>(), json::parse(r4.out)["memory"]["activations"].get<double>());
+
   // Flags override the file; --no-kfac plans it without K-FAC.
   PlanRun o = plan("--profile " + run_profile("run_profile.json", true) + " --micro-batches 8 --no-kfac --json");
   ASSERT_EQ(o.status, 0) << o.err;
