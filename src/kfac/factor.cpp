@@ -125,14 +125,25 @@ void KfacFactor::accumulate(const float* x, int64_t rows, int64_t ld, float scal
                 a + b.offset * dim_ + b.offset, static_cast<blasint>(dim_));
 }
 
+void KfacFactor::set_own_accumulator(bool on) {
+  if (ema_decay_ > 0 || on == own_accumulator()) return;
+  if (on) {
+    acc_ = Tensor(value_.shape());
+    if (pending_ > 0) acc_ = value_;
+  } else {
+    if (pending_ > 0) value_ = acc_;
+    acc_ = Tensor();
+  }
+}
+
 bool KfacFactor::commit() {
   if (pending_ == 0) return false;
   pending_ = 0;
   float* v = value_.data();
-  if (ema_decay_ > 0) {
+  if (own_accumulator()) {
     const float* a = acc_.data();
     const int64_t n = value_.numel();
-    if (commits_ == 0) {
+    if (commits_ == 0 || ema_decay_ == 0) {
       std::memcpy(v, a, n * sizeof(float));
     } else {
       const float keep = static_cast<float>(ema_decay_), take = static_cast<float>(1.0 - ema_decay_);
@@ -220,7 +231,7 @@ InvertResult KfacFactor::invert_block(int j, double damping) {
   PF_CHECK(j >= 0 && j < num_blocks(), "factor {}: block {} of {}", name_, j, num_blocks());
   PF_CHECK(damping >= 0, "factor {}: damping {}", name_, damping);
   // With ema 0 the step's sum accumulates in the factor itself: it is only whole after commit.
-  PF_CHECK(ema_decay_ > 0 || pending_ == 0, "factor {}: inverted while {} micro-batches of curvature "
+  PF_CHECK(own_accumulator() || pending_ == 0, "factor {}: inverted while {} micro-batches of curvature "
            "are pending (commit first)", name_, pending_);
   const FactorBlock& b = blocks_[j];
   const float* v = value_.data();

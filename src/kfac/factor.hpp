@@ -84,8 +84,15 @@ class KfacFactor {
   // a commit starts a new sum. Dense: upper triangle only (of each block). No allocation.
   void accumulate(const float* x, int64_t rows, int64_t ld, float scale);
   // The step's running sum (what a data-parallel curvature sync all-reduces before commit; dense:
-  // only the upper triangle of each block is meaningful). Same tensor as value() when ema is 0.
-  Tensor& accumulator() { return ema_decay_ > 0 ? acc_ : value_; }
+  // only the upper triangle of each block is meaningful). Same tensor as value() when ema is 0
+  // and no own accumulator was asked for.
+  Tensor& accumulator() { return acc_.empty() ? value_ : acc_; }
+  // With ema 0: sum in a buffer of its own (on), so the committed factor can be inverted while
+  // the next sum accumulates (PipeFisher's Chimera group inverts cycle c's factors during cycle
+  // c+1's curvature); costs one more factor of memory. A sum in progress moves with the switch.
+  // With ema > 0 the sum always has its own buffer.
+  void set_own_accumulator(bool on);
+  bool own_accumulator() const { return !acc_.empty(); }
   int64_t pending_micro_batches() const { return pending_; }
   // Ends the step's accumulation: factor = sum (first time, or ema 0) or
   // factor = decay * factor + (1 - decay) * sum; mirrors the upper triangle; caches the trace.
@@ -103,8 +110,8 @@ class KfacFactor {
   // damping is raised (x10, from a floor if 0) up to max_retries times, each logged; if it still
   // fails the previous inverse stays. NaN/Inf in the block: no retry, previous inverse stays.
   // With ema 0 the factor is accumulated in place, so inverting between the first curvature of a
-  // step and its commit is refused (PF_CHECK); with ema > 0 the sum has its own buffer and the
-  // factor can be inverted at any time.
+  // step and its commit is refused (PF_CHECK); with ema > 0 (or an own accumulator) the sum has
+  // its own buffer and the factor can be inverted at any time.
   InvertResult invert_block(int j, double damping);
   // All blocks; the result is the worst block's (status order Ok < Raised < Failed < NonFinite).
   InvertResult invert(double damping);
@@ -142,7 +149,7 @@ class KfacFactor {
   int max_retries_;
   std::vector<FactorBlock> blocks_;
   Tensor value_;    // the factor
-  Tensor acc_;      // the step's sum when ema_decay > 0 (else empty: value_ accumulates directly)
+  Tensor acc_;      // the step's sum when ema_decay > 0 or asked for (else empty: value_ accumulates directly)
   Tensor inverse_;
   Tensor work_;     // the damped copy being inverted: largest block^2 (dense) or largest block
   int64_t pending_ = 0;

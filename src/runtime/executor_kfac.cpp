@@ -130,11 +130,11 @@ bool Executor::kfac_action(const Action& a) {
     case Kind::SYNC_CURV: ck.sync(step_); return true;
     case Kind::BCAST_INV_A:
     case Kind::BCAST_INV_B: {
-      int owner = kEveryRank;
-      for (const StagePlacement& sp : kfac_->plan->placements)
-        if (sp.pipeline == a.pipeline && sp.stage == a.stage) owner = sp.owner_of(a);
-      PF_CHECK(owner != kEveryRank, "{}: no owner in the plan", to_token(a));
-      ck.broadcast(a.kind == Kind::BCAST_INV_A ? Side::A : Side::B, a.layer, a.block, owner);
+      // The holder that inverted the piece (a replica, or Chimera's twin of some replica) sends it.
+      const auto owner = kfac_->plan->inverter(a);
+      PF_CHECK(owner.has_value(), "{}: a broadcast of a piece every holder inverts", to_token(a));
+      ck.broadcast(a.kind == Kind::BCAST_INV_A ? Side::A : Side::B, a.layer, a.block,
+                   groups_.world_rank(owner->first, owner->second));
       return true;
     }
     default: return false;
@@ -155,7 +155,7 @@ void Executor::kfac_precondition(Chunk& c, size_t index) {
     kfac_curv_ += curv ? layers : 0;
     kfac_inv_ += inv ? layers : 0;
   } else if (k.profiling(step_)) {
-    ck.set_replicated(MPI_COMM_NULL, 1);  // re-profiling: inline, as at the start (pending inverses dropped)
+    ck.set_replicated(MPI_COMM_NULL);  // re-profiling: inline, as at the start (pending inverses dropped)
     ck.inline_refresh(step_, true, true, holders, &k.times[index]);
     kfac_curv_ += layers;
     kfac_inv_ += layers;
@@ -246,13 +246,9 @@ void Executor::kfac_drain_lists() {
   const KfacPlan& p = *k.plan;
   // The cycle's units wrapped into the next cycle's leading gap (the front of cycle step 0) still
   // run, first thing at the boundary; then only F/B, communication, PREC and OPT.
-  const std::vector<Action>& steady = p.cycle[groups_.replica][device_][0];
-  std::vector<Action> first = p.first[groups_.replica][device_], wrapped;
-  for (const Action& a : steady) {
-    auto it = std::find(first.begin(), first.end(), a);
-    if (it != first.end()) first.erase(it);
-    else wrapped.push_back(a);
-  }
+  // (Chimera's group wraps inversions up to cycle step K: those of steps 1..K do not run; their
+  // inverses would be pending until a sync that does not come, and re-profiling drops them.)
+  const std::vector<Action> wrapped = p.wrapped(groups_.replica, device_, 0);
   k.drain_plain.clear();
   for (const Action& a : p.first[groups_.replica][device_])
     if (!is_kfac(a.kind) || a.kind == Kind::PREC) k.drain_plain.push_back(a);
@@ -322,7 +318,7 @@ void Executor::kfac_plan() {
   if (!k.recorded.empty()) {
     v = k.recorded;  // kfac.plan_profile: every rank plans from the same recorded numbers
   } else {
-    if (W > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
+    if (W > 1 || layout_.pipelines() > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
       const auto [alpha, beta] = kfac_bcast_model();
       v[v.size() - 2] = alpha;
       v[v.size() - 1] = beta;
@@ -428,9 +424,8 @@ void Executor::kfac_make_plan(bool restoring) {
   in.replicas = W;
   in.margin = kPlanMargin;
   in.split_to_shorten = cfg_.kfac.split_inversions;
-  // Chimera: each copy inverts all of its stage's factors, one cycle for all devices (the
-  // planner's stage groups, which share inversions between the twins, are not executed yet).
-  in.chimera_group = false;
+  // Chimera: a stage's twins and their replicas form one group sharing its inversions, each pair
+  // of twins with its own cycle (PlanInput::chimera_group, the default).
   in.recompute = recompute_;
   in.bcast_alpha = v[v.size() - 2] / (D * W);
   in.bcast_beta = v[v.size() - 1] / (D * W);
@@ -483,7 +478,7 @@ void Executor::kfac_make_plan(bool restoring) {
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
   // SYNC_CURV and inverses travel with it.
   if (W > 1 || layout_.pipelines() > 1)
-    for (size_t i = 0; i < chunks_.size(); ++i) k.chunk[i]->set_replicated(k.holders[i].get(), layout_.pipelines());
+    for (size_t i = 0; i < chunks_.size(); ++i) k.chunk[i]->set_replicated(k.holders[i].get());
   // Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
   for (size_t c = 0; c < chunks_.size(); ++c)
     for (int l = 0; l < k.chunk[c]->layers(); ++l)
@@ -506,10 +501,11 @@ void Executor::kfac_make_plan(bool restoring) {
                 "units in bubbles)\n",
                 from.c_str(), r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
                 p.base_step_time);
-    if (!p.placements.empty()) {  // W > 1: SPD-KFAC's Algorithm 1 over the replicas (all stages)
+    if (!p.placements.empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
       int ct = 0, pieces = 0;
-      for (const StagePlacement& sp : p.placements) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
-      std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every replica (broadcast model %.4g ms + "
+      for (const StagePlacement& sp : p.placements)  // Chimera's twins hold the same placement: count it once
+        if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
+      std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
                   "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
     }
     std::fflush(stdout);
@@ -611,7 +607,7 @@ void Executor::load_kfac_state(const CheckpointReader& r) {
     if (k.plan && k.replan_at >= 0) kfac_drain_lists();
     for (size_t i = 0; i < chunks_.size(); ++i)
       k.chunk[i]->load_state(r, kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), j.at("chunks")[i],
-                             k.holders[i].get(), layout_.pipelines());
+                             k.holders[i].get());
   } catch (const nlohmann::json::exception& e) {
     usage_error(r.dir() + "/" + kfac_file(R), "malformed K-FAC state: {}", e.what());
   }

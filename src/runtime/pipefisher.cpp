@@ -211,10 +211,11 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
   if (times) times->prec += ms_since(t0), ++times->prec_samples;
 }
 
-void ChunkKfac::set_replicated(MPI_Comm comm, int copies) {
+void ChunkKfac::set_replicated(MPI_Comm comm) {
   sync_comm_ = comm;
-  copies_ = copies;
-  root_of_.clear();
+  // Inversions of a cycle may run while the next cycle's curvature accumulates (Chimera's group).
+  for (int l = 0; l < layers(); ++l)
+    for (Side s : {Side::A, Side::B}) pre_->layer(l).factor(s).set_own_accumulator(comm != MPI_COMM_NULL);
   pending_.clear();
   if (comm == MPI_COMM_NULL) return;
   for (int l = 0; l < layers(); ++l)
@@ -222,24 +223,20 @@ void ChunkKfac::set_replicated(MPI_Comm comm, int copies) {
   flags_ = Tensor(Shape{2 * static_cast<int64_t>(layers())});
 }
 
-// W > 1, a CT piece: its owner (the lowest holder rank of replica `owner`: Chimera's pipeline-0
-// copy; the twin inverted the same bits) sends the piece it inverted last cycle, upper triangle
-// (a diagonal factor: its entries) plus a flag (0: nothing inverted yet); the others keep it
-// with their own NCT pieces until the SYNC_CURV that follows installs them all.
+// A CT piece: its owner (the holder `owner`, a world rank) sends the piece it inverted last
+// cycle, upper triangle (a diagonal factor: its entries) plus a flag (0: nothing inverted yet);
+// the others keep it with their own NCT pieces until the SYNC_CURV that follows installs them all.
 void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
   PF_CHECK(sync_comm_ != MPI_COMM_NULL, "BCAST_INV outside replicated bubbles");
-  int me = 0, n = 0;
+  int me = 0, root = MPI_UNDEFINED;
   MPI_Comm_rank(sync_comm_, &me);
-  MPI_Comm_size(sync_comm_, &n);
-  if (root_of_.empty()) {  // once per communicator, before its first broadcast (same point on every holder)
-    std::vector<int> replica_of(static_cast<size_t>(n));
-    comm::check(MPI_Allgather(&replica_, 1, MPI_INT, replica_of.data(), 1, MPI_INT, sync_comm_), "MPI_Allgather(replicas)");
-    for (int r = n; r-- > 0;) {
-      if (replica_of[r] >= static_cast<int>(root_of_.size())) root_of_.resize(replica_of[r] + 1, -1);
-      root_of_[replica_of[r]] = r;
-    }
-  }
-  const int root = root_of_.at(owner);
+  MPI_Group world, holders;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  MPI_Comm_group(sync_comm_, &holders);
+  MPI_Group_translate_ranks(world, 1, &owner, holders, &root);
+  MPI_Group_free(&world);
+  MPI_Group_free(&holders);
+  PF_CHECK(root != MPI_UNDEFINED, "BCAST_INV: rank {} holds no copy of this stage", owner);
   KfacFactor& f = pre_->layer(layer).factor(s);
   Tensor& piece = pending_[layer][side_of(s)];
   const int64_t d = f.dim();

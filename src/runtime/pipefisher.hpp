@@ -43,9 +43,11 @@
 // do this at the PREC before the first OPT, for every schedule.
 //
 // bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below). Chimera's
-// twins (devices i and D-1-i) share one cycle; their syncs are pinned at the end of one cycle
-// step, in stage order (sim/planner.hpp), so both sum the same micro-batches and switch inverses
-// at the same step.
+// twins (devices i and D-1-i) and their replicas form each stage's group: they share a cycle
+// (each pair of twins its own), their syncs are pinned at the end of one cycle step, in stage
+// order (sim/planner.hpp), so all sum the same micro-batches and switch inverses at the same
+// step; each inversion piece is inverted by its owner in the group (or by all: NCT) and
+// broadcast to the others, as with replicas.
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
@@ -134,18 +136,18 @@ class ChunkKfac final : public LinearTap {
   };
   const std::vector<UnitStamp>& inline_units() const { return inline_units_; }
   void clear_inline_units() { inline_units_.clear(); }
-  // Data + inversion parallelism (bubbles, W > 1; paper 3.2, as the planner plans it): factors
-  // are committed at SYNC_CURV, which all-reduces the cycle's sums and row counts among the
-  // stage's holders over `comm`; every holder switches there to the previous cycle's inverses.
-  // INV writes this holder's pieces aside until then: the NCT pieces every replica inverts, and
-  // the CT pieces of the replica that owns them (SPD-KFAC's Algorithm 1 in the planner), which
-  // BCAST_INV (broadcast) sends to the others just before the SYNC_CURV. copies: the holders per
-  // replica (Chimera: its 2 pipelines, which both invert a piece). MPI_COMM_NULL: back to
-  // committing at the last CURV and installing inverses at INV (re-profiling); this replica's
-  // pending inverses are dropped.
-  void set_replicated(MPI_Comm comm, int copies);
+  // Data + inversion parallelism (bubbles, W > 1 or Chimera; paper 3.2, as the planner plans
+  // it): factors are committed at SYNC_CURV, which all-reduces the cycle's sums and row counts
+  // among the stage's holders over `comm`; every holder switches there to the previous cycle's
+  // inverses. INV writes this holder's pieces aside until then: the NCT pieces every holder
+  // inverts, and the CT pieces of the holder that owns them (SPD-KFAC's Algorithm 1 in the
+  // planner, over the replicas and Chimera's twins), which BCAST_INV (broadcast) sends to the
+  // others just before the SYNC_CURV. MPI_COMM_NULL: back to committing at the last CURV and
+  // installing inverses at INV (re-profiling); this holder's pending inverses are dropped.
+  void set_replicated(MPI_Comm comm);
   void sync(int64_t t);
-  // BCAST_INV: the piece (block -1 = whole) inverted last cycle by replica `owner`, to every holder.
+  // BCAST_INV: the piece (block -1 = whole) inverted last cycle by holder `owner` (world rank), to
+  // every holder.
   void broadcast(Side s, int layer, int block, int owner);
   // Switch a factor to block-diagonal from step t on.
   void split(int layer, Side s, int blocks, int64_t t);
@@ -154,10 +156,9 @@ class ChunkKfac final : public LinearTap {
   // bit for bit: factors and their sums in progress, inverses in use and this replica's pending
   // ones, the cycle's saved micro-batch buffers and counters, the refresh record. Tensors are
   // named `prefix` + ...; the scalars are returned as JSON (doubles round-trip exactly).
-  // load_state: `comm`/`copies` as set_replicated's, applied if the saved chunk was replicated.
+  // load_state: `comm` as set_replicated's, applied if the saved chunk was replicated.
   nlohmann::json save_state(const std::string& prefix, NamedTensors& out) const;
-  void load_state(const CheckpointReader& r, const std::string& prefix, const nlohmann::json& j, MPI_Comm comm,
-                  int copies);
+  void load_state(const CheckpointReader& r, const std::string& prefix, const nlohmann::json& j, MPI_Comm comm);
 
   // The step is skipped (a non-finite loss or gradient on some rank; every rank calls this at
   // the same step): the curvature it added is undone. inline / skip: the K-FAC state returns to
@@ -189,7 +190,7 @@ class ChunkKfac final : public LinearTap {
   using ReadTensor = std::function<void(const std::string&, const Shape&, std::span<float>)>;
   nlohmann::json save_core(const std::string& prefix, NamedTensors& out, bool buffers) const;
   void load_core(const ReadTensor& read, const std::string& what, const std::string& prefix, const nlohmann::json& j,
-                 MPI_Comm comm, int copies, bool buffers);
+                 MPI_Comm comm, bool buffers);
   void take_snapshot(bool cycle);
 
   const Config& cfg_;
@@ -208,9 +209,7 @@ class ChunkKfac final : public LinearTap {
   std::vector<std::array<int64_t, 2>> committed_;       // [layer][side] step of the committed factor
   std::map<std::tuple<int, int, int>, InverseId> inverse_, used_;  // (layer, side, block)
   MPI_Comm sync_comm_ = MPI_COMM_NULL;          // set: W > 1 or Chimera bubbles
-  int copies_ = 1;
-  std::vector<int> root_of_;                    // [replica] its lowest rank in sync_comm_ (first broadcast)
-  std::vector<std::array<Tensor, 2>> pending_;  // [layer][side] this replica's fresh inverses
+  std::vector<std::array<Tensor, 2>> pending_;  // [layer][side] this holder's fresh inverses
   Tensor flags_;                                // [2 * layer + side] pieces inverted this cycle
   Tensor stash_;
   std::vector<RefreshEvent> events_;

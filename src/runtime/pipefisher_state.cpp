@@ -40,10 +40,9 @@ std::map<std::tuple<int, int, int>, InverseId> inverse_map(const json& j) {
 
 json ChunkKfac::save_state(const std::string& prefix, NamedTensors& out) const { return save_core(prefix, out, true); }
 
-void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix, const json& j, MPI_Comm comm,
-                           int copies) {
+void ChunkKfac::load_state(const CheckpointReader& r, const std::string& prefix, const json& j, MPI_Comm comm) {
   load_core([&](const std::string& name, const Shape& shape, std::span<float> out) { r.read(name, shape, out); },
-            r.dir(), prefix, j, comm, copies, true);
+            r.dir(), prefix, j, comm, true);
 }
 
 // The state a step's curvature may change (not the saved buffers: a skipped cycle never reads them).
@@ -65,7 +64,7 @@ void ChunkKfac::discard_step() {
                 }
               PF_CHECK(false, "snapshot has no tensor {}", name);
             },
-            "the step's K-FAC snapshot", "", json::parse(snapshot_scalars_), sync_comm_, copies_, false);
+            "the step's K-FAC snapshot", "", json::parse(snapshot_scalars_), sync_comm_, false);
   if (snapshot_cycle_) {
     poisoned_ = true;
     // Its buffers hold the skipped step's data: never read now, and not worth a checkpoint.
@@ -84,7 +83,7 @@ json ChunkKfac::save_core(const std::string& prefix, NamedTensors& out, bool buf
       const Side sd = s == 0 ? Side::A : Side::B;
       KfacFactor& f = pre_->layer(l).factor(sd);
       // With ema 0 the sum in progress is the factor itself (saved above); else its own buffer.
-      if (f.ema_decay() > 0)
+      if (f.own_accumulator())
         out.emplace_back(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", f.accumulator());
       factors.push_back({f.pending_micro_batches(), num(f.trace()), f.num_blocks(), pre_->pending_rows(l, sd)});
     }
@@ -120,7 +119,7 @@ json ChunkKfac::save_core(const std::string& prefix, NamedTensors& out, bool buf
 }
 
 void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const std::string& prefix, const json& j,
-                          MPI_Comm comm, int copies, bool buffers) {
+                          MPI_Comm comm, bool buffers) {
   const int L = layers();
   const json& factors = j.at("factors");
   if (static_cast<int>(factors.size()) != 2 * L || (buffers && j.at("saved").size() != saved_a_.size()))
@@ -132,6 +131,9 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
       const int blocks = factors[2 * l + s][2].get<int>();
       if (f.num_blocks() != blocks) f.set_blocks(blocks);
     }
+  // Replicated or not first: it decides whether the sums in progress have their own buffers.
+  const MPI_Comm want = j.at("replicated").get<bool>() ? comm : MPI_COMM_NULL;
+  if (buffers || want != sync_comm_) set_replicated(want);  // a snapshot: usually unchanged
   NamedTensors st = pre_->state();  // names and shapes, filled from the checkpoint
   for (auto& [name, t] : st) read(prefix + name, t.shape(), t.span());
   pre_->load_state(st);
@@ -140,7 +142,7 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
       const Side sd = s == 0 ? Side::A : Side::B;
       KfacFactor& f = pre_->layer(l).factor(sd);
       const json& e = factors[2 * l + s];
-      if (f.ema_decay() > 0) {
+      if (f.own_accumulator()) {
         Tensor& acc = f.accumulator();
         read(prefix + pre_->layer(l).name() + ".kfac." + side_name(s) + "_acc", acc.shape(), acc.span());
       }
@@ -155,8 +157,6 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
     PF_CHECK(static_cast<int>(saved_a_[l].rows.size()) == slots_ && static_cast<int>(saved_b_[l].rows.size()) == slots_,
              "saved rows of layer {}: {} slots, expected {}", l, saved_a_[l].rows.size(), slots_);
   }
-  const MPI_Comm want = j.at("replicated").get<bool>() ? comm : MPI_COMM_NULL;
-  if (buffers || want != sync_comm_) set_replicated(want, copies);  // a snapshot: usually unchanged
   if (sync_comm_ != MPI_COMM_NULL) {
     for (int l = 0; l < L; ++l)
       for (int s = 0; s < 2; ++s)

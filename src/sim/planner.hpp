@@ -92,7 +92,9 @@
 #include "sim/sim.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pf {
@@ -218,6 +220,12 @@ struct KfacPlan {
   int period() const;  // max refresh_steps: what a drawing of the whole refresh shows
   // What device `device` of replica `replica` runs in training step t (0-based).
   const std::vector<Action>& actions(int replica, int device, int64_t t) const;
+  // The holder (device, replica) that inverts the piece an INV_A/B or BCAST_INV_A/B names and
+  // broadcasts it to the stage's other holders; nullopt when every holder inverts it (NCT, or
+  // the stage has one holder).
+  std::optional<std::pair<int, int>> inverter(const Action& inv_or_bcast) const;
+  // The previous cycle's units that cycle step k of device `device` runs (wrapped), in list order.
+  std::vector<Action> wrapped(int replica, int device, int k) const;
   // The whole step t of one replica as a Schedule (header of the input schedule).
   Schedule schedule_for(int replica, int64_t t) const;
   // Steady-state timeline of `steps` consecutive steps from a cycle start (step boundaries at

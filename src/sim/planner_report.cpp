@@ -19,6 +19,27 @@ const std::vector<Action>& KfacPlan::actions(int replica, int device, int64_t t)
   return cycle[replica][device][t % R];
 }
 
+std::optional<std::pair<int, int>> KfacPlan::inverter(const Action& a) const {
+  for (const StagePlacement& sp : placements)
+    if (sp.pipeline == a.pipeline && sp.stage == a.stage) {
+      const int m = sp.owner_of(a);
+      if (m == kEveryRank) return std::nullopt;
+      return sp.members.at(m);
+    }
+  return std::nullopt;  // one holder: it inverts everything
+}
+
+std::vector<Action> KfacPlan::wrapped(int replica, int device, int k) const {
+  // Cycle step k in steady state minus the same step of the first cycle (no previous cycle).
+  std::vector<Action> first = first_cycle.at(replica).at(device).at(k), out;
+  for (const Action& a : cycle[replica][device][k]) {
+    auto it = std::find(first.begin(), first.end(), a);
+    if (it != first.end()) first.erase(it);
+    else out.push_back(a);
+  }
+  return out;
+}
+
 Schedule KfacPlan::schedule_for(int replica, int64_t t) const {
   Schedule s = step_template;
   for (int d = 0; d < devices; ++d) s.per_device[d] = actions(replica, d, t);

@@ -306,3 +306,42 @@ TEST(KfacFactor, InvertingAHalfAccumulatedFactorIsRefusedWithoutEma) {
 
 }  // namespace
 }  // namespace pf
+
+namespace pf {
+namespace {
+
+// An own accumulator with ema 0 (PipeFisher's Chimera group inverts cycle c's factors while cycle
+// c+1's curvature accumulates): the committed factor stays what it was while the next sum grows,
+// it inverts as the committed factor, and the next commit gives the in-place factor's value.
+TEST(KfacFactor, OwnAccumulatorKeepsTheCommittedFactorWhileSumming) {
+  Tensor x = int_rows(6, 4, 7), y = int_rows(5, 4, 11);
+  KfacFactor in_place("A", 4), own("A", 4);
+  own.set_own_accumulator(true);
+  EXPECT_TRUE(own.own_accumulator());
+  for (KfacFactor* f : {&in_place, &own}) {
+    f->accumulate(x.data(), 6, 4, 1.0f);
+    f->commit();
+  }
+  const Tensor committed = own.value();
+  EXPECT_EQ(std::memcmp(committed.data(), in_place.value().data(), committed.numel() * sizeof(float)), 0);
+  own.accumulate(y.data(), 5, 4, 1.0f);
+  in_place.accumulate(y.data(), 5, 4, 1.0f);
+  EXPECT_EQ(std::memcmp(committed.data(), own.value().data(), committed.numel() * sizeof(float)), 0);
+  ASSERT_EQ(own.invert(0.1).status, InvertStatus::Ok);
+  Mat ref = dense::inverse(dense::add_diag(dense::from_tensor(committed), 0.1));
+  EXPECT_LT(dense::max_abs_diff(dense::from_tensor(own.inverse()), ref), 1e-5);
+  own.commit();
+  in_place.commit();
+  EXPECT_EQ(std::memcmp(in_place.value().data(), own.value().data(), committed.numel() * sizeof(float)), 0);
+  EXPECT_EQ(own.trace(), in_place.trace());
+  // Switching off mid-sum moves the sum in progress into the factor.
+  own.accumulate(x.data(), 6, 4, 1.0f);
+  own.set_own_accumulator(false);
+  EXPECT_FALSE(own.own_accumulator());
+  own.commit();
+  Mat want = gram(x);
+  EXPECT_LT(dense::max_abs_diff(dense::from_tensor(own.value()), want), 1e-6);
+}
+
+}  // namespace
+}  // namespace pf

@@ -14,6 +14,7 @@
 // refresh (an inverse used one step early or late) moves weights by ~1e-3 (checked by mutating
 // the reference), and K-FAC itself by far more (KfacChangesTheWeights).
 #include "core/blas.hpp"
+#include "schedule/action.hpp"
 #include "data/batches.hpp"
 #include "io/safetensors.hpp"
 #include "kfac/preconditioner.hpp"
@@ -186,13 +187,16 @@ void expect_close(const std::map<std::string, std::vector<float>>& got,
   EXPECT_LE(worst, 1e-5) << what; std::printf("%s worst %g\n", what.c_str(), worst);
 }
 
+// out: the run's output, for further checks.
 void expect_bubbles_match(const std::string& name, int ranks, const std::string& sets,
-                          const std::vector<std::string>& cfg_sets, const std::string& env = "") {
+                          const std::vector<std::string>& cfg_sets, const std::string& env = "",
+                          std::string* out = nullptr) {
   // No re-plan on drift (DriftReplansAndStillEqualsSingleProcess tests it): on a loaded machine
   // 4 ranks on 2 cores drift every few steps and would re-profile the whole run (inline K-FAC,
   // no stale inverse to check).
   Launched r = launch(ranks, name, sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false", env);
   ASSERT_EQ(r.status, 0) << r.out;
+  if (out) *out = r.out;
   EXPECT_NE(r.out.find("pipefisher: planned from 2 profiled steps"), std::string::npos) << r.out;
   std::ifstream f(dir() / name / "kfac_refresh.json");
   const nlohmann::json rec = nlohmann::json::parse(f);
@@ -338,6 +342,80 @@ TEST(PipeFisherRuntime, BubblesWithRecomputeEqualSingleProcessWithSamePattern) {
                        {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001");
 }
 
+// Inversion parallelism across Chimera's twins (and replicas): which rank ran which inversion
+// piece and which broadcast, from the runtime's traces (--profile-dir: every step's actions as
+// they ran). Key: (stage, side, layer, block) of the stage group's piece; both pipelines' copies
+// of a stage name the same piece.
+struct Shares {
+  std::map<std::tuple<int, int, int, int>, std::set<int>> inv, bcast;  // piece -> ranks
+};
+Shares shares_in_traces(const fs::path& profile_dir) {
+  Shares sh;
+  for (const auto& f : fs::directory_iterator(profile_dir)) {
+    if (f.path().filename().string().rfind("trace-step", 0) != 0) continue;
+    std::ifstream in(f.path());
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      const pf::Action a = pf::parse_token(e["name"].get<std::string>(), f.path().string());
+      const bool inv = a.kind == pf::Kind::INV_A || a.kind == pf::Kind::INV_B;
+      const bool bcast = a.kind == pf::Kind::BCAST_INV_A || a.kind == pf::Kind::BCAST_INV_B;
+      if (!inv && !bcast) continue;
+      const int side = a.kind == pf::Kind::INV_A || a.kind == pf::Kind::BCAST_INV_A ? 0 : 1;
+      (inv ? sh.inv : sh.bcast)[{a.stage, side, a.layer, a.block}].insert(e["pid"].get<int>());
+    }
+  }
+  return sh;
+}
+
+// With a zero broadcast cost every piece is CT: each is inverted by one holder of its stage
+// group and broadcast to all `holders` of it; the pieces inverted cover every factor of every
+// stage (the plan's count), and each holder inverts only its share.
+void expect_shared_inversions(const Shares& sh, const std::string& out, size_t holders, const std::string& what) {
+  const auto at = out.find("inversion pieces:");
+  ASSERT_NE(at, std::string::npos) << out;
+  int ct = -1, nct = -1;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "inversion pieces: %d broadcast, %d", &ct, &nct), 2) << out;
+  EXPECT_EQ(nct, 0) << out;
+  EXPECT_EQ(sh.inv.size(), static_cast<size_t>(ct)) << what << ": every piece of every stage inverted";
+  std::map<int, std::set<int>> group;                // stage -> ranks that broadcast its pieces
+  std::map<std::pair<int, int>, int> inverted;       // (stage, rank) -> pieces it inverted
+  for (const auto& [piece, ranks] : sh.inv) {
+    EXPECT_EQ(ranks.size(), 1u) << what << ": stage " << std::get<0>(piece) << " layer " << std::get<2>(piece)
+                                << " side " << std::get<1>(piece) << " inverted by more than one holder";
+    ++inverted[{std::get<0>(piece), *ranks.begin()}];
+  }
+  for (const auto& [piece, ranks] : sh.bcast) {
+    EXPECT_EQ(ranks.size(), holders) << what << ": a broadcast every holder of the stage joins";
+    EXPECT_TRUE(sh.inv.count(piece)) << what << ": a broadcast piece nobody inverted";
+    group[std::get<0>(piece)].insert(ranks.begin(), ranks.end());
+  }
+  for (const auto& [piece, ranks] : sh.inv) EXPECT_TRUE(sh.bcast.count(piece)) << what << ": an inverse never broadcast";
+  // Each holder inverts a share, not the stage's whole set.
+  for (const auto& [stage, ranks] : group)
+    for (int r : ranks) {
+      int total = 0;
+      for (const auto& [piece, x] : sh.inv) total += std::get<0>(piece) == stage;
+      const int mine = inverted[std::pair(stage, r)];
+      EXPECT_GT(mine, 0) << what << ": rank " << r << " inverts none of stage " << stage;
+      EXPECT_LT(mine, total) << what << ": rank " << r << " inverts all of stage " << stage;
+    }
+}
+
+// Chimera on 4 devices: twins 0/3 and 1/2 each share their two stages' inversions (Algorithm 1
+// over the 2 holders), each pair with its own cycle; the weights still equal single-process
+// K-FAC following the refresh record.
+TEST(PipeFisherRuntime, BubblesWithChimeraTwinsShareInversions) {
+  std::string out;
+  const fs::path prof = dir() / "chimera_4_share_profile";
+  fs::remove_all(prof);
+  expect_bubbles_match("chimera_4_share", 4,
+                       "--set parallel.stages=4 --set parallel.schedule=chimera --set train.steps=16 --profile-dir " +
+                           prof.string(),
+                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05 PF_TEST_BCAST_MODEL=0,0", &out);
+  expect_shared_inversions(shares_in_traces(prof), out, 2, "chimera_4_share");
+}
+
 // Re-plan on drift: a test hook counts steps 4, 5, 6 as 10x their measured forward/backward time;
 // after the third step over 1.3x the profile every rank finishes its cycle, then all re-profile
 // and re-plan. The refresh record carries the
@@ -419,11 +497,18 @@ TEST(PipeFisherRuntime, SplitInversionsOnlyWhenAsked) {
 
 // 2 stages x 2 replicas: each stage has 4 holders (2 twins x 2 replicas); the replicas of a
 // device share its inversions out, each pipeline's holders together invert every piece once.
+// Each stage's group is 2 twins x 2 replicas; with a zero broadcast cost each of the 4 inverts
+// its share and every piece is broadcast to all 4.
 TEST(PipeFisherRuntime, BubblesWithChimeraAndReplicasEqualSingleProcessWithSamePattern) {
+  std::string out;
+  const fs::path prof = dir() / "chimera_2x2_profile";
+  fs::remove_all(prof);
   expect_bubbles_match("chimera_2x2", 4,
                        "--set parallel.stages=2 --set parallel.schedule=chimera --set parallel.data_parallel=2 "
-                       "--set train.steps=16",
-                       {"parallel.data_parallel=2", "train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001");
+                       "--set train.steps=16 --profile-dir " + prof.string(),
+                       {"parallel.data_parallel=2", "train.steps=16"},
+                       "PF_TEST_KFAC_COST_SCALE=0.0001 PF_TEST_BCAST_MODEL=0,0", &out);
+  expect_shared_inversions(shares_in_traces(prof), out, 4, "chimera_2x2");
 }
 
 }  // namespace
