@@ -374,6 +374,11 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   // tiny bubbles need the planner to see scaled-down costs to refresh within the run.
   expect_kfac_resume_identical("kfac-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera "
                                "--set kfac.placement=bubbles", "PF_TEST_KFAC_COST_SCALE=0.0001 ");
+  // Chimera on 4 devices: the twins share each stage's inversions (broadcast from their owner),
+  // each pair with its own cycle, and a cycle's inversions overlap the next one's curvature (the
+  // factors' own accumulators hold sums in progress at the checkpoint).
+  expect_kfac_resume_identical("kfac-chimera-4", 4, "--set parallel.stages=4 --set parallel.schedule=chimera "
+                               "--set kfac.placement=bubbles", "PF_TEST_KFAC_COST_SCALE=0.05 PF_TEST_BCAST_MODEL=0,0 ");
   // 2 replicas per stage: a stage's inversion pieces placed by Algorithm 1 (a fixed broadcast
   // model, so that some are broadcast from their owner and some inverted by every replica).
   expect_kfac_resume_identical("kfac-bubbles-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "

@@ -431,6 +431,8 @@ TEST(PipeFisherRuntime, DriftReplansAndStillEqualsSingleProcess) {
   for (const Case& c :
        {Case{"drift_1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b", {}},
         Case{"drift_chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera", {}},
+        // Twins share inversions, each pair with its own cycle, inversions wrapped up to step K.
+        Case{"drift_chimera_4", 4, "--set parallel.stages=4 --set parallel.schedule=chimera", {}},
         // K-FAC costs 3x as measured: the cycle's last units wrap into the next cycle's first
         // step, so the re-profile's first step starts with them (once ran off its profile list).
         // Splitting to shorten the refresh keeps the cycle short enough to re-plan within the run
@@ -443,6 +445,7 @@ TEST(PipeFisherRuntime, DriftReplansAndStillEqualsSingleProcess) {
              {"parallel.data_parallel=2", "parallel.micro_batches=2"}}}) {
     const std::string env =
         std::string("PF_TEST_DRIFT_AT_STEP=4") + (c.name == "drift_chimera"   ? " PF_TEST_KFAC_COST_SCALE=0.0001"
+                                                  : c.name == "drift_chimera_4" ? " PF_TEST_KFAC_COST_SCALE=0.05"
                                                   : c.name == "drift_wrapped" ? " PF_TEST_KFAC_COST_SCALE=3"
                                                                               : "");
     // launch() exports the first variable; the second is inherited by mpirun's local ranks.
