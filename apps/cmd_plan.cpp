@@ -573,8 +573,8 @@ Runner setup(CLI::App& app) {
                "Also split an inversion into diagonal blocks when that shortens the refresh period (default: exact "
                "factors, split only when larger than every bubble)");
   app.add_flag("--no-stage-group", a->no_stage_group,
-               "Chimera: every pipeline copy inverts all its stage's factors and all devices share one cycle (what "
-               "the runtime executes), instead of the twins sharing them");
+               "Chimera: every pipeline copy inverts all its stage's factors and all devices share one cycle, "
+               "instead of the twins sharing them (as the runtime does)");
   app.add_flag("--sweep", a->sweep, "Performance model over micro-batch sizes, D and N = D, 2D, 3D");
   app.add_flag("--recompute", a->recompute,
                "Activation recomputation (R, the runtime's parallel.recompute): every backward repeats its forward "

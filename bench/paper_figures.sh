@@ -50,7 +50,7 @@ echo "### Figures 3, 4 and 7: the paper's settings (P100 profiles, micro-batch 3
 echo
 echo "Exact factors (an inversion is split into diagonal blocks only when no gap holds it: the splits"
 echo "column). Chimera: the twins of a stage share its inversions (the planner's stage groups);"
-echo "\"no stage group\": every copy inverts all its factors, one cycle (what the runtime runs). W: replicas"
+echo "\"no stage group\": every copy inverts all its factors, one cycle (for comparison: the runtime runs the groups). W: replicas"
 echo "per stage (data and inversion parallelism; no broadcast cost modelled). Utilization and step ratio"
 echo "(PipeFisher's step over the same schedule without K-FAC) are the model's; the paper's are measured."
 echo

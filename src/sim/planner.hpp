@@ -146,7 +146,7 @@ struct PlanInput {
   // Chimera: a stage's holders (its two pipeline copies x W replicas) form one group that shares
   // the stage's inversions (Algorithm 1 over 2W members, inverses broadcast in the group), and
   // each pair of twins keeps its own cycle (see above). Off: every copy inverts all of its
-  // stage's factors and all devices share one cycle (what the runtime executes today).
+  // stage's factors and all devices share one cycle (for comparison; the runtime runs the group).
   bool chimera_group = true;
   // Activation recomputation (parallel.recompute): a layer's inputs exist again only when the
   // backward re-runs the forward, so a micro-batch's CURV_A is ready after its backward, not its
