@@ -51,7 +51,8 @@ void Executor::kfac_setup() {
   const int N = layout_.micro_batches;
   for (auto& c : chunks_) {
     k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
-                                                  static_cast<int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len));
+                                                  static_cast<int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len,
+                                                  layout_.pipelines() > 1));
     c->kfac = k.chunk.back().get();
     k.times.emplace_back();
   }

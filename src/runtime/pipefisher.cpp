@@ -22,8 +22,9 @@ Side other(Side s) { return s == Side::A ? Side::B : Side::A; }
 }  // namespace
 
 ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of,
-                     int64_t rows)
-    : cfg_(cfg), replica_(replica), micro_batches_(micro_batches), slot_of_(std::move(slot_of)), rows_(rows) {
+                     int64_t rows, bool overlap)
+    : cfg_(cfg), replica_(replica), micro_batches_(micro_batches), overlap_(overlap), slot_of_(std::move(slot_of)),
+      rows_(rows) {
   pre_ = std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab);
   for (int s : slot_of_) slots_ += s >= 0;
   const int L = layers();
@@ -215,7 +216,7 @@ void ChunkKfac::set_replicated(MPI_Comm comm) {
   sync_comm_ = comm;
   // Inversions of a cycle may run while the next cycle's curvature accumulates (Chimera's group).
   for (int l = 0; l < layers(); ++l)
-    for (Side s : {Side::A, Side::B}) pre_->layer(l).factor(s).set_own_accumulator(comm != MPI_COMM_NULL);
+    for (Side s : {Side::A, Side::B}) pre_->layer(l).factor(s).set_own_accumulator(overlap_ && comm != MPI_COMM_NULL);
   pending_.clear();
   if (comm == MPI_COMM_NULL) return;
   for (int l = 0; l < layers(); ++l)

@@ -47,7 +47,9 @@
 // (each pair of twins its own), their syncs are pinned at the end of one cycle step, in stage
 // order (sim/planner.hpp), so all sum the same micro-batches and switch inverses at the same
 // step; each inversion piece is inverted by its owner in the group (or by all: NCT) and
-// broadcast to the others, as with replicas.
+// broadcast to the others, as with replicas. A cycle's inversions may run while the next cycle's
+// curvature accumulates, so Chimera's factors sum into buffers of their own (memory: one more
+// copy of the factors).
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
@@ -107,8 +109,11 @@ struct ChunkKfacTimes {
 class ChunkKfac final : public LinearTap {
  public:
   // model: the chunk's model; replica/micro_batches: to map a micro-batch index to the chunk's
-  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch.
-  ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of, int64_t rows);
+  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch. overlap: when
+  // replicated, a cycle's inversions may run during the next cycle's curvature (Chimera's group),
+  // so each factor sums into a buffer of its own (one more factor of memory).
+  ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of, int64_t rows,
+            bool overlap);
   ~ChunkKfac() override;
 
   KfacPreconditioner& pre() { return *pre_; }
@@ -196,6 +201,7 @@ class ChunkKfac final : public LinearTap {
   const Config& cfg_;
   std::unique_ptr<KfacPreconditioner> pre_;
   int replica_, micro_batches_;
+  bool overlap_;
   std::vector<int> slot_of_;
   int slots_ = 0;
   int64_t rows_ = 0;
