@@ -343,27 +343,25 @@ TEST(PipeFisherRuntime, BubblesWithRecomputeEqualSingleProcessWithSamePattern) {
 }
 
 // Inversion parallelism across Chimera's twins (and replicas): which rank ran which inversion
-// piece and which broadcast, from the runtime's traces (--profile-dir: every step's actions as
-// they ran). Key: (stage, side, layer, block) of the stage group's piece; both pipelines' copies
-// of a stage name the same piece.
+// piece and which broadcast, from the runtime's trace (--profile-dir's trace.json: every profiled
+// step's actions as they ran; steps 1-2 profile inline and are left out). Key: (stage, side,
+// layer, block) of the stage group's piece; both pipelines' copies of a stage name the same piece.
 struct Shares {
   std::map<std::tuple<int, int, int, int>, std::set<int>> inv, bcast;  // piece -> ranks
 };
-Shares shares_in_traces(const fs::path& profile_dir) {
+Shares shares_in_trace(const fs::path& profile_dir) {
   Shares sh;
-  for (const auto& f : fs::directory_iterator(profile_dir)) {
-    if (f.path().filename().string().rfind("trace-step", 0) != 0) continue;
-    std::ifstream in(f.path());
-    const nlohmann::json trace = nlohmann::json::parse(in);
-    for (const auto& e : trace["traceEvents"]) {
-      if (e["ph"] != "X") continue;
-      const pf::Action a = pf::parse_token(e["name"].get<std::string>(), f.path().string());
-      const bool inv = a.kind == pf::Kind::INV_A || a.kind == pf::Kind::INV_B;
-      const bool bcast = a.kind == pf::Kind::BCAST_INV_A || a.kind == pf::Kind::BCAST_INV_B;
-      if (!inv && !bcast) continue;
-      const int side = a.kind == pf::Kind::INV_A || a.kind == pf::Kind::BCAST_INV_A ? 0 : 1;
-      (inv ? sh.inv : sh.bcast)[{a.stage, side, a.layer, a.block}].insert(e["pid"].get<int>());
-    }
+  std::ifstream in(profile_dir / "trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || !e.contains("args") || !e["args"].contains("action") || e["args"]["step"].get<int>() <= 2)
+      continue;
+    const pf::Action a = pf::parse_token(e["args"]["action"].get<std::string>(), "trace.json");
+    const bool inv = a.kind == pf::Kind::INV_A || a.kind == pf::Kind::INV_B;
+    const bool bcast = a.kind == pf::Kind::BCAST_INV_A || a.kind == pf::Kind::BCAST_INV_B;
+    if (!inv && !bcast) continue;
+    const int side = a.kind == pf::Kind::INV_A || a.kind == pf::Kind::BCAST_INV_A ? 0 : 1;
+    (inv ? sh.inv : sh.bcast)[{a.stage, side, a.layer, a.block}].insert(e["pid"].get<int>());
   }
   return sh;
 }
@@ -413,7 +411,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraTwinsShareInversions) {
                        "--set parallel.stages=4 --set parallel.schedule=chimera --set train.steps=16 --profile-dir " +
                            prof.string(),
                        {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05 PF_TEST_BCAST_MODEL=0,0", &out);
-  expect_shared_inversions(shares_in_traces(prof), out, 2, "chimera_4_share");
+  expect_shared_inversions(shares_in_trace(prof), out, 2, "chimera_4_share");
 }
 
 // Re-plan on drift: a test hook counts steps 4, 5, 6 as 10x their measured forward/backward time;
@@ -511,7 +509,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraAndReplicasEqualSingleProcessWithSameP
                        "--set train.steps=16 --profile-dir " + prof.string(),
                        {"parallel.data_parallel=2", "train.steps=16"},
                        "PF_TEST_KFAC_COST_SCALE=0.0001 PF_TEST_BCAST_MODEL=0,0", &out);
-  expect_shared_inversions(shares_in_traces(prof), out, 4, "chimera_2x2");
+  expect_shared_inversions(shares_in_trace(prof), out, 4, "chimera_2x2");
 }
 
 }  // namespace
