@@ -27,6 +27,7 @@ struct TrainArgs {
   std::string profile_dir;
   std::vector<int> profile_steps;
   bool print_config = false;
+  bool overwrite = false;
 };
 
 int run_train(const TrainArgs& a) {
@@ -42,7 +43,7 @@ int run_train(const TrainArgs& a) {
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
     return run_parallel_training(cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}},
-                                       a.resume, !a.log_json.empty()});
+                                       a.resume, !a.log_json.empty(), a.overwrite});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
   check_resources(cfg);
@@ -51,7 +52,7 @@ int run_train(const TrainArgs& a) {
   std::unique_ptr<CheckpointReader> resume;
   std::vector<std::string> notes;
   if (!a.resume.empty()) resume = open_resume_checkpoint(cfg, a.resume, notes);
-  check_output_paths(cfg, {a.save, "", !a.log_json.empty()});
+  check_output_paths(cfg, {a.save, "", !a.log_json.empty(), !a.resume.empty(), a.overwrite});
   // Everything that can be refused has been: from here on the run writes its outputs.
   const std::unique_ptr<RunLocks> locks = lock_output_dirs(cfg);
   for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
@@ -144,6 +145,8 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--save", a->save, "also save the final weights here (safetensors)");
   cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");
+  cmd.add_flag("--overwrite", a->overwrite,
+               "replace the outputs of another run (another config) in train.out_dir instead of refusing");
   cmd.add_flag("--print-config", a->print_config, "print the resolved configuration (every key) and exit");
   cmd.add_option("--profile-dir", a->profile_dir,
                  "record every action of every rank: timeline SVG, Chrome trace and profile.json here "

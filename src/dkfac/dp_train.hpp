@@ -22,6 +22,7 @@ struct DpKfacArgs {
   std::string init, save;   // --init, --save (safetensors)
   std::string perf_cache;   // perf-model cache directory ("" = comm::perf_cache_dir())
   std::string profile_dir;  // --profile-dir: not supported by this loop (refused)
+  bool overwrite = false;   // --overwrite: another run's outputs in out_dir may go
 };
 
 // True when the run is this loop's: one stage, K-FAC on.

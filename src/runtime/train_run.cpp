@@ -99,7 +99,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   // locked against another run (rank 0 writes them).
   std::unique_ptr<RunLocks> locks;
   comm::on_root_agreed(world.rank(), [&] {
-    check_output_paths(cfg, {a.save, a.profile.dir, a.log_json_from_flag});
+    check_output_paths(cfg, {a.save, a.profile.dir, a.log_json_from_flag, !a.resume.empty(), a.overwrite});
     locks = lock_output_dirs(cfg);
     for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
   });
@@ -316,7 +316,7 @@ int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
         usage_error("train.checkpoint_every", "data-parallel K-FAC (parallel.stages = 1, kfac.enabled) writes no "
                     "checkpoints; set it to 0 or run a pipeline (parallel.stages > 1)");
     }
-    if (is_dp_kfac_run(cfg)) return run_dp_kfac_training(world, std::move(cfg), {args.init, args.save, "", args.profile.dir});
+    if (is_dp_kfac_run(cfg)) return run_dp_kfac_training(world, std::move(cfg), {args.init, args.save, "", args.profile.dir, args.overwrite});
     return train(world, std::move(cfg), args);
   } catch (const UsageError&) {
     if (world.rank() == 0) throw;

@@ -14,6 +14,7 @@ struct ParallelRunArgs {
   ProfileOptions profile;  // --profile-dir, --profile-steps
   std::string resume;      // --resume: a checkpoint directory
   bool log_json_from_flag = false;  // train.log_json came from --log-json (for messages)
+  bool overwrite = false;           // --overwrite: another run's outputs in out_dir may go
 };
 
 // Initialises MPI (comm::World), trains, finalises. Returns the exit status. A UsageError found

@@ -12,6 +12,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 namespace pf {
 
@@ -113,11 +116,42 @@ int take_lock(const std::string& dir, const std::string& what) {
   return fd;
 }
 
+// The first line where two config.toml texts differ (the key a user changed), for the message.
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream x(a), y(b);
+  std::string section, lx, ly;
+  while (true) {
+    const bool more_x = static_cast<bool>(std::getline(x, lx)), more_y = static_cast<bool>(std::getline(y, ly));
+    if (!more_x && !more_y) return "";
+    if (!more_x || !more_y || lx != ly) {
+      const std::string& line = more_y ? ly : lx;
+      return section.empty() ? line : section + " " + line;
+    }
+    if (!lx.empty() && lx.front() == '[') section = lx;
+  }
+}
+
+// out_dir holding the outputs of a run with another configuration is refused: a new run would
+// overwrite its weights and interleave its log.
+void check_not_another_run(const Config& cfg) {
+  const fs::path previous = fs::path(cfg.train.out_dir) / "config.toml";
+  std::error_code ec;
+  if (!fs::is_regular_file(previous, ec)) return;
+  std::ifstream f(previous);
+  const std::string theirs((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string ours = cfg.to_toml();
+  if (theirs == ours) return;
+  usage_error("train.out_dir", "'{}' holds the outputs of another run (its config.toml differs at '{}'); "
+              "give this run its own train.out_dir, or --overwrite to replace them", cfg.train.out_dir,
+              first_difference(theirs, ours));
+}
+
 }  // namespace
 
 void check_output_paths(const Config& cfg, const RunOutputs& o) {
   const std::string& out = cfg.train.out_dir;
   check_dir(out, "train.out_dir");
+  if (!o.resuming && !o.overwrite) check_not_another_run(cfg);
   std::error_code ec;
   for (const char* name : {"config.toml", "config.json", "log.jsonl", "metrics.csv", "model.safetensors",
                            "summary.json", "kfac_refresh.json", "kfac_profile.json", "dkfac.json"})

@@ -11,6 +11,10 @@
 //                          `latest`, if present, is a file
 //   --profile-dir          a directory (made if missing)
 //
+// Another run's outputs: an out_dir whose config.toml differs from this run's (Hugging Face's
+// overwrite_output_dir rule) is refused unless the run resumes or --overwrite is given; the same
+// config (the same job run again) replaces them.
+//
 // Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
 // checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
 // process exits (a killed run's lock goes with it). A second run finds one held and is refused,
@@ -27,6 +31,8 @@ struct RunOutputs {
   std::string save;                 // --save
   std::string profile_dir;          // --profile-dir
   bool log_json_from_flag = false;  // train.log_json came from --log-json (named so in errors)
+  bool resuming = false;            // --resume: the run's own out_dir, appended to
+  bool overwrite = false;           // --overwrite: another run's outputs may be replaced
 };
 
 // UsageError naming the key or flag of the first path that cannot be written.

@@ -140,3 +140,35 @@ TEST_F(TrainCli, WarmupLongerThanTheRunIsWarnedAbout) {
   EXPECT_NE(r.out.find(", nvlamb, 2 steps"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" elapsed, ETA "), std::string::npos) << r.out;
 }
+
+// An out_dir holding another run's outputs (another config) is refused, its files untouched;
+// the same job runs again, --overwrite replaces them, and an MPI run checks the same.
+TEST_F(TrainCli, AnotherRunsOutputsAreNotOverwritten) {
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const std::string job = "train --set model.preset=bert-tiny --set model.seq_len=16 --set parallel.micro_batches=2 "
+                          "--set parallel.micro_batch_size=2 --set train.eval_every=0 --steps 2 --set data.train_file=" +
+                          sample + " --set data.valid_file=" + sample + " --set train.out_dir=" + out_.string();
+  ASSERT_EQ(pipefisher(job, dir_).status, 0);
+  Output again = pipefisher(job, dir_);
+  ASSERT_EQ(again.status, 0) << "the same job must run twice in a row\n" << again.err;
+  const auto read = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  const std::string log = read(out_ / "log.jsonl"), weights = read(out_ / "model.safetensors");
+  for (const std::string& launcher : {std::string(), std::string(PF_SOURCE_DIR) + "/scripts/pfrun -np 2 "}) {
+    const std::string other = job + " --set optim.lr=0.003" + (launcher.empty() ? "" : " --set parallel.stages=2");
+    const fs::path err = dir_ / "stderr.txt";
+    const int rc = std::system((launcher + PF_BINARY + " " + other + " > /dev/null 2> " + err.string()).c_str());
+    const std::string e = read(err);
+    EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 2) << launcher << e;
+    EXPECT_NE(e.find("pipefisher: train.out_dir: '" + out_.string() + "' holds the outputs of another run (its "
+                     "config.toml differs at '[optim] lr = 0.003'); give this run its own train.out_dir, or "
+                     "--overwrite to replace them\n"), std::string::npos) << launcher << e;
+    EXPECT_EQ(read(out_ / "log.jsonl"), log) << launcher;
+    EXPECT_EQ(read(out_ / "model.safetensors"), weights) << launcher;
+  }
+  const Output replaced = pipefisher(job + " --set optim.lr=0.003 --overwrite", dir_);
+  ASSERT_EQ(replaced.status, 0) << replaced.err;
+  EXPECT_NE(read(out_ / "config.toml").find("lr = 0.003"), std::string::npos);
+}
