@@ -52,9 +52,10 @@ int run_train(const TrainArgs& a) {
   std::unique_ptr<CheckpointReader> resume;
   std::vector<std::string> notes;
   if (!a.resume.empty()) resume = open_resume_checkpoint(cfg, a.resume, notes);
-  check_output_paths(cfg, {a.save, "", !a.log_json.empty(), !a.resume.empty(), a.overwrite});
+  const RunOutputs outputs{a.save, "", !a.log_json.empty(), !a.resume.empty(), a.overwrite};
+  check_output_paths(cfg, outputs);
   // Everything that can be refused has been: from here on the run writes its outputs.
-  const std::unique_ptr<RunLocks> locks = lock_output_dirs(cfg);
+  const std::unique_ptr<RunLocks> locks = lock_output_dirs(cfg, outputs);
   for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
   Trainer trainer(cfg);
   load_init_weights(a.init, init_ckpt.get(), trainer.model().params());

@@ -41,8 +41,9 @@ int run_dp_kfac_training(const comm::World& world, Config cfg, const DpKfacArgs&
   // Every output path writable and the directories locked, before anything is allocated.
   std::unique_ptr<RunLocks> locks;
   comm::on_root_agreed(world.rank(), [&] {
-    check_output_paths(cfg, {a.save, "", false, false, a.overwrite});
-    locks = lock_output_dirs(cfg);
+    const RunOutputs outputs{a.save, "", false, false, a.overwrite};
+    check_output_paths(cfg, outputs);
+    locks = lock_output_dirs(cfg, outputs);
   });
   comm::Groups groups = comm::make_groups(world, 1, p.data_parallel);
   const int threads = comm::threads_per_rank(cfg.train.threads);

@@ -99,8 +99,9 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   // locked against another run (rank 0 writes them).
   std::unique_ptr<RunLocks> locks;
   comm::on_root_agreed(world.rank(), [&] {
-    check_output_paths(cfg, {a.save, a.profile.dir, a.log_json_from_flag, !a.resume.empty(), a.overwrite});
-    locks = lock_output_dirs(cfg);
+    const RunOutputs outputs{a.save, a.profile.dir, a.log_json_from_flag, !a.resume.empty(), a.overwrite};
+    check_output_paths(cfg, outputs);
+    locks = lock_output_dirs(cfg, outputs);
     for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
   });
   comm::Groups groups = comm::make_groups(world, cfg.parallel.stages, cfg.parallel.data_parallel);

@@ -151,7 +151,6 @@ void check_not_another_run(const Config& cfg) {
 void check_output_paths(const Config& cfg, const RunOutputs& o) {
   const std::string& out = cfg.train.out_dir;
   check_dir(out, "train.out_dir");
-  if (!o.resuming && !o.overwrite) check_not_another_run(cfg);
   std::error_code ec;
   for (const char* name : {"config.toml", "config.json", "log.jsonl", "metrics.csv", "model.safetensors",
                            "summary.json", "kfac_refresh.json", "kfac_profile.json", "dkfac.json"})
@@ -172,9 +171,11 @@ RunLocks::~RunLocks() {
   for (int fd : fds_) ::close(fd);
 }
 
-std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg) {
+std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& o) {
   auto locks = std::make_unique<RunLocks>();
   locks->add(take_lock(cfg.train.out_dir, "train.out_dir"));
+  // After the lock: a live run's outputs are "in use", a finished one's are checked here.
+  if (!o.resuming && !o.overwrite) check_not_another_run(cfg);
   // The checkpoint directory too, default or not: another run may name this one's
   // out_dir/checkpoints as its train.checkpoint_dir.
   const std::string ck = checkpoint_dir_of(cfg);

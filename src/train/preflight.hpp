@@ -53,6 +53,8 @@ class RunLocks {
 
 // Makes out_dir and the checkpoint directory and locks them; UsageError naming the key when
 // another live process holds one (its pid and host are in the message).
-std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg);
+// Then refuses an out_dir holding another run's outputs (see above) unless `outputs` resumes or
+// overwrites.
+std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& outputs);
 
 }  // namespace pf

@@ -196,7 +196,7 @@ TEST(Hardening, TwoLiveRunsCannotShareOutputDirectories) {
   EXPECT_FALSE(contains(text, "seed = 7")) << text;
   ASSERT_EQ(kill(first.pid, SIGKILL), 0);
   first.finish();
-  Launch after = run(train_cmd(dir(), "live", "--steps 2"));
+  Launch after = run(train_cmd(dir(), "live", "--steps 2 --overwrite"));  // another config than the killed run's
   EXPECT_EQ(after.status, 0) << "the lock outlived its process\n" << after.out;
 }
 
