@@ -101,7 +101,9 @@ echo "== recording the PipeFisher profile ($profile_steps steps)"
 train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
   --set kfac.damping="$damping" --set kfac.replan_on_drift=false
 [[ -f $out/runs/profile/kfac_profile.json ]] || { echo "tune.sh: the profile run wrote no kfac_profile.json" >&2; exit 1; }
-cp "$out/runs/profile/kfac_profile.json" "$out/kfac_profile.json"
+# The recorded profile is the plan of every K-FAC run: never replaced once written (kept runs
+# were planned from it). Delete out-dir/kfac_profile.json with out-dir/runs to start over.
+[[ -f $out/kfac_profile.json ]] || cp "$out/runs/profile/kfac_profile.json" "$out/kfac_profile.json"
 
 echo "== grid: learning rates {$lrs} x warm-up ratios {$ratios}, seed 1"
 for opt in nvlamb kfac; do
@@ -158,7 +160,7 @@ done
 
 # Targets, crossings, tables, Figure 7.
 python3 - "$out" "$steps" "$seeds" "$bin" "$model" <<'PY'
-import csv, json, math, statistics, subprocess, sys
+import csv, json, math, os, statistics, subprocess, sys
 out, steps, seeds, binary, model = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5]
 best = json.load(open(f"{out}/best.json"))
 runs = {o: [f"{out}/runs/{o}-lr{b['lr']}-w{b['warmup_steps']}-s{s}" for s in seeds] for o, b in best.items()}
@@ -227,7 +229,8 @@ lines += ["", "Diverged in the grid: " + (", ".join(f"{g['optimizer']} lr {g['lr
 dirs = runs["nvlamb"] + runs["kfac"]
 labels = [f"NVLAMB s{s}" for s in seeds] + [f"K-FAC s{s}" for s in seeds]
 fig = report(dirs, labels, target_train, f"{out}/figure7.svg")
-lines += ["", f"Figure 7: {fig['svg']}" + (f", {fig['png']}" if fig.get("png") else "")]
+name = lambda p: os.path.basename(p)  # the summary is read beside the pictures, on any machine
+lines += ["", f"Figure 7: {name(fig['svg'])}" + (f", {name(fig['png'])}" if fig.get("png") else "")]
 open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
