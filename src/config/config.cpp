@@ -243,6 +243,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("parallel.virtual_stages", p.virtual_stages);
   r.get("parallel.partition", p.partition);
   r.get("parallel.recompute", p.recompute);
+  r.get("parallel.backward_forward_ratio", p.backward_forward_ratio);
 
   auto& k = c.kfac;
   r.get("kfac.enabled", k.enabled);
@@ -342,7 +343,8 @@ void Config::validate() const {
       {"optim.decay_power", optim.decay_power}, {"optim.weight_decay", optim.weight_decay},
       {"optim.beta1", optim.beta1}, {"optim.beta2", optim.beta2}, {"optim.eps", optim.eps},
       {"optim.momentum", optim.momentum}, {"optim.grad_clip", optim.grad_clip}, {"kfac.damping", kfac.damping},
-      {"kfac.ema", kfac.ema}, {"kfac.kl_clip", kfac.kl_clip}};
+      {"kfac.ema", kfac.ema}, {"kfac.kl_clip", kfac.kl_clip},
+      {"parallel.backward_forward_ratio", parallel.backward_forward_ratio}};
   for (auto [key, v] : reals) require(std::isfinite(v), key, "must be a finite number (got {})", v);
   const auto& m = model;
   one_of(m.arch, {"bert", "gpt"}, "model.arch");
@@ -407,6 +409,9 @@ void Config::validate() const {
   require(p.micro_batch_size > 0, "parallel.micro_batch_size", "must be positive (got {})",
           p.micro_batch_size);
   require(p.virtual_stages > 0, "parallel.virtual_stages", "must be positive (got {})", p.virtual_stages);
+  // Beyond 1e3 (or below 1e-3) one of the two is free next to the other; the order is then settled.
+  require(p.backward_forward_ratio >= 1e-3 && p.backward_forward_ratio <= 1e3, "parallel.backward_forward_ratio",
+          "must be between 0.001 and 1000 (got {})", p.backward_forward_ratio);
   one_of(p.schedule, {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1"}, "parallel.schedule");
   if (!p.partition.empty()) {
     int64_t sum = 0;
@@ -482,7 +487,8 @@ std::string Config::to_toml() const {
                                {"micro_batches", parallel.micro_batches},
                                {"micro_batch_size", parallel.micro_batch_size},
                                {"virtual_stages", parallel.virtual_stages},
-                               {"partition", ints(parallel.partition)}, {"recompute", parallel.recompute}}},
+                               {"partition", ints(parallel.partition)}, {"recompute", parallel.recompute},
+                               {"backward_forward_ratio", parallel.backward_forward_ratio}}},
       {"kfac", toml::table{{"enabled", kfac.enabled}, {"damping", kfac.damping}, {"ema", kfac.ema},
                            {"kl_clip", kfac.kl_clip}, {"inverse_every", kfac.inverse_every},
                            {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},

@@ -84,6 +84,10 @@ struct ParallelConfig {
   // Activation recomputation (the paper's R): a stage keeps only its input per micro-batch and
   // re-runs its forward just before that micro-batch's backward (runtime/executor.hpp).
   bool recompute = false;
+  // T_b / T_f, one micro-batch's backward over its forward time on a stage: Chimera's order is
+  // chosen for it (schedule/generators.hpp). The paper's 2 by default; a run's profile.json
+  // gives the measured one.
+  double backward_forward_ratio = 2;
 };
 
 struct KfacConfig {

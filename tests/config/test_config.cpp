@@ -132,6 +132,17 @@ TEST(Config, RecomputeKey) {
   EXPECT_EQ(w[0].rfind("parallel.recompute = true has no effect with parallel.stages = 1", 0), 0u) << w[0];
 }
 
+// parallel.backward_forward_ratio (Chimera's T_b / T_f, 2 by default) round-trips and is bounded.
+TEST(Config, BackwardForwardRatioKey) {
+  EXPECT_EQ(Config::from_toml_string("").parallel.backward_forward_ratio, 2.0);
+  Config a = Config::from_toml_string("", {"parallel.backward_forward_ratio=1.25"});
+  EXPECT_EQ(a.parallel.backward_forward_ratio, 1.25);
+  EXPECT_EQ(Config::from_toml_string(a.to_toml()).parallel.backward_forward_ratio, 1.25);
+  for (const char* bad : {"0", "-1", "1e4"})
+    EXPECT_EQ(error_of("", {std::string("parallel.backward_forward_ratio=") + bad}).rfind(
+                  "parallel.backward_forward_ratio: must be between 0.001 and 1000", 0), 0u) << bad;
+}
+
 TEST(Config, NumbersPrintInTheirShortestExactForm) {
   for (double d : {0.1, 1e-3, 3e-4, 1e-12, 0.15, 2.0, 1234567.0, 0.1 + 0.2, 1e-300}) {
     const std::string s = pf::shortest_double(d);

@@ -142,6 +142,13 @@ TEST(RuntimeEquivalence, Chimera_D2) {
 TEST(RuntimeEquivalence, Chimera_D4) {
   expect_same_as_reference("chimera_4x1", 4, "--set parallel.stages=4 --set parallel.schedule=chimera");
 }
+// Ordered for T_b = T_f, whose order differs from the default's at D = 4, N = 8 (see below).
+TEST(RuntimeEquivalence, Chimera_D4_OrderedForEqualForwardAndBackward) {
+  expect_same_as_reference("chimera_4x1_ratio1", 4,
+                           "--set parallel.stages=4 --set parallel.schedule=chimera "
+                           "--set parallel.backward_forward_ratio=1",
+                           "--set parallel.micro_batches=8 --set parallel.micro_batch_size=1");
+}
 TEST(RuntimeEquivalence, Chimera_D2_DataParallel2) {
   expect_same_as_reference("chimera_2x2", 4,
                            "--set parallel.stages=2 --set parallel.schedule=chimera --set parallel.data_parallel=2 "
@@ -218,6 +225,31 @@ TEST(RuntimePartition, BalancedGivesTheRemainderToInteriorStages) {
   EXPECT_THROW(pf::partition_blocks(2, 3, {}), pf::UsageError);
   EXPECT_THROW(pf::partition_blocks(6, 3, {3, 0, 3}), pf::UsageError);
   EXPECT_THROW(pf::partition_blocks(6, 3, {3, 3}), pf::UsageError);
+}
+
+// The runtime orders Chimera for parallel.backward_forward_ratio (no MPI): its compute order is
+// the generator's for T_b / T_f = 1, not the default T_b = 2 T_f's, which differs at D = 4, N = 8.
+TEST(RuntimeLayout, ChimeraIsOrderedForTheConfiguredBackwardForwardRatio) {
+  auto compute_order = [](const pf::Schedule& s) {
+    std::vector<std::vector<std::string>> order(s.per_device.size());
+    for (size_t d = 0; d < s.per_device.size(); ++d)
+      for (const pf::Action& a : s.per_device[d])
+        if (a.kind == pf::Kind::F || a.kind == pf::Kind::B) order[d].push_back(pf::to_token(a));
+    return order;
+  };
+  const std::vector<std::string> sets = {"parallel.stages=4", "parallel.schedule=\"chimera\"",
+                                         "parallel.micro_batches=8"};
+  auto with = [&](const std::string& ratio) {
+    std::vector<std::string> v = sets;
+    if (!ratio.empty()) v.push_back("parallel.backward_forward_ratio=" + ratio);
+    return pf::make_layout(pf::Config::load(tiny_config().string(), v), 4).schedule;
+  };
+  EXPECT_EQ(compute_order(with("1")), compute_order(pf::make_chimera(4, 8, 1, 1)));
+  EXPECT_EQ(compute_order(with("")), compute_order(pf::make_chimera(4, 8, 1, 2)));
+  EXPECT_NE(compute_order(pf::make_chimera(4, 8, 1, 1)), compute_order(pf::make_chimera(4, 8, 1, 2)));
+  EXPECT_THROW(pf::make_layout(pf::Config::load(tiny_config().string(),
+                                                {"parallel.stages=4", "parallel.backward_forward_ratio=1"}), 4),
+               pf::UsageError);
 }
 
 // A rank SIGKILLed mid-training: every other rank must exit (non-zero, with a message) within
