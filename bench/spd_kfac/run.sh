@@ -8,9 +8,10 @@
 #
 # Each configuration runs `pipefisher train` under scripts/pfrun (1 thread per rank on this 2-core
 # machine) on the fetched corpus (scripts/prepare-data.sh), K-FAC inline every step. The run
-# writes train.out_dir/dkfac.json (src/dkfac/dp_train.hpp): step time averaged over the steps
-# after the two profile steps, the factor all-reduces' in-flight time (union of [post, seen done]),
-# the time blocked waiting for them, the inversion time and the inverse-broadcast wait.
+# writes train.out_dir/dkfac.json (Executor::write_dkfac_record, src/runtime/executor.hpp): step
+# time averaged over the steps after the two profile steps, the factor all-reduces' in-flight
+# time (union of [post, seen done]), the time blocked waiting for them, the inversion time and
+# the inverse-broadcast wait.
 # hidden = 1 - wait / in-flight. REPEAT rounds alternate the configurations (the machine is shared)
 # and the best step time of each is kept, with the timings of that round.
 #

@@ -252,6 +252,8 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("kfac.kl_clip", k.kl_clip);
   r.get("kfac.inverse_every", k.inverse_every);
   r.get("kfac.diag_limit", k.diag_limit);
+  // One stage has no bubbles: there the default is inline (a pipeline's is PipeFisher's bubbles).
+  if (!r.has("kfac.placement") && p.stages == 1) k.placement = "inline";
   r.get("kfac.placement", k.placement);
   r.get("kfac.distributed", k.distributed);
   r.get("kfac.spd_pipelining", k.spd_pipelining);
@@ -534,12 +536,12 @@ std::string preset_of(const ModelConfig& m) {
 
 std::string optimizer_of(const Config& c) {
   if (!c.kfac.enabled) return c.optim.name;
-  const bool dp_kfac = c.parallel.stages == 1 && c.parallel.data_parallel > 1;
-  const std::string where = dp_kfac ? c.kfac.distributed
-                            : c.kfac.placement == "bubbles" ? "in the pipeline bubbles: PipeFisher"
-                            : c.kfac.placement == "skip"    ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every)
-                                                            : "inline";
-  return fmt::format("{} + K-FAC ({})", c.optim.name, where);
+  if (c.kfac.placement == "bubbles") return c.optim.name + " + K-FAC (in the pipeline bubbles: PipeFisher)";
+  const std::string where =
+      c.kfac.placement == "skip" ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every) : "inline";
+  // Stages with several copies (replicas, Chimera's twins) share factors and inversions by kfac.distributed.
+  const bool copies = c.parallel.data_parallel > 1 || c.parallel.schedule == "chimera";
+  return fmt::format("{} + K-FAC ({}{})", c.optim.name, where, copies ? ", " + c.kfac.distributed : "");
 }
 
 std::vector<std::string> config_warnings(const Config& c) {

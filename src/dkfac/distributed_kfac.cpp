@@ -3,6 +3,7 @@
 #include "comm/wait.hpp"
 #include "core/error.hpp"
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -232,7 +233,8 @@ void DistributedKfac::progress() {
   if (hook_) hook_();
 }
 
-void DistributedKfac::finish_curvature(double loss_scale) {
+std::vector<std::pair<size_t, Side>> DistributedKfac::finish_curvature(double loss_scale) {
+  std::vector<std::pair<size_t, Side>> committed;
   const bool measured = curvature_steps_ >= opt_.profile_steps;
   std::vector<Group*> msgs;
   if (pipelined_now_) {
@@ -267,7 +269,8 @@ void DistributedKfac::finish_curvature(double loss_scale) {
     for (int f : g->factors) unpack_sum(factors_[f], p), p += factors_[f].elems;
     for (int f : g->factors) {
       const Factor& fa = factors_[f];
-      kfac_.finish_curvature(fa.layer, fa.side, loss_scale, static_cast<int64_t>(*p++));
+      if (kfac_.finish_curvature(fa.layer, fa.side, loss_scale, static_cast<int64_t>(*p++)))
+        committed.emplace_back(fa.layer, fa.side);
     }
   }
   ++curvature_steps_;
@@ -304,6 +307,7 @@ void DistributedKfac::finish_curvature(double loss_scale) {
       }
     if (curvature_steps_ == opt_.profile_steps) make_plan();
   }
+  return committed;
 }
 
 void DistributedKfac::make_plan() {
@@ -318,6 +322,16 @@ void DistributedKfac::make_plan() {
     std::vector<int64_t> elems;
     for (int f : q.order) elems.push_back(factors_[f].elems);
     q.groups = plan_fusion(ready, elems, model_.allreduce);
+  }
+  rebuild_groups();
+  if (rank_ == 0)
+    spdlog::info("spd-kfac: factor all-reduces fused into {} A and {} B messages ({} A and {} B factors)",
+                 seq_[0].groups.size(), seq_[1].groups.size(), seq_[0].order.size(), seq_[1].order.size());
+}
+
+void DistributedKfac::rebuild_groups() {
+  for (int side = 0; side < 2; ++side) {
+    const Sequence& q = seq_[side];
     groups_[side].clear();
     for (const FusionGroup& fg : q.groups) {
       Group g;
@@ -327,9 +341,40 @@ void DistributedKfac::make_plan() {
       groups_[side].push_back(std::move(g));
     }
   }
-  if (rank_ == 0)
-    spdlog::info("spd-kfac: factor all-reduces fused into {} A and {} B messages ({} A and {} B factors)",
-                 seq_[0].groups.size(), seq_[1].groups.size(), seq_[0].order.size(), seq_[1].order.size());
+}
+
+nlohmann::json DistributedKfac::save_state() const {
+  nlohmann::json seqs = nlohmann::json::array();
+  for (const Sequence& q : seq_) {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const FusionGroup& g : q.groups) groups.push_back({g.first, g.last, g.begin, g.end});
+    seqs.push_back({{"order", q.order}, {"ready_sum", q.ready_sum}, {"groups", groups}});
+  }
+  return {{"curvature_steps", curvature_steps_}, {"sequences", seqs}};
+}
+
+void DistributedKfac::load_state(const nlohmann::json& j) {
+  curvature_steps_ = j.at("curvature_steps").get<int>();
+  for (int side = 0; side < 2; ++side) {
+    const nlohmann::json& js = j.at("sequences").at(side);
+    Sequence& q = seq_[side];
+    q.order = js.at("order").get<std::vector<int>>();
+    q.ready_sum = js.at("ready_sum").get<std::vector<double>>();
+    q.pos.assign(factors_.size(), -1);
+    for (size_t p = 0; p < q.order.size(); ++p) {
+      PF_CHECK(q.order[p] >= 0 && static_cast<size_t>(q.order[p]) < factors_.size(), "dkfac state: factor {} of {}",
+               q.order[p], factors_.size());
+      q.pos[q.order[p]] = static_cast<int>(p);
+    }
+    q.groups.clear();
+    for (const nlohmann::json& g : js.at("groups")) {
+      FusionGroup fg{g.at(0).get<int>(), g.at(1).get<int>(), g.at(2).get<double>(), g.at(3).get<double>()};
+      PF_CHECK(fg.first >= 0 && fg.first <= fg.last && static_cast<size_t>(fg.last) < q.order.size(),
+               "dkfac state: group [{}, {}] of {} factors", fg.first, fg.last, q.order.size());
+      q.groups.push_back(fg);
+    }
+  }
+  rebuild_groups();
 }
 
 InversionSummary DistributedKfac::invert_all() {

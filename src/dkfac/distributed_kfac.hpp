@@ -1,6 +1,9 @@
 #pragma once
-// Data-parallel K-FAC over W replicas of a model (or of a pipeline stage): the factor sums across
-// replicas and the placement of inversions. kfac.distributed chooses the strategy:
+// Data-parallel K-FAC over the holders of one model chunk (a pipeline stage's data-parallel
+// replicas and Chimera's twin; the whole model with parallel.stages = 1): the factor sums across
+// holders and the placement of inversions. The executor uses it for kfac.placement = inline and
+// skip wherever a stage has several holders (runtime/pipefisher.hpp: ChunkKfac forwards its taps
+// here and calls finish_curvature / invert_all at PREC). kfac.distributed chooses the strategy:
 //
 //   d-kfac    after the backward, every factor is all-reduced (threshold-fused into messages of
 //             at most 64 MB, upper triangles); every rank inverts every factor.
@@ -34,6 +37,7 @@
 #include "kfac/preconditioner.hpp"
 
 #include <mpi.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -84,8 +88,9 @@ class DistributedKfac final : public LinearTap {
   void progress();
 
   // After the step's last backward: finishes the factor all-reduces and commits the global factors
-  // (scaled by loss_scale and the global row counts). Collective over factor_comm.
-  void finish_curvature(double loss_scale);
+  // (scaled by loss_scale and the global row counts). Collective over factor_comm. Returns the
+  // factors committed (layer, side): a factor with no rows anywhere keeps its previous value.
+  std::vector<std::pair<size_t, Side>> finish_curvature(double loss_scale);
   // Inverts per the placement and broadcasts the communicated inverses. Collective.
   InversionSummary invert_all();
 
@@ -95,6 +100,12 @@ class DistributedKfac final : public LinearTap {
   const DkfacTimes& times() const { return times_; }
   size_t factors() const { return factors_.size(); }
   int64_t factor_elems(size_t f) const { return factors_[f].elems; }
+
+  // Checkpoints: the fusion plan and the profile in progress (curvature steps seen, the factors'
+  // order and summed ready times), so a resumed run posts the same messages as the one it
+  // continues (with 3 or more holders the message sizes decide MPI's summation order).
+  nlohmann::json save_state() const;
+  void load_state(const nlohmann::json& j);
 
  private:
   struct Factor {
@@ -122,7 +133,7 @@ class DistributedKfac final : public LinearTap {
   int factor_index(size_t layer, Side s) const { return static_cast<int>(2 * layer + (s == Side::A ? 0 : 1)); }
   void tap(const Linear& l, Side s, int micro_batch, const float* x, int64_t rows);
   void make_plan();
-  void rebuild_groups();
+  void rebuild_groups();  // groups_ (message buffers) from seq_'s plans
   void post_ready(Sequence& q, int seq_index);
   void post(Group& g);
   void pack(const Factor& f, float* out) const;

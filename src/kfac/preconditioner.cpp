@@ -128,6 +128,16 @@ void KfacPreconditioner::precondition_all() {
   for (size_t i = 0; i < layers_.size(); ++i) precondition(i);
 }
 
+double KfacPreconditioner::vg_sum() const {
+  double vg = 0;
+  for (const KfacTarget& t : targets_) vg += t.layer->last_vg();
+  return vg;
+}
+
+void KfacPreconditioner::scale_gradients(double nu) {
+  for (const KfacTarget& t : targets_) pf::scale_gradients(*t.weight, t.bias, static_cast<float>(nu));
+}
+
 double KfacPreconditioner::kl_clip(double lr) {
   if (cfg_.kl_clip <= 0) return 1.0;
   return pf::kl_clip(targets_.data(), targets_.size(), lr, cfg_.kl_clip);

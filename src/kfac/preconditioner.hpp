@@ -92,6 +92,10 @@ class KfacPreconditioner final : public LinearTap {
   void precondition_all();
   // KL-clip (kfac.kl_clip > 0): scales every preconditioned gradient by nu; returns nu (1 if off).
   double kl_clip(double lr);
+  // KL-clip's pieces for a model split over ranks (the executor sums vg_sum over the stages, then
+  // kl_clip_scale): this preconditioner's sum of v.g, and scaling its gradients by nu.
+  double vg_sum() const;
+  void scale_gradients(double nu);
 
   // --- checkpoints: every layer's factors, inverses and counters (KfacLayer::state) ---
   NamedTensors state() const;

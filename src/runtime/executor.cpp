@@ -249,7 +249,7 @@ void Executor::run_action(size_t index, const Action& a, const std::vector<Micro
       return;
     }
     case Kind::OPT: {
-      if (!gradients_finished_) finish_gradients();
+      if (!gradients_finished_) finish_gradients(lr);
       Chunk& c = chunk(a.pipeline, a.stage);
       // A non-finite norm skips the update (optim/optimizer.hpp): so does a non-finite loss anywhere.
       c.optim->step(c.params, lr, step_finite_ ? grad_norm_ : std::numeric_limits<double>::quiet_NaN());
@@ -309,12 +309,13 @@ void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
   hold(-(recompute_ ? c.state_bytes + c.input_bytes : c.state_bytes));
 }
 
-void Executor::finish_gradients() {
+void Executor::finish_gradients(double lr) {
   const int64_t t0 = now_ns();
   for (auto& c : chunks_)
     if (c->grad_sync && !c->synced) c->grad_sync->wait(), c->synced = true;
   // The norm needs every stage's preconditioned gradients: a PREC the plan put after this OPT runs now.
   for (size_t i = 0; kfac_ && i < chunks_.size(); ++i) kfac_precondition(*chunks_[i], i);
+  if (kfac_ && cfg_.kfac.kl_clip > 0) kfac_kl_clip(lr);
   // Tied word embedding: local copies summed into the first, summed over the group, copied back.
   if (!word_copies_.empty()) {
     std::span<float> sum = word_copies_.front()->grad.span();

@@ -20,6 +20,12 @@
 // K-FAC's kinds (CURV_A/B, SYNC_CURV, INV_A/B, BCAST_INV_A/B, PREC) are PipeFisher's, handled in
 // executor_kfac.cpp. Anything else is refused with a message naming the kind.
 //
+// Every MPI layout runs here, one stage included (data-parallel training, with or without
+// K-FAC: the schedule is then F and B per micro-batch, the gradient all-reduce, OPT). With
+// kfac.placement = inline or skip, a stage with several copies sums its factors and places its
+// inversions through a DistributedKfac (dkfac/distributed_kfac.hpp) as kfac.distributed,
+// kfac.spd_pipelining and kfac.spd_balance say; kfac.kl_clip scales by v.g summed over the stages.
+//
 // Activation recomputation (parallel.recompute, the paper's R; pipelines only): F keeps only the
 // stage's input of the micro-batch (the receive buffer, the local predecessor's output, or the
 // micro-batch itself at the embedding; all kept until step end anyway) and one state serves every
@@ -34,6 +40,7 @@
 // of single-process training of the same global batch, up to summation order.
 #include "comm/collectives.hpp"
 #include "comm/p2p.hpp"
+#include "comm/perf_model.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "data/batches.hpp"
@@ -130,6 +137,15 @@ class Executor {
   std::vector<std::tuple<int, int, int, std::string>> kfac_layer_names() const;
   // Collective: rank 0 writes the K-FAC refresh record (pipefisher.hpp) to `path`; no-op without K-FAC.
   void write_kfac_record(const std::string& path);
+  // With a DistributedKfac per stage (inline / skip, several copies per stage): one line for the
+  // start of the run (strategy, factors, inverses broadcast, perf model measured or cached), on
+  // world rank 0 (its stage); "" otherwise.
+  std::string kfac_distributed_line() const;
+  // Collective, no-op without DistributedKfacs: rank 0 writes `path` (dkfac.json): the strategy,
+  // per stage the fusion and the inversion placement, and the K-FAC time totals averaged over
+  // ranks (factor all-reduces in flight and waited for, inversions, broadcast waits) with the
+  // mean step time of the steps given (step_time_sum over timed_steps, per rank).
+  void write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps);
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
   int64_t stage_param_bytes(int pipeline, int stage) const;
   ActivationMemory activation_memory() const;
@@ -144,7 +160,7 @@ class Executor {
   void hold(int64_t bytes);
   void forward(Chunk& c, const MicroBatch& mb, int m);
   void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
-  void finish_gradients();
+  void finish_gradients(double lr);
   // K-FAC (runtime/pipefisher.hpp; executor_kfac.cpp).
   struct KfacState;
   void kfac_setup();
@@ -158,6 +174,9 @@ class Executor {
   void kfac_discard_step();
   void kfac_drift(int64_t step, double compute_ms);
   void kfac_precondition(Chunk& c, size_t index);
+  const comm::PerfModel& kfac_perf_model();
+  void kfac_setup_distributed();
+  void kfac_kl_clip(double lr);
 
   Config cfg_;
   bool recompute_ = false;  // parallel.recompute (pipelines only)

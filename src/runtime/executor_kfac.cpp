@@ -2,6 +2,7 @@
 
 #include "comm/perf_model.hpp"
 #include "comm/small.hpp"
+#include "kfac/kfac_layer.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "io/safetensors.hpp"
@@ -58,17 +59,24 @@ void Executor::kfac_setup() {
   }
   // Factor sums among a stage's copies get their own communicators (another stream of
   // collectives than the gradient buckets), made in stage order on every member.
+  // inline / skip: the DistributedKfac's inverse broadcasts get a third stream.
   k.holders.resize(chunks_.size());
+  k.inverse_comms.resize(chunks_.size());
   if (layout_.grad_sync) {
     std::vector<size_t> order(chunks_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return chunks_[a]->stage < chunks_[b]->stage; });
+    auto dup = [](MPI_Comm base) {
+      MPI_Comm d = MPI_COMM_NULL;
+      comm::check(MPI_Comm_dup(base, &d), "MPI_Comm_dup(kfac holders)");
+      return comm::Comm(d);
+    };
     for (size_t i : order) {
       MPI_Comm base = layout_.pipelines() > 1 ? groups_.holders_comm(chunks_[i]->stage) : groups_.data_parallel.get();
-      MPI_Comm dup = MPI_COMM_NULL;
-      comm::check(MPI_Comm_dup(base, &dup), "MPI_Comm_dup(kfac holders)");
-      k.holders[i] = comm::Comm(dup);
+      k.holders[i] = dup(base);
+      if (!k.bubbles) k.inverse_comms[i] = dup(base);
     }
+    if (!k.bubbles) kfac_setup_distributed();
   }
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
@@ -101,9 +109,15 @@ const std::vector<Action>& Executor::step_actions(int64_t step) const {
 bool Executor::kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
   KfacState& k = *kfac_;
   const float scale = mbs.empty() ? 1.0f : mbs.front().loss_scale;
-  for (auto& ck : k.chunk) {
+  for (size_t i = 0; i < k.chunk.size(); ++i) {
+    ChunkKfac* ck = k.chunk[i].get();
     if (!k.bubbles) {
-      ck->begin_step(step, false, ck->pre().curvature_step(step), scale);
+      const bool curvature = ck->pre().curvature_step(step);
+      ck->begin_step(step, false, curvature, scale);
+      // The DistributedKfac marks a factor complete at its chunk's last micro-batch of the step.
+      if (curvature && !k.dist.empty())
+        k.dist[i]->begin_step(mbs.at(static_cast<size_t>(groups_.replica) * layout_.micro_batches +
+                                     chunks_[i]->last_backward_mb).index);
     } else if (k.profiling(step)) {
       ck->begin_step(step, true, false, scale);  // profiling: save, then timed units at PREC
     } else if (k.draining(step)) {
@@ -272,13 +286,139 @@ std::pair<double, double> Executor::kfac_bcast_model() {
     return {a, b};
   }
   if (!k.bcast_model) {
-    size_t first = 0;
-    for (size_t i = 1; i < chunks_.size(); ++i)
-      if (chunks_[i]->stage < chunks_[first]->stage) first = i;
-    const comm::PerfModel m = comm::load_or_measure_perf_model(k.holders[first].get(), time_one_inversion, cfg_.train.threads);
+    const comm::PerfModel& m = kfac_perf_model();
     k.bcast_model = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
   }
   return *k.bcast_model;
+}
+
+// The comm performance model, measured once over this rank's first stage's holders (the same
+// communicator for both devices of a Chimera pair), or read from the per-machine cache. Collective
+// over those holders.
+const comm::PerfModel& Executor::kfac_perf_model() {
+  KfacState& k = *kfac_;
+  if (!k.perf) {
+    size_t first = 0;
+    for (size_t i = 1; i < chunks_.size(); ++i)
+      if (chunks_[i]->stage < chunks_[first]->stage) first = i;
+    k.perf = comm::load_or_measure_perf_model(k.holders[first].get(), time_one_inversion,
+                                              comm::threads_per_rank(cfg_.train.threads));
+  }
+  return *k.perf;
+}
+
+// inline / skip with several copies per stage: one DistributedKfac per chunk over its holders.
+// Its pipelining marks a factor complete at the chunk's last micro-batch, which must then be the
+// last of both the forwards (A) and the backwards (B); a schedule file that orders them otherwise
+// gets the all-reduce after the backward instead.
+void Executor::kfac_setup_distributed() {
+  KfacState& k = *kfac_;
+  const comm::PerfModel& model = kfac_perf_model();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    Chunk& c = *chunks_[i];
+    int last_forward = -1;
+    for (const Action& a : actions_)
+      if (a.kind == Kind::F && a.pipeline == c.pipeline && a.stage == c.stage) last_forward = a.micro_batch;
+    DkfacOptions opt = dkfac_options(cfg_.kfac);
+    opt.pipelining = opt.pipelining && last_forward == c.last_backward_mb;
+    k.dist.push_back(std::make_unique<DistributedKfac>(k.chunk[i]->pre(), k.holders[i].get(), k.inverse_comms[i].get(),
+                                                       model, opt));
+    if (c.grad_sync) k.dist.back()->set_progress_hook([g = c.grad_sync.get()] { g->progress(); });
+    k.chunk[i]->set_distributed(k.dist.back().get());
+  }
+}
+
+// KL-clip over the whole model (the Trainer's kl_clip): v.g summed over every stage once
+// (pipeline 0's chunks; replicas hold the same), then every chunk's gradients scaled.
+void Executor::kfac_kl_clip(double lr) {
+  double vg = 0;
+  for (size_t i = 0; i < chunks_.size(); ++i)
+    if (chunks_[i]->pipeline == 0) vg += kfac_->chunk[i]->pre().vg_sum();
+  comm::allreduce_sum({&vg, 1}, groups_.pipeline.get(), "the KL-clip sum");
+  const double nu = kl_clip_scale(vg, lr, cfg_.kfac.kl_clip);
+  if (nu < 1.0)
+    for (auto& ck : kfac_->chunk) ck->pre().scale_gradients(nu);
+}
+
+std::string Executor::kfac_distributed_line() const {
+  if (!kfac_ || kfac_->dist.empty()) return "";
+  const DistributedKfac& d = *kfac_->dist.front();
+  const KfacConfig& kc = cfg_.kfac;
+  const std::string ablation = kc.distributed != "spd-kfac" || (kc.spd_pipelining && kc.spd_balance) ? ""
+                               : kc.spd_pipelining ? ", no balance" : kc.spd_balance ? ", no pipelining"
+                                                                                     : ", no pipelining, no balance";
+  return fmt::format("K-FAC factors and inversions shared by {}{} among {} copies of each stage; stage {}: {} factors, "
+                     "{} inverses broadcast, perf model {}", kc.distributed, ablation, kfac_->holders.front().size(),
+                     chunks_.front()->stage, d.factors(), d.placement().communicated(),
+                     kfac_->perf->from_cache ? "cached" : "measured");
+}
+
+void Executor::write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps) {
+  if (!kfac_ || kfac_->dist.empty()) return;
+  KfacState& k = *kfac_;
+  using nlohmann::json;
+  // This rank: its stages' fusion and placement, and its time totals (per curvature / inversion step).
+  json stages = json::array();
+  double inflight = 0, wait = 0, messages = 0, inversion = 0, inverse_wait = 0;
+  int steps = 0, inversion_steps = 0;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const DistributedKfac& d = *k.dist[i];
+    const InversionPlacement& pl = d.placement();
+    stages.push_back({{"pipeline", chunks_[i]->pipeline}, {"stage", chunks_[i]->stage}, {"factors", d.factors()},
+                      {"fused_messages", {{"A", d.groups(Side::A).size()}, {"B", d.groups(Side::B).size()}}},
+                      {"placement", {{"owner", pl.owner}, {"communicated", pl.communicated()}, {"model_load_s", pl.load}}}});
+    const DkfacTimes& t = d.times();
+    inflight += t.factor_inflight, wait += t.factor_wait, messages += t.factor_messages;
+    inversion += t.inversion, inverse_wait += t.inverse_wait;
+    steps = std::max(steps, t.steps), inversion_steps = std::max(inversion_steps, t.inversion_steps);
+  }
+  const double ks = std::max(1, steps), is = std::max(1, inversion_steps);
+  const json mine = {{"replica", groups_.replica}, {"stages", stages},
+                     {"times", {inflight / ks, wait / ks, messages / ks, inversion / is, inverse_wait / is,
+                                timed_steps > 0 ? step_time_sum / timed_steps : 0.0}}};
+  const std::vector<std::string> all = comm::gather_bytes(mine.dump(), 0, MPI_COMM_WORLD);
+  if (groups_.rank != 0) return;
+  // Replica 0's pipeline 0 stages, in stage order; the times averaged over every rank.
+  std::vector<json> per_stage(static_cast<size_t>(layout_.stages()));
+  std::vector<double> avg(6, 0.0);
+  for (const std::string& r : all) {
+    const json j = json::parse(r);
+    for (size_t x = 0; x < avg.size(); ++x) avg[x] += j["times"][x].get<double>() / static_cast<double>(all.size());
+    if (j["replica"] != 0) continue;
+    for (const json& st : j["stages"])
+      if (st["pipeline"] == 0) per_stage.at(st["stage"].get<size_t>()) = st;
+  }
+  json owner = json::array(), load = json::array();
+  int factors = 0, communicated = 0, fused_a = 0, fused_b = 0;
+  for (const json& st : per_stage) {
+    for (const json& o : st["placement"]["owner"]) owner.push_back(o);
+    load.push_back(st["placement"]["model_load_s"]);
+    factors += st["factors"].get<int>(), communicated += st["placement"]["communicated"].get<int>();
+    fused_a += st["fused_messages"]["A"].get<int>(), fused_b += st["fused_messages"]["B"].get<int>();
+  }
+  const KfacConfig& kc = cfg_.kfac;
+  const json out = {
+      {"strategy", kc.distributed},
+      {"pipelining", kc.distributed == "spd-kfac" && kc.spd_pipelining},
+      {"balance", kc.distributed == "spd-kfac" && kc.spd_balance},
+      {"ranks", all.size()},
+      {"holders_per_stage", k.holders.front().size()},
+      {"factors", factors},
+      {"fused_messages", {{"A", fused_a}, {"B", fused_b}}},
+      // The whole model's factors, stage after stage (owner: the rank among the stage's holders).
+      {"placement", {{"owner", owner}, {"communicated", communicated}, {"model_load_s", load.size() == 1 ? load[0] : load}}},
+      {"stages", per_stage},
+      {"perf_model", json::parse(comm::perf_model_to_json(*k.perf))},
+      {"timed_steps", timed_steps},
+      {"step_time_s", avg[5]},
+      {"factor_inflight_s", avg[0]},
+      {"factor_wait_s", avg[1]},
+      {"factor_hidden_fraction", avg[0] > 0 ? 1.0 - avg[1] / avg[0] : 0.0},
+      {"factor_messages", avg[2]},
+      {"inversion_s", avg[3]},
+      {"inverse_wait_s", avg[4]},
+  };
+  write_file_atomic(path, out.dump(2) + "\n");
 }
 
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
@@ -551,6 +691,9 @@ std::vector<CheckpointFile> Executor::write_kfac_state(const std::string& step_d
   for (size_t i = 0; i < chunks_.size(); ++i)
     chunks.push_back(k.chunk[i]->save_state(kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), tensors));
   j["chunks"] = chunks;
+  nlohmann::json dist = nlohmann::json::array();
+  for (const auto& d : k.dist) dist.push_back(d->save_state());
+  j["distributed"] = dist;
   j["has_plan"] = static_cast<bool>(k.plan);
   j["plan_input"] = k.plan_input;
   j["plan_scale"] = k.plan_scale;
@@ -609,6 +752,9 @@ void Executor::load_kfac_state(const CheckpointReader& r) {
     for (size_t i = 0; i < chunks_.size(); ++i)
       k.chunk[i]->load_state(r, kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), j.at("chunks")[i],
                              k.holders[i].get());
+    // The fusion plan in use (a checkpoint without it: the DistributedKfac profiles again).
+    if (j.contains("distributed") && j.at("distributed").size() == k.dist.size())
+      for (size_t i = 0; i < k.dist.size(); ++i) k.dist[i]->load_state(j.at("distributed")[i]);
   } catch (const nlohmann::json::exception& e) {
     usage_error(r.dir() + "/" + kfac_file(R), "malformed K-FAC state: {}", e.what());
   }

@@ -3,6 +3,7 @@
 // schedule's actions, p2p, gradients, optimizer) and executor_kfac.cpp (PipeFisher: K-FAC units,
 // profiling, planning, drift, K-FAC checkpoints). Not for use outside src/runtime/executor*.cpp.
 #include "comm/collectives.hpp"
+#include "dkfac/distributed_kfac.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/pipefisher.hpp"
 
@@ -50,6 +51,11 @@ struct Executor::KfacState {
   bool bubbles = false;
   std::vector<std::unique_ptr<ChunkKfac>> chunk;  // [chunk index]
   std::vector<comm::Comm> holders;                // [chunk] the stage's copies (own stream), or none
+  std::vector<comm::Comm> inverse_comms;          // [chunk] inline / skip with copies: the broadcasts' stream
+  // [chunk] inline / skip with copies: the factor sums and inversions (kfac.distributed); after
+  // `chunk` and the communicators, so it goes first (it may wait for requests on them).
+  std::vector<std::unique_ptr<DistributedKfac>> dist;
+  std::optional<comm::PerfModel> perf;            // kfac_perf_model: measured or read from the cache once
   std::vector<Action> inline_list;                // lowered + each chunk's PREC before the first OPT
   std::vector<int> lowered_index;                 // [inline_list index] -> actions_ index, -1 for PREC
   std::unique_ptr<KfacPlan> plan;

@@ -4,6 +4,7 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "dkfac/distributed_kfac.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -79,14 +80,16 @@ void ChunkKfac::on_input(const Linear& l, int micro_batch, const float* x, int64
   const int i = pre_->index_of(l);
   if (i < 0 || skip_inputs_) return;
   if (saving_) save(saved_a_[i], micro_batch, x, rows, cols);
-  if (tapping_) pre_->curvature(i, Side::A, x, rows);
+  if (tapping_ && dist_) dist_->on_input(l, micro_batch, x, rows, cols);
+  else if (tapping_) pre_->curvature(i, Side::A, x, rows);
 }
 
 void ChunkKfac::on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) {
   const int i = pre_->index_of(l);
   if (i < 0) return;
   if (saving_) save(saved_b_[i], micro_batch, g, rows, cols);
-  if (tapping_) pre_->curvature(i, Side::B, g, rows);
+  if (tapping_ && dist_) dist_->on_grad_output(l, micro_batch, g, rows, cols);
+  else if (tapping_) pre_->curvature(i, Side::B, g, rows);
 }
 
 void ChunkKfac::committed(int layer, Side s, int64_t step) { committed_[layer][side_of(s)] = step; }
@@ -157,6 +160,24 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
     };
     inline_units_.push_back({k, layer, ns(t0), ns(std::chrono::steady_clock::now())});
   };
+  if (dist_) {  // several holders, inline / skip: the DistributedKfac sums and inverts
+    PF_CHECK(!times, "a profiled inline refresh (bubbles) through the DistributedKfac");
+    attach(false);
+    if (curvature) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& [l, s] : dist_->finish_curvature(loss_scale_)) committed(static_cast<int>(l), s, t);
+      stamp(Kind::SYNC_CURV, -1, t0);
+    }
+    if (inversion) {
+      dist_->invert_all();
+      for (int l = 0; l < L; ++l)
+        for (Side s : {Side::A, Side::B})
+          if (committed_[l][side_of(s)] >= 0)
+            inverse_[{l, side_of(s), -1}] = {committed_[l][side_of(s)], committed_[l][side_of(other(s))]};
+    }
+    precondition(t);
+    return;
+  }
   if (curvature) {
     attach(false);
     if (times) {  // profiling: the units one by one from the saved buffers

@@ -38,9 +38,11 @@
 // Copies of a stage (data-parallel replicas, Chimera's two pipelines). Single-process K-FAC
 // builds each factor over ALL micro-batches of the step, so each copy accumulates the factors of
 // its own micro-batches and the copies all-reduce the sums (and row counts) before the commit,
-// exactly like gradients (own communicator per stage, posted in stage order); every copy then
-// inverts the same factors, so the copies' inverses and weights stay identical. inline and skip
-// do this at the PREC before the first OPT, for every schedule.
+// exactly like gradients (own communicator per stage). inline and skip, in every layout: the
+// stage's DistributedKfac (dkfac/distributed_kfac.hpp, set_distributed) does it as
+// kfac.distributed says (SPD-KFAC: all-reduces posted during the step's last micro-batch, fused;
+// inversions placed by Algorithm 1 over the holders and broadcast), finished at the PREC before
+// the first OPT, so the copies' inverses and weights stay identical.
 //
 // bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below). Chimera's
 // twins (devices i and D-1-i) and their replicas form each stage's group: they share a cycle
@@ -69,6 +71,8 @@
 #include <vector>
 
 namespace pf {
+
+class DistributedKfac;
 
 inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
 // Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
@@ -126,9 +130,12 @@ class ChunkKfac final : public LinearTap {
   // Precondition every layer; records the inverses used at step t.
   void precondition(int64_t t);
   bool preconditioned() const { return preconditioned_; }
-  // Inline refresh at PREC: commit the step's curvature (summed over `holders` when not null),
-  // invert when asked, precondition. With `times`, curvature comes from the saved buffers, unit
-  // by unit, and each unit is timed.
+  // inline / skip with several holders: the taps go to `dist` (which accumulates the curvature
+  // and posts the factor all-reduces), and inline_refresh sums and inverts through it.
+  void set_distributed(DistributedKfac* dist) { dist_ = dist; }
+  // Inline refresh at PREC: commit the step's curvature (summed over `holders` when not null, or
+  // by the DistributedKfac), invert when asked, precondition. With `times`, curvature comes from
+  // the saved buffers, unit by unit, and each unit is timed.
   void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
   // The units of the last inline refresh as they ran (steady-clock ns), so a measured timeline
   // shows them instead of one PREC block: CURV_A/B per layer (with `times`: all micro-batches'
@@ -200,6 +207,7 @@ class ChunkKfac final : public LinearTap {
 
   const Config& cfg_;
   std::unique_ptr<KfacPreconditioner> pre_;
+  DistributedKfac* dist_ = nullptr;
   int replica_, micro_batches_;
   bool overlap_;
   std::vector<int> slot_of_;

@@ -8,7 +8,6 @@
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
-#include "dkfac/dp_train.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
@@ -68,6 +67,9 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
 
 int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   const bool root = world.rank() == 0;
+  if (cfg.kfac.enabled && cfg.kfac.placement == "bubbles" && cfg.parallel.stages == 1)
+    usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
+                "(the default with one stage) or 'skip'");
   Layout layout;
   try {
     layout = make_layout(cfg, world.size());
@@ -148,13 +150,16 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
                 optimizer_of(cfg).c_str(), cfg.train.steps, world.size(), p.stages, layout.schedule.name.c_str(),
                 layout.stages() != p.stages ? fmt::format(", {} model chunks", layout.stages()).c_str() : "",
                 p.data_parallel);
+    const std::string shared = exec.kfac_distributed_line();
+    if (!shared.empty()) std::printf("%s\n", shared.c_str());
     std::fflush(stdout);
   }
 
   const LrSchedule lr = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
   std::vector<ActionTime> times;
   auto t0 = std::chrono::steady_clock::now();
-  double valid = 0;
+  double valid = 0, step_time_sum = 0;  // step times after the first two (dkfac.json)
+  int timed_steps = 0;
   const std::string ckpt_dir = checkpoint_dir_of(cfg);
   // Collective. Rank 0 makes the step directory; the ranks holding pipeline 0 of replica 0 write
   // their stages (with K-FAC, factors and inverses in the single-process format), every rank its
@@ -228,6 +233,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     }
     st.tokens = tokens;
     st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    if (s >= 2) step_time_sum += st.step_time_s, ++timed_steps;
     if (prof) {
       try {
         std::vector<Action> actions = exec.step_actions(s);
@@ -275,6 +281,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
   // Rank 0's write errors here (collectives inside) are agreed on below, so every rank exits 2.
   try {
     if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
+    exec.write_dkfac_record(out + "/dkfac.json", step_time_sum, timed_steps);
     profiler.finish(exec.plan_profile_json(), exec.kfac_stage_costs());
   } catch (const UsageError& e) {
     write_error = e.what();
@@ -289,7 +296,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     write_file_atomic(out + "/summary.json", log->summary(valid, wall));
     write_file_atomic(out + "/activations.json", activations);
     std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, "
-                "activations.json}%s\n", out.c_str(),
+                "activations.json%s}%s\n", out.c_str(), exec.kfac_distributed_line().empty() ? "" : ", dkfac.json",
                 a.save.empty() ? "" : (", " + a.save).c_str());
   });
   return 0;
@@ -308,16 +315,6 @@ int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
     check_resources(cfg, launcher_local_size(), world.size());
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
     comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); });
-    if (is_dp_kfac_run(cfg)) {
-      // That loop writes no checkpoints: say so rather than ignore the request.
-      if (!args.resume.empty())
-        usage_error("--resume", "data-parallel K-FAC (parallel.stages = 1, kfac.enabled) writes no checkpoints to "
-                    "resume from; run it as a pipeline (parallel.stages > 1) to checkpoint");
-      if (cfg.train.checkpoint_every > 0)
-        usage_error("train.checkpoint_every", "data-parallel K-FAC (parallel.stages = 1, kfac.enabled) writes no "
-                    "checkpoints; set it to 0 or run a pipeline (parallel.stages > 1)");
-    }
-    if (is_dp_kfac_run(cfg)) return run_dp_kfac_training(world, std::move(cfg), {args.init, args.save, "", args.profile.dir, args.overwrite});
     return train(world, std::move(cfg), args);
   } catch (const UsageError&) {
     if (world.rank() == 0) throw;

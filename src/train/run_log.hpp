@@ -12,8 +12,8 @@
 //   PipeFisher's bubbles a part of one), kfac_damping_raised (factors whose inversion needed more
 //   damping; one process only, empty under MPI) and kfac_time_s (the step's K-FAC work: in one
 //   process commit, inversions, preconditioning and KL clip after the backward; under MPI the
-//   K-FAC actions' seconds summed over the ranks). The data-parallel K-FAC run (SPD-KFAC) keeps
-//   its K-FAC numbers in dkfac.json.
+//   K-FAC actions' seconds summed over the ranks). A run whose stages share K-FAC among their
+//   copies (kfac.distributed: inline / skip with replicas or Chimera) adds dkfac.json.
 //
 // A resumed run (--resume into the same out_dir) keeps the records of steps 1..k of the files it
 // finds (dropping those a killed segment wrote past its checkpoint at step k) and appends, so the

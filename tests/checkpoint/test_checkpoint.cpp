@@ -389,6 +389,16 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
                                "--set kfac.ema=0.5");
 }
 
+// Data-parallel K-FAC is the executor with one stage: its checkpoints carry each replica's
+// DistributedKfac state too (the fusion plan made from the first steps' timings), so the resumed
+// run posts the same messages; with 4 replicas the message sizes decide MPI's summation order.
+TEST(Resume, DataParallelKfacIsBitIdentical) {
+  tiny_config(dir());
+  expect_kfac_resume_identical("kfac-dp2-spd", 2, "--set parallel.data_parallel=2 --set kfac.placement=inline");
+  expect_kfac_resume_identical("kfac-dp4-skip", 4, "--set parallel.data_parallel=4 --set parallel.micro_batches=1 "
+                               "--set kfac.placement=skip --set kfac.inverse_every=2 --set kfac.ema=0.5");
+}
+
 // Each rank's K-FAC state belongs to its place in the layout: another layout is refused (exit 2,
 // naming --resume); the weights still start another layout through --init.
 TEST(Resume, PipelineKfacRefusesAnotherLayout) {

@@ -170,7 +170,11 @@ TEST(Config, BannerNamesThePresetAndTheOptimizer) {
             "nvlamb + K-FAC (in the pipeline bubbles: PipeFisher)");
   EXPECT_EQ(pf::optimizer_of(Config::from_toml_string("", {"kfac.enabled=true", "parallel.data_parallel=4",
                                                             "optim.name=\"adamw\""})),
-            "adamw + K-FAC (spd-kfac)");
+            "adamw + K-FAC (inline, spd-kfac)");
+  // One stage has no bubbles: its default placement is inline; a pipeline's stays bubbles.
+  EXPECT_EQ(Config::from_toml_string("", {"kfac.enabled=true"}).kfac.placement, "inline");
+  EXPECT_EQ(Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2"}).kfac.placement, "bubbles");
+  EXPECT_EQ(Config::from_toml_string("", {"kfac.placement=\"bubbles\""}).kfac.placement, "bubbles");
 }
 
 TEST(Config, MisspeltKeysGetASuggestion) {

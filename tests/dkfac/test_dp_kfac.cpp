@@ -1,7 +1,8 @@
 // Data-parallel K-FAC under real mpirun (scripts/pfrun, 1 thread per rank): a tiny BERT on the
-// committed sample, 3 steps. D-KFAC, MPD-KFAC and SPD-KFAC (and SPD's ablations) must give the
-// same weights (they differ only in when and where the same sums and inversions happen), and
-// those must equal single-process K-FAC training of the same global batch. The first two steps
+// committed sample, 3 steps, run by the one executor (runtime/executor.hpp) with one stage and by
+// pipelines x data. D-KFAC, MPD-KFAC and SPD-KFAC (and SPD's ablations) must give the same
+// weights (they differ only in when and where the same sums and inversions happen), and those
+// must equal single-process K-FAC training of the same global batch. The first two steps
 // profile, the third runs the pipelined, fused all-reduces, so every path is exercised.
 //
 // A perf-model cache written by the test pins the plans: all-reduce start-up 1 ms (everything
@@ -165,6 +166,54 @@ TEST(DpKfac, EqualsSingleProcessKfacOfTheSameGlobalBatch) {
   EXPECT_GT(max_diff("single", "init"), 100 * kSingleTol);
 }
 
+// The one executor with one rank (--profile-dir takes a one-process run there instead of the
+// Trainer) is the single-process Trainer's K-FAC, and its profile is written.
+TEST(DpKfac, OneRankOfTheRuntimeEqualsTheTrainer) {
+  const Launch one = run("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_BINARY " train --config " +
+                         config(2).string() + " --set train.out_dir=" + (work_dir() / "single2").string());
+  ASSERT_EQ(one.status, 0) << one.out;
+  const Launch r = train("runtime1", 1, "--profile-dir " + (work_dir() / "runtime1" / "profile").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("1 stages (1f1b) x 1 data-parallel"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(work_dir() / "runtime1" / "profile" / "profile.json"));
+  const double d = max_diff("single2", "runtime1");
+  std::printf("  max |w(trainer) - w(runtime, 1 rank)| = %.3g\n", d);
+  EXPECT_LE(d, kSingleTol);
+}
+
+// SPD-KFAC's pieces in a pipeline x data layout: 2 stages x 2 replicas, each stage's factor
+// all-reduces pipelined and fused (the pinned 1 ms start-up fuses them) and its inversions placed
+// over its 2 replicas, equal to single-process K-FAC of the same global batch (4 micro-batches);
+// KL-clip too, with v.g summed over the stages.
+TEST(DpKfac, PipelineTimesDataWithSpdKfacEqualsSingleProcess) {
+  pin_model(2);
+  for (const std::string clip : {"0", "1e-4"}) {
+    const std::string tag = clip == "0" ? "" : "_klclip";
+    const Launch one = run("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_BINARY " train --config " +
+                           config(4).string() + " --set kfac.kl_clip=" + clip + " --set train.out_dir=" +
+                           (work_dir() / ("single4" + tag)).string());
+    ASSERT_EQ(one.status, 0) << one.out;
+    const std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PF_CACHE_DIR=" + (work_dir() / "pinned").string() +
+                            " " PF_SOURCE_DIR "/scripts/pfrun -np 4 " PF_BINARY " train --config " + config(2).string() +
+                            " --set parallel.stages=2 --set parallel.data_parallel=2 --set kfac.kl_clip=" + clip +
+                            " --set train.out_dir=" + (work_dir() / ("spd_2x2" + tag)).string();
+    const Launch r = run(cmd);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const double d = max_diff("single4" + tag, "spd_2x2" + tag);
+    std::printf("  kl_clip %s: max |w(one process) - w(spd-kfac, 2 stages x 2 replicas)| = %.3g\n", clip.c_str(), d);
+    EXPECT_LE(d, kSingleTol);
+    const auto j = dkfac_json("spd_2x2" + tag);
+    EXPECT_TRUE(j["pipelining"].get<bool>());
+    EXPECT_EQ(j["factors"], 26);
+    EXPECT_EQ(j["placement"]["communicated"], 26);  // free broadcasts: every inverse from one replica
+    EXPECT_EQ(j["stages"].size(), 2u);
+    // Unfused, each rank would send one message per factor of its stage (12 and 14).
+    EXPECT_LT(j["factor_messages"].get<double>(), 12);
+  }
+  // The clip bites at this size (otherwise the second comparison proves nothing).
+  EXPECT_GT(max_diff("single4", "single4_klclip"), 100 * kSingleTol);
+}
+
 TEST(DpKfac, MeasuresThePerfModelOnceAndCachesIt) {
   const Launch r = train("measured", 2, "--set train.steps=1", "measured");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -200,6 +249,11 @@ TEST(DpKfac, MisuseFailsWithOneLineNamingTheKey) {
   const Launch w = train("bad_world", 2, "--set parallel.data_parallel=3");
   EXPECT_EQ(w.status, 2) << w.out;
   EXPECT_NE(w.out.find("parallel.data_parallel"), std::string::npos) << w.out;
+  // One stage has no bubbles to fill: refused on one line, before anything runs.
+  const Launch b = train("bubbles_one_stage", 2, "--set kfac.placement=bubbles");
+  EXPECT_EQ(b.status, 2) << b.out;
+  EXPECT_NE(b.out.find("kfac.placement: 'bubbles' fills pipeline bubbles"), std::string::npos) << b.out;
+  EXPECT_FALSE(fs::exists(work_dir() / "bubbles_one_stage" / "log.jsonl"));
 }
 
 }  // namespace
