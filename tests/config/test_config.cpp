@@ -96,7 +96,9 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   EXPECT_FALSE(d.data.nsp);
   EXPECT_FALSE(d.model.nsp);
   EXPECT_TRUE(d.kfac.plan_profile.empty());
-  Config a = Config::from_toml_string("", {"data.nsp=true", "kfac.enabled=true", "kfac.plan_profile=/tmp/p.json"});
+  // (A pipeline: with one stage the default placement is inline, where a plan profile does not apply.)
+  Config a = Config::from_toml_string("", {"data.nsp=true", "kfac.enabled=true", "parallel.stages=2",
+                                           "kfac.plan_profile=/tmp/p.json"});
   EXPECT_TRUE(a.model.nsp);
   Config b = Config::from_toml_string(a.to_toml());
   EXPECT_TRUE(b.data.nsp);
@@ -106,7 +108,8 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   EXPECT_EQ(error_of("", {"data.nsp=true", "model.seq_len=4"}).rfind("data.nsp: a sentence pair needs", 0), 0u);
   EXPECT_EQ(error_of("", {"kfac.plan_profile=/tmp/p.json"}),
             "kfac.plan_profile: only applies with kfac.enabled = true and kfac.placement = bubbles");
-  Config missing = Config::from_toml_string("", {"kfac.enabled=true", "kfac.plan_profile=/nonexistent/p.json",
+  Config missing = Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2",
+                                                 "kfac.plan_profile=/nonexistent/p.json",
                                                  "data.train_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin",
                                                  "data.valid_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin"});
   try {
