@@ -390,13 +390,27 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
 }
 
 // Data-parallel K-FAC is the executor with one stage: its checkpoints carry each replica's
-// DistributedKfac state too (the fusion plan made from the first steps' timings), so the resumed
-// run posts the same messages; with 4 replicas the message sizes decide MPI's summation order.
+// DistributedKfac state too (the fusion plan made from the first two curvature steps' timings),
+// so the resumed run goes on posting the fused, pipelined messages instead of profiling again
+// (with 3 or more replicas the message sizes may decide MPI's summation order).
 TEST(Resume, DataParallelKfacIsBitIdentical) {
   tiny_config(dir());
   expect_kfac_resume_identical("kfac-dp2-spd", 2, "--set parallel.data_parallel=2 --set kfac.placement=inline");
   expect_kfac_resume_identical("kfac-dp4-skip", 4, "--set parallel.data_parallel=4 --set parallel.micro_batches=1 "
                                "--set kfac.placement=skip --set kfac.inverse_every=2 --set kfac.ema=0.5");
+  // Curvature steps 0 and 2 profile; 4 and 6 (after the checkpoint at 3) post the planned
+  // messages in both runs: a resumed run that profiled again would count none.
+  auto read_json = [](const fs::path& p) {
+    std::ifstream f(p);
+    return nlohmann::json::parse(f);
+  };
+  for (const std::string name : {"kfac-dp2-spd", "kfac-dp4-skip"}) {
+    const auto a = read_json(dir() / ("out-" + name) / "dkfac.json"),
+               b = read_json(dir() / ("out-" + name + "-resumed") / "dkfac.json");
+    EXPECT_GT(a["factor_messages"].get<double>(), 0) << name;
+    EXPECT_EQ(a["factor_messages"], b["factor_messages"]) << name;
+    EXPECT_EQ(a["fused_messages"], b["fused_messages"]) << name;
+  }
 }
 
 // Each rank's K-FAC state belongs to its place in the layout: another layout is refused (exit 2,
