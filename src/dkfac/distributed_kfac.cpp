@@ -126,6 +126,7 @@ void DistributedKfac::detach() {
 }
 
 void DistributedKfac::begin_step(int last_micro_batch) {
+  snapshot_ = save_state().dump();
   last_mb_ = last_micro_batch;
   pipelined_now_ = use_pipelining_ && curvature_steps_ >= opt_.profile_steps && size_ > 1;
   for (Sequence& q : seq_) q.complete = -1, q.next_group = 0;
@@ -375,6 +376,10 @@ void DistributedKfac::load_state(const nlohmann::json& j) {
     }
   }
   rebuild_groups();
+}
+
+void DistributedKfac::discard_step() {
+  if (!snapshot_.empty()) load_state(nlohmann::json::parse(snapshot_));
 }
 
 InversionSummary DistributedKfac::invert_all() {

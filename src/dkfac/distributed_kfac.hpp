@@ -106,6 +106,9 @@ class DistributedKfac final : public LinearTap {
   // continues (with 3 or more holders the message sizes decide MPI's summation order).
   nlohmann::json save_state() const;
   void load_state(const nlohmann::json& j);
+  // The step since begin_step is skipped (a non-finite loss or gradient on some rank): the
+  // state above returns to the step's start, so the skipped step leaves no trace in a checkpoint.
+  void discard_step();
 
  private:
   struct Factor {
@@ -163,6 +166,7 @@ class DistributedKfac final : public LinearTap {
   std::vector<int> first_seen_[2];    // profile: factors in the order their taps first fired
   std::function<void()> hook_;
   DkfacTimes times_;
+  std::string snapshot_;              // save_state() at begin_step (discard_step)
 };
 
 }  // namespace pf

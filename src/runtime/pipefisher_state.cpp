@@ -6,6 +6,7 @@
 #include "runtime/pipefisher.hpp"
 
 #include "core/error.hpp"
+#include "dkfac/distributed_kfac.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -71,6 +72,7 @@ void ChunkKfac::discard_step() {
     for (auto* v : {&saved_a_, &saved_b_})
       for (Saved& sv : *v) sv.data.zero();
   }
+  if (dist_) dist_->discard_step();  // this step tapped (a snapshot), so it began the DistributedKfac's step
   snapshot_.clear();
 }
 

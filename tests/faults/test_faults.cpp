@@ -74,8 +74,8 @@ TEST(NonFinite, PoisonedStepIsSkippedInAPipeline) {
 
 // A NaN loss with finite gradients is known to the last stage only: every rank must skip the
 // step (the flag rides on the gradient-norm all-reduce), K-FAC's curvature of it undone (inline
-// and skip placements, data-parallel replicas, Chimera's twins). Then the run equals one whose
-// gradients were NaN at that step, which every optimizer skips.
+// and skip placements, data-parallel replicas with one stage or two, Chimera's twins). Then the
+// run equals one whose gradients were NaN at that step, which every optimizer skips.
 TEST(NonFinite, NanLossWithFiniteGradientsIsSkippedOnEveryRank) {
   const std::string k = "--set kfac.enabled=true --set kfac.placement=inline ";
   const struct {
@@ -86,6 +86,7 @@ TEST(NonFinite, NanLossWithFiniteGradientsIsSkippedOnEveryRank) {
       {"loss-plain", 2, "--set parallel.stages=2"},
       {"loss-kfac", 2, "--set parallel.stages=2 " + k},
       {"loss-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera " + k},
+      {"loss-dp2", 2, "--set parallel.data_parallel=2 " + k},
       {"loss-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 --set parallel.micro_batches=2 "
                      "--set kfac.enabled=true --set kfac.placement=skip --set kfac.inverse_every=2 --set kfac.ema=0.5"},
   };
