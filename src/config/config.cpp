@@ -252,8 +252,10 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides) 
   r.get("kfac.kl_clip", k.kl_clip);
   r.get("kfac.inverse_every", k.inverse_every);
   r.get("kfac.diag_limit", k.diag_limit);
-  // One stage has no bubbles: there the default is inline (a pipeline's is PipeFisher's bubbles).
-  if (!r.has("kfac.placement") && p.stages == 1) k.placement = "inline";
+  // One stage has no bubbles: there K-FAC's default placement is inline (a pipeline's is
+  // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
+  // change with the layout.
+  if (!r.has("kfac.placement") && p.stages == 1 && k.enabled) k.placement = "inline";
   r.get("kfac.placement", k.placement);
   r.get("kfac.distributed", k.distributed);
   r.get("kfac.spd_pipelining", k.spd_pipelining);

@@ -103,7 +103,8 @@ class DistributedKfac final : public LinearTap {
 
   // Checkpoints: the fusion plan and the profile in progress (curvature steps seen, the factors'
   // order and summed ready times), so a resumed run posts the same messages as the one it
-  // continues (with 3 or more holders the message sizes decide MPI's summation order).
+  // continues instead of profiling again (with 3 or more holders the message sizes may decide
+  // MPI's summation order).
   nlohmann::json save_state() const;
   void load_state(const nlohmann::json& j);
   // The step since begin_step is skipped (a non-finite loss or gradient on some rank): the

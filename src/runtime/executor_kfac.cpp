@@ -2,11 +2,11 @@
 
 #include "comm/perf_model.hpp"
 #include "comm/small.hpp"
-#include "kfac/kfac_layer.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "io/safetensors.hpp"
 #include "kfac/factor.hpp"
+#include "kfac/kfac_layer.hpp"
 #include "runtime/executor_parts.hpp"
 #include "runtime/pipefisher.hpp"
 #include "runtime/plan_record.hpp"
@@ -353,6 +353,39 @@ std::string Executor::kfac_distributed_line() const {
                      kfac_->perf->from_cache ? "cached" : "measured");
 }
 
+namespace {
+// What dkfac.json says of the whole run, from every rank's record (write_dkfac_record): replica
+// 0's pipeline-0 stages in stage order with their factors and placements concatenated, and the
+// time totals averaged over the ranks.
+struct DkfacSummary {
+  nlohmann::json stages = nlohmann::json::array(), owner = nlohmann::json::array(), load = nlohmann::json::array();
+  int factors = 0, communicated = 0, fused_a = 0, fused_b = 0;
+  nlohmann::json times = nlohmann::json::object();  // each rank's "times", key by key
+};
+
+DkfacSummary summarize_dkfac(const std::vector<std::string>& ranks, int stages) {
+  using nlohmann::json;
+  DkfacSummary sum;
+  std::vector<json> per_stage(static_cast<size_t>(stages));
+  for (const std::string& r : ranks) {
+    const json j = json::parse(r);
+    for (const auto& [key, v] : j["times"].items())
+      sum.times[key] = sum.times.value(key, 0.0) + v.get<double>() / static_cast<double>(ranks.size());
+    if (j["replica"] != 0) continue;
+    for (const json& st : j["stages"])
+      if (st["pipeline"] == 0) per_stage.at(st["stage"].get<size_t>()) = st;
+  }
+  for (const json& st : per_stage) {
+    for (const json& o : st["placement"]["owner"]) sum.owner.push_back(o);
+    sum.load.push_back(st["placement"]["model_load_s"]);
+    sum.factors += st["factors"].get<int>(), sum.communicated += st["placement"]["communicated"].get<int>();
+    sum.fused_a += st["fused_messages"]["A"].get<int>(), sum.fused_b += st["fused_messages"]["B"].get<int>();
+    sum.stages.push_back(st);
+  }
+  return sum;
+}
+}  // namespace
+
 void Executor::write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps) {
   if (!kfac_ || kfac_->dist.empty()) return;
   KfacState& k = *kfac_;
@@ -374,50 +407,32 @@ void Executor::write_dkfac_record(const std::string& path, double step_time_sum,
   }
   const double ks = std::max(1, steps), is = std::max(1, inversion_steps);
   const json mine = {{"replica", groups_.replica}, {"stages", stages},
-                     {"times", {inflight / ks, wait / ks, messages / ks, inversion / is, inverse_wait / is,
-                                timed_steps > 0 ? step_time_sum / timed_steps : 0.0}}};
+                     {"times", {{"factor_inflight_s", inflight / ks}, {"factor_wait_s", wait / ks},
+                                {"factor_messages", messages / ks}, {"inversion_s", inversion / is},
+                                {"inverse_wait_s", inverse_wait / is},
+                                {"step_time_s", timed_steps > 0 ? step_time_sum / timed_steps : 0.0}}}};
   const std::vector<std::string> all = comm::gather_bytes(mine.dump(), 0, MPI_COMM_WORLD);
   if (groups_.rank != 0) return;
-  // Replica 0's pipeline 0 stages, in stage order; the times averaged over every rank.
-  std::vector<json> per_stage(static_cast<size_t>(layout_.stages()));
-  std::vector<double> avg(6, 0.0);
-  for (const std::string& r : all) {
-    const json j = json::parse(r);
-    for (size_t x = 0; x < avg.size(); ++x) avg[x] += j["times"][x].get<double>() / static_cast<double>(all.size());
-    if (j["replica"] != 0) continue;
-    for (const json& st : j["stages"])
-      if (st["pipeline"] == 0) per_stage.at(st["stage"].get<size_t>()) = st;
-  }
-  json owner = json::array(), load = json::array();
-  int factors = 0, communicated = 0, fused_a = 0, fused_b = 0;
-  for (const json& st : per_stage) {
-    for (const json& o : st["placement"]["owner"]) owner.push_back(o);
-    load.push_back(st["placement"]["model_load_s"]);
-    factors += st["factors"].get<int>(), communicated += st["placement"]["communicated"].get<int>();
-    fused_a += st["fused_messages"]["A"].get<int>(), fused_b += st["fused_messages"]["B"].get<int>();
-  }
+  const DkfacSummary sum = summarize_dkfac(all, layout_.stages());
   const KfacConfig& kc = cfg_.kfac;
-  const json out = {
+  json out = {
       {"strategy", kc.distributed},
       {"pipelining", kc.distributed == "spd-kfac" && kc.spd_pipelining},
       {"balance", kc.distributed == "spd-kfac" && kc.spd_balance},
       {"ranks", all.size()},
       {"holders_per_stage", k.holders.front().size()},
-      {"factors", factors},
-      {"fused_messages", {{"A", fused_a}, {"B", fused_b}}},
+      {"factors", sum.factors},
+      {"fused_messages", {{"A", sum.fused_a}, {"B", sum.fused_b}}},
       // The whole model's factors, stage after stage (owner: the rank among the stage's holders).
-      {"placement", {{"owner", owner}, {"communicated", communicated}, {"model_load_s", load.size() == 1 ? load[0] : load}}},
-      {"stages", per_stage},
+      {"placement", {{"owner", sum.owner}, {"communicated", sum.communicated},
+                     {"model_load_s", sum.load.size() == 1 ? sum.load[0] : sum.load}}},
+      {"stages", sum.stages},
       {"perf_model", json::parse(comm::perf_model_to_json(*k.perf))},
       {"timed_steps", timed_steps},
-      {"step_time_s", avg[5]},
-      {"factor_inflight_s", avg[0]},
-      {"factor_wait_s", avg[1]},
-      {"factor_hidden_fraction", avg[0] > 0 ? 1.0 - avg[1] / avg[0] : 0.0},
-      {"factor_messages", avg[2]},
-      {"inversion_s", avg[3]},
-      {"inverse_wait_s", avg[4]},
   };
+  out.update(sum.times);  // step_time_s, factor_inflight_s, factor_wait_s, factor_messages, inversion_s, inverse_wait_s
+  const double inflight_s = sum.times.value("factor_inflight_s", 0.0), wait_s = sum.times.value("factor_wait_s", 0.0);
+  out["factor_hidden_fraction"] = inflight_s > 0 ? 1.0 - wait_s / inflight_s : 0.0;
   write_file_atomic(path, out.dump(2) + "\n");
 }
 
