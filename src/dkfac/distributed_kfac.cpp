@@ -106,23 +106,10 @@ DistributedKfac::DistributedKfac(KfacPreconditioner& kfac, MPI_Comm factor_comm,
 }
 
 DistributedKfac::~DistributedKfac() {
-  detach();
   // Nothing may stay in flight on buffers about to be freed.
   for (auto* v : {&groups_[0], &groups_[1], &flat_})
     for (Group& g : *v)
       if (g.req != MPI_REQUEST_NULL) MPI_Wait(&g.req, MPI_STATUS_IGNORE);
-}
-
-void DistributedKfac::attach() {
-  for (size_t i = 0; i < kfac_.size(); ++i) kfac_.linear(i).set_tap(this);
-  attached_ = true;
-}
-
-void DistributedKfac::detach() {
-  if (!attached_) return;
-  for (size_t i = 0; i < kfac_.size(); ++i)
-    if (kfac_.linear(i).tap() == this) kfac_.linear(i).set_tap(nullptr);
-  attached_ = false;
 }
 
 void DistributedKfac::begin_step(int last_micro_batch) {

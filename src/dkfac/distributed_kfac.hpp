@@ -22,11 +22,12 @@
 // matrices with the same code, so they give the same weights up to the summation order MPI's
 // reduction picks for a message size; only the time differs.
 //
-// The object is the layers' tap while attached: every Linear's input / output-gradient goes to
-// KfacPreconditioner::curvature, then, on the replica's last micro-batch of the step, the factor
-// is marked complete (and every factor before it in its sequence: a layer that saw no rows, the
-// MLM head on a micro-batch without masks, is skipped by its tap) and the fused groups whose
-// factors are all complete are posted, in sequence order on every rank. Non-blocking collectives
+// The object gets the layers' taps (ChunkKfac forwards them on curvature steps): every Linear's
+// input / output-gradient goes to KfacPreconditioner::curvature, then, on the replica's last
+// micro-batch of the step, the factor is marked complete (and every factor before it in its
+// sequence: a layer that saw no rows, the MLM head on a micro-batch without masks, is skipped by
+// its tap) and the fused groups whose factors are all complete are posted, in sequence order on
+// every rank. Non-blocking collectives
 // advance only inside MPI calls, so each tap call also tests the posted requests (`progress`).
 //
 // Every row count travels with its factor (one float per factor, exact below 2^24), so the
@@ -81,8 +82,6 @@ class DistributedKfac final : public LinearTap {
 
   // A curvature step: last_micro_batch is the MicroBatch::index of this replica's last one.
   void begin_step(int last_micro_batch);
-  void attach();
-  void detach();
   void on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) override;
   void on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) override;
   void progress();
@@ -95,11 +94,9 @@ class DistributedKfac final : public LinearTap {
   InversionSummary invert_all();
 
   const InversionPlacement& placement() const { return placement_; }
-  bool pipelined() const { return pipelined_now_; }
   const std::vector<FusionGroup>& groups(Side s) const { return seq_[s == Side::A ? 0 : 1].groups; }
   const DkfacTimes& times() const { return times_; }
   size_t factors() const { return factors_.size(); }
-  int64_t factor_elems(size_t f) const { return factors_[f].elems; }
 
   // Checkpoints: the fusion plan and the profile in progress (curvature steps seen, the factors'
   // order and summed ready times), so a resumed run posts the same messages as the one it
@@ -162,7 +159,6 @@ class DistributedKfac final : public LinearTap {
   bool pipelined_now_ = false;
   int last_mb_ = -1;
   int curvature_steps_ = 0;
-  bool attached_ = false;
   std::vector<double> ready_now_;     // [factor] time its last micro-batch's curvature finished
   std::vector<int> first_seen_[2];    // profile: factors in the order their taps first fired
   std::function<void()> hook_;
