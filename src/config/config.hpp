@@ -97,8 +97,8 @@ struct KfacConfig {
   double kl_clip = 0.0;         // 0 = off
   int inverse_every = 1;        // refresh interval for placement = inline/skip
   int diag_limit = 10000;       // layers with more outputs keep only diag(B)
-  std::string placement = "bubbles";  // bubbles | inline | skip
-  std::string distributed = "spd-kfac";
+  std::string placement = "bubbles";  // bubbles | inline | skip (unset with one stage and K-FAC on: inline)
+  std::string distributed = "spd-kfac";  // inline / skip, a stage with copies: d-kfac | mpd-kfac | spd-kfac
   bool spd_pipelining = true;   // spd-kfac: factor all-reduces overlapped with compute, fused (Table IV)
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
   int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
