@@ -36,6 +36,7 @@ bool is_p2p(Kind k) {
   return k == Kind::SEND_F || k == Kind::RECV_F || k == Kind::SEND_B || k == Kind::RECV_B;
 }
 bool is_bcast_inv(Kind k) { return k == Kind::BCAST_INV_A || k == Kind::BCAST_INV_B; }
+bool is_inversion(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
 bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV || is_bcast_inv(k); }
 bool is_compute(Kind k) { return !is_p2p(k) && !is_collective(k); }
 bool is_kfac(Kind k) {

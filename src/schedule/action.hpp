@@ -49,6 +49,7 @@ bool is_p2p(Kind k);                            // SEND_* / RECV_*
 bool is_collective(Kind k);                     // ALLREDUCE, SYNC_CURV, BCAST_INV_*: all copies start together
 bool is_kfac(Kind k);                           // CURV_*, SYNC_CURV, INV_*, BCAST_INV_*, PREC
 bool is_bcast_inv(Kind k);                      // BCAST_INV_A / BCAST_INV_B
+bool is_inversion(Kind k);                      // INV_A / INV_B (a whole factor or one diagonal block)
 
 struct Action {
   Kind kind = Kind::F;

@@ -11,8 +11,14 @@
 //   in.kfac      = {StageKfacCost{...}, ...};       // [stage]: measured per-unit durations
 //   in.replicas  = W;  in.margin = 0.05;
 //   KfacPlan plan = plan_kfac(in);
-//   for each step t:  run plan.actions(replica, device, t)   // F/B/comm + K-FAC, in order
+//   for each step t:  run plan.actions(replica, device, t)   // F/B/comm + K-FAC + OPT, in order
 //   and call set_blocks(k) once for every plan.splits entry (block-diagonal factor).
+// The plan answers the runtime's other questions: inverter(piece) (who inverts and broadcasts
+// it), wrapped(replica, device, k) (the previous cycle's units of cycle step k). The runtime
+// never edits its lists.
+//
+// How the planner is built: a pipeline of passes over one state (planner.cpp lists them and
+// says where zero-bubble W actions and run-time gap filling would slot in).
 //
 // Rules (paper 3.1, as its code does them):
 //   CURV_A(p,s,m,l) after F(p,s,m); CURV_B(p,s,m,l) after the input-gradient backward (B, or I
@@ -130,8 +136,10 @@ StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double cu
 double block_cost(double whole, int d, int k, int j);
 
 struct PlanInput {
-  Schedule schedule;                             // one step, without K-FAC actions
-  std::vector<std::vector<double>> durations;    // [device][index] measured, or empty
+  // One step, without K-FAC actions. Its optimizer steps (OPT) are set aside and end every list
+  // of the plan, after the step's K-FAC units (a PREC must precede its stage's OPT).
+  Schedule schedule;
+  std::vector<std::vector<double>> durations;    // [device][index] measured (shape of schedule), or empty
   CostModel cost;                                // durations when `durations` is empty
   std::vector<StageKfacCost> kfac;               // [stage], or one entry for uniform stages
   int replicas = 1;                              // W data-parallel replicas per stage
@@ -209,12 +217,15 @@ struct KfacPlan {
   std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)
-  // [replica][device][cycle step] -> actions in order (steady state: wrapped units included).
+  // [replica][device][cycle step] -> actions in order (steady state: wrapped units included),
+  // the optimizer steps last.
   std::vector<std::vector<std::vector<std::vector<Action>>>> cycle;
   // Cycle step 0 of the first cycle (no wrapped units): [replica][device].
   std::vector<std::vector<std::vector<Action>>> first;
   // The whole first cycle (no wrapped units): [replica][device][cycle step].
   std::vector<std::vector<std::vector<std::vector<Action>>>> first_cycle;
+  // [replica][device][cycle step] the previous cycle's units in cycle[...] (list order).
+  std::vector<std::vector<std::vector<std::vector<Action>>>> wrapped_units;
   Schedule step_template;                      // the input schedule's header (for schedule_for)
 
   int period() const;  // max refresh_steps: what a drawing of the whole refresh shows

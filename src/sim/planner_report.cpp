@@ -30,14 +30,7 @@ std::optional<std::pair<int, int>> KfacPlan::inverter(const Action& a) const {
 }
 
 std::vector<Action> KfacPlan::wrapped(int replica, int device, int k) const {
-  // Cycle step k in steady state minus the same step of the first cycle (no previous cycle).
-  std::vector<Action> first = first_cycle.at(replica).at(device).at(k), out;
-  for (const Action& a : cycle[replica][device][k]) {
-    auto it = std::find(first.begin(), first.end(), a);
-    if (it != first.end()) first.erase(it);
-    else out.push_back(a);
-  }
-  return out;
+  return wrapped_units.at(replica).at(device).at(k);
 }
 
 Schedule KfacPlan::schedule_for(int replica, int64_t t) const {
