@@ -1,6 +1,7 @@
 #include "comm/collectives.hpp"
 
 #include "core/error.hpp"
+#include "core/triangle.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -120,7 +121,7 @@ void BucketedAllReduce::wait() {
 namespace {
 size_t packed_count(const std::vector<SymMatrix>& mats) {
   size_t n = 0;
-  for (const SymMatrix& m : mats) n += static_cast<size_t>(m.n) * (m.n + 1) / 2;
+  for (const SymMatrix& m : mats) n += static_cast<size_t>(triangle_size(m.n));
   return n;
 }
 }  // namespace
@@ -132,23 +133,14 @@ SymmetricAllReduce::SymmetricAllReduce(MPI_Comm comm, std::vector<SymMatrix> mat
 
 void SymmetricAllReduce::start() {
   float* dst = packed_.data();
-  for (const SymMatrix& m : mats_)
-    for (int i = 0; i < m.n; ++i) {
-      const float* row = m.data + static_cast<size_t>(i) * m.n;
-      dst = std::copy(row + i, row + m.n, dst);
-    }
+  for (const SymMatrix& m : mats_) dst = pack_triangle(m.data, m.n, 0, m.n, dst);
   reduce_.start();
 }
 
 void SymmetricAllReduce::wait() {
   reduce_.wait();
   const float* src = packed_.data();
-  for (const SymMatrix& m : mats_)
-    for (int i = 0; i < m.n; ++i)
-      for (int j = i; j < m.n; ++j, ++src) {
-        m.data[static_cast<size_t>(i) * m.n + j] = *src;
-        m.data[static_cast<size_t>(j) * m.n + i] = *src;
-      }
+  for (const SymMatrix& m : mats_) src = unpack_triangle(src, m.data, m.n, 0, m.n, true);
 }
 
 void broadcast_bytes(void* data, size_t bytes, int root, MPI_Comm comm) {

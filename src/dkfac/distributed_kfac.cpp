@@ -2,6 +2,7 @@
 
 #include "comm/wait.hpp"
 #include "core/error.hpp"
+#include "core/triangle.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -65,7 +66,7 @@ DistributedKfac::DistributedKfac(KfacPreconditioner& kfac, MPI_Comm factor_comm,
       if (f.diagonal) {
         f.elems = f.dim;
       } else {
-        for (const FactorBlock& b : kf.blocks()) f.elems += b.size * (b.size + 1) / 2;
+        for (const FactorBlock& b : kf.blocks()) f.elems += triangle_size(b.size);
       }
       factors_.push_back(f);
       cost_dims.push_back(f.diagonal ? 1 : f.dim);  // a diagonal inverse costs O(d): never worth a broadcast
@@ -169,11 +170,7 @@ void DistributedKfac::pack(const Factor& f, float* out) const {
     std::copy(v, v + f.dim, out);
     return;
   }
-  for (const FactorBlock& b : kf.blocks())
-    for (int64_t r = b.offset; r < b.offset + b.size; ++r) {
-      const float* row = v + r * f.dim;
-      out = std::copy(row + r, row + b.offset + b.size, out);
-    }
+  for (const FactorBlock& b : kf.blocks()) out = pack_triangle(v, f.dim, b.offset, b.size, out);
 }
 
 void DistributedKfac::unpack_sum(const Factor& f, const float* in) {
@@ -183,12 +180,7 @@ void DistributedKfac::unpack_sum(const Factor& f, const float* in) {
     std::copy(in, in + f.dim, v);
     return;
   }
-  for (const FactorBlock& b : kf.blocks())
-    for (int64_t r = b.offset; r < b.offset + b.size; ++r) {
-      const int64_t n = b.offset + b.size - r;
-      std::copy(in, in + n, v + r * f.dim + r);  // upper triangle: commit mirrors it
-      in += n;
-    }
+  for (const FactorBlock& b : kf.blocks()) in = unpack_triangle(in, v, f.dim, b.offset, b.size, false);  // commit mirrors it
 }
 
 void DistributedKfac::post(Group& g) {

@@ -22,24 +22,6 @@
 // (profiling, the plan, a drain), K-FAC actions, profiling and planning, drift, K-FAC checkpoints.
 namespace pf {
 
-namespace {
-// The K-FAC profile all-reduced before planning, one vector of doubles: [off[d], off[d+1]) the
-// durations of device d's actions; then per stage `per_stage` values: hosts, layers, PREC, per
-// layer (Lmax slots each) CURV_A, CURV_B, INV_A, INV_B, d_in, d_out, diagonal B, and last the
-// curvature sync; then the broadcast model (alpha, beta; W > 1).
-struct ProfileShape {
-  std::vector<size_t> off;
-  int Lmax = 1;
-  size_t per_stage = 0, size = 0;
-  explicit ProfileShape(const Layout& layout) : off(layout.devices + 1, 0) {
-    for (int d = 0; d < layout.devices; ++d) off[d + 1] = off[d] + layout.schedule.per_device[d].size();
-    // 6 per transformer block; the BERT head's transform, pooler and NSP classifier.
-    for (const BlockRange& r : layout.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 3);
-    per_stage = 4 + 7 * static_cast<size_t>(Lmax);
-    size = off[layout.devices] + layout.stages() * per_stage + 2;
-  }
-};
-}  // namespace
 
 Executor::~Executor() = default;
 
@@ -48,7 +30,7 @@ void Executor::kfac_setup() {
   KfacState& k = *kfac_;
   k.bubbles = cfg_.kfac.placement == "bubbles";
   if (k.bubbles && !cfg_.kfac.plan_profile.empty())
-    k.recorded = read_plan_profile(cfg_, layout_, ProfileShape(layout_).size);
+    k.recorded = read_plan_profile(cfg_, layout_, ProfileLayout(layout_).size);
   const int N = layout_.micro_batches;
   for (auto& c : chunks_) {
     k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,
@@ -265,7 +247,7 @@ void Executor::kfac_drain_lists() {
   // inverses would be pending until a sync that does not come, and re-profiling drops them.)
   const std::vector<Action> wrapped = p.wrapped(groups_.replica, device_, 0);
   k.drain_plain.clear();
-  for (const Action& a : p.first[groups_.replica][device_])
+  for (const Action& a : p.actions(groups_.replica, device_, 0))
     if (!is_kfac(a.kind) || a.kind == Kind::PREC) k.drain_plain.push_back(a);
   k.drain_first = wrapped;
   k.drain_first.insert(k.drain_first.end(), k.drain_plain.begin(), k.drain_plain.end());
@@ -440,45 +422,42 @@ void Executor::write_dkfac_record(const std::string& path, double step_time_sum,
 // same numbers (the same bits) and gets the same plan.
 void Executor::kfac_plan() {
   KfacState& k = *kfac_;
-  const int D = layout_.devices, W = layout_.replicas;
-  const ProfileShape shape(layout_);
-  const std::vector<size_t>& off = shape.off;
-  const int Lmax = shape.Lmax;
-  const size_t per_stage = shape.per_stage;
-  std::vector<double> v(shape.size, 0.0);
+  const int W = layout_.replicas;
+  const ProfileLayout shape(layout_);
+  PlanProfile prof = shape.empty();
   k.profiled_compute = 0;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Kind kd = actions_[i].kind;
     if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W || kd == Kind::OPT)
-      v[off[device_] + i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
+      prof.action_ms[device_][i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
     if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) k.profiled_compute += k.dur_sum[i] / std::max(1, k.dur_samples);
   }
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const ChunkKfac& ck = *k.chunk[c];
     const ChunkKfacTimes& t = k.times[c];
-    double* e = &v[off[D] + chunks_[c]->stage * per_stage];
-    e[0] += 1;
-    e[1] += ck.layers();
-    e[2] += t.prec / std::max(1, t.prec_samples);
-    e[per_stage - 1] += t.sync / std::max(1, t.curv_samples);
+    StageProfile& e = prof.stages[chunks_[c]->stage];
+    e.holders += 1;
+    e.layers += ck.layers();
+    e.precondition += t.prec / std::max(1, t.prec_samples);
+    e.sync += t.sync / std::max(1, t.curv_samples);
     for (int l = 0; l < ck.layers(); ++l) {
-      e[3 + l] += t.curv_a[l] / std::max(1, t.curv_samples);
-      e[3 + Lmax + l] += t.curv_b[l] / std::max(1, t.curv_samples);
-      e[3 + 2 * Lmax + l] += t.inv_a[l] / std::max(1, t.inv_samples);
-      e[3 + 3 * Lmax + l] += t.inv_b[l] / std::max(1, t.inv_samples);
-      e[3 + 4 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_in());
-      e[3 + 5 * Lmax + l] += static_cast<double>(k.chunk[c]->pre().layer(l).d_out());
-      e[3 + 6 * Lmax + l] += k.chunk[c]->pre().layer(l).b().diagonal() ? 1.0 : 0.0;
+      LayerProfile& x = e.layer[l];
+      const KfacLayer& layer = k.chunk[c]->pre().layer(l);
+      x.curv_a += t.curv_a[l] / std::max(1, t.curv_samples);
+      x.curv_b += t.curv_b[l] / std::max(1, t.curv_samples);
+      x.inv_a += t.inv_a[l] / std::max(1, t.inv_samples);
+      x.inv_b += t.inv_b[l] / std::max(1, t.inv_samples);
+      x.d_in += static_cast<double>(layer.d_in());
+      x.d_out += static_cast<double>(layer.d_out());
+      x.diagonal_b += layer.b().diagonal() ? 1.0 : 0.0;
     }
   }
+  // Every rank's model of its stage's broadcasts; the planner gets the mean.
+  if (k.recorded.empty() && (W > 1 || layout_.pipelines() > 1)) std::tie(prof.bcast_alpha, prof.bcast_beta) = kfac_bcast_model();
+  std::vector<double> v = shape.flatten(prof);
   if (!k.recorded.empty()) {
     v = k.recorded;  // kfac.plan_profile: every rank plans from the same recorded numbers
   } else {
-    if (W > 1 || layout_.pipelines() > 1) {  // every rank's model of its stage's broadcasts; the planner gets the mean
-      const auto [alpha, beta] = kfac_bcast_model();
-      v[v.size() - 2] = alpha;
-      v[v.size() - 1] = beta;
-    }
     comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
   }
   // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
@@ -500,20 +479,19 @@ nlohmann::json Executor::plan_profile_json() const {
 
 nlohmann::json Executor::kfac_stage_costs() const {
   if (!kfac_ || !kfac_->plan) return nullptr;
-  const ProfileShape shape(layout_);
-  const std::vector<double>& v = kfac_->plan_input;
+  const PlanProfile prof = ProfileLayout(layout_).unflatten(kfac_->plan_input);
   nlohmann::json stages = nlohmann::json::array();
-  for (int st = 0; st < layout_.stages(); ++st) {
-    const double* e = &v[shape.off[layout_.devices] + st * shape.per_stage];
-    const double n = std::max(1.0, e[0]);  // the stage's holders each added theirs
-    const int L = shape.Lmax;
+  for (const StageProfile& sum : prof.stages) {
+    const StageProfile e = sum.mean();  // the stage's holders each added theirs
     nlohmann::json layers = nlohmann::json::array();
-    for (int l = 0; l < static_cast<int>(e[1] / n + 0.5); ++l)
-      layers.push_back({{"d_in", std::lround(e[3 + 4 * L + l] / n)}, {"d_out", std::lround(e[3 + 5 * L + l] / n)},
-                        {"curvature_a", e[3 + l] / n}, {"curvature_b", e[3 + L + l] / n},
-                        {"inversion_a", e[3 + 2 * L + l] / n}, {"inversion_b", e[3 + 3 * L + l] / n},
-                        {"diagonal_b", e[3 + 6 * L + l] / n > 0.5}});
-    stages.push_back({{"precondition", e[2] / n}, {"sync", e[shape.per_stage - 1] / n}, {"kfac_layers", layers}});
+    for (int l = 0; l < sum.layer_count(); ++l) {
+      const LayerProfile& x = e.layer[l];
+      layers.push_back({{"d_in", std::lround(x.d_in)}, {"d_out", std::lround(x.d_out)},
+                        {"curvature_a", x.curv_a}, {"curvature_b", x.curv_b},
+                        {"inversion_a", x.inv_a}, {"inversion_b", x.inv_b},
+                        {"diagonal_b", x.diagonal_b > 0.5}});
+    }
+    stages.push_back({{"precondition", e.precondition}, {"sync", e.sync}, {"kfac_layers", layers}});
   }
   return stages;
 }
@@ -564,57 +542,38 @@ std::vector<std::tuple<int, int, int, std::string>> Executor::kfac_layer_names()
 void Executor::kfac_make_plan(bool restoring) {
   KfacState& k = *kfac_;
   const Schedule& s = layout_.schedule;
-  const int D = layout_.devices, S = layout_.stages(), W = layout_.replicas;
-  const ProfileShape shape(layout_);
-  const std::vector<size_t>& off = shape.off;
-  const int Lmax = shape.Lmax;
-  const size_t per_stage = shape.per_stage;
-  const std::vector<double>& v = k.plan_input;
-  PF_CHECK(v.size() == shape.size, "K-FAC profile of {} values, expected {}", v.size(), shape.size);
-  // The planner places K-FAC units in the step's gaps; the optimizer steps end each device's list
-  // (lowering puts them last; only Chimera's second ALLREDUCE may follow the first OPT, and the
-  // first OPT waits for every all-reduce anyway), so they are left out of the planned step and
-  // appended to every list.
+  const int D = layout_.devices, W = layout_.replicas;
+  const PlanProfile prof = ProfileLayout(layout_).unflatten(k.plan_input);
+  // The whole lowered step with its measured durations: the planner sets the optimizer steps
+  // aside and ends every list with them.
   PlanInput in;
   in.schedule = s;
+  in.durations = prof.action_ms;
   in.replicas = W;
   in.margin = kPlanMargin;
   in.split_to_shorten = cfg_.kfac.split_inversions;
   // Chimera: a stage's twins and their replicas form one group sharing its inversions, each pair
   // of twins with its own cycle (PlanInput::chimera_group, the default).
   in.recompute = recompute_;
-  in.bcast_alpha = v[v.size() - 2] / (D * W);
-  in.bcast_beta = v[v.size() - 1] / (D * W);
-  std::vector<std::vector<Action>> opts(D);
-  for (int d = 0; d < D; ++d) {
-    auto& list = in.schedule.per_device[d];
-    std::vector<double> dur;
-    for (size_t i = 0; i < list.size(); ++i)
-      if (list[i].kind == Kind::OPT) {
-        opts[d].push_back(list[i]);
-      } else {
-        dur.push_back(v[off[d] + i]);
-      }
-    std::erase_if(list, [](const Action& a) { return a.kind == Kind::OPT; });
-    in.durations.push_back(std::move(dur));
-  }
+  in.bcast_alpha = prof.bcast_alpha / (D * W);
+  in.bcast_beta = prof.bcast_beta / (D * W);
   const double scale = k.plan_scale;
-  for (int st = 0; st < S; ++st) {
-    const double* e = &v[off[D] + st * per_stage];
-    const double n = std::max(1.0, e[0]);
+  for (const StageProfile& sum : prof.stages) {
+    const StageProfile e = sum.mean();
     StageKfacCost c;
-    c.precondition = e[2] / n;
+    c.precondition = e.precondition;
     // Never zero: a zero-length SYNC_CURV would tie in start time with the inversions after it,
     // and the planner's list order breaks ties by start only.
-    c.sync = std::max(e[per_stage - 1] / n, 1e-3);
-    for (int l = 0; l < static_cast<int>(e[1] / n + 0.5); ++l) {
-      c.curv_a.push_back(e[3 + l] / n);
-      c.curv_b.push_back(e[3 + Lmax + l] / n);
-      c.inv_a.push_back(e[3 + 2 * Lmax + l] / n);
-      c.inv_b.push_back(e[3 + 3 * Lmax + l] / n);
-      c.dim_a.push_back(static_cast<int>(e[3 + 4 * Lmax + l] / n + 0.5));
-      c.dim_b.push_back(static_cast<int>(e[3 + 5 * Lmax + l] / n + 0.5));
-      c.diag_b.push_back(e[3 + 6 * Lmax + l] / n > 0.5 ? 1 : 0);
+    c.sync = std::max(e.sync, 1e-3);
+    for (int l = 0; l < sum.layer_count(); ++l) {
+      const LayerProfile& x = e.layer[l];
+      c.curv_a.push_back(x.curv_a);
+      c.curv_b.push_back(x.curv_b);
+      c.inv_a.push_back(x.inv_a);
+      c.inv_b.push_back(x.inv_b);
+      c.dim_a.push_back(static_cast<int>(x.d_in + 0.5));
+      c.dim_b.push_back(static_cast<int>(x.d_out + 0.5));
+      c.diag_b.push_back(x.diagonal_b > 0.5 ? 1 : 0);
     }
     for (auto* xs : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})
       for (double& x : *xs) x *= scale;
@@ -623,12 +582,6 @@ void Executor::kfac_make_plan(bool restoring) {
     in.kfac.push_back(std::move(c));
   }
   k.plan = std::make_unique<KfacPlan>(plan_kfac(in));
-  for (int w = 0; w < W; ++w)
-    for (int d = 0; d < D; ++d) {
-      for (auto& step : k.plan->cycle[w][d]) step.insert(step.end(), opts[d].begin(), opts[d].end());
-      for (auto& step : k.plan->first_cycle[w][d]) step.insert(step.end(), opts[d].begin(), opts[d].end());
-      k.plan->first[w][d].insert(k.plan->first[w][d].end(), opts[d].begin(), opts[d].end());
-    }
   const KfacPlan& p = *k.plan;
   if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at

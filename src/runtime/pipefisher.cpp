@@ -4,6 +4,7 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "core/triangle.hpp"
 #include "dkfac/distributed_kfac.hpp"
 
 #include <nlohmann/json.hpp>
@@ -263,21 +264,18 @@ void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
   Tensor& piece = pending_[layer][side_of(s)];
   const int64_t d = f.dim();
   const int64_t first = block < 0 ? 0 : f.blocks()[block].offset, size = block < 0 ? d : f.blocks()[block].size;
-  std::vector<float> buf(static_cast<size_t>(f.diagonal() ? size : size * (size + 1) / 2) + 1);
+  std::vector<float> buf(static_cast<size_t>(f.diagonal() ? size : triangle_size(size)) + 1);
   float* x = buf.data();
   if (me == root) {
     if (f.diagonal()) x = std::copy_n(piece.data() + first, size, x);
-    else
-      for (int64_t r = first; r < first + size; ++r) x = std::copy(piece.data() + r * d + r, piece.data() + r * d + first + size, x);
+    else x = pack_triangle(piece.data(), d, first, size, x);
     *x = flags_[2 * layer + side_of(s)] > 0 ? 1.0f : 0.0f;
   }
   comm::check(MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, root, sync_comm_), "MPI_Bcast(inverse)");
   if (me == root || buf.back() == 0.0f) return;
   x = buf.data();
   if (f.diagonal()) std::copy_n(x, size, piece.data() + first);
-  else
-    for (int64_t r = first; r < first + size; ++r)
-      for (int64_t c = r; c < first + size; ++c, ++x) piece[r * d + c] = piece[c * d + r] = *x;
+  else unpack_triangle(x, piece.data(), d, first, size, true);
   flags_[2 * layer + side_of(s)] += 1.0f;
 }
 

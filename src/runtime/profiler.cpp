@@ -3,6 +3,7 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "runtime/plan_record.hpp"
 #include "schedule/lower.hpp"
 #include "sim/memory.hpp"
 #include "viz/render.hpp"
@@ -289,12 +290,11 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
               {"recompute", cfg_.parallel.recompute && S > 1}};  // as the executor: pipelines only
   if (plan.is_object()) {
     j["pipefisher_plan"] = plan.at("pipefisher_plan");
-    // The broadcast model the plan used: the input's last two numbers, summed over the D W ranks
-    // (runtime/plan_record.hpp).
-    const json& in = plan["pipefisher_plan"]["input"];
-    if (layout_.replicas > 1 && in.size() >= 2)
-      j["broadcast"] = {{"alpha", in[in.size() - 2].get<double>() / (D * layout_.replicas)},
-                        {"beta", in[in.size() - 1].get<double>() / (D * layout_.replicas)}};
+    // The broadcast model the plan used, summed over the D W ranks (runtime/plan_record.hpp).
+    if (layout_.replicas > 1) {
+      const PlanProfile in = ProfileLayout(layout_).unflatten(plan["pipefisher_plan"]["input"].get<std::vector<double>>());
+      j["broadcast"] = {{"alpha", in.bcast_alpha / (D * layout_.replicas)}, {"beta", in.bcast_beta / (D * layout_.replicas)}};
+    }
   }
   write_file_atomic(opt_.dir + "/profile.json", j.dump(1) + "\n", "--profile-dir");
   std::vector<TraceStep> trace;

@@ -1,6 +1,7 @@
 // The PipeFisher planner: placement rules, utilization on the paper's BERT-Large profile, splits,
 // inline fallback, every schedule, data + inversion parallelism, a hand-computed case.
 #include "schedule/generators.hpp"
+#include "schedule/lower.hpp"
 #include "schedule/validate.hpp"
 #include "sim/planner.hpp"
 #include "sim/profile.hpp"
@@ -784,5 +785,114 @@ TEST(Planner, PaperFigure3BertBaseGPipeAnd1F1BP100) {
     EXPECT_EQ(q.refresh_steps, gpipe ? (std::vector<int>{3, 2, 2, 2}) : (std::vector<int>{3, 3, 2, 2}));
   }
 }
+}  // namespace
+}  // namespace pf
+
+namespace pf {
+namespace {
+
+// The plans the query tests look at: a wrapped unit (tiny), replicas sharing inversions
+// (1F1B W = 2), Chimera's twins sharing them with overlapped cycles (D = 4, N = 8).
+std::vector<std::pair<std::string, PlanInput>> query_inputs() {
+  PlanInput wrapped = tiny(0.5);
+  wrapped.kfac[0].inv_b = {0.5};
+  PlanInput chimera = bert_large("1f1b", 4, 8, 6);
+  chimera.schedule = make_schedule("chimera", 4, 8);
+  return {{"tiny", wrapped}, {"1f1b W=2", bert_large("1f1b", 4, 4, 1, 2)}, {"chimera", chimera}};
+}
+
+TEST(PlanQueries, ListsEndWithOneOptimizerStepPerHostedStage) {
+  // The runtime hands the planner its lowered step, OPTs included: every list of the plan ends
+  // with exactly the device's OPTs (one per hosted stage, in the step's order), and apart from
+  // them the plan is the plan of the step without OPTs.
+  for (auto [name, in] : query_inputs()) {
+    const KfacPlan plain = plan_kfac(in);
+    PlanInput with_opt = in;
+    with_opt.schedule = lower_communication(in.schedule, {.grad_sync = false, .optimizer = true});
+    PlanInput without = with_opt;
+    for (auto& row : without.schedule.per_device) std::erase_if(row, [](const Action& a) { return a.kind == Kind::OPT; });
+    const KfacPlan p = plan_kfac(with_opt), q = plan_kfac(without);
+    EXPECT_EQ(p.refresh_steps, q.refresh_steps) << name;
+    for (int w = 0; w < in.replicas; ++w)
+      for (int d = 0; d < in.schedule.devices; ++d) {
+        std::vector<Action> opts;
+        for (const Action& a : with_opt.schedule.per_device[d])
+          if (a.kind == Kind::OPT) opts.push_back(a);
+        std::set<std::pair<int, int>> hosted;
+        for (const Action& a : in.schedule.per_device[d]) hosted.insert({a.pipeline, a.stage});
+        ASSERT_EQ(opts.size(), hosted.size()) << name;
+        for (int64_t t = 0; t < 3 * p.refresh_steps[d]; ++t) {
+          const std::vector<Action>& list = p.actions(w, d, t);
+          ASSERT_GE(list.size(), opts.size());
+          EXPECT_EQ(std::vector<Action>(list.end() - static_cast<std::ptrdiff_t>(opts.size()), list.end()), opts)
+              << name << " device " << d << " step " << t;
+          EXPECT_EQ(std::count_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::OPT; }),
+                    static_cast<std::ptrdiff_t>(opts.size()));
+          EXPECT_EQ(std::vector<Action>(list.begin(), list.end() - static_cast<std::ptrdiff_t>(opts.size())),
+                    q.actions(w, d, t))
+              << name << " device " << d << " step " << t;
+        }
+      }
+    EXPECT_EQ(p.refresh_steps, plain.refresh_steps) << name;
+  }
+}
+
+TEST(PlanQueries, WrappedUnitsAreTheSteadyStateListMinusTheFirstCycle) {
+  int wrapped_seen = 0;
+  for (auto [name, in] : query_inputs()) {
+    const KfacPlan p = plan_kfac(in);
+    for (int w = 0; w < in.replicas; ++w)
+      for (int d = 0; d < in.schedule.devices; ++d) {
+        const int R = p.refresh_steps[d];
+        for (int k = 0; k < R; ++k) {
+          // Steady state = first cycle + wrapped (as multisets), and wrapped = the placed units
+          // marked wrapped in this cycle step.
+          std::multiset<std::string> steady, first_plus_wrapped, wrapped, placed;
+          for (const Action& a : p.actions(w, d, R + k)) steady.insert(to_token(a));
+          for (const Action& a : p.actions(w, d, k)) first_plus_wrapped.insert(to_token(a));
+          for (const Action& a : p.wrapped(w, d, k)) first_plus_wrapped.insert(to_token(a)), wrapped.insert(to_token(a));
+          for (const PlacedUnit& u : p.units)
+            if (u.replica == w && u.device == d && u.step == k && u.wrapped) placed.insert(to_token(u.action));
+          EXPECT_EQ(steady, first_plus_wrapped) << name << " device " << d << " cycle step " << k;
+          EXPECT_EQ(wrapped, placed) << name << " device " << d << " cycle step " << k;
+          wrapped_seen += static_cast<int>(wrapped.size());
+        }
+      }
+  }
+  EXPECT_GT(wrapped_seen, 0);  // the inputs do wrap units
+}
+
+TEST(PlanQueries, InverterIsTheOnlyHolderListingThePiece) {
+  // A piece with an inverter is inverted by that holder alone (once per cycle) and broadcast by
+  // every holder of its stage; a piece without one is inverted by every holder.
+  for (auto [name, in] : query_inputs()) {
+    if (name == "tiny") continue;  // one holder per stage: nothing to share
+    const KfacPlan p = plan_kfac(in);
+    int shared = 0;
+    for (const StagePlacement& sp : p.placements)
+      for (const Action& piece : sp.pieces) {
+        const auto owner = p.inverter(piece);
+        const Action bcast{piece.kind == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, piece.stage, piece.pipeline,
+                           -1, piece.layer, piece.block};
+        for (auto [d, w] : sp.members) {
+          int inverts = 0, broadcasts = 0;
+          for (int k = 0; k < p.refresh_steps[d]; ++k)
+            for (const Action& a : p.actions(w, d, p.refresh_steps[d] + k)) {
+              // Chimera's twin lists the piece under its own pipeline copy.
+              const bool same = a.stage == piece.stage && a.layer == piece.layer && a.block == piece.block &&
+                                in.schedule.device_of(a.pipeline, a.stage) == d;
+              inverts += same && a.kind == piece.kind;
+              broadcasts += same && a.kind == bcast.kind;
+            }
+          const bool mine = !owner || *owner == std::pair{d, w};
+          EXPECT_EQ(inverts, mine ? 1 : 0) << name << " " << to_token(piece) << " device " << d << " replica " << w;
+          EXPECT_EQ(broadcasts, owner ? 1 : 0) << name << " " << to_token(piece) << " device " << d << " replica " << w;
+        }
+        shared += owner.has_value();
+      }
+    EXPECT_GT(shared, 0) << name;
+  }
+}
+
 }  // namespace
 }  // namespace pf
