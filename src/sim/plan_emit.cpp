@@ -177,7 +177,7 @@ void measure(PlanState& st) {
   plan.bubble.assign(D, 0);
   plan.lower_bound_refresh_steps.assign(D, -1);
   for (int d = 0; d < D; ++d) {
-    for (const StepGap& g : find_gaps(plan.base, d)) plan.bubble[d] += g.end - g.start;
+    for (const Gap& g : plan.base.gaps(d)) plan.bubble[d] += g.end - g.start;
     if (plan.bubble[d] > kEps)
       plan.lower_bound_refresh_steps[d] = static_cast<int>(std::ceil(plan.kfac_work[d] / plan.bubble[d] - 1e-12));
   }

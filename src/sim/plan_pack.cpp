@@ -20,7 +20,7 @@ void Placer::add_step() {
       }
     return;
   }
-  for (const StepGap& g : find_gaps(k == 0 ? step0 : base, d)) {
+  for (const Gap& g : (k == 0 ? step0 : base).gaps(d)) {
     if (k == 0 && g.leading && period == 0) continue;  // only the previous cycle's work can run there
     const int self = static_cast<int>(gaps.size());
     gaps.push_back({{g.start + offset(k), g.end + offset(k), g.insert_at, g.leading}, k, self, g.start});

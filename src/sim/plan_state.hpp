@@ -19,16 +19,7 @@ constexpr double kEps = 1e-9;
 constexpr double kMinCollective = 1e-6;  // shortest broadcast unit (time units of the input)
 constexpr int kNoReplica = -2;           // a unit owned by another holder of its stage (Chimera group)
 
-// An idle interval of one device in one step: the room for K-FAC work (paper 3.1's bubble).
-// Occupying = anything but point-to-point (a receive is a wait: idle; a collective keeps the
-// device in the collective). `insert_at`: where an action running in it goes in the device's
-// list (after the occupying action before the gap and the sends it started).
-struct StepGap {
-  double start = 0, end = 0;
-  int insert_at = 0;
-  bool leading = false;  // before the device's first occupying action of the step
-};
-std::vector<StepGap> find_gaps(const Timeline& tl, int d);
+// The gaps K-FAC units go into are Timeline::gaps (sim/sim.hpp: the one definition of a gap).
 
 // A schedule with per-action durations, edited by inserting actions.
 struct TimedSchedule {
@@ -73,7 +64,7 @@ struct Placer {
   double margin;
   int period = 0, max_step = INT_MAX;
   struct G {
-    StepGap g;
+    Gap g;
     int step;
     int phys;       // the gap whose cursor this one shares (itself unless an alias)
     double cursor;  // relative to its step's start (physical gaps only)

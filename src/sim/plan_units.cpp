@@ -10,26 +10,6 @@
 
 namespace pf::plan {
 
-std::vector<StepGap> find_gaps(const Timeline& tl, int d) {
-  std::vector<StepGap> out;
-  const auto& row = tl.per_device[d];
-  double t = 0;
-  int insert = 0;
-  bool leading = true;
-  for (size_t i = 0; i < row.size(); ++i) {
-    if (is_p2p(row[i].action.kind)) continue;
-    if (row[i].start > t + kEps) out.push_back({t, row[i].start, insert, leading});
-    t = std::max(t, row[i].end);
-    leading = false;
-    insert = static_cast<int>(i) + 1;
-    while (insert < static_cast<int>(row.size()) &&
-           (row[insert].action.kind == Kind::SEND_F || row[insert].action.kind == Kind::SEND_B))
-      ++insert;
-  }
-  if (tl.step_time > t + kEps) out.push_back({t, tl.step_time, static_cast<int>(row.size()), leading});
-  return out;
-}
-
 void TimedSchedule::insert(int d, int at, const Action& a, double t) {
   s.per_device[d].insert(s.per_device[d].begin() + at, a);
   dur[d].insert(dur[d].begin() + at, t);
@@ -115,12 +95,12 @@ void place_precondition(PlanState& st) {
   }
   const Timeline tl = ts.simulate();
   for (int d = 0; d < D; ++d) {
-    std::vector<StepGap> gaps = find_gaps(tl, d);
+    std::vector<Gap> gaps = tl.gaps(d);
     std::vector<std::pair<int, PrecReady>> inserts;  // (position in the original list, what)
     for (const PrecReady& p : precondition_order(tl, d)) {
       const double t = stage_cost(in, p.s).precondition;
       int at = static_cast<int>(tl.per_device[d].size());
-      for (StepGap& g : gaps) {
+      for (Gap& g : gaps) {
         const double s0 = std::max(g.start, p.ready);
         if (g.insert_at > p.after && s0 + t * (1 + in.margin) <= g.end + kEps) {
           at = g.insert_at;
@@ -140,7 +120,7 @@ void place_precondition(PlanState& st) {
 
   std::vector<double> max_gap(D, 0.0);
   for (int d = 0; d < D; ++d)
-    for (const StepGap& g : find_gaps(st.plan.base, d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
+    for (const Gap& g : st.plan.base.gaps(d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
   // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
   // preconditioning): the split and inline decisions use the smallest largest gap among the
   // devices hosting any of the device's stages.

@@ -21,7 +21,7 @@
 // pack_by_strategy places them with the K-FAC units (a class of placement_order, before the
 // curvature: it carries the step's gradient), and emit_lists puts them back into the lists like
 // any unit. K-FAC units filled at run time into gaps the plan predicted: the plan already keeps
-// its gaps (find_gaps of `base`/`step0`) and each unit's gap (PlacedUnit); a pass after
+// its gaps (Timeline::gaps of `base`/`step0`) and each unit's gap (PlacedUnit); a pass after
 // pack_by_strategy that marks units "deferred" would emit them as a per-gap queue instead of a
 // fixed list position, and the runtime would drain that queue when it reaches the gap.
 #include "sim/planner.hpp"

@@ -24,15 +24,23 @@ double Timeline::mean_utilization() const {
 }
 
 std::vector<Gap> Timeline::gaps(int device) const {
+  constexpr double kEps = 1e-9;
   std::vector<Gap> out;
-  double t = 0;
   const auto& row = per_device[device];
+  double t = 0;
+  int insert = 0;
+  bool leading = true;
   for (size_t i = 0; i < row.size(); ++i) {
-    if (!is_compute(row[i].action.kind)) continue;  // waiting for a message is idle time
-    if (row[i].start > t) out.push_back({t, row[i].start, static_cast<int>(i)});
+    if (is_p2p(row[i].action.kind)) continue;
+    if (row[i].start > t + kEps) out.push_back({t, row[i].start, insert, leading});
     t = std::max(t, row[i].end);
+    leading = false;
+    insert = static_cast<int>(i) + 1;
+    while (insert < static_cast<int>(row.size()) &&
+           (row[insert].action.kind == Kind::SEND_F || row[insert].action.kind == Kind::SEND_B))
+      ++insert;
   }
-  if (step_time > t) out.push_back({t, step_time, static_cast<int>(row.size())});
+  if (step_time > t + kEps) out.push_back({t, step_time, static_cast<int>(row.size()), leading});
   return out;
 }
 

@@ -18,10 +18,15 @@ struct TimedAction {
   double end = 0;
 };
 
+// An idle interval of one device in one step: the room other work (PipeFisher's K-FAC units)
+// can take. Occupying = anything but point-to-point (a receive is a wait: idle; a collective
+// keeps the device in the collective, though `busy` does not count it). `insert_at`: where an
+// action running in the gap goes in the device's list (after the occupying action before the
+// gap and the sends it started).
 struct Gap {
-  double start = 0;
-  double end = 0;
-  int before = -1;  // index of the action after the gap (== size for the tail gap)
+  double start = 0, end = 0;
+  int insert_at = 0;
+  bool leading = false;  // before the device's first occupying action of the step
 };
 
 struct Timeline {
@@ -34,7 +39,7 @@ struct Timeline {
 
   double mean_bubble() const;
   double mean_utilization() const;
-  // Idle intervals of a device within [0, step_time], in order (communication waits count as idle).
+  // Idle intervals of a device within [0, step_time], in order (Gap; longer than 1e-9).
   std::vector<Gap> gaps(int device) const;
 };
 
