@@ -6,7 +6,7 @@
 //   make_units            curvature, curvature sync, inversion units per device    plan_units.cpp
 //   place_inversions      a stage's inversions over its group (SPD-KFAC Alg. 1),
 //                         Chimera's twins x replicas; BCAST_INV units              plan_units.cpp
-//   build_cycle_step0     cycle step 0 per replica with the inline (critical-path) work
+//   build_cycle_step0     cycle step 0 per replica with its inline work            plan_units.cpp
 //   pin_collectives       Chimera: the cycle step whose end holds the syncs        plan_pack.cpp
 //   pack_by_strategy      units into the bubbles of consecutive steps, the best
 //                         of the strategies per device (and overlapped cycles)     plan_pack.cpp
