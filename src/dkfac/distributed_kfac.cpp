@@ -387,9 +387,7 @@ InversionSummary DistributedKfac::invert_all() {
         std::copy(v, v + fa.dim, slot);
       } else {
         float* out = slot;
-        for (const FactorBlock& b : kf.blocks())
-          for (int64_t r = b.offset; r < b.offset + b.size; ++r)
-            out = std::copy(v + r * fa.dim + r, v + r * fa.dim + b.offset + b.size, out);
+        for (const FactorBlock& b : kf.blocks()) out = pack_triangle(v, fa.dim, b.offset, b.size, out);
       }
     } else {
       received.push_back(f);
@@ -416,12 +414,7 @@ InversionSummary DistributedKfac::invert_all() {
       std::copy(in, in + fa.dim, v);
       continue;
     }
-    for (const FactorBlock& b : kf.blocks())
-      for (int64_t r = b.offset; r < b.offset + b.size; ++r)
-        for (int64_t c = r; c < b.offset + b.size; ++c) {
-          v[r * fa.dim + c] = *in;
-          v[c * fa.dim + r] = *in++;
-        }
+    for (const FactorBlock& b : kf.blocks()) in = unpack_triangle(in, v, fa.dim, b.offset, b.size, true);
   }
   if (sum.raised + sum.kept > 0)
     spdlog::warn("kfac: {} of the {} factors rank {} inverted were not positive definite with damping {:g}: {} "
