@@ -413,9 +413,8 @@ int run(PlanArgs& a) {
                         a.stages > kMaxDevices                                     ? "--stages"
                         : a.schedule == "interleaved" && v > a.micro_batches ? "--virtual-stages"
                                                                                : "--micro-batches");
-    // Chimera's order is chosen for the durations (the profile's first stage, or --tf/--tb).
-    const StageCost c0 = profile_of(a).cost.stage(0);
-    s = make_schedule(a.schedule, a.stages, a.micro_batches, v, c0.forward, c0.backward);
+    // Chimera's order is chosen for the durations (the profile's, or --tf/--tb).
+    s = make_schedule(a.schedule, a.stages, a.micro_batches, v, 1, profile_of(a).cost.backward_forward_ratio());
   }
   check_schedule_size(s.devices, static_cast<int64_t>(s.num_actions()), a.kfac,
                       a.schedule_file.empty() ? "--micro-batches" : "--schedule-file");

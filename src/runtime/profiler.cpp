@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "runtime/plan_record.hpp"
+#include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
 #include "sim/memory.hpp"
 #include "viz/render.hpp"
@@ -308,7 +309,18 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
   std::printf("profile: measured step %.2f ms (utilization per rank %s, mean comm wait %.2f ms), simulator with "
               "this profile predicts %.2f ms; %s/{profile.json, timeline-step*.svg, trace.json}\n",
               measured_step, u.c_str(), mean(wait), predicted.step_time, opt_.dir.c_str());
+  const std::string note = chimera_order_note(cfg_, D, layout_.micro_batches, cost);
+  if (!note.empty()) std::printf("profile: %s\n", note.c_str());
   std::fflush(stdout);
+}
+
+std::string chimera_order_note(const Config& cfg, int devices, int micro_batches, const CostModel& cost) {
+  if (cfg.parallel.schedule != "chimera" || !cfg.parallel.schedule_file.empty()) return "";
+  const double used = cfg.parallel.backward_forward_ratio, measured = cost.backward_forward_ratio();
+  if (to_text(make_chimera(devices, micro_batches, 1, used)) == to_text(make_chimera(devices, micro_batches, 1, measured)))
+    return "";
+  return fmt::format("Chimera was ordered for T_b / T_f = {}; this run measured {:.3g}, whose order differs "
+                     "(parallel.backward_forward_ratio = {:.3g} gives it)", used, measured, measured);
 }
 
 }  // namespace pf

@@ -95,4 +95,9 @@ Timeline measured_timeline(const Layout& layout, const std::vector<std::vector<A
 Timeline measured_timeline(const std::vector<std::vector<Action>>& actions,
                            const std::vector<std::vector<ActionTime>>& per_rank);
 
+// Chimera is ordered for parallel.backward_forward_ratio before anything is measured: when the
+// measured T_b / T_f (summed over the stages of `cost`) gives another order, a one-line note
+// saying which value gives it; "" otherwise (and for other schedules).
+std::string chimera_order_note(const Config& cfg, int devices, int micro_batches, const CostModel& cost);
+
 }  // namespace pf

@@ -1,5 +1,7 @@
 #include "sim/cost.hpp"
 
+#include <cmath>
+
 namespace pf {
 
 double CostModel::duration(const Action& a) const {
@@ -36,6 +38,13 @@ void add_recomputation(CostModel& cost) {
 double CostModel::p2p_time(int s) const {
   const StageCost& c = stage(s);
   return p2p_latency + (p2p_bandwidth > 0 ? c.activation_bytes / p2p_bandwidth : 0);
+}
+
+double CostModel::backward_forward_ratio() const {
+  double f = 0, b = 0;
+  for (const StageCost& c : stages) f += c.forward, b += c.backward;
+  const double r = b / f;
+  return f > 0 && b > 0 && std::isfinite(r) ? r : 2.0;
 }
 
 }  // namespace pf

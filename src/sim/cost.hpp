@@ -33,6 +33,8 @@ struct CostModel {
   const StageCost& stage(int s) const { return stages.size() == 1 ? stages[0] : stages.at(s); }
   double duration(const Action& a) const;  // device time of one action (0 for SEND/RECV)
   double p2p_time(int stage) const;        // one message leaving `stage`
+  // T_b / T_f summed over the stages, what Chimera's order is chosen for (2 without durations).
+  double backward_forward_ratio() const;
 };
 
 // Activation recomputation (R, parallel.recompute): every backward (ZB-H1: its I, which runs

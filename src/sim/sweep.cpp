@@ -21,8 +21,7 @@ std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile
         const int N = k * D;
         Schedule s;
         try {
-          s = make_schedule(spec.schedule, D, N, spec.virtual_stages, prof.cost.stage(0).forward,
-                            prof.cost.stage(0).backward);
+          s = make_schedule(spec.schedule, D, N, spec.virtual_stages, 1, prof.cost.backward_forward_ratio());
         } catch (const UsageError&) {
           continue;  // undefined here
         }

@@ -5,6 +5,7 @@
 // measured costs let the simulator predict the measured step time.
 #include "io/safetensors.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/profiler.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
 #include "sim/profile.hpp"
@@ -250,6 +251,30 @@ TEST(RuntimeLayout, ChimeraIsOrderedForTheConfiguredBackwardForwardRatio) {
   EXPECT_THROW(pf::make_layout(pf::Config::load(tiny_config().string(),
                                                 {"parallel.stages=4", "parallel.backward_forward_ratio=1"}), 4),
                pf::UsageError);
+}
+
+// After profiling, a Chimera run says when the measured T_b / T_f would order it differently (no MPI):
+// at D = 4, N = 8 the order for T_b = T_f differs from the default T_b = 2 T_f's (above).
+TEST(RuntimeProfiler, ChimeraOrderNoteNamesTheMeasuredRatio) {
+  auto cost = [](double f, double b) {
+    pf::CostModel c;
+    c.stages.assign(4, pf::StageCost{});
+    for (auto& s : c.stages) s.forward = f, s.backward = b;
+    return c;
+  };
+  auto cfg = [](const std::string& schedule, const std::string& ratio) {
+    std::vector<std::string> v = {"parallel.stages=4", "parallel.schedule=\"" + schedule + "\""};
+    if (!ratio.empty()) v.push_back("parallel.backward_forward_ratio=" + ratio);
+    return pf::Config::load(tiny_config().string(), v);
+  };
+  EXPECT_EQ(pf::chimera_order_note(cfg("chimera", ""), 4, 8, cost(3, 3)),
+            "Chimera was ordered for T_b / T_f = 2; this run measured 1, whose order differs "
+            "(parallel.backward_forward_ratio = 1 gives it)");
+  EXPECT_EQ(pf::chimera_order_note(cfg("chimera", ""), 4, 8, cost(1, 2.5)), "");  // the same order
+  EXPECT_EQ(pf::chimera_order_note(cfg("chimera", "1"), 4, 8, cost(3, 3)), "");
+  EXPECT_NE(pf::chimera_order_note(cfg("chimera", "1"), 4, 8, cost(1, 2)), "");
+  EXPECT_EQ(pf::chimera_order_note(cfg("chimera", ""), 4, 4, cost(3, 3)), "");     // D = N = 4: one order
+  EXPECT_EQ(pf::chimera_order_note(cfg("1f1b", ""), 4, 8, cost(3, 3)), "");
 }
 
 // A rank SIGKILLed mid-training: every other rank must exit (non-zero, with a message) within
