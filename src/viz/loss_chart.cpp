@@ -126,12 +126,14 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
         const auto hit = first_crossing(curves[r], curves[r].smoothed, *opt.target);
         if (!hit) continue;
         const double cx = X(by_time ? hit->time_s : hit->step), cy = Y(*opt.target);
+        // The label reads away from the nearer edge, so that the panel's clip never cuts it.
+        const bool right_half = cx > x0 + pw / 2;
         o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"{}\" "
                          "stroke-dasharray=\"2 3\"/><circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"none\" "
-                         "stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"{}\">"
-                         "{}</text>\n",
-                         cx, cy, cx, top + ph, kPalette[r % 8], cx, cy, kPalette[r % 8], cx + 4, cy - 8 - 12.0 * r,
-                         kPalette[r % 8],
+                         "stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" "
+                         "text-anchor=\"{}\" fill=\"{}\">{}</text>\n",
+                         cx, cy, cx, top + ph, kPalette[r % 8], cx, cy, kPalette[r % 8], right_half ? cx - 7 : cx + 7,
+                         cy - 8 - 12.0 * r, right_half ? "end" : "start", kPalette[r % 8],
                          by_time ? fmt::format("{:.1f} s", hit->time_s) : fmt::format("step {:.0f}", hit->step));
       }
     }
