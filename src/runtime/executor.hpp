@@ -170,6 +170,7 @@ class Executor {
   void kfac_plan();
   std::pair<double, double> kfac_bcast_model();
   void kfac_make_plan(bool restoring);
+  void kfac_split_as_planned();
   void kfac_drain_lists();
   void kfac_discard_step();
   void kfac_drift(int64_t step, double compute_ms);

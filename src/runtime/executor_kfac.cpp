@@ -539,15 +539,57 @@ std::vector<std::tuple<int, int, int, std::string>> Executor::kfac_layer_names()
 // The plan from k.plan_input (the same bits on every rank): made at the end of a profile, or
 // remade from a checkpoint (`restoring`: the factors' block structure and the record come from
 // the checkpoint, so nothing is recorded or printed here).
+namespace {
+
+// One stage's K-FAC units for the planner: the mean of its profiled sums, times `scale`.
+StageKfacCost stage_kfac_cost(const StageProfile& sum, double scale) {
+  const StageProfile e = sum.mean();
+  StageKfacCost c;
+  c.precondition = e.precondition * scale;
+  // Never zero: a zero-length SYNC_CURV would tie in start time with the inversions after it,
+  // and the planner's list order breaks ties by start only.
+  c.sync = std::max(e.sync, 1e-3) * scale;
+  for (int l = 0; l < sum.layer_count(); ++l) {
+    const LayerProfile& x = e.layer[l];
+    c.curv_a.push_back(x.curv_a * scale);
+    c.curv_b.push_back(x.curv_b * scale);
+    c.inv_a.push_back(x.inv_a * scale);
+    c.inv_b.push_back(x.inv_b * scale);
+    c.dim_a.push_back(static_cast<int>(x.d_in + 0.5));
+    c.dim_b.push_back(static_cast<int>(x.d_out + 0.5));
+    c.diag_b.push_back(x.diagonal_b > 0.5 ? 1 : 0);
+  }
+  return c;
+}
+
+void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from) {
+  std::string r;
+  for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
+  std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
+              "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
+              "units in bubbles)\n",
+              from.c_str(), r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
+              p.base_step_time);
+  if (!p.placements.empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
+    int ct = 0, pieces = 0;
+    for (const StagePlacement& sp : p.placements)  // Chimera's twins hold the same placement: count it once
+      if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
+    std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
+                "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 void Executor::kfac_make_plan(bool restoring) {
   KfacState& k = *kfac_;
-  const Schedule& s = layout_.schedule;
   const int D = layout_.devices, W = layout_.replicas;
   const PlanProfile prof = ProfileLayout(layout_).unflatten(k.plan_input);
   // The whole lowered step with its measured durations: the planner sets the optimizer steps
   // aside and ends every list with them.
   PlanInput in;
-  in.schedule = s;
+  in.schedule = layout_.schedule;
   in.durations = prof.action_ms;
   in.replicas = W;
   in.margin = kPlanMargin;
@@ -557,68 +599,34 @@ void Executor::kfac_make_plan(bool restoring) {
   in.recompute = recompute_;
   in.bcast_alpha = prof.bcast_alpha / (D * W);
   in.bcast_beta = prof.bcast_beta / (D * W);
-  const double scale = k.plan_scale;
-  for (const StageProfile& sum : prof.stages) {
-    const StageProfile e = sum.mean();
-    StageKfacCost c;
-    c.precondition = e.precondition;
-    // Never zero: a zero-length SYNC_CURV would tie in start time with the inversions after it,
-    // and the planner's list order breaks ties by start only.
-    c.sync = std::max(e.sync, 1e-3);
-    for (int l = 0; l < sum.layer_count(); ++l) {
-      const LayerProfile& x = e.layer[l];
-      c.curv_a.push_back(x.curv_a);
-      c.curv_b.push_back(x.curv_b);
-      c.inv_a.push_back(x.inv_a);
-      c.inv_b.push_back(x.inv_b);
-      c.dim_a.push_back(static_cast<int>(x.d_in + 0.5));
-      c.dim_b.push_back(static_cast<int>(x.d_out + 0.5));
-      c.diag_b.push_back(x.diagonal_b > 0.5 ? 1 : 0);
-    }
-    for (auto* xs : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})
-      for (double& x : *xs) x *= scale;
-    c.precondition *= scale;
-    c.sync = std::max(c.sync * scale, 1e-3 * scale);
-    in.kfac.push_back(std::move(c));
-  }
+  for (const StageProfile& sum : prof.stages) in.kfac.push_back(stage_kfac_cost(sum, k.plan_scale));
   k.plan = std::make_unique<KfacPlan>(plan_kfac(in));
-  const KfacPlan& p = *k.plan;
   if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
   // SYNC_CURV and inverses travel with it.
   if (W > 1 || layout_.pipelines() > 1)
     for (size_t i = 0; i < chunks_.size(); ++i) k.chunk[i]->set_replicated(k.holders[i].get());
-  // Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
+  kfac_split_as_planned();
+  if (groups_.rank == 0)
+    print_plan(*k.plan, in,
+               k.recorded.empty()
+                   ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, k.profile_start + 1, k.plan_start)
+                   : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile));
+}
+
+// Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
+void Executor::kfac_split_as_planned() {
+  KfacState& k = *kfac_;
   for (size_t c = 0; c < chunks_.size(); ++c)
     for (int l = 0; l < k.chunk[c]->layers(); ++l)
       for (Side sd : {Side::A, Side::B}) {
         int blocks = 1;
-        for (const FactorSplit& f : p.splits)
+        for (const FactorSplit& f : k.plan->splits)
           if (chunks_[c]->pipeline == f.pipeline && chunks_[c]->stage == f.stage && f.layer == l &&
               (f.kind == Kind::INV_A) == (sd == Side::A))
             blocks = f.blocks;
         if (k.chunk[c]->pre().layer(l).factor(sd).num_blocks() != blocks) k.chunk[c]->split(l, sd, blocks, k.plan_start);
       }
-  if (groups_.rank == 0) {
-    std::string r;
-    for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
-    const std::string from =
-        k.recorded.empty() ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, k.profile_start + 1, k.plan_start)
-                           : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile);
-    std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
-                "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
-                "units in bubbles)\n",
-                from.c_str(), r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
-                p.base_step_time);
-    if (!p.placements.empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
-      int ct = 0, pieces = 0;
-      for (const StagePlacement& sp : p.placements)  // Chimera's twins hold the same placement: count it once
-        if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
-      std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
-                  "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
-    }
-    std::fflush(stdout);
-  }
 }
 
 void Executor::write_kfac_record(const std::string& path) {
