@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -63,6 +64,21 @@ TEST(ReportCli, CrossingsOfTheTargetAndBothPictures) {
   pf_test::Launch low = report(a.string() + " --target 2 --json --out " + (dir() / "low.svg").string());
   ASSERT_EQ(low.status, 0) << low.out;
   EXPECT_TRUE(nlohmann::json::parse(low.out)["runs"][0]["reaches_target"].is_null());
+}
+
+// A crossing in the right half of a panel is labelled leftward (text-anchor end), so that the
+// panel's clip does not cut the label; one in the left half rightward.
+TEST(ReportCli, CrossingLabelsReadAwayFromTheNearerEdge) {
+  const fs::path late = fake_run("late", 300, 0.005, 1.0), early = fake_run("early", 300, 0.01, 1.0);
+  const fs::path svg = dir() / "edges.svg";
+  pf_test::Launch r = report(late.string() + " " + early.string() + " --target 8.6 --out " + svg.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::stringstream body;
+  body << std::ifstream(svg).rdbuf();
+  // late reaches 8.6 at step 280 (about 280 s of 300), early at step 140 (of 300: left of the middle).
+  EXPECT_TRUE(std::regex_search(body.str(), std::regex("text-anchor=\"end\" fill=\"#[0-9a-fA-F]+\">step 280<")));
+  EXPECT_TRUE(std::regex_search(body.str(), std::regex("text-anchor=\"end\" fill=\"#[0-9a-fA-F]+\">2[78][0-9][.][0-9] s<")));
+  EXPECT_TRUE(std::regex_search(body.str(), std::regex("text-anchor=\"start\" fill=\"#[0-9a-fA-F]+\">step 140<")));
 }
 
 TEST(ReportCli, BadInputExitsTwoNamingIt) {
