@@ -152,31 +152,38 @@ void ChunkKfac::precondition(int64_t t) {
   }
 }
 
+// One inline K-FAC unit, as the profiler and trace show it: from t0 to now.
+void ChunkKfac::stamp(Kind k, int layer, std::chrono::steady_clock::time_point t0) {
+  auto ns = [](std::chrono::steady_clock::time_point x) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(x.time_since_epoch()).count();
+  };
+  inline_units_.push_back({k, layer, ns(t0), ns(std::chrono::steady_clock::now())});
+}
+
+// Several holders, inline / skip: the DistributedKfac sums the factors and inverts.
+void ChunkKfac::distributed_refresh(int64_t t, bool curvature, bool inversion) {
+  attach(false);
+  if (curvature) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& [l, s] : dist_->finish_curvature(loss_scale_)) committed(static_cast<int>(l), s, t);
+    stamp(Kind::SYNC_CURV, -1, t0);
+  }
+  if (inversion) {
+    dist_->invert_all();
+    for (int l = 0; l < layers(); ++l)
+      for (Side s : {Side::A, Side::B})
+        if (committed_[l][side_of(s)] >= 0)
+          inverse_[{l, side_of(s), -1}] = {committed_[l][side_of(s)], committed_[l][side_of(other(s))]};
+  }
+  precondition(t);
+}
+
 void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times) {
   const int L = layers();
   inline_units_.clear();
-  auto stamp = [&](Kind k, int layer, std::chrono::steady_clock::time_point t0) {
-    auto ns = [](std::chrono::steady_clock::time_point x) {
-      return std::chrono::duration_cast<std::chrono::nanoseconds>(x.time_since_epoch()).count();
-    };
-    inline_units_.push_back({k, layer, ns(t0), ns(std::chrono::steady_clock::now())});
-  };
-  if (dist_) {  // several holders, inline / skip: the DistributedKfac sums and inverts
+  if (dist_) {
     PF_CHECK(!times, "a profiled inline refresh (bubbles) through the DistributedKfac");
-    attach(false);
-    if (curvature) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (const auto& [l, s] : dist_->finish_curvature(loss_scale_)) committed(static_cast<int>(l), s, t);
-      stamp(Kind::SYNC_CURV, -1, t0);
-    }
-    if (inversion) {
-      dist_->invert_all();
-      for (int l = 0; l < L; ++l)
-        for (Side s : {Side::A, Side::B})
-          if (committed_[l][side_of(s)] >= 0)
-            inverse_[{l, side_of(s), -1}] = {committed_[l][side_of(s)], committed_[l][side_of(other(s))]};
-    }
-    precondition(t);
+    distributed_refresh(t, curvature, inversion);
     return;
   }
   if (curvature) {

@@ -62,6 +62,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <cstdint>
 #include <map>
@@ -204,6 +205,8 @@ class ChunkKfac final : public LinearTap {
   void load_core(const ReadTensor& read, const std::string& what, const std::string& prefix, const nlohmann::json& j,
                  MPI_Comm comm, bool buffers);
   void take_snapshot(bool cycle);
+  void distributed_refresh(int64_t t, bool curvature, bool inversion);
+  void stamp(Kind k, int layer, std::chrono::steady_clock::time_point t0);
 
   const Config& cfg_;
   std::unique_ptr<KfacPreconditioner> pre_;
