@@ -68,7 +68,7 @@ int run(const TokenizeArgs& a) {
     usage_error("--vocab", "{} has {} entries; token files hold at most {}", a.vocab, tok->vocab_size(),
                 kMaxTokenFileVocab);
   const std::string text = read_text_file(a.in, "the input text");
-  const TokenizedCorpus corpus = tokenize_documents(*tok, text);
+  const TokenizedCorpus corpus = tokenize_documents(*tok, text, a.in);
   write_token_file(a.out, corpus.ids, tok->vocab_size());
   if (!a.docs.empty()) write_doc_index(a.docs, corpus.doc_starts);
   fmt::print(stderr, "tokenize: {} bytes -> {} {} tokens in {}{}\n", text.size(), corpus.ids.size(), a.vocab, a.out,

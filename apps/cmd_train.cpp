@@ -47,7 +47,7 @@ int run_train(const TrainArgs& a) {
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   cfg.check_files();
   check_resources(cfg);
-  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
+  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume, cfg.model);
   // The checkpoint to resume from, verified (checksums) before anything is written.
   std::unique_ptr<CheckpointReader> resume;
   std::vector<std::string> notes;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -67,6 +68,23 @@ T load_at(const std::byte* p, size_t i) {
 }
 
 Shape transposed(const Shape& s) { return s.size() == 2 ? Shape{s[1], s[0]} : s; }
+
+// Elements [i0, i0 + n) of a floating-point tensor (F32, F16, BF16, F64) as fp32; false for another dtype.
+bool to_f32(const SafetensorsEntry& e, size_t i0, size_t n, float* out) {
+  const std::byte* p = e.bytes.data();
+  if (e.dtype == "F32") {
+    if (n) std::memcpy(out, p + i0 * sizeof(float), n * sizeof(float));
+  } else if (e.dtype == "F16") {
+    for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_at<uint16_t>(p, i0 + i));
+  } else if (e.dtype == "BF16") {
+    for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{load_at<uint16_t>(p, i0 + i)} << 16);
+  } else if (e.dtype == "F64") {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_at<double>(p, i0 + i));
+  } else {
+    return false;
+  }
+  return true;
+}
 
 void write_all(int fd, const void* data, size_t n, const std::string& what) {
   const char* p = static_cast<const char*>(data);
@@ -250,18 +268,21 @@ const SafetensorsEntry* SafetensorsReader::find(std::string_view name) const {
 void SafetensorsReader::read_f32(const SafetensorsEntry& e, std::span<float> out) const {
   size_t n = e.bytes.size() / safetensors_dtype_size(e.dtype);
   PF_CHECK(out.size() == n, "tensor '{}' has {} elements, destination {}", e.name, n, out.size());
-  const std::byte* p = e.bytes.data();
-  if (e.dtype == "F32") {
-    if (n) std::memcpy(out.data(), p, n * sizeof(float));
-  } else if (e.dtype == "F16") {
-    for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_at<uint16_t>(p, i));
-  } else if (e.dtype == "BF16") {
-    for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{load_at<uint16_t>(p, i)} << 16);
-  } else if (e.dtype == "F64") {
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_at<double>(p, i));
-  } else {
+  if (!to_f32(e, 0, n, out.data()))
     usage_error(path_, "tensor '{}': dtype {} cannot be loaded as floating point (F32, F16, BF16, F64)", e.name,
                 e.dtype);
+}
+
+void SafetensorsReader::require_finite(const SafetensorsEntry& e) const {
+  const size_t n = e.bytes.size() / safetensors_dtype_size(e.dtype);
+  float buf[4096];
+  for (size_t i0 = 0; i0 < n; i0 += std::size(buf)) {
+    const size_t k = std::min(std::size(buf), n - i0);
+    if (!to_f32(e, i0, k, buf)) return;  // not floating point: read_f32 refuses it
+    for (size_t i = 0; i < k; ++i)
+      if (!std::isfinite(buf[i]))
+        usage_error(path_, "tensor '{}' holds a non-finite value ({} at index {}): weights and training state must be "
+                    "finite", e.name, buf[i], i0 + i);
   }
 }
 
@@ -374,6 +395,7 @@ SafetensorsLoadResult load_safetensors(const std::string& path, const std::vecto
     if (e->shape != want)
       usage_error(path, "tensor '{}': shape {} in the file, the model expects {}{}", e->name, shape_str(e->shape),
                   shape_str(want), p->hf_transposed ? " (Conv1D layout [in, out])" : "");
+    file.require_finite(*e);
     plan.emplace_back(p, e);
     matched.insert(e->name);
   }

@@ -58,6 +58,9 @@ class SafetensorsReader {
   // Converts a floating-point tensor (F32, F16, BF16, F64) to fp32 into `out`, which must hold
   // exactly its element count. Other dtypes are refused with a UsageError.
   void read_f32(const SafetensorsEntry& e, std::span<float> out) const;
+  // UsageError naming the file, the tensor and the first element that is NaN or Inf as fp32 (an
+  // F64 beyond float's range included); nothing for a tensor that is not floating point.
+  void require_finite(const SafetensorsEntry& e) const;
 
  private:
   void parse();
@@ -105,7 +108,7 @@ struct SafetensorsLoadResult {
 
 // Loads Param values by name (or the hub's other names for it, io/hf_model.hpp's
 // hf_name_candidates): the file's shape must equal the Param's (transposed for hf_transposed), its
-// dtype F32/F16/BF16/F64 (converted to fp32). Mirrors load like their owner.
+// dtype F32/F16/BF16/F64 (converted to fp32), every value finite. Mirrors load like their owner.
 // Nothing is modified unless every check passes.
 SafetensorsLoadResult load_safetensors(const std::string& path, const std::vector<Param*>& params,
                                        const SafetensorsLoadOptions& options = {});

@@ -78,7 +78,7 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     throw;
   }
   cfg.check_files();
-  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
+  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume, cfg.model);
   // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
   std::unique_ptr<CheckpointReader> resume;
   std::vector<std::string> notes;
