@@ -395,7 +395,7 @@ SafetensorsLoadResult load_safetensors(const std::string& path, const std::vecto
     if (e->shape != want)
       usage_error(path, "tensor '{}': shape {} in the file, the model expects {}{}", e->name, shape_str(e->shape),
                   shape_str(want), p->hf_transposed ? " (Conv1D layout [in, out])" : "");
-    file.require_finite(*e);
+    if (options.require_finite) file.require_finite(*e);
     plan.emplace_back(p, e);
     matched.insert(e->name);
   }

@@ -98,6 +98,7 @@ void save_safetensors(const std::string& path, const std::vector<const Param*>& 
 struct SafetensorsLoadOptions {
   bool require_all = true;    // every Param must be in the file (else only those present load)
   bool allow_unused = true;   // tensors of the file that match no Param are ignored (else refused)
+  bool require_finite = true; // a NaN or Inf is refused (weights); false: the format's values as they are
 };
 
 struct SafetensorsLoadResult {
@@ -108,7 +109,8 @@ struct SafetensorsLoadResult {
 
 // Loads Param values by name (or the hub's other names for it, io/hf_model.hpp's
 // hf_name_candidates): the file's shape must equal the Param's (transposed for hf_transposed), its
-// dtype F32/F16/BF16/F64 (converted to fp32), every value finite. Mirrors load like their owner.
+// dtype F32/F16/BF16/F64 (converted to fp32), every value finite (require_finite). Mirrors load like
+// their owner.
 // Nothing is modified unless every check passes.
 SafetensorsLoadResult load_safetensors(const std::string& path, const std::vector<Param*>& params,
                                        const SafetensorsLoadOptions& options = {});
