@@ -105,6 +105,11 @@ TEST(WeightsFit, CheckpointOfAnotherModelIsRefused) {
   EXPECT_EQ(old.status, 2) << old.out;
   EXPECT_EQ(old.out, extra);
   EXPECT_FALSE(fs::exists(dir() / "out-three-old"));
+  // The MPI runtime refuses alike, every rank before anything is written (the same check).
+  Launch mpi = run(mpi_train_cmd(2, dir(), "three-mpi", "--set parallel.stages=2 --set model.layers=3" + more));
+  EXPECT_EQ(mpi.status, 2) << mpi.out;
+  EXPECT_TRUE(contains(mpi.out, extra)) << mpi.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-three-mpi"));
   Launch wider = run(train_cmd(dir(), "wider", "--set model.ffn=96" + more));
   EXPECT_EQ(wider.status, 2) << wider.out;
   EXPECT_TRUE(contains(wider.out, "tensor 'bert.encoder.layer.0.intermediate.dense.weight': shape [64,32] in the "
