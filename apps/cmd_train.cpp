@@ -126,10 +126,7 @@ int run_train(const TrainArgs& a) {
 
   std::vector<const Param*> params;
   for (Param* p : trainer.model().params()) params.push_back(p);
-  require_finite(params, out + "/model.safetensors");
-  save_hf_model(out, params, cfg.model);
-  if (!a.save.empty()) save_trained_weights(a.save, params);
-  write_file_atomic(out + "/summary.json", log->summary(valid, wall));
+  write_final_outputs(cfg, params, a.save, *log, valid, wall);
   std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
               a.save.empty() ? "" : (", " + a.save).c_str());
   return 0;

@@ -287,13 +287,10 @@ int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
     write_error = e.what();
   }
   comm::on_root_agreed(world.rank(), [&] {
-    if (!write_error.empty()) throw UsageError(write_error);
+    if (!write_error.empty()) throw UsageError(fmt::format("{}; {}", write_error, last_checkpoint_note(ckpt_dir)));
     std::vector<const Param*> params;
     for (Param* q : model->params()) params.push_back(q);
-    require_finite(params, out + "/model.safetensors");
-    save_hf_model(out, params, cfg.model);
-    if (!a.save.empty()) save_trained_weights(a.save, params);
-    write_file_atomic(out + "/summary.json", log->summary(valid, wall));
+    write_final_outputs(cfg, params, a.save, *log, valid, wall);
     write_file_atomic(out + "/activations.json", activations);
     std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, "
                 "activations.json%s}%s\n", out.c_str(), exec.kfac_distributed_line().empty() ? "" : ", dkfac.json",

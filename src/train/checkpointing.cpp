@@ -1,7 +1,9 @@
 #include "train/checkpointing.hpp"
 
 #include "core/error.hpp"
+#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
+#include "train/run_log.hpp"
 
 #include <cmath>
 #include <csignal>
@@ -132,7 +134,20 @@ void require_finite(const std::vector<const Param*>& params, const std::string& 
 
 void save_trained_weights(const std::string& path, const std::vector<const Param*>& params) {
   require_finite(params, path);
-  save_safetensors(path, params);
+  save_safetensors(OutputFile{path, "--save", true}, params);
+}
+
+void write_final_outputs(const Config& cfg, const std::vector<const Param*>& params, const std::string& save,
+                         const RunLog& log, double valid_loss, double wall_s) {
+  const std::string& out = cfg.train.out_dir;
+  try {
+    require_finite(params, out + "/model.safetensors");
+    save_hf_model(out, params, cfg.model);
+    if (!save.empty()) save_trained_weights(save, params);
+    write_file_atomic(out + "/summary.json", log.summary(valid_loss, wall_s));
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}; {}", e.what(), last_checkpoint_note(checkpoint_dir_of(cfg))));
+  }
 }
 
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st) {

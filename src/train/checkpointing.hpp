@@ -25,6 +25,8 @@
 
 namespace pf {
 
+class RunLog;
+
 // One process's share of the training state (one stage, or the whole model).
 struct TrainState {
   std::vector<Param*> params;         // mirrors included (they load like their owner)
@@ -63,8 +65,14 @@ void load_init_weights(const std::string& init, const CheckpointReader* ckpt, co
 // are refused, UsageError naming the file and tensor, before anything of the file is written.
 void require_finite(std::span<const float> values, const std::string& tensor, const std::string& path);
 void require_finite(const std::vector<const Param*>& params, const std::string& path);
-// save_safetensors of the trained weights, after require_finite on each.
+// save_safetensors of the trained weights to --save `path` (a path the user names: a device there
+// is written in place), after require_finite on each.
 void save_trained_weights(const std::string& path, const std::vector<const Param*>& params);
+// The run's final files: out_dir/model.safetensors and config.json, --save `save` (if not empty),
+// summary.json (`log`'s summary, printed). A write error (a full disk) is a UsageError naming the
+// file and the last complete checkpoint, as during the run.
+void write_final_outputs(const Config& cfg, const std::vector<const Param*>& params, const std::string& save,
+                         const RunLog& log, double valid_loss, double wall_s);
 // Writes weights-stage-S and state-stage-S into step_dir (require_finite first); returns the two files.
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st);
 // Restores parameters, optimizer state and step count, and K-FAC state, by name.

@@ -90,10 +90,10 @@ TEST(Outputs, PathsTheUserNamesAreWrittenInPlace) {
   EXPECT_EQ(p.status, 0) << p.out;
   EXPECT_TRUE(is_char_device(svg)) << "--svg replaced the device node";
   EXPECT_TRUE(is_char_device(trace)) << "--trace replaced the device node";
-  // A link the user names: what it names is written, the link stays.
+  // A link the user names: what it names is appended to, the link stays.
   const fs::path target = dir() / "linked-log.jsonl", link = dir() / "log-link.jsonl";
   fs::create_symlink(target, link);
-  std::ofstream(target) << "old\n";
+  std::ofstream(target) << "";
   Launch l = run(tiny_train((dir() / "out-link-log").string(), "--steps 2 --log-json " + link.string()));
   EXPECT_EQ(l.status, 0) << l.out;
   EXPECT_TRUE(fs::is_symlink(link));
@@ -240,8 +240,9 @@ TEST(Outputs, FullDiskDuringTheFinalWriteNamesTheLastCheckpoint) {
                              " --set parallel.stages=2 --set train.out_dir=" + out.string() + " " + sets
                        : tiny_train(out.string(), sets));
     EXPECT_EQ(r.status, 2) << tag << "\n" << r.out;
-    EXPECT_TRUE(contains(r.out, full.string() + ": write failed: No space left on device; the last complete checkpoint is " +
-                                    (ck / "step-000004").string() + ": continue with --resume " + ck.string()))
+    EXPECT_TRUE(contains(r.out, "--save: cannot write '" + full.string() + "': No space left on device; the last "
+                                "complete checkpoint is " + (ck / "step-000004").string() + ": continue with --resume " +
+                                ck.string()))
         << tag << "\n" << r.out;
     EXPECT_TRUE(is_char_device(full)) << tag;
   }
