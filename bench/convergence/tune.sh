@@ -26,7 +26,10 @@
 # rsvg-convert; `pipefisher report` of every seed run with the target), runs/ (each run's
 # directory), kfac_profile.json (the recorded PipeFisher profile).
 # Environment: MODEL STEPS SEQ MB MBS RANKS SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
-# EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus).
+# EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus);
+# DAMPINGS (K-FAC's grid also over these dampings; default DAMPING alone) and OPTIMIZERS (the
+# grid's optimizers, default "nvlamb kfac"; with one of them the script stops after its grid, so
+# NVLAMB's grid can run before K-FAC's runs are ready and both resume into the same out-dir).
 # Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
 # kept, so an interrupted tuning goes on where it stopped; delete out-dir/runs to start over. The
 # timing columns compare runs of one machine only: re-run the seeds elsewhere rather than mixing.
@@ -46,6 +49,8 @@ lrs=${LRS:-1e-3 2e-3 5e-3 1e-2}
 ratios=${WARMUP_RATIOS:-0.2843 0.0853}
 seeds=${SEEDS:-1 2 3}
 damping=${DAMPING:-1e-3}
+dampings=${DAMPINGS:-$damping}
+optimizers=${OPTIMIZERS:-nvlamb kfac}
 eval_every=${EVAL_EVERY:-$(( steps / 10 > 0 ? steps / 10 : 1 ))}
 eval_batches=${EVAL_BATCHES:-8}
 profile_steps=${PROFILE_STEPS:-4}
@@ -68,7 +73,7 @@ common=(--config "configs/$model.toml" --set train.steps="$steps" --set model.se
 [[ $arch == bert ]] && common+=(--set data.nsp="$nsp")
 [[ -n ${TRAIN_FILE:-} ]] && common+=(--set data.train_file="$TRAIN_FILE")
 [[ -n ${VALID_FILE:-} ]] && common+=(--set data.valid_file="$VALID_FILE")
-kfac=(--set kfac.enabled=true --set kfac.placement=bubbles --set kfac.damping="$damping"
+kfac=(--set kfac.enabled=true --set kfac.placement=bubbles
       --set kfac.plan_profile="$out/kfac_profile.json")
 
 train() {  # run-name, args...: trains into $out/runs/run-name; its exit status is kept in run-name/status
@@ -90,13 +95,20 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
   mv "$out/runs/$name.out" "$out/runs/$name/stdout.txt"
   echo "  $name: exit $status, $(grep -h '^summary' "$out/runs/$name/stdout.txt" || echo 'no summary')"
 }
-# The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed.
+# The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed[, damping].
 optim_args() {
   args=(--set optim.lr="$2" --set optim.warmup_steps="$3" --set train.seed="$4" --set data.seed="$4")
-  [[ $1 == kfac ]] && args+=("${kfac[@]}")
+  [[ $1 == kfac ]] && args+=("${kfac[@]}" --set kfac.damping="${5:-$damping}")
   return 0
 }
+# Its directory's name; K-FAC's names the damping only when the grid has several.
+run_name() {
+  local name="$1-lr$2-w$3"
+  [[ $1 == kfac && $dampings != "$damping" ]] && name+="-d${5:-$damping}"
+  echo "$name-s$4"
+}
 
+if [[ $optimizers == *kfac* ]]; then
 echo "== recording the PipeFisher profile ($profile_steps steps)"
 train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
   --set kfac.damping="$damping" --set kfac.replan_on_drift=false
@@ -104,17 +116,26 @@ train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set k
 # The recorded profile is the plan of every K-FAC run: never replaced once written (kept runs
 # were planned from it). Delete out-dir/kfac_profile.json with out-dir/runs to start over.
 [[ -f $out/kfac_profile.json ]] || cp "$out/runs/profile/kfac_profile.json" "$out/kfac_profile.json"
+fi
 
-echo "== grid: learning rates {$lrs} x warm-up ratios {$ratios}, seed 1"
-for opt in nvlamb kfac; do
+echo "== grid: learning rates {$lrs} x warm-up ratios {$ratios}, seed 1 (K-FAC also x dampings {$dampings})"
+for opt in $optimizers; do
   for lr in $lrs; do
     for ratio in $ratios; do
       w=$(python3 -c "print(round($ratio * $steps))")
-      optim_args "$opt" "$lr" "$w" 1
-      train "$opt-lr$lr-w$w-s1" "${args[@]}"
+      if [[ $opt == kfac ]]; then
+        for d in $dampings; do
+          optim_args kfac "$lr" "$w" 1 "$d"
+          train "$(run_name kfac "$lr" "$w" 1 "$d")" "${args[@]}"
+        done
+      else
+        optim_args "$opt" "$lr" "$w" 1
+        train "$(run_name "$opt" "$lr" "$w" 1)" "${args[@]}"
+      fi
     done
   done
 done
+[[ $optimizers == *nvlamb* && $optimizers == *kfac* ]] || { echo "tune.sh: grid of $optimizers done (OPTIMIZERS); run both for the rest"; exit 0; }
 
 # The table of a set of runs, and the best setting per optimizer.
 python3 - "$out" "$steps" "$lrs" "$ratios" <<'PY'
