@@ -3,8 +3,10 @@
 
     study.py grid OUT STEPS "LRS" "RATIOS" "DAMPINGS" DEFAULT_DAMPING
         grid.csv and best.json (each optimizer's best setting by final validation loss)
-    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP [STEP_TIMES.csv]
-        seeds.csv, summary.md, summary.json and figure7.svg from the seed runs of the best settings
+    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin NSP [STEP_TIMES.csv]
+        seeds.csv, summary.md, summary.json and figure7.svg from the seed runs of the best settings;
+        beside the targets, the context-free floor of the validation loss (unigram.py: the held-out
+        tokens' unigram entropy, + ln 2 when NSP is true)
 
 A run's directory is OUT/runs/NAME with NAME as tune.sh's run_name: OPT-lrLR-wW[-dD]-sSEED, the
 damping named only in a K-FAC grid over several. STEP_TIMES is bench/pipefisher.sh's CSV: when it
@@ -19,6 +21,8 @@ import os
 import statistics
 import subprocess
 import sys
+
+from unigram import unigram_entropy
 
 
 def run_name(opt, lr, w, seed, damping=None):
@@ -131,7 +135,12 @@ def pct(v):
     return "not reached" if v is None else f"{100 * v:.1f}%"
 
 
-def summary(out, steps, seeds, binary, model, tokens, step_times):
+def context_free_floor(valid_bin, nsp):
+    h = unigram_entropy(valid_bin)[0]
+    return h + (math.log(2) if nsp else 0.0)
+
+
+def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     st = Study(out, steps, seeds, binary, model)
     per = st.per_seed()
     nv = per["nvlamb"]
@@ -149,7 +158,7 @@ def summary(out, steps, seeds, binary, model, tokens, step_times):
                      "vs": vs, "vt": None if vs is None else (vs * ratio if ratio else vtime / nv_time)})
     write_seeds_csv(out, per)
     js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
-          "best": st.best, "target_valid_loss": target_valid, "target_smoothed_training_loss": target_train,
+          "best": st.best, "target_valid_loss": target_valid, "context_free_valid_loss": floor, "target_smoothed_training_loss": target_train,
           "steps_fraction": mean_or_none([r["vs"] for r in rows]),
           "time_fraction": mean_or_none([r["vt"] for r in rows]),
           "steps_fraction_per_seed": [r["vs"] for r in rows], "time_fraction_per_seed": [r["vt"] for r in rows],
@@ -158,7 +167,7 @@ def summary(out, steps, seeds, binary, model, tokens, step_times):
     with open(f"{out}/summary.json.tmp", "w") as f:
         json.dump(js, f, indent=1)
     os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
-    write_summary_md(st, per, rows, target_train, target_valid, nv_time, ratio)
+    write_summary_md(st, per, rows, (target_train, target_valid, floor), nv_time, ratio)
 
 
 def write_seeds_csv(out, per):
@@ -170,7 +179,8 @@ def write_seeds_csv(out, per):
                 w.writerow([o, x["seed"], x["final"], x["smoothed"], x["valid"], x["time_s"]])
 
 
-def write_summary_md(st, per, rows, target_train, target_valid, nv_time, ratio):
+def write_summary_md(st, per, rows, targets, nv_time, ratio):
+    target_train, target_valid, floor = targets
     best = ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" +
                      (f", damping {b['damping']}" if b.get("damping") else "") for o, b in st.best.items())
     time_note = (f"time = steps x PipeFisher's step time / NVLAMB's ({ratio:.3f}, bench/pipefisher.sh)" if ratio
@@ -185,7 +195,9 @@ def write_summary_md(st, per, rows, target_train, target_valid, nv_time, ratio):
                      f"{stats([x['time_s'] for x in per[o]])} |")
     lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
               f"validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
-              f"Validation time: {time_note}.", "",
+              f"Validation time: {time_note}. The held-out text's context-free floor (its unigram "
+              f"entropy, + ln 2 for next-sentence prediction where trained): {floor:.4f}; NVLAMB's final "
+              f"validation loss is {floor - target_valid:+.4f} below it.", "",
               "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
               "|---|---|---|---|---|"]
     for r in rows:
@@ -208,7 +220,8 @@ def main():
     if cmd == "grid":
         grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
     elif cmd == "summary":
-        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), a[6] if len(a) > 6 else "")
+        floor = context_free_floor(a[6], a[7] == "true")
+        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floor, a[8] if len(a) > 8 else "")
     else:
         sys.exit(f"study.py: unknown command {cmd}")
 
