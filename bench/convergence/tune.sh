@@ -34,8 +34,10 @@
 # grid's optimizers, default "nvlamb kfac"; with one of them the script stops after its grid, so
 # NVLAMB's grid can run before K-FAC's runs are ready and both resume into the same out-dir).
 # Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
-# kept, so an interrupted tuning goes on where it stopped; delete out-dir/runs to start over. The
-# timing columns compare runs of one machine only: re-run the seeds elsewhere rather than mixing.
+# kept, and one stopped part-way resumes from its last checkpoint (every CHECKPOINT_EVERY steps,
+# default EVAL_EVERY; not part of the arguments), so an interrupted tuning goes on where it
+# stopped; delete out-dir/runs to start over. The timing columns compare runs of one machine
+# only: re-run the seeds elsewhere rather than mixing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -57,6 +59,7 @@ optimizers=${OPTIMIZERS:-nvlamb kfac}
 eval_every=${EVAL_EVERY:-$(( steps / 10 > 0 ? steps / 10 : 1 ))}
 eval_batches=${EVAL_BATCHES:-8}
 kfac_eval_every=${KFAC_EVAL_EVERY:-$eval_every}
+checkpoint_every=${CHECKPOINT_EVERY:-$eval_every}
 profile_steps=${PROFILE_STEPS:-4}
 arch=bert
 [[ $model == gpt* ]] && arch=gpt
@@ -89,15 +92,25 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
     echo "  $name: kept (an earlier run of tune.sh with the same arguments)"
     return 0
   fi
-  rm -rf "$out/runs/$name"
+  local dir=$out/runs/$name resume=()
+  # A run an interrupted session left part-way goes on from its last checkpoint (the same bits as
+  # one uninterrupted run); anything else starts over.
+  if [[ ! -f $dir/status && $(cat "$dir.args" 2>/dev/null) == "$args" ]] && compgen -G "$dir/checkpoints/step-*" > /dev/null; then
+    resume=(--resume "$dir/checkpoints")
+    echo "  $name: resuming from its last checkpoint"
+  else
+    rm -rf "$dir" "$dir.out"
+    echo "$args" > "$dir.args"
+  fi
   local status=0
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$ranks" "$bin" train "${common[@]}" "$@" \
-    --set train.out_dir="$out/runs/$name" > "$out/runs/$name.out" 2>&1 || status=$?
-  mkdir -p "$out/runs/$name"
-  echo "$status" > "$out/runs/$name/status"
-  echo "$args" > "$out/runs/$name/args"
-  mv "$out/runs/$name.out" "$out/runs/$name/stdout.txt"
-  echo "  $name: exit $status, $(grep -h '^summary' "$out/runs/$name/stdout.txt" || echo 'no summary')"
+    --set train.out_dir="$dir" --set train.checkpoint_dir="$dir/checkpoints" \
+    --set train.checkpoint_every="$checkpoint_every" "${resume[@]}" >> "$dir.out" 2>&1 || status=$?
+  mkdir -p "$dir"
+  echo "$status" > "$dir/status"
+  mv "$dir.args" "$dir/args"
+  mv "$dir.out" "$dir/stdout.txt"
+  echo "  $name: exit $status, $(grep -h '^summary' "$dir/stdout.txt" || echo 'no summary')"
 }
 # The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed[, damping].
 optim_args() {
