@@ -18,6 +18,12 @@ int64_t sequences_per_step(const Config& cfg) {
   return static_cast<int64_t>(p.data_parallel) * p.micro_batches * p.micro_batch_size;
 }
 
+// The checkpoint ends the run that wrote it: its step is that run's train.steps.
+bool ends_its_run(const CheckpointManifest& m) {
+  auto it = m.info.find("train.steps");
+  return it != m.info.end() && it->second == std::to_string(m.step);
+}
+
 }  // namespace
 
 std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t step, const std::string& layout) {
@@ -107,7 +113,8 @@ std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std:
   auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, "--resume", &passed_over));
   if (!passed_over.empty()) notes.push_back("--resume: " + passed_over + "; resuming from the newest that verifies");
   check_resume(cfg, r->manifest());
-  if (r->manifest().step >= cfg.train.steps)
+  const int64_t at = r->manifest().step;
+  if (at > cfg.train.steps || (at == cfg.train.steps && !ends_its_run(r->manifest())))
     usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train", r->manifest().step,
                 cfg.train.steps);
   if (std::string n = keep_lr_schedule(cfg, r->manifest()); !n.empty()) notes.push_back("--resume: " + n);

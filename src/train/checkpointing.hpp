@@ -42,6 +42,8 @@ void check_resume(const Config& cfg, const CheckpointManifest& m);
 std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m);
 // `--resume DIR`: the newest complete checkpoint of DIR, verified, checked against the
 // configuration (check_resume, steps left, keep_lr_schedule, which may set cfg.optim.decay_steps).
+// A checkpoint at train.steps is accepted when it ends the run that wrote it (its manifest's
+// train.steps): that run stopped before its final outputs, which the resumed run writes.
 // `notes` gets lines for the user: newer checkpoints passed over (corrupt, incomplete) and the
 // schedule kept.
 std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,

@@ -88,8 +88,11 @@ void open_outputs(Run& r, const RunOutputs& outputs, const std::vector<std::stri
                   const CheckpointReader* resume) {
   r.locks = lock_output_dirs(r.cfg, outputs);
   for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
-  if (resume)
+  if (resume) {
     std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(r.first_step));
+    if (r.first_step == r.cfg.train.steps)
+      std::printf("its run's %d steps are done: the final evaluation and outputs follow\n", r.cfg.train.steps);
+  }
   r.log = open_run_outputs(r.cfg, r.first_step > 0 ? r.first_step : -1, r.cfg.kfac.enabled);
 }
 
@@ -262,10 +265,14 @@ void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
               out.c_str(), listed.c_str(), r.args.save.empty() ? "" : (", " + r.args.save).c_str());
 }
 
-// The final outputs.
+// The final evaluation when no step ran (a run resumed at its end), then the final outputs.
 int finish(Run& r, double wall) {
+  if (r.first_step == r.cfg.train.steps) r.valid = r.engine.evaluate();
   const FinalRecords rec = r.engine.finish(r.cfg.train.out_dir);
   r.engine.on_root([&] { write_final_outputs(r, rec, wall); });
+  if (g_stop && r.engine.root())
+    std::fprintf(stderr, "pipefisher train: %s after the last step: the final outputs were written, the run is "
+                 "complete\n", signal_name(g_stop));
   return 0;
 }
 

@@ -16,7 +16,12 @@
 //               and exit 128 + signal. A second signal kills.
 //   finish      model.safetensors, config.json, --save, the engine's records, summary.json last
 //               (a run holding summary.json is complete).
-
+//
+// A run stopped at any point finishes with --resume: a checkpoint at the end of its run (the stop
+// came during the last step or the final evaluation, or a kill during the final writes) resumes
+// into the finish phase, which evaluates and writes the same files an uninterrupted run ends with.
+// A signal that arrives once the last step's checkpoint decision is made lets the final writes
+// complete (status 0).
 //
 // Under mpirun: mpirun forwards SIGTERM to the ranks but SIGKILLs them odls_base_sigkill_timeout
 // seconds later (OpenMPI's default: 1 s), which may cut the final checkpoint short (the previous
