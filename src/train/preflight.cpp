@@ -204,4 +204,23 @@ std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& 
   return locks;
 }
 
+void remove_previous_outputs(const Config& cfg) {
+  const fs::path out = cfg.train.out_dir;
+  std::error_code ec;
+  for (const char* name : kRunFiles) {
+    // An input of this run (kfac.plan_profile = out_dir/kfac_profile.json of the previous one) stays.
+    bool input = false;
+    for (const std::string& in : {cfg.kfac.plan_profile, cfg.data.train_file, cfg.data.valid_file})
+      input |= !in.empty() && fs::equivalent(out / name, in, ec);
+    if (!input) fs::remove(out / name, ec);
+  }
+  // The default checkpoint directory's checkpoints: a later --resume could otherwise continue them.
+  const fs::path ck = out / "checkpoints";
+  for (const auto& e : fs::directory_iterator(ck, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && e.is_directory(ec) && !e.is_symlink(ec)) remove_checkpoint(e.path().string());
+  }
+  fs::remove(ck / "latest", ec);
+}
+
 }  // namespace pf

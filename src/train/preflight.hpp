@@ -13,7 +13,8 @@
 //
 // Another run's outputs: an out_dir whose config.toml differs from this run's (Hugging Face's
 // overwrite_output_dir rule) is refused unless the run resumes or --overwrite is given; the same
-// config (the same job run again) replaces them.
+// config (the same job run again) replaces them. --overwrite removes them before the new run
+// writes (remove_previous_outputs), so that a new run stopped early is not mistaken for the old.
 //
 // Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
 // checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
@@ -58,5 +59,8 @@ class RunLocks {
 // in the message).
 std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& outputs);
 
+// --overwrite, after the locks: removes the files a training run writes in out_dir (an input of
+// this run among them stays) and the checkpoints of out_dir/checkpoints.
+void remove_previous_outputs(const Config& cfg);
 
 }  // namespace pf

@@ -83,10 +83,12 @@ void print_banner(const Run& r) {
   std::fflush(stdout);
 }
 
-// The root's first writes, after every refusal: the locks, config.toml and the logs.
+// The root's first writes, after every refusal: the locks, --overwrite's removal of the previous
+// run's outputs, config.toml and the logs.
 void open_outputs(Run& r, const RunOutputs& outputs, const std::vector<std::string>& notes,
                   const CheckpointReader* resume) {
   r.locks = lock_output_dirs(r.cfg, outputs);
+  if (outputs.overwrite && !outputs.resuming) remove_previous_outputs(r.cfg);
   for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
   if (resume) {
     std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(r.first_step));

@@ -5,7 +5,7 @@
 //   set-up      every check that can refuse the run comes first: the files, --init and --resume
 //               (verified, and their tensors loaded into the model, so a shape that differs is
 //               refused here), the output paths and their locks. Only then the run writes: the
-//               locks, config.toml, the logs.
+//               locks, --overwrite's removal of the previous run's outputs, config.toml, the logs.
 //   step        one optimizer step. A non-finite loss or gradient norm changed nothing: the step
 //               is skipped, or the run stops with status 1 (train.on_nonfinite = stop).
 //   evaluate    after every train.eval_every steps and after the last step.
@@ -39,7 +39,7 @@ struct TrainRunArgs {
   std::string init, save, resume;   // --init, --save, --resume
   std::string profile_dir;          // --profile-dir: checked writable here, written by the engine
   bool log_json_from_flag = false;  // train.log_json came from --log-json (named so in errors)
-  bool overwrite = false;           // --overwrite: another run's outputs in out_dir may be replaced
+  bool overwrite = false;           // --overwrite: another run's outputs in out_dir are removed
   TestSeams seams;                  // tests only (hidden flags)
 };
 

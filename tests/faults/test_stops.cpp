@@ -1,7 +1,8 @@
-// Issue 20 item 4 at the command line. A run stopped at any point (a signal during its last step or
-// its final evaluation, a kill during its final writes) finishes with --resume, ending with the
-// files of an uninterrupted run and its weights to the bit. The signals land at chosen moments
-// through train's hidden --test-signal flag (train/test_seams.hpp), not by timing.
+// Issue 20 items 4 and 7 at the command line. A run stopped at any point (a signal during its last
+// step or its final evaluation, a kill during its final writes) finishes with --resume, ending with
+// the files of an uninterrupted run and its weights to the bit. --overwrite removes the previous
+// run's outputs, so that a new run stopped early is not mistaken for the old one. The signals land
+// at chosen moments through train's hidden --test-signal flag (train/test_seams.hpp), not by timing.
 #include "../checkpoint/cli.hpp"
 
 #include "io/checkpoint.hpp"
@@ -116,6 +117,30 @@ TEST(Stops, AKillDuringTheFinalWritesFinishesOnResume) {
   EXPECT_TRUE(contains(term.out, "pipefisher train: SIGTERM after the last step: the final outputs were written, the "
                                  "run is complete")) << term.out;
   expect_finished_like("termfw", "whole");
+}
+
+// Item 7: with --overwrite the previous run's outputs (model, summary, logs, the checkpoints of
+// out_dir/checkpoints) go before the new run writes, so a new run stopped early leaves only its own.
+TEST(Stops, OverwriteRemovesThePreviousRunsOutputs) {
+  tiny_config(dir());
+  const fs::path out = dir() / "out-ow", ck = out / "checkpoints";
+  Launch a = run(train_cmd(dir(), "ow", "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + ck.string()));
+  ASSERT_EQ(a.status, 0) << a.out;
+  ASSERT_TRUE(fs::exists(out / "summary.json") && fs::exists(ck / "step-000006"));
+  Launch b = run(train_cmd(dir(), "ow", "--set optim.lr=3e-3 --overwrite --test-signal TERM@step:2"));
+  EXPECT_EQ(b.status, 128 + SIGTERM) << b.out;
+  for (const char* gone : {"model.safetensors", "config.json", "summary.json"})
+    EXPECT_FALSE(fs::exists(out / gone)) << gone << ": the previous run's, left beside the new run's log";
+  EXPECT_TRUE(contains(bytes(out / "config.toml"), "lr = 0.003"));
+  EXPECT_EQ(read_log(out / "log.jsonl").size(), 2u);
+  EXPECT_FALSE(fs::exists(ck / "step-000003")) << "the previous run's checkpoint";
+  EXPECT_FALSE(fs::exists(ck / "step-000006")) << "the previous run's checkpoint";
+  EXPECT_EQ(pf::find_latest_checkpoint(ck.string()), pf::checkpoint_step_dir(ck.string(), 2));
+  // Without --overwrite, a run with another config is still refused and removes nothing.
+  Launch c = run(train_cmd(dir(), "ow", "--set optim.lr=1e-3"));
+  EXPECT_EQ(c.status, 2) << c.out;
+  EXPECT_TRUE(fs::exists(ck / "step-000002"));
+  EXPECT_EQ(read_log(out / "log.jsonl").size(), 2u);
 }
 
 }  // namespace
