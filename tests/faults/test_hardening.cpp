@@ -212,6 +212,35 @@ TEST(Hardening, TheDefaultCheckpointDirectoryIsLockedToo) {
   first.finish();
 }
 
+// Issue 20 item 11: refusals found while loading (a bad token file, a checkpoint directory a live
+// run holds, a checkpoint whose shapes differ from the model's) come before anything is created:
+// no out_dir, no checkpoint directory, no lock file.
+TEST(Hardening, RefusedRunsCreateNoDirectoryOrLock) {
+  tiny_config(dir());
+  const fs::path bad = dir() / "odd.bin";
+  std::ofstream(bad, std::ios::binary) << "abc";
+  const fs::path ck_new = dir() / "nothing-ckpt";
+  expect_train_refused("badtok", "--set data.train_file=" + bad.string() + " --set train.checkpoint_dir=" + ck_new.string(),
+                       bad.string() + ": token file has an odd number of bytes (3)");
+  EXPECT_FALSE(fs::exists(ck_new)) << "the checkpoint directory of a refused run";
+
+  const fs::path held = dir() / "held-ckpt";
+  Job live(train_cmd(dir(), "holder", "--steps 100000 --set train.checkpoint_dir=" + held.string()));
+  ASSERT_TRUE(live.until("step ")) << live.out;
+  expect_train_refused("lockedck", "--set train.checkpoint_dir=" + held.string(),
+                       "train.checkpoint_dir: '" + held.string() + "' is in use by another run (pid " +
+                           std::to_string(live.pid));
+  ASSERT_EQ(kill(live.pid, SIGKILL), 0);
+  live.finish();
+
+  const fs::path ck = dir() / "shape-ckpt";
+  Launch first = run(train_cmd(dir(), "shape", "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + ck.string()));
+  ASSERT_EQ(first.status, 0) << first.out;
+  fs::remove_all(ck / "step-000006");  // step 3's, mid-run (and the note about step 6 is not printed for a refusal)
+  expect_train_refused("shape2", "--set model.ffn=128 --resume " + ck.string(),
+                       "intermediate.dense.weight': shape [64,32] in the file, the model expects [128,32]");
+}
+
 // Items 1, 7, 9: `plan` refuses durations that are not finite, negative or beyond 2^53 us, work
 // beyond its bounds, and malformed profiles, with one line naming the flag or field; nothing is
 // written. An SVG of an empty step is drawn (its axis looped forever).
