@@ -3,10 +3,12 @@
 
     study.py grid OUT STEPS "LRS" "RATIOS" "DAMPINGS" DEFAULT_DAMPING
         grid.csv and best.json (each optimizer's best setting by final validation loss)
-    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin NSP [STEP_TIMES.csv]
+    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin [STEP_TIMES.csv]
         seeds.csv, summary.md, summary.json and figure7.svg from the seed runs of the best settings;
-        beside the targets, the context-free floor of the validation loss (unigram.py: the held-out
-        tokens' unigram entropy, + ln 2 when NSP is true)
+        beside the targets, the language model's context-free floor (unigram.py: the held-out
+        tokens' unigram entropy) against NVLAMB's final language-model validation loss (without
+        next-sentence prediction: `pipefisher eval` of each seed's saved weights over the whole
+        held-out split), which shows whether NVLAMB left the plateau
 
 A run's directory is OUT/runs/NAME with NAME as tune.sh's run_name: OPT-lrLR-wW[-dD]-sSEED, the
 damping named only in a K-FAC grid over several. STEP_TIMES is bench/pipefisher.sh's CSV: when it
@@ -135,14 +137,20 @@ def pct(v):
     return "not reached" if v is None else f"{100 * v:.1f}%"
 
 
-def context_free_floor(valid_bin, nsp):
-    h = unigram_entropy(valid_bin)[0]
-    return h + (math.log(2) if nsp else 0.0)
+def final_lm_loss(binary, run_dir):
+    """The language-model part of a run's final validation loss over the whole held-out split, or
+    None without saved weights."""
+    if not os.path.exists(f"{run_dir}/model.safetensors"):
+        return None
+    cmd = [binary, "eval", "--config", f"{run_dir}/config.toml", "--init", f"{run_dir}/model.safetensors",
+           "--batches", "0", "--json"]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["lm_loss"]
 
 
 def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     st = Study(out, steps, seeds, binary, model)
     per = st.per_seed()
+    nv_lm = mean_or_none([final_lm_loss(binary, d) for d in st.runs["nvlamb"]])
     nv = per["nvlamb"]
     target_train = statistics.mean(x["smoothed"] for x in nv)
     target_valid = statistics.mean(x["valid"] for x in nv)
@@ -158,7 +166,8 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
                      "vs": vs, "vt": None if vs is None else (vs * ratio if ratio else vtime / nv_time)})
     write_seeds_csv(out, per)
     js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
-          "best": st.best, "target_valid_loss": target_valid, "context_free_valid_loss": floor, "target_smoothed_training_loss": target_train,
+          "best": st.best, "target_valid_loss": target_valid, "unigram_entropy": floor,
+          "nvlamb_final_lm_valid_loss": nv_lm, "target_smoothed_training_loss": target_train,
           "steps_fraction": mean_or_none([r["vs"] for r in rows]),
           "time_fraction": mean_or_none([r["vt"] for r in rows]),
           "steps_fraction_per_seed": [r["vs"] for r in rows], "time_fraction_per_seed": [r["vt"] for r in rows],
@@ -167,7 +176,7 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     with open(f"{out}/summary.json.tmp", "w") as f:
         json.dump(js, f, indent=1)
     os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
-    write_summary_md(st, per, rows, (target_train, target_valid, floor), nv_time, ratio)
+    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm), nv_time, ratio)
 
 
 def write_seeds_csv(out, per):
@@ -180,7 +189,9 @@ def write_seeds_csv(out, per):
 
 
 def write_summary_md(st, per, rows, targets, nv_time, ratio):
-    target_train, target_valid, floor = targets
+    target_train, target_valid, floor, nv_lm = targets
+    lm = ("not measured (the runs kept no weights)" if nv_lm is None else
+          f"{nv_lm:.4f}, {floor - nv_lm:+.4f} below it")
     best = ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" +
                      (f", damping {b['damping']}" if b.get("damping") else "") for o, b in st.best.items())
     time_note = (f"time = steps x PipeFisher's step time / NVLAMB's ({ratio:.3f}, bench/pipefisher.sh)" if ratio
@@ -195,9 +206,9 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio):
                      f"{stats([x['time_s'] for x in per[o]])} |")
     lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
               f"validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
-              f"Validation time: {time_note}. The held-out text's context-free floor (its unigram "
-              f"entropy, + ln 2 for next-sentence prediction where trained): {floor:.4f}; NVLAMB's final "
-              f"validation loss is {floor - target_valid:+.4f} below it.", "",
+              f"Validation time: {time_note}. The language model's context-free floor (the held-out "
+              f"tokens' unigram entropy): {floor:.4f}; NVLAMB's final language-model validation loss "
+              f"(whole held-out split, no next-sentence prediction; mean over seeds): {lm}.", "",
               "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
               "|---|---|---|---|---|"]
     for r in rows:
@@ -220,8 +231,8 @@ def main():
     if cmd == "grid":
         grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
     elif cmd == "summary":
-        floor = context_free_floor(a[6], a[7] == "true")
-        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floor, a[8] if len(a) > 8 else "")
+        floor = unigram_entropy(a[6])[0]
+        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floor, a[7] if len(a) > 7 else "")
     else:
         sys.exit(f"study.py: unknown command {cmd}")
 

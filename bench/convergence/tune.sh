@@ -170,6 +170,6 @@ done
 # Targets, crossings, tables, Figure 7, summary.json.
 vocab=bert; [[ $arch == gpt ]] && vocab=gpt2
 python3 "$root/bench/convergence/study.py" summary "$out" "$steps" "$seeds" "$bin" "$model" $((mb * mbs * seq)) \
-  "${VALID_FILE:-data/corpus/valid.$vocab.bin}" "$nsp" "${STEP_TIMES:-}"
+  "${VALID_FILE:-data/corpus/valid.$vocab.bin}" "${STEP_TIMES:-}"
 rm -f "$out/.scratch.svg" "$out/.scratch.png"
 echo "outputs: $out/{summary.md, summary.json, grid.csv, seeds.csv, figure7.svg, kfac_profile.json, runs/}"
