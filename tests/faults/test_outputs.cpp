@@ -1,9 +1,10 @@
 // Issue 20 at the command line: a run touches nothing outside itself (report's converter runs
 // without a shell: ReportCli.RunsNoCommandFromAName). An output never replaces a device node or
 // writes through a link, except a path the user names itself, which is written in place; nothing
-// under out_dir is followed out of it, also by checkpoint clean-up (item 2); a resumed log never reads back a pipe (item 5); outputs
-// naming one file, or an input, are refused before anything is written (item 10); a killed final
-// write's leftovers go, and a full disk during the final write names the last checkpoint (item 13).
+// under out_dir is followed out of it, also by checkpoint clean-up (item 2); a resumed log never
+// reads back a pipe (item 5); outputs naming one file, or an input, are refused before anything is
+// written (item 10); a killed final write's leftovers go, and a full disk during the final write
+// names the last checkpoint (item 13).
 #include "../checkpoint/cli.hpp"
 
 #include "io/checkpoint.hpp"
