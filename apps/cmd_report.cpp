@@ -8,6 +8,8 @@
 // non-finite, logged as null) is a gap in the curves, and counted in the text and the JSON.
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
+#include "core/process.hpp"
 #include "viz/loss_chart.hpp"
 #include "viz/loss_log.hpp"
 #include "viz/render.hpp"
@@ -16,7 +18,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -66,6 +67,18 @@ std::string run_line(const nlohmann::json& r, const ReportArgs& a) {
   return line;
 }
 
+// The PNG of `svg` by rsvg-convert (through argv: no shell reads the names), written to its stdout
+// and from there to `png` like every output; false when it is not installed or fails.
+bool write_png(const OutputFile& png, const std::string& svg) {
+  OutputWriter w(png);
+  // A relative name beginning with '-' would read as an option.
+  const std::string input = svg.front() == '-' ? "./" + svg : svg;
+  const ProgramResult r = run_program({"rsvg-convert", input}, w.fd());
+  if (!r.started || r.exit_status != 0) return false;  // the writer removes its temporary
+  w.commit();
+  return true;
+}
+
 int run(const ReportArgs& a) {
   if (a.target && !(std::fabs(*a.target) <= kMaxLogValue))
     usage_error("--target", "must be a finite loss (at most {:g} in size), got {}", kMaxLogValue, *a.target);
@@ -77,13 +90,12 @@ int run(const ReportArgs& a) {
   namespace fs = std::filesystem;
   const std::string out = a.out.empty() ? (fs::is_directory(a.runs[0]) ? a.runs[0] + "/loss.svg" : "loss.svg") : a.out;
   if (out.size() < 5 || out.compare(out.size() - 4, 4, ".svg") != 0) usage_error("--out", "'{}' does not end in .svg", out);
-  write_file_atomic(out, loss_chart_svg(curves, {a.title, a.target}), "--out");
-  std::string png;
-  if (std::system("command -v rsvg-convert >/dev/null 2>&1") == 0) {
-    png = out.substr(0, out.size() - 4) + ".png";
-    const std::string cmd = fmt::format("rsvg-convert -o '{}' '{}'", png, out);
-    if (std::system(cmd.c_str()) != 0) png.clear();
-  }
+  const OutputFile svg{out, "--out", !a.out.empty()}, png_file{out.substr(0, out.size() - 4) + ".png", "--out"};
+  std::vector<NamedPath> logs;
+  for (const std::string& r : a.runs) logs.push_back({fs::is_directory(r) ? r + "/log.jsonl" : r, "a run log"});
+  check_outputs({svg, png_file}, logs);
+  write_output(svg, loss_chart_svg(curves, {a.title, a.target}));
+  const std::string png = write_png(png_file, out) ? png_file.path : "";
   nlohmann::json runs = nlohmann::json::array();
   for (const LossCurve& c : curves) {
     nlohmann::json r = {{"name", c.name},

@@ -1,6 +1,8 @@
 #pragma once
 // Token files: raw little-endian uint16 ids, extension .bin, no header. A vocabulary larger than
 // 65,536 entries cannot be stored and is refused.
+#include "core/files.hpp"
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -10,8 +12,9 @@ namespace pf {
 
 constexpr int kMaxTokenFileVocab = 65536;
 
-// Writes ids to `path` through a temporary file renamed into place. UsageError naming the file
-// if vocab_size > 65,536, an id is outside [0, vocab_size), or the file cannot be written.
+// Writes ids through an OutputWriter (core/files.hpp: a temporary renamed into place). UsageError
+// naming the file if vocab_size > 65,536, an id is outside [0, vocab_size), or it cannot be written.
+void write_token_file(const OutputFile& out, std::span<const int32_t> ids, int vocab_size);
 void write_token_file(const std::string& path, std::span<const int32_t> ids, int vocab_size);
 
 // Reads a whole token file. UsageError naming the file if it cannot be read, has an odd number
@@ -21,6 +24,7 @@ std::vector<uint16_t> read_token_file(const std::string& path, int vocab_size);
 // Document index of a token file (BERT's next-sentence pairs come from documents): where each
 // document starts, one decimal token offset per line, `X.docs` beside `X.bin`
 // (scripts/prepare-data.sh writes it with `pipefisher tokenize --docs`). Written atomically.
+void write_doc_index(const OutputFile& out, std::span<const int64_t> starts);
 void write_doc_index(const std::string& path, std::span<const int64_t> starts);
 // Reads it back. UsageError naming `key` and the file if it is missing, or its offsets are not
 // strictly increasing from 0 and below n_tokens.

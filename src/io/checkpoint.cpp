@@ -153,6 +153,11 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
 
 void remove_checkpoint(const std::string& step_dir) {
   std::error_code ec;
+  // A link (an archived copy placed here) goes itself: what it names is not this run's to delete.
+  if (fs::is_symlink(fs::symlink_status(step_dir, ec))) {
+    fs::remove(step_dir, ec);
+    return;
+  }
   fs::remove(fs::path(step_dir) / "manifest.json", ec);
   fs::remove_all(step_dir, ec);
 }

@@ -59,7 +59,7 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& manifest, int keep);
 
 // Deletes a step directory, its manifest first: a directory that still has a manifest is always
-// complete, whenever the deletion is cut short.
+// complete, whenever the deletion is cut short. A step directory that is a link: the link alone.
 void remove_checkpoint(const std::string& step_dir);
 
 // Parses a manifest's text; `what` names it in errors. Refuses anything malformed (wrong types,

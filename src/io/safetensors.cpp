@@ -86,17 +86,6 @@ bool to_f32(const SafetensorsEntry& e, size_t i0, size_t n, float* out) {
   return true;
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& what) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) usage_error(what, "write failed: {}", std::strerror(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 }  // namespace
 
 size_t safetensors_dtype_size(std::string_view dtype) {
@@ -290,7 +279,7 @@ void SafetensorsReader::require_finite(const SafetensorsEntry& e) const {
 // Writing
 // ---------------------------------------------------------------------------------------------
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+void write_safetensors(const OutputFile& out, const std::vector<SafetensorsTensor>& tensors,
                        const SafetensorsMetadata& metadata) {
   // Header in data order, __metadata__ first, compact, as the reference writer emits it.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -310,45 +299,29 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) usage_error(path, "cannot create {}: {}", tmp, std::strerror(errno));
-  try {
-    uint64_t n = text.size();
-    write_all(fd, &n, sizeof n, path);
-    write_all(fd, text.data(), text.size(), path);
-    std::vector<float> buf;
-    for (const auto& t : tensors) {
-      if (!t.transpose) {
-        write_all(fd, t.data.data(), t.data.size_bytes(), path);
-        continue;
-      }
-      // data is [c, r] row-major; the file wants [r, c] = its transpose.
-      const int64_t r = t.shape[0], c = t.shape[1];
-      buf.resize(t.data.size());
-      for (int64_t j = 0; j < c; ++j)
-        for (int64_t i = 0; i < r; ++i) buf[i * c + j] = t.data[j * r + i];
-      write_all(fd, buf.data(), buf.size() * sizeof(float), path);
+  OutputWriter w(out);
+  const uint64_t n = text.size();
+  w.write(&n, sizeof n);
+  w.write(text);
+  std::vector<float> buf;
+  for (const auto& t : tensors) {
+    if (!t.transpose) {
+      w.write(t.data.data(), t.data.size_bytes());
+      continue;
     }
-    if (::fsync(fd) != 0) usage_error(path, "fsync failed: {}", std::strerror(errno));
-    if (::close(fd) != 0) {
-      fd = -1;
-      usage_error(path, "close failed: {}", std::strerror(errno));
-    }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0) usage_error(path, "cannot rename {}: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+    // data is [c, r] row-major; the file wants [r, c] = its transpose.
+    const int64_t r = t.shape[0], c = t.shape[1];
+    buf.resize(t.data.size());
+    for (int64_t j = 0; j < c; ++j)
+      for (int64_t i = 0; i < r; ++i) buf[i * c + j] = t.data[j * r + i];
+    w.write(buf.data(), buf.size() * sizeof(float));
   }
-  // Make the rename itself durable.
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  w.commit();
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const SafetensorsMetadata& metadata) {
+  write_safetensors(OutputFile{path}, tensors, metadata);
 }
 
 SafetensorsTensor param_tensor(const Param& p) {
@@ -356,7 +329,7 @@ SafetensorsTensor param_tensor(const Param& p) {
   return {p.name, p.hf_transposed ? transposed(p.value.shape()) : p.value.shape(), p.value.span(), p.hf_transposed};
 }
 
-void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
+void save_safetensors(const OutputFile& out, const std::vector<const Param*>& params,
                       const SafetensorsMetadata& metadata) {
   std::vector<SafetensorsTensor> tensors;
   for (const Param* p : params)
@@ -364,7 +337,12 @@ void save_safetensors(const std::string& path, const std::vector<const Param*>& 
   // transformers' loader refuses a file whose metadata lacks a known "format"; ours are PyTorch's.
   SafetensorsMetadata meta = metadata;
   meta.emplace("format", "pt");
-  write_safetensors(path, tensors, meta);
+  write_safetensors(out, tensors, meta);
+}
+
+void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
+                      const SafetensorsMetadata& metadata) {
+  save_safetensors(OutputFile{path}, params, metadata);
 }
 
 // ---------------------------------------------------------------------------------------------

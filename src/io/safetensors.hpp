@@ -9,6 +9,7 @@
 //
 // Parameter names and layouts are Hugging Face's (Param::name), so a saved model loads in
 // transformers; GPT-2's Conv1D weights are stored transposed ([in, out]), see Param::hf_transposed.
+#include "core/files.hpp"
 #include "core/tensor.hpp"
 #include "nn/param.hpp"
 
@@ -81,7 +82,10 @@ struct SafetensorsTensor {
   bool transpose = false;
 };
 
-// Writes tensors in the given order to `path.tmp.<pid>`, fsyncs, renames over `path`.
+// Writes tensors in the given order through an OutputWriter (core/files.hpp: a temporary renamed
+// over the path; a device or link the user named written in place).
+void write_safetensors(const OutputFile& out, const std::vector<SafetensorsTensor>& tensors,
+                       const SafetensorsMetadata& metadata = {});
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const SafetensorsMetadata& metadata = {});
 
@@ -92,6 +96,8 @@ SafetensorsTensor param_tensor(const Param& p);
 // Saves parameter values under their Hugging Face names; hf_transposed weights are written as
 // their transpose ([in, out]); mirrors are skipped (their owner is saved). The metadata gets
 // "format": "pt" unless it has a "format", as transformers' loader requires one.
+void save_safetensors(const OutputFile& out, const std::vector<const Param*>& params,
+                      const SafetensorsMetadata& metadata = {});
 void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
                       const SafetensorsMetadata& metadata = {});
 

@@ -11,6 +11,7 @@
 #include <ostream>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -100,16 +101,16 @@ TEST(ReportCli, BadInputExitsTwoNamingIt) {
 }
 
 // The program's own log of a run with a skipped step (its loss non-finite, logged as null: the
-// test hook poisons step 2's loss scale): report reads it, counts the step, and draws it as a gap
-// (the raw and smoothed lines each break there) without a NaN anywhere in the picture.
+// test seam --test-poison poisons step 2's loss scale): report reads it, counts the step, and draws
+// it as a gap (the raw and smoothed lines each break there) without a NaN anywhere in the picture.
 TEST(ReportCli, ReadsTheProgramsOwnLogWithASkippedStep) {
   const fs::path out = dir() / "skipped";
   const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
   const pf_test::Launch train = pf_test::run(
-      "PF_TEST_POISON_STEP=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + std::string(PF_BINARY) +
-      " train --steps 4 --set model.layers=1 --set model.hidden=32 --set model.heads=2 --set model.ffn=64"
-      " --set model.seq_len=16 --set parallel.micro_batches=1 --set parallel.micro_batch_size=2 --set train.threads=1"
-      " --set train.eval_every=0 --set data.train_file=" + sample + " --set data.valid_file=" + sample +
+      "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + std::string(PF_BINARY) +
+      " train --steps 4 --test-poison 2:nan --set model.layers=1 --set model.hidden=32 --set model.heads=2"
+      " --set model.ffn=64 --set model.seq_len=16 --set parallel.micro_batches=1 --set parallel.micro_batch_size=2"
+      " --set train.threads=1 --set train.eval_every=0 --set data.train_file=" + sample + " --set data.valid_file=" + sample +
       " --set train.out_dir=" + out.string());
   ASSERT_EQ(train.status, 0) << train.out;
   std::stringstream log;
@@ -198,6 +199,42 @@ TEST(ReportCli, TargetMustBeAFiniteLoss) {
     EXPECT_EQ(r.out.rfind("pipefisher: --target: must be a finite loss", 0), 0u) << r.out;
     EXPECT_FALSE(fs::exists(dir() / "t.svg")) << t;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The PNG converter runs through argv: a run directory named to break out of a shell command
+// runs nothing. A stand-in rsvg-convert first on PATH records its arguments and writes the PNG to
+// stdout (which report writes to RUN/loss.png like every output), so the test does not depend on
+// the real one being installed. (With std::system and the names in quotes, the name below created
+// PWNED.) Without a converter on PATH: the SVG alone, exit 0.
+TEST(ReportCli, RunsNoCommandFromAName) {
+  const std::string name = "run';touch PWNED;'";
+  fake_run(name, 3, 0.1, 0.01);
+  const fs::path bin = dir() / "fake-bin";
+  fs::create_directories(bin);
+  std::ofstream(bin / "rsvg-convert") << "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$(dirname \"$0\")/args\"\necho PNG\n";
+  fs::permissions(bin / "rsvg-convert", fs::perms::owner_all);
+  fs::remove(dir() / "PWNED");
+  const std::string cd = "cd " + dir().string() + " && ";
+  const pf_test::Launch r = pf_test::run(cd + "PATH=" + bin.string() + ":$PATH " + PF_BINARY + " report \"" + name + "\"");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(fs::exists(dir() / "PWNED")) << "a shell ran a command from the run's name";
+  std::ifstream args(bin / "args");
+  const std::string recorded((std::istreambuf_iterator<char>(args)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(recorded, name + "/loss.svg\n");  // the name is one argument
+  std::ifstream png(dir() / name / "loss.png");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(png)), std::istreambuf_iterator<char>()), "PNG\n");
+  EXPECT_NE(r.out.find("report: " + name + "/loss.svg, " + name + "/loss.png"), std::string::npos) << r.out;
+  fs::remove(dir() / name / "loss.png");
+  const pf_test::Launch none = pf_test::run(cd + "PATH=" + (dir() / "empty-bin").string() + " " + PF_BINARY +
+                                            " report \"" + name + "\"");
+  EXPECT_EQ(none.status, 0) << none.out;
+  EXPECT_NE(none.out.find("report: " + name + "/loss.svg\n"), std::string::npos) << none.out;
+  EXPECT_FALSE(fs::exists(dir() / name / "loss.png"));
+  EXPECT_FALSE(fs::exists(dir() / "PWNED"));
 }
 
 }  // namespace
