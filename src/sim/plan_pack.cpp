@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <cstdio>
-#include <cstdlib>
 
 namespace pf::plan {
 
@@ -222,12 +220,17 @@ bool pack_gap_by_gap(Packing& k, const Strategy& strategy) {
   std::vector<int> todo;
   for (int i : placement_order(k.u, strategy))
     if (k.placed_here(i)) todo.push_back(i);
+  // Chimera: curvature only up to the step whose end has the syncs (the cycle's own).
+  const int sync_step = k.st.sync_steps[k.d];
   for (size_t gi = 0; !todo.empty(); ++gi) {
     while (gi >= pl.gaps.size()) {
       if (pl.steps > pl.max_step) return false;
       PF_CHECK(pl.steps < 10000, "placement does not terminate ({} units left)", todo.size());
       pl.add_step();
     }
+    const bool curvature_too = sync_step < 0 || pl.gaps[gi].step <= sync_step;
+    if (!curvature_too && std::any_of(todo.begin(), todo.end(), [&](int i) { return is_curvature(k.u[i].a.kind); }))
+      return false;
     for (;;) {
       const Placer::G& g = pl.gaps[gi];
       const double cursor = pl.cursor(g);
@@ -289,12 +292,6 @@ DevicePlacement place_device(const PlanState& st, int w, int d, const Strategy& 
   Packing k(st, w, d, curv_only, period);
   keep_room_for_inversions(st, k.u, w, d, strategy, k.p.placer);
   const bool complete = strategy.gap_first ? pack_gap_by_gap(k, strategy) : pack_unit_by_unit(k, strategy);
-  if (getenv("PF_DEBUG") && period == 3 && d == atoi(getenv("PF_DEBUG")) && strategy.gap_first) {
-    int placed = 0; double left = 0; for (size_t i = 0; i < k.u.size(); ++i) { placed += k.p.gap_of[i] >= 0; if (k.placed_here(i) && k.p.gap_of[i] < 0) { left += k.u[i].dur; fprintf(stderr, " %s(%.1f)", to_token(k.u[i].a).c_str(), k.u[i].dur);} }
-    fprintf(stderr, "\nd%d R%d K%d %s: complete %d placed %d left %.1f; rooms:", d, period, st.sync_steps[d], strategy.name().c_str(), complete, placed, left);
-    for (auto& G : k.p.placer.gaps) if (G.phys == (int)(&G - &k.p.placer.gaps[0])) fprintf(stderr, " s%d:%.1f/%.1f/k%.0f", G.step, G.g.end - k.p.placer.cursor(G), G.g.end-G.g.start, G.kept);
-    fprintf(stderr, "\n");
-  }
   k.p.needed = complete ? steps_needed(k) : INT_MAX;
   return std::move(k.p);
 }
