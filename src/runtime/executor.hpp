@@ -181,6 +181,8 @@ class Executor {
   const comm::PerfModel& kfac_perf_model();
   void kfac_setup_distributed();
   void kfac_kl_clip(double lr);
+  void kfac_finish_precondition(double lr);
+  void kfac_split_preconditions();
 
   Config cfg_;
   bool recompute_ = false;  // parallel.recompute (pipelines only)

@@ -52,6 +52,7 @@ struct Executor::KfacState {
   std::vector<std::unique_ptr<ChunkKfac>> chunk;  // [chunk index]
   std::vector<comm::Comm> holders;                // [chunk] the stage's copies (own stream), or none
   std::vector<comm::Comm> inverse_comms;          // [chunk] inline / skip with copies: the broadcasts' stream
+  std::vector<comm::Comm> prec_comms;             // [chunk] bubbles with copies: the precondition's all-gathers
   // [chunk] inline / skip with copies: the factor sums and inversions (kfac.distributed); after
   // `chunk` and the communicators, so it goes first (it may wait for requests on them).
   std::vector<std::unique_ptr<DistributedKfac>> dist;

@@ -384,6 +384,13 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   expect_kfac_resume_identical("kfac-bubbles-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=bubbles",
                                "PF_TEST_BCAST_MODEL=0.03,0 ");
+  // Replicas, and Chimera's twins with replicas, splitting each stage's precondition by layer (a
+  // free broadcast: every layer preconditioned by one holder, the results all-gathered).
+  expect_kfac_resume_identical("kfac-bubbles-w2-split", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
+                               "--set parallel.micro_batches=2 --set kfac.placement=bubbles", "PF_TEST_BCAST_MODEL=0,0 ");
+  expect_kfac_resume_identical("kfac-chimera-w2", 4, "--set parallel.stages=2 --set parallel.schedule=chimera "
+                               "--set parallel.data_parallel=2 --set kfac.placement=bubbles",
+                               "PF_TEST_KFAC_COST_SCALE=0.0001 PF_TEST_BCAST_MODEL=0,0 ");
   expect_kfac_resume_identical("kfac-skip-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=skip --set kfac.inverse_every=2 "
                                "--set kfac.ema=0.5");

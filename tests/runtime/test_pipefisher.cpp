@@ -35,6 +35,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -190,6 +191,14 @@ void expect_close(const std::map<std::string, std::vector<float>>& got,
   EXPECT_LE(worst, 1e-5) << what; std::printf("%s worst %g\n", what.c_str(), worst);
 }
 
+// Layers the plan preconditions on one holder and all-gathers ("split by layer ... X of Y
+// layers" of the run's precondition line), -1 when it splits none.
+int split_layers(const std::string& out) {
+  const size_t at = out.find("split by layer among each stage's holders: ");
+  if (at == std::string::npos) return -1;
+  return std::atoi(out.c_str() + at + std::strlen("split by layer among each stage's holders: "));
+}
+
 // out: the run's output, for further checks.
 void expect_bubbles_match(const std::string& name, int ranks, const std::string& sets,
                           const std::vector<std::string>& cfg_sets, const std::string& env = "",
@@ -201,6 +210,11 @@ void expect_bubbles_match(const std::string& name, int ranks, const std::string&
   ASSERT_EQ(r.status, 0) << r.out;
   if (out) *out = r.out;
   EXPECT_NE(r.out.find("pipefisher: planned from 2 profiled steps"), std::string::npos) << r.out;
+  // Copies of a stage (Chimera's twins, replicas) split its precondition when the gather costs
+  // less than it saves (the tests fix a free broadcast model); one copy preconditions it whole.
+  const bool copies = sets.find("schedule=chimera") != std::string::npos || sets.find("data_parallel=2") != std::string::npos;
+  if (copies && env.find("PF_TEST_BCAST_MODEL=0,0") != std::string::npos) EXPECT_GT(split_layers(r.out), 0) << r.out;
+  if (!copies) EXPECT_EQ(split_layers(r.out), -1) << r.out;
   std::ifstream f(dir() / name / "kfac_refresh.json");
   const nlohmann::json rec = nlohmann::json::parse(f);
   // After profiling (steps 0, 1: refreshed every step) some inverse must come from the plan's
@@ -227,12 +241,13 @@ TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {
 }
 
 // Data + inversion parallelism: 2 stages x 2 replicas, curvature summed and inverses broadcast
-// at SYNC_CURV, the refreshed inverses in use one cycle later on every replica.
+// at SYNC_CURV, the refreshed inverses in use one cycle later on every replica; with a free
+// broadcast the replicas split each stage's precondition by layer and all-gather the results.
 TEST(PipeFisherRuntime, BubblesWithTwoReplicasEqualSingleProcessWithSamePattern) {
   expect_bubbles_match("1f1b_2x2", 4,
                        "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
                        "--set parallel.micro_batches=2",
-                       {"parallel.data_parallel=2", "parallel.micro_batches=2"});
+                       {"parallel.data_parallel=2", "parallel.micro_batches=2"}, "PF_TEST_BCAST_MODEL=0,0");
 }
 
 // SPD-KFAC's Algorithm 1 over the replicas with a broadcast model fixed by the test hook: with
@@ -328,7 +343,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraEqualSingleProcessWithSamePattern) {
   // sees K-FAC costs scaled down so that refreshes happen within the run.
   // Inverses refreshed in cycle c are in use from the sync of cycle c+1: 16 steps.
   expect_bubbles_match("chimera_2", 2, "--set parallel.stages=2 --set parallel.schedule=chimera --set train.steps=16",
-                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001");
+                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001 PF_TEST_BCAST_MODEL=0,0");
   expect_bubbles_match("chimera_4", 4, "--set parallel.stages=4 --set parallel.schedule=chimera --set train.steps=16",
                        {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05");
 }
