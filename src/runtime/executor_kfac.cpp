@@ -207,13 +207,10 @@ void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, cons
 // steps on any rank means the durations no longer match the profile. The decision is collective (every rank must switch at the same
 // step): each device finishes its current cycle (its boundary), runs plain steps until the last
 // device's boundary, then all re-profile (kProfileSteps inline steps) and re-plan.
-// Tests only: PF_TEST_DRIFT_AT_STEP=n counts steps n, n+1, n+2 as 10x their measured time.
+// Tests only: --test-drift-at counts three steps as 10x their measured time.
 void Executor::kfac_drift(int64_t step, double ms) {
   KfacState& k = *kfac_;
-  if (const char* e = std::getenv("PF_TEST_DRIFT_AT_STEP")) {
-    const int64_t n = std::atoll(e);
-    if (step >= n && step < n + 3) ms *= 10;
-  }
+  if (kfac_seams_.drifts(step)) ms *= 10;
   const double planned = k.profiled_compute;
   // Over 30% and over 1 ms: scheduler noise on a tiny step is not drift.
   k.drift_steps = ms > 1.3 * planned && ms > planned + 1.0 ? k.drift_steps + 1 : 0;
@@ -260,15 +257,11 @@ void Executor::kfac_drain_lists() {
 
 // Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):
 // the comm performance model (comm/perf_model.hpp: measured once over this rank's first stage's
-// holders, cached per machine), or PF_TEST_BCAST_MODEL="alpha,beta" (tests only: fixed numbers,
-// so a test knows which pieces are broadcast).
+// holders, cached per machine), or --test-bcast-model (tests only: fixed numbers, so a test
+// knows which pieces are broadcast).
 std::pair<double, double> Executor::kfac_bcast_model() {
   KfacState& k = *kfac_;
-  if (const char* e = std::getenv("PF_TEST_BCAST_MODEL")) {
-    double a = 0, b = 0;
-    PF_CHECK(std::sscanf(e, "%lf,%lf", &a, &b) == 2, "PF_TEST_BCAST_MODEL='{}': expected alpha,beta", e);
-    return {a, b};
-  }
+  if (kfac_seams_.bcast_model) return *kfac_seams_.bcast_model;
   if (!k.bcast_model) {
     const comm::PerfModel& m = kfac_perf_model();
     k.bcast_model = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
@@ -405,10 +398,9 @@ void Executor::kfac_plan() {
   } else {
     comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
   }
-  // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
+  // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
   // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
-  k.plan_scale = 1.0;
-  if (const char* e = std::getenv("PF_TEST_KFAC_COST_SCALE")) k.plan_scale = std::atof(e);
+  k.plan_scale = kfac_seams_.cost_scale;
   k.plan_input = std::move(v);
   kfac_make_plan(false);
   if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step

@@ -62,7 +62,7 @@ struct Executor::KfacState {
   std::unique_ptr<KfacPlan> plan;
   std::vector<double> plan_input;                 // the all-reduced profile the plan was made from
   std::vector<double> recorded;                   // kfac.plan_profile's input; empty = plan from timings
-  double plan_scale = 1.0;                        // PF_TEST_KFAC_COST_SCALE at planning
+  double plan_scale = 1.0;                        // --test-kfac-cost-scale at planning
   std::vector<double> dur_sum;                    // [actions_ index] profiled ms
   int dur_samples = 0;
   std::vector<ChunkKfacTimes> times;              // [chunk]
