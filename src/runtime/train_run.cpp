@@ -12,6 +12,7 @@
 #include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "optim/lr_schedule.hpp"
+#include "runtime/config_agreement.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
 #include "schedule/validate.hpp"
@@ -311,6 +312,7 @@ int launcher_local_size() { return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SI
 int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
   comm::World world;
   try {
+    require_one_configuration(cfg, args, world.rank());  // MPMD launches may differ: before anything else
     // Memory and threads of the ranks on this host, before anything is allocated.
     check_resources(cfg, launcher_local_size(), world.size());
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
