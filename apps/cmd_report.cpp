@@ -7,6 +7,7 @@
 // Time is the run's cumulative step_time_s (training without evaluations).
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/process.hpp"
 #include "viz/loss_chart.hpp"
 #include "viz/render.hpp"
 
@@ -61,6 +62,9 @@ LossCurve read_run(const std::string& run, const std::string& label) {
   return c;
 }
 
+// A relative name beginning with '-' would read as an option of the program it is passed to.
+std::string dash_safe(const std::string& path) { return path.front() == '-' ? "./" + path : path; }
+
 int run(const ReportArgs& a) {
   if (!a.labels.empty() && a.labels.size() != a.runs.size())
     usage_error("--label", "{} labels for {} runs (give one per run, in order)", a.labels.size(), a.runs.size());
@@ -71,12 +75,9 @@ int run(const ReportArgs& a) {
   const std::string out = a.out.empty() ? (fs::is_directory(a.runs[0]) ? a.runs[0] + "/loss.svg" : "loss.svg") : a.out;
   if (out.size() < 5 || out.compare(out.size() - 4, 4, ".svg") != 0) usage_error("--out", "'{}' does not end in .svg", out);
   write_file_atomic(out, loss_chart_svg(curves, {a.title, a.target}), "--out");
-  std::string png;
-  if (std::system("command -v rsvg-convert >/dev/null 2>&1") == 0) {
-    png = out.substr(0, out.size() - 4) + ".png";
-    const std::string cmd = fmt::format("rsvg-convert -o '{}' '{}'", png, out);
-    if (std::system(cmd.c_str()) != 0) png.clear();
-  }
+  std::string png = out.substr(0, out.size() - 4) + ".png";
+  const ProgramResult converted = run_program({"rsvg-convert", "-o", dash_safe(png), dash_safe(out)});
+  if (!converted.started || converted.exit_status != 0) png.clear();  // no rsvg-convert: the SVG alone
   nlohmann::json runs = nlohmann::json::array();
   for (const LossCurve& c : curves) {
     nlohmann::json r = {{"name", c.name},

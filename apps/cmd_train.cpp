@@ -3,19 +3,12 @@
 #include "command.hpp"
 #include "config/config.hpp"
 #include "config/limits.hpp"
-#include "core/files.hpp"
-#include "io/checkpoint.hpp"
-#include "io/hf_model.hpp"
-#include "io/safetensors.hpp"
+#include "core/error.hpp"
 #include "runtime/train_run.hpp"
-#include "train/checkpointing.hpp"
-#include "train/preflight.hpp"
-#include "train/run_log.hpp"
-#include "train/trainer.hpp"
+#include "train/one_process.hpp"
+#include "train/test_seams.hpp"
+#include "train/train_loop.hpp"
 
-#include <chrono>
-#include <cmath>
-#include <filesystem>
 #include <fmt/format.h>
 
 namespace {
@@ -28,6 +21,7 @@ struct TrainArgs {
   std::vector<int> profile_steps;
   bool print_config = false;
   bool overwrite = false;
+  std::string test_poison, test_signal;  // hidden: tests/faults (train/test_seams.hpp)
 };
 
 int run_train(const TrainArgs& a) {
@@ -40,99 +34,15 @@ int run_train(const TrainArgs& a) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
+  const TrainRunArgs run{a.init, a.save, a.resume, a.profile_dir, !a.log_json.empty(), a.overwrite,
+                         {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal)}};
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
-    return run_parallel_training(cfg, {a.init, a.save, {a.profile_dir, {a.profile_steps.begin(), a.profile_steps.end()}},
-                                       a.resume, !a.log_json.empty(), a.overwrite});
+    return run_parallel_training(cfg, run, {a.profile_steps.begin(), a.profile_steps.end()});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
-  cfg.check_files();
   check_resources(cfg);
-  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
-  // The checkpoint to resume from, verified (checksums) before anything is written.
-  std::unique_ptr<CheckpointReader> resume;
-  std::vector<std::string> notes;
-  if (!a.resume.empty()) resume = open_resume_checkpoint(cfg, a.resume, notes);
-  const RunOutputs outputs{a.save, "", !a.log_json.empty(), !a.resume.empty(), a.overwrite};
-  check_output_paths(cfg, outputs);
-  // Everything that can be refused has been: from here on the run writes its outputs.
-  const std::unique_ptr<RunLocks> locks = lock_output_dirs(cfg, outputs);
-  for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
-  Trainer trainer(cfg);
-  load_init_weights(a.init, init_ckpt.get(), trainer.model().params());
-  if (resume) {
-    load_train_state(*resume, trainer.state());
-    trainer.set_step_index(resume->manifest().step);
-    std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(resume->manifest().step));
-    resume.reset();  // unmaps the files
-  }
-  const std::string& out = cfg.train.out_dir;
-  std::unique_ptr<RunLog> log = open_run_outputs(cfg, trainer.step_index() > 0 ? trainer.step_index() : -1, cfg.kfac.enabled);
-
-  const auto& m = cfg.model;
-  std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step "
-              "(%d x %d x %d sequences of %d), %s, %d steps\n",
-              preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
-              static_cast<long long>(trainer.tokens_per_step()), cfg.parallel.data_parallel,
-              cfg.parallel.micro_batches, cfg.parallel.micro_batch_size, m.seq_len, optimizer_of(cfg).c_str(),
-              cfg.train.steps);
-  std::fflush(stdout);
-
-  auto t0 = std::chrono::steady_clock::now();
-  double valid = 0;
-  const std::string ckpt_dir = checkpoint_dir_of(cfg);
-  auto save_checkpoint = [&](int64_t steps_done) {
-    const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
-    remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
-    try {
-      make_dirs(step_dir, "train.checkpoint_dir");
-      CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, "1 process"),
-                           write_stage_state(step_dir, 0, trainer.state())};
-      commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
-    } catch (const UsageError& e) {
-      // A full disk: the partial directory goes, the previous checkpoint stays the newest.
-      remove_checkpoint(step_dir);
-      throw UsageError(fmt::format("{} (the checkpoint after step {} was not written); {}", e.what(), steps_done,
-                                   last_checkpoint_note(ckpt_dir)));
-    }
-  };
-  install_stop_signals();
-  for (int64_t s = trainer.step_index(); s < cfg.train.steps; ++s) {
-    StepStats st = trainer.step();
-    if (st.nonfinite) {
-      std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
-                   static_cast<long long>(s + 1), std::isfinite(st.loss) ? "gradient" : "loss", st.loss, st.grad_norm,
-                   cfg.train.on_nonfinite == "stop" ? "; stopping (train.on_nonfinite = stop)" : ", step skipped");
-      if (cfg.train.on_nonfinite == "stop") return 1;
-    }
-    std::optional<double> v;
-    bool last = s + 1 == cfg.train.steps;
-    if (last || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0)) v = valid = trainer.evaluate();
-    try {
-      log->step(st, v);
-    } catch (const UsageError& e) {  // a full disk: the run stops (exit 2), naming its last checkpoint
-      throw UsageError(fmt::format("{}; {}", e.what(), last_checkpoint_note(ckpt_dir)));
-    }
-    const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
-                          (s + 1) % cfg.train.checkpoint_every == 0;
-    if (periodic || stop_signal()) save_checkpoint(s + 1);
-    if (stop_signal()) {
-      std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
-                   signal_name(stop_signal()), static_cast<long long>(s + 1),
-                   checkpoint_step_dir(ckpt_dir, s + 1).c_str(), ckpt_dir.c_str());
-      return 128 + stop_signal();
-    }
-  }
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  std::vector<const Param*> params;
-  for (Param* p : trainer.model().params()) params.push_back(p);
-  require_finite(params, out + "/model.safetensors");
-  save_hf_model(out, params, cfg.model);
-  if (!a.save.empty()) save_trained_weights(a.save, params);
-  write_file_atomic(out + "/summary.json", log->summary(valid, wall));
-  std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json}%s\n", out.c_str(),
-              a.save.empty() ? "" : (", " + a.save).c_str());
-  return 0;
+  OneProcessEngine engine(run.seams.poison);
+  return run_training(engine, std::move(cfg), run);
 }
 
 pf::app::Runner setup(CLI::App& cmd) {
@@ -155,6 +65,10 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--profile-steps", a->profile_steps, "steps to profile, from 1 (default: all but the first)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  // Test seams, left out of --help (group ""): train/test_seams.hpp.
+  cmd.add_option("--test-poison", a->test_poison, "STEP:KIND (nan, inf, loss): make a step non-finite")->group("");
+  cmd.add_option("--test-signal", a->test_signal, "SIG@WHERE: raise a signal at step:N, eval:N or final-writes")
+      ->group("");
   return [a] {
     try {
       return run_train(*a);

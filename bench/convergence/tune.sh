@@ -22,14 +22,22 @@
 #    paper's filter, `pipefisher report`) and its validation loss. For each K-FAC seed, the step
 #    and the time at which it first reaches the target, as fractions of NVLAMB's steps and of its
 #    mean training time (cumulative step_time_s, evaluations excluded).
-# Writes to out-dir: grid.csv, seeds.csv, summary.md (the tables), figure7.svg (+ .png with
+# Writes to out-dir: grid.csv, seeds.csv, summary.md (the tables), summary.json (tokens_per_step,
+# K-FAC's steps_fraction and time_fraction to NVLAMB's final validation loss), figure7.svg (+ .png with
 # rsvg-convert; `pipefisher report` of every seed run with the target), runs/ (each run's
 # directory), kfac_profile.json (the recorded PipeFisher profile).
 # Environment: MODEL STEPS SEQ MB MBS RANKS SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
-# EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus).
+# EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus);
+# KFAC_EVAL_EVERY (K-FAC's runs validate this often: the crossing's resolution; default EVAL_EVERY);
+# STEP_TIMES (bench/pipefisher.sh's CSV: time = steps x its step times at this shape; see study.py);
+# DAMPINGS (K-FAC's grid also over these dampings; default DAMPING alone) and OPTIMIZERS (the
+# grid's optimizers, default "nvlamb kfac"; with one of them the script stops after its grid, so
+# NVLAMB's grid can run before K-FAC's runs are ready and both resume into the same out-dir).
 # Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
-# kept, so an interrupted tuning goes on where it stopped; delete out-dir/runs to start over. The
-# timing columns compare runs of one machine only: re-run the seeds elsewhere rather than mixing.
+# kept, and one stopped part-way resumes from its last checkpoint (every CHECKPOINT_EVERY steps,
+# default EVAL_EVERY; not part of the arguments), so an interrupted tuning goes on where it
+# stopped; delete out-dir/runs to start over. The timing columns compare runs of one machine
+# only: re-run the seeds elsewhere rather than mixing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -46,8 +54,12 @@ lrs=${LRS:-1e-3 2e-3 5e-3 1e-2}
 ratios=${WARMUP_RATIOS:-0.2843 0.0853}
 seeds=${SEEDS:-1 2 3}
 damping=${DAMPING:-1e-3}
+dampings=${DAMPINGS:-$damping}
+optimizers=${OPTIMIZERS:-nvlamb kfac}
 eval_every=${EVAL_EVERY:-$(( steps / 10 > 0 ? steps / 10 : 1 ))}
 eval_batches=${EVAL_BATCHES:-8}
+kfac_eval_every=${KFAC_EVAL_EVERY:-$eval_every}
+checkpoint_every=${CHECKPOINT_EVERY:-$eval_every}
 profile_steps=${PROFILE_STEPS:-4}
 arch=bert
 [[ $model == gpt* ]] && arch=gpt
@@ -68,8 +80,8 @@ common=(--config "configs/$model.toml" --set train.steps="$steps" --set model.se
 [[ $arch == bert ]] && common+=(--set data.nsp="$nsp")
 [[ -n ${TRAIN_FILE:-} ]] && common+=(--set data.train_file="$TRAIN_FILE")
 [[ -n ${VALID_FILE:-} ]] && common+=(--set data.valid_file="$VALID_FILE")
-kfac=(--set kfac.enabled=true --set kfac.placement=bubbles --set kfac.damping="$damping"
-      --set kfac.plan_profile="$out/kfac_profile.json")
+kfac=(--set kfac.enabled=true --set kfac.placement=bubbles
+      --set kfac.plan_profile="$out/kfac_profile.json" --set train.eval_every="$kfac_eval_every")
 
 train() {  # run-name, args...: trains into $out/runs/run-name; its exit status is kept in run-name/status
   local name=$1
@@ -80,23 +92,40 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
     echo "  $name: kept (an earlier run of tune.sh with the same arguments)"
     return 0
   fi
-  rm -rf "$out/runs/$name"
+  local dir=$out/runs/$name resume=()
+  # A run an interrupted session left part-way goes on from its last checkpoint (the same bits as
+  # one uninterrupted run); anything else starts over.
+  if [[ ! -f $dir/status && $(cat "$dir.args" 2>/dev/null) == "$args" ]] && compgen -G "$dir/checkpoints/step-*" > /dev/null; then
+    resume=(--resume "$dir/checkpoints")
+    echo "  $name: resuming from its last checkpoint"
+  else
+    rm -rf "$dir" "$dir.out"
+    echo "$args" > "$dir.args"
+  fi
   local status=0
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$ranks" "$bin" train "${common[@]}" "$@" \
-    --set train.out_dir="$out/runs/$name" > "$out/runs/$name.out" 2>&1 || status=$?
-  mkdir -p "$out/runs/$name"
-  echo "$status" > "$out/runs/$name/status"
-  echo "$args" > "$out/runs/$name/args"
-  mv "$out/runs/$name.out" "$out/runs/$name/stdout.txt"
-  echo "  $name: exit $status, $(grep -h '^summary' "$out/runs/$name/stdout.txt" || echo 'no summary')"
+    --set train.out_dir="$dir" --set train.checkpoint_dir="$dir/checkpoints" \
+    --set train.checkpoint_every="$checkpoint_every" "${resume[@]}" >> "$dir.out" 2>&1 || status=$?
+  mkdir -p "$dir"
+  echo "$status" > "$dir/status"
+  mv "$dir.args" "$dir/args"
+  mv "$dir.out" "$dir/stdout.txt"
+  echo "  $name: exit $status, $(grep -h '^summary' "$dir/stdout.txt" || echo 'no summary')"
 }
-# The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed.
+# The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed[, damping].
 optim_args() {
   args=(--set optim.lr="$2" --set optim.warmup_steps="$3" --set train.seed="$4" --set data.seed="$4")
-  [[ $1 == kfac ]] && args+=("${kfac[@]}")
+  [[ $1 == kfac ]] && args+=("${kfac[@]}" --set kfac.damping="${5:-$damping}")
   return 0
 }
+# Its directory's name; K-FAC's names the damping only when the grid has several.
+run_name() {
+  local name="$1-lr$2-w$3"
+  [[ $1 == kfac && $dampings != "$damping" ]] && name+="-d${5:-$damping}"
+  echo "$name-s$4"
+}
 
+if [[ $optimizers == *kfac* ]]; then
 echo "== recording the PipeFisher profile ($profile_steps steps)"
 train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
   --set kfac.damping="$damping" --set kfac.replan_on_drift=false
@@ -104,135 +133,43 @@ train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set k
 # The recorded profile is the plan of every K-FAC run: never replaced once written (kept runs
 # were planned from it). Delete out-dir/kfac_profile.json with out-dir/runs to start over.
 [[ -f $out/kfac_profile.json ]] || cp "$out/runs/profile/kfac_profile.json" "$out/kfac_profile.json"
+fi
 
-echo "== grid: learning rates {$lrs} x warm-up ratios {$ratios}, seed 1"
-for opt in nvlamb kfac; do
+echo "== grid: learning rates {$lrs} x warm-up ratios {$ratios}, seed 1 (K-FAC also x dampings {$dampings})"
+for opt in $optimizers; do
   for lr in $lrs; do
     for ratio in $ratios; do
       w=$(python3 -c "print(round($ratio * $steps))")
-      optim_args "$opt" "$lr" "$w" 1
-      train "$opt-lr$lr-w$w-s1" "${args[@]}"
+      if [[ $opt == kfac ]]; then
+        for d in $dampings; do
+          optim_args kfac "$lr" "$w" 1 "$d"
+          train "$(run_name kfac "$lr" "$w" 1 "$d")" "${args[@]}"
+        done
+      else
+        optim_args "$opt" "$lr" "$w" 1
+        train "$(run_name "$opt" "$lr" "$w" 1)" "${args[@]}"
+      fi
     done
   done
 done
+[[ $optimizers == *nvlamb* && $optimizers == *kfac* ]] || { echo "tune.sh: grid of $optimizers done (OPTIMIZERS); run both for the rest"; exit 0; }
 
-# The table of a set of runs, and the best setting per optimizer.
-python3 - "$out" "$steps" "$lrs" "$ratios" <<'PY'
-import csv, json, math, os, sys
-out, steps, lrs, ratios = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
-def run_row(name):
-    d = f"{out}/runs/{name}"
-    status = int(open(f"{d}/status").read())
-    rows = [json.loads(l) for l in open(f"{d}/log.jsonl")] if os.path.exists(f"{d}/log.jsonl") else []
-    final = rows[-1]["loss"] if rows else float("nan")
-    valid = [r["valid_loss"] for r in rows if "valid_loss" in r]
-    v = valid[-1] if valid else float("nan")
-    diverged = status != 0 or not rows or not math.isfinite(v) or not (v < rows[0]["loss"])
-    return {"run": name, "exit": status, "steps": len(rows), "final_loss": final, "final_valid_loss": v,
-            "diverged": diverged}
-table, best = [], {}
-for opt in ("nvlamb", "kfac"):
-    for lr in lrs:
-        for ratio in ratios:
-            w = round(float(ratio) * steps)
-            r = {"optimizer": opt, "lr": lr, "warmup_ratio": ratio, "warmup_steps": w, **run_row(f"{opt}-lr{lr}-w{w}-s1")}
-            table.append(r)
-            if not r["diverged"] and (opt not in best or r["final_valid_loss"] < best[opt]["final_valid_loss"]):
-                best[opt] = r
-with open(f"{out}/grid.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
-    w.writeheader()
-    w.writerows(table)
-if set(best) != {"nvlamb", "kfac"}:
-    sys.exit("tune.sh: every setting of " + " and ".join(o for o in ("nvlamb", "kfac") if o not in best) + " diverged")
-json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"]} for o, b in best.items()}, open(f"{out}/best.json", "w"))
-PY
+# The table of the grid and the best setting per optimizer (grid.csv, best.json).
+python3 "$root/bench/convergence/study.py" grid "$out" "$steps" "$lrs" "$ratios" "$dampings" "$damping"
 
 echo "== seeds {$seeds} of each best setting"
 for opt in nvlamb kfac; do
-  read -r lr w < <(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'])" "$out/best.json" "$opt")
+  read -r lr w d < <(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'], b['damping'] or '$damping')" "$out/best.json" "$opt")
   for s in $seeds; do
     [[ $s == 1 ]] && continue  # the grid ran seed 1
-    optim_args "$opt" "$lr" "$w" "$s"
-    train "$opt-lr$lr-w$w-s$s" "${args[@]}"
+    optim_args "$opt" "$lr" "$w" "$s" "$d"
+    train "$(run_name "$opt" "$lr" "$w" "$s" "$d")" "${args[@]}"
   done
 done
 
-# Targets, crossings, tables, Figure 7.
-python3 - "$out" "$steps" "$seeds" "$bin" "$model" <<'PY'
-import csv, json, math, os, statistics, subprocess, sys
-out, steps, seeds, binary, model = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5]
-best = json.load(open(f"{out}/best.json"))
-runs = {o: [f"{out}/runs/{o}-lr{b['lr']}-w{b['warmup_steps']}-s{s}" for s in seeds] for o, b in best.items()}
-def log(d): return [json.loads(l) for l in open(f"{d}/log.jsonl")]
-def report(dirs, labels, target=None, svg=None):
-    cmd = [binary, "report", *dirs, "--json", "--title", f"{model}: NVLAMB vs K-FAC (PipeFisher), tuned, {len(seeds)} seeds"]
-    for l in labels: cmd += ["--label", l]
-    if target is not None: cmd += ["--target", repr(target)]
-    cmd += ["--out", svg or f"{out}/.scratch.svg"]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-def stats(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs: return "n/a"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.4f} ± {sd:.4f} (min {min(xs):.4f}, max {max(xs):.4f})"
-per = {}
-for o in runs:
-    r = report(runs[o], [f"s{s}" for s in seeds])["runs"]
-    per[o] = [{"seed": s, "dir": d, "smoothed": x["final_smoothed_loss"], "final": x["final_loss"],
-               "valid": x["final_valid_loss"], "time_s": x["time_s"], "log": log(d)} for s, d, x in zip(seeds, runs[o], r)]
-nv = per["nvlamb"]
-target_train = statistics.mean(x["smoothed"] for x in nv)
-target_valid = statistics.mean(x["valid"] for x in nv)
-nv_time = statistics.mean(x["time_s"] for x in nv)
-cross = {x["name"]: x["reaches_target"] for x in report(runs["kfac"], seeds, target_train)["runs"]}
-rows = []
-for x, s in zip(per["kfac"], seeds):
-    c = cross[s]
-    t = 0.0; vstep = vtime = None
-    for r in x["log"]:
-        t += r.get("step_time_s", 0.0)
-        if vstep is None and "valid_loss" in r and r["valid_loss"] <= target_valid: vstep, vtime = r["step"], t
-    rows.append({"seed": s, "train_step": c and c["step"], "train_time_s": c and c["time_s"],
-                 "valid_step": vstep, "valid_time_s": vtime})
-with open(f"{out}/seeds.csv", "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["optimizer", "seed", "final_loss", "final_smoothed_loss", "final_valid_loss", "time_s"])
-    for o in per:
-        for x in per[o]: w.writerow([o, x["seed"], x["final"], x["smoothed"], x["valid"], x["time_s"]])
-def frac(v, whole): return None if v is None else v / whole
-def pct(v): return "not reached" if v is None else f"{100 * v:.1f}%"
-lines = [f"# {model}: NVLAMB vs K-FAC with PipeFisher, tuned with the same budget", "",
-         open(f"{out}/machine.txt").read().strip(), "",
-         f"{steps} steps; best settings by final validation loss (grid.csv): " +
-         ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" for o, b in best.items()), "",
-         "## Final losses over seeds " + " ".join(seeds), "",
-         "| optimizer | training loss (smoothed) | validation loss | training time (s) |", "|---|---|---|---|"]
-for o in per:
-    lines.append(f"| {o} | {stats([x['smoothed'] for x in per[o]])} | {stats([x['valid'] for x in per[o]])} | "
-                 f"{stats([x['time_s'] for x in per[o]])} |")
-lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
-          f"validation {target_valid:.4f}; NVLAMB: {steps} steps, {nv_time:.1f} s mean)", "",
-          "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
-          "|---|---|---|---|---|"]
-fs = {k: [] for k in ("ts", "tt", "vs", "vt")}
-for r in rows:
-    v = {"ts": frac(r["train_step"], steps), "tt": frac(r["train_time_s"], nv_time),
-         "vs": frac(r["valid_step"], steps), "vt": frac(r["valid_time_s"], nv_time)}
-    for k in fs: fs[k].append(v[k])
-    lines.append(f"| {r['seed']} | {pct(v['ts'])} | {pct(v['tt'])} | {pct(v['vs'])} | {pct(v['vt'])} |")
-mean = lambda xs: None if any(x is None for x in xs) else statistics.mean(xs)
-lines.append(f"| mean | {pct(mean(fs['ts']))} | {pct(mean(fs['tt']))} | {pct(mean(fs['vs']))} | {pct(mean(fs['vt']))} |")
-grid = list(csv.DictReader(open(f"{out}/grid.csv")))
-div = [g for g in grid if g["diverged"] == "True"]
-lines += ["", "Diverged in the grid: " + (", ".join(f"{g['optimizer']} lr {g['lr']} warm-up {g['warmup_steps']}" for g in div) or "none")]
-dirs = runs["nvlamb"] + runs["kfac"]
-labels = [f"NVLAMB s{s}" for s in seeds] + [f"K-FAC s{s}" for s in seeds]
-fig = report(dirs, labels, target_train, f"{out}/figure7.svg")
-name = lambda p: os.path.basename(p)  # the summary is read beside the pictures, on any machine
-lines += ["", f"Figure 7: {name(fig['svg'])}" + (f", {name(fig['png'])}" if fig.get("png") else "")]
-open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+# Targets, crossings, tables, Figure 7, summary.json.
+vocab=bert; [[ $arch == gpt ]] && vocab=gpt2
+python3 "$root/bench/convergence/study.py" summary "$out" "$steps" "$seeds" "$bin" "$model" $((mb * mbs * seq)) \
+  "${VALID_FILE:-data/corpus/valid.$vocab.bin}" "${STEP_TIMES:-}"
 rm -f "$out/.scratch.svg" "$out/.scratch.png"
-echo "outputs: $out/{summary.md, grid.csv, seeds.csv, figure7.svg, kfac_profile.json, runs/}"
+echo "outputs: $out/{summary.md, summary.json, grid.csv, seeds.csv, figure7.svg, kfac_profile.json, runs/}"

@@ -16,7 +16,7 @@ static void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 }
 
 // Width of the pieces C is cut into: 2 per thread (more pieces are smaller, slower products;
-// bench/RESULTS.md, issue 11), so that a thread that loses its core delays one piece while the
+// bench/RESULTS.md, "Any machine"), so that a thread that loses its core delays one piece while the
 // others take the rest (core/parallel.hpp); multiples of 16 and at least 64 wide, so each piece
 // still runs OpenBLAS's kernels at full speed.
 static int64_t piece_width(int64_t len, int threads) {

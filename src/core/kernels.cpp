@@ -67,25 +67,38 @@ double sum_squares(const float* x, int64_t n) {
   return total;
 }
 
-// One row of softmax in place.
-static inline void softmax_row(float* x, int64_t n) {
+SoftmaxRow softmax_row(float* x, int64_t n, int64_t visible, const uint8_t* key_mask) {
   float m = -INFINITY;
+  if (key_mask) {
 #pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
-  float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < n; ++j) {
-    x[j] = fast_exp(x[j] - m);
-    s += x[j];
+    for (int64_t j = 0; j < visible; ++j) m = std::max(m, key_mask[j] ? x[j] : -INFINITY);
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < visible; ++j) m = std::max(m, x[j]);
   }
-  float inv = 1.0f / s;
+  if (m == -INFINITY) {  // nothing visible (an all-padding sequence): attend to nothing
+    std::fill(x, x + n, 0.0f);
+    return {m, 0.0f};
+  }
+  float sum = 0;
+  if (key_mask) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < visible; ++j) {
+      x[j] = key_mask[j] ? fast_exp(x[j] - m) : 0.0f;
+      sum += x[j];
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < visible; ++j) {
+      x[j] = fast_exp(x[j] - m);
+      sum += x[j];
+    }
+  }
+  const float inv = 1.0f / sum;
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
-}
-
-void softmax_rows(float* x, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(dynamic, rows_per_piece(cols)) if (rows * cols > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * cols, cols);
+  for (int64_t j = 0; j < visible; ++j) x[j] *= inv;
+  std::fill(x + visible, x + n, 0.0f);
+  return {m, sum};
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -221,20 +234,9 @@ void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* la
 #pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * V;
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < V; ++j) m = std::max(m, x[j]);
-    float target = x[labels[r]] - m;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < V; ++j) {
-      x[j] = fast_exp(x[j] - m);
-      s += x[j];
-    }
-    float inv = 1.0f / s;
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) x[j] *= inv;
-    loss[r] = std::log(s) - target;
+    const float label_logit = x[labels[r]];
+    const SoftmaxRow z = softmax_row(x, V, V);
+    loss[r] = std::log(z.sum) - (label_logit - z.max);
   }
 }
 

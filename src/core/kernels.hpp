@@ -61,8 +61,16 @@ void col_sum_accumulate(float* acc, const float* x, int64_t rows, int64_t cols);
 // sum x^2 in double, over fixed chunks (same bits for any thread count).
 double sum_squares(const float* x, int64_t n);
 
-// --- softmax over each row, in place ---
-void softmax_rows(float* x, int64_t rows, int64_t cols);
+// --- softmax of one row, in place: the one softmax of attention and the cross-entropy ---
+// Over the entries j < visible (with key_mask, only those where key_mask[j] != 0); every other
+// entry of the row's n becomes exactly 0, and a row with nothing visible becomes all 0.
+// Returns the visible maximum and sum(exp(x - max)): the log-partition is max + log(sum).
+// Example: x = {1, 2, 9}, n = 3, visible = 2 gives {0.269, 0.731, 0}, max 2, sum 1.368.
+struct SoftmaxRow {
+  float max;
+  float sum;
+};
+SoftmaxRow softmax_row(float* x, int64_t n, int64_t visible, const uint8_t* key_mask = nullptr);
 
 // --- LayerNorm over the last dimension C ---
 // inp, out: [rows, C]; weight, bias: [C]; mean, rstd: [rows] (kept for the backward).

@@ -21,7 +21,7 @@ std::string best_kernel_for(IsaLevel level);
 
 // libgomp spins this many times before an idle thread sleeps (its default: 300000). Short enough
 // that 2 threads beside a busy process keep up with 1, long enough that an idle machine loses
-// little; the measurements behind the choice are in bench/RESULTS.md (issue 11).
+// little; the measurements behind the choice are in bench/RESULTS.md ("Any machine").
 constexpr const char* kShortSpin = "10000";
 
 // The environment the process should run under, as a decision with its reason. Pure: `env`

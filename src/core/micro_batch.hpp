@@ -2,6 +2,7 @@
 // One micro-batch of input data. Every pipeline stage sees the same MicroBatch (each rank builds
 // it from the token file by its global sequence index), so it carries what any block may need:
 // token ids for the embedding, the padding mask for attention, the targets for the head.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

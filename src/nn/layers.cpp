@@ -72,41 +72,6 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
   }
 }
 
-// Softmax of one attention row over the keys it may see (j < n, and key_mask[j] when given);
-// the others get exactly 0.
-static inline void masked_softmax_row(float* s, int64_t T, int64_t n, const uint8_t* key_mask) {
-  float m = -INFINITY;
-  if (key_mask) {
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, key_mask[j] ? s[j] : -INFINITY);
-  } else {
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
-  }
-  if (m == -INFINITY) {  // no visible key (an all-padding sequence): attend to nothing
-    std::fill(s, s + T, 0.0f);
-    return;
-  }
-  float sum = 0;
-  if (key_mask) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = key_mask[j] ? fast_exp(s[j] - m) : 0.0f;
-      sum += s[j];
-    }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = fast_exp(s[j] - m);
-      sum += s[j];
-    }
-  }
-  float inv = 1.0f / sum;
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-  for (int64_t j = n; j < T; ++j) s[j] = 0.0f;
-}
-
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t ld,
                        int64_t B, int64_t T, int64_t H, int64_t D, bool causal, const uint8_t* key_mask) {
   // per (b, h): P = softmax(Q K^T / sqrt(D) + mask) (T, T); out_h = P V (T, D)
@@ -122,7 +87,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
     float* p = probs + bh * T * T;
     gemm(false, true, T, T, D, scale, qb, ld, kb, ld, 0.0f, p, T);
     const uint8_t* km = key_mask ? key_mask + b * T : nullptr;
-    for (int64_t i = 0; i < T; ++i) masked_softmax_row(p + i * T, T, causal ? i + 1 : T, km);
+    for (int64_t i = 0; i < T; ++i) softmax_row(p + i * T, T, causal ? i + 1 : T, km);
     gemm(false, false, T, D, T, 1.0f, p, T, vb, ld, 0.0f, out + b * T * C + h * D, C);
   }
 }

@@ -280,7 +280,7 @@ void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
   loss_ += c.model->forward(mb, x_in, x_out, c.state(k));
   if (recompute_ && c.kfac) c.kfac->skip_inputs(false);
   hold(recompute_ ? c.input_bytes : c.state_bytes);
-  if (c.model->has_head() && test_poison_loss(step_)) loss_ = std::numeric_limits<double>::quiet_NaN();  // TEST HOOK
+  if (c.model->has_head() && poison_.poisons_loss(step_)) loss_ = std::numeric_limits<double>::quiet_NaN();
 }
 
 // Model::backward's loop, block by block, so that after the chunk's last backward each block's

@@ -48,6 +48,7 @@
 #include "optim/optimizer.hpp"
 #include "runtime/layout.hpp"
 #include "train/checkpointing.hpp"
+#include "train/test_seams.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -149,6 +150,8 @@ class Executor {
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
   int64_t stage_param_bytes(int pipeline, int stage) const;
   ActivationMemory activation_memory() const;
+  // Tests only: a step whose loss is reported NaN on purpose (train/test_seams.hpp, kind loss).
+  void set_poison(const PoisonStep& p) { poison_ = p; }
 
  private:
   struct Chunk;
@@ -202,6 +205,7 @@ class Executor {
   int64_t kfac_ns_ = 0;
   std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
   int64_t step_ = 0;
+  PoisonStep poison_;
   int64_t step_ns_ = 0;  // duration of the last step's action list
   std::vector<ActionTime> kfac_times_;  // K-FAC profiling steps
 };

@@ -75,13 +75,17 @@ Timeline measured_timeline(const std::vector<std::vector<Action>>& per_rank_acti
   return tl;
 }
 
+void check_profile_steps(const ProfileOptions& opt, int total_steps) {
+  if (opt.dir.empty()) return;
+  for (int s : opt.steps)
+    if (s < 1 || s > total_steps) usage_error("--profile-steps", "step {} is outside the run's steps 1..{}", s, total_steps);
+}
+
 Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& groups, const Executor& exec,
                    ProfileOptions opt)
     : cfg_(cfg), layout_(layout), groups_(groups), opt_(std::move(opt)), total_steps_(cfg.train.steps) {
   if (!enabled()) return;
-  for (int s : opt_.steps)
-    if (s < 1 || s > total_steps_)
-      usage_error("--profile-steps", "step {} is outside the run's steps 1..{}", s, total_steps_);
+  check_profile_steps(opt_, total_steps_);
   if (groups.rank == 0) make_dirs(opt_.dir, "--profile-dir");
   offsets_ = comm::estimate_clock_offsets(MPI_COMM_WORLD);
   std::vector<double> bytes(layout.stages(), 0);

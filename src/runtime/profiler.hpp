@@ -47,6 +47,9 @@ struct ProfileOptions {
 };
 
 // What one profiled step looked like, on rank 0's clock, times in ms from the step's first action.
+// --profile-steps within the run's steps 1..total_steps (when profiling); UsageError otherwise.
+void check_profile_steps(const ProfileOptions& opt, int total_steps);
+
 struct MeasuredStep {
   int step = 0;                     // 1-based
   double start = 0;                 // ms from the first profiled step's start

@@ -7,30 +7,25 @@
 #include "config/limits.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
-#include "core/files.hpp"
 #include "io/checkpoint.hpp"
-#include "io/hf_model.hpp"
-#include "io/safetensors.hpp"
 #include "optim/lr_schedule.hpp"
 #include "runtime/config_agreement.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/profiler.hpp"
 #include "schedule/validate.hpp"
 #include "train/checkpointing.hpp"
-#include "train/preflight.hpp"
-#include "train/run_log.hpp"
+#include "train/train_engine.hpp"
+#include "train/train_loop.hpp"
 #include "train/trainer.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
-#include <csignal>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
-#include <thread>
 
 namespace pf {
 
@@ -61,246 +56,226 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
     out["ranks"].push_back(nlohmann::json::parse(r));
     worst = std::max(worst, out["ranks"].back()["peak_bytes"].get<int64_t>());
   }
-  std::printf("activation memory: at most %.3f MB held at once on a device (parallel.recompute = %s)\n", worst / 1e6,
-              m.recompute ? "true" : "false");
+  if (worst == 0)  // a run resumed at its end: only the final evaluation ran here
+    std::printf("activation memory: no training step ran in this segment of the run\n");
+  else
+    std::printf("activation memory: at most %.3f MB held at once on a device (parallel.recompute = %s)\n",
+                worst / 1e6, m.recompute ? "true" : "false");
   return out.dump(2) + "\n";
 }
 
-int train(const comm::World& world, Config cfg, const ParallelRunArgs& a) {
-  const bool root = world.rank() == 0;
+// The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor.
+class MpiEngine final : public TrainEngine {
+ public:
+  MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const PoisonStep& poison);
+
+  bool root() const override { return world_.rank() == 0; }
+  void on_root(const std::function<void()>& fn) override { comm::on_root_agreed(world_.rank(), fn); }
+  void sum(std::span<double> values) override { comm::allreduce_sum(values, MPI_COMM_WORLD, "the stop flags"); }
+  std::vector<std::string> gather(const std::string& mine) override { return comm::gather_bytes(mine, 0, MPI_COMM_WORLD); }
+  void steps_running(bool on) override {
+    if (on) running_ = std::make_unique<comm::StepsRunning>();
+    else running_.reset();
+  }
+  void checkpoint_written() override { comm::checkpoint_written(); }
+
+  std::string layout_name() const override { return layout_name_; }
+  void check_resume(const CheckpointReader& r, const std::string& dir) const override;
+  void build(const Config& cfg) override;
+  void load_init(const std::string& init, const CheckpointReader* ckpt) override;
+  void load_resume(const CheckpointReader& r) override;
+  void open_outputs() override;
+  EngineBanner banner() const override;
+
+  EngineStep step(int64_t step) override;
+  double evaluate() override { return exec_->evaluate(*valid_data_); }
+  std::vector<CheckpointFile> write_checkpoint(const std::string& step_dir) override;
+  FinalRecords finish(const std::string& out_dir) override;
+
+ private:
+  // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
+  void agreed(const std::function<void()>& fn);
+  void record_profile(int64_t step, std::string& write_error);
+
+  const comm::World& world_;
+  Config cfg_;
+  Layout layout_;
+  std::string layout_name_;
+  ProfileOptions profile_opt_;
+  PoisonStep poison_;
+  comm::Groups groups_;
+  std::unique_ptr<Batcher> train_data_, valid_data_;
+  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<Profiler> profiler_;
+  std::unique_ptr<comm::StepsRunning> running_;
+  std::unique_ptr<Model> model_;  // the gathered final model (rank 0)
+  std::vector<MicroBatch> mbs_;
+  LrSchedule lr_;
+  std::vector<ActionTime> times_;
+  double step_time_sum_ = 0;  // step times after the first two (dkfac.json)
+  int timed_steps_ = 0;
+};
+
+MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const PoisonStep& poison)
+    : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), poison_(poison) {
   if (cfg.kfac.enabled && cfg.kfac.placement == "bubbles" && cfg.parallel.stages == 1)
     usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
                 "(the default with one stage) or 'skip'");
-  Layout layout;
   try {
-    layout = make_layout(cfg, world.size());
+    layout_ = make_layout(cfg, world.size());
   } catch (const ScheduleError& e) {
-    if (root) std::fprintf(stderr, "%s", e.grid.c_str());
+    if (root()) std::fprintf(stderr, "%s", e.grid.c_str());
     throw;
   }
-  cfg.check_files();
-  std::unique_ptr<CheckpointReader> init_ckpt = open_init_checkpoint(a.init, a.resume);
-  // Every rank finds and verifies the same checkpoint (a shared file system), so an error is alike on all.
-  std::unique_ptr<CheckpointReader> resume;
-  std::vector<std::string> notes;
   const ParallelConfig& p = cfg.parallel;
-  const std::string layout_name = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout.schedule.name,
-                                              p.data_parallel);
-  if (!a.resume.empty()) {
-    resume = open_resume_checkpoint(cfg, a.resume, notes);
-    // Each rank's K-FAC state (its chunks' factors, cycle, plan) belongs to its place in the
-    // layout: it continues only in the same one. Weights and optimizer state load into any.
-    if (cfg.kfac.enabled) {
-      auto it = resume->manifest().info.find("layout");
-      const std::string was = it == resume->manifest().info.end() ? "an unrecorded layout" : it->second;
-      if (was != layout_name)
-        usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
-                    "the same layout (start from its weights with --init {})", was, layout_name, a.resume);
-    }
-  }
-  // Every output path writable, before the first allocation of the model; then the directories
-  // locked against another run (rank 0 writes them).
-  std::unique_ptr<RunLocks> locks;
-  comm::on_root_agreed(world.rank(), [&] {
-    const RunOutputs outputs{a.save, a.profile.dir, a.log_json_from_flag, !a.resume.empty(), a.overwrite};
-    check_output_paths(cfg, outputs);
-    locks = lock_output_dirs(cfg, outputs);
-    for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
-  });
-  comm::Groups groups = comm::make_groups(world, cfg.parallel.stages, cfg.parallel.data_parallel);
+  layout_name_ = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout_.schedule.name, p.data_parallel);
+  check_profile_steps(profile_opt_, cfg.train.steps);
+}
+
+void MpiEngine::check_resume(const CheckpointReader& r, const std::string& dir) const {
+  // Each rank's K-FAC state (its chunks' factors, cycle, plan) belongs to its place in the
+  // layout: it continues only in the same one. Weights and optimizer state load into any.
+  if (!cfg_.kfac.enabled) return;
+  auto it = r.manifest().info.find("layout");
+  const std::string was = it == r.manifest().info.end() ? "an unrecorded layout" : it->second;
+  if (was != layout_name_)
+    usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
+                "the same layout (start from its weights with --init {})", was, layout_name_, dir);
+}
+
+void MpiEngine::build(const Config& cfg) {
+  cfg_ = cfg;
+  const ParallelConfig& p = cfg.parallel;
+  groups_ = comm::make_groups(world_, p.stages, p.data_parallel);
   set_threads(comm::threads_per_rank(cfg.train.threads));
+  train_data_ = make_batcher(cfg.model, cfg.data, false);
+  valid_data_ = make_batcher(cfg.model, cfg.data, true);
+  exec_ = std::make_unique<Executor>(cfg, layout_, groups_);
+  exec_->set_poison(poison_);
+  mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
+  for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
+  lr_ = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
+}
 
-  auto train_data = make_batcher(cfg.model, cfg.data, false);
-  auto valid_data = make_batcher(cfg.model, cfg.data, true);
-  Executor exec(cfg, layout, groups);
-  if (init_ckpt) {
-    for (auto& c : exec.chunk_states()) init_ckpt->load_params(c.state.params);
-    init_ckpt.reset();
-  } else if (!a.init.empty()) {
-    exec.load(a.init);
-  }
-  int64_t first_step = 0;
-  if (resume) {
-    for (auto& c : exec.chunk_states()) {
-      c.state.kfac = nullptr;  // this rank's own copy, below (replicas and twins differ mid-cycle)
-      load_train_state(*resume, c.state);
-    }
-    exec.load_kfac_state(*resume);
-    first_step = resume->manifest().step;
-    if (root) std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(first_step));
-    resume.reset();
-  }
-  Profiler profiler(cfg, layout, groups, exec, a.profile);
-
-  // Rank 0's outputs, prepared before the first step so a bad path fails every rank now.
-  const std::string& out = cfg.train.out_dir;
-  std::unique_ptr<RunLog> log;
-  comm::on_root_agreed(world.rank(), [&] {
-    log = open_run_outputs(cfg, first_step > 0 ? first_step : -1, cfg.kfac.enabled);
-  });
-
-  std::vector<MicroBatch> mbs(static_cast<size_t>(p.data_parallel) * p.micro_batches);
-  for (MicroBatch& mb : mbs) mb.resize(p.micro_batch_size, cfg.model.seq_len);
-  const int64_t tokens = static_cast<int64_t>(mbs.size()) * p.micro_batch_size * cfg.model.seq_len;
-  if (root) {
-    const auto& m = cfg.model;
-    std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%d x %d x %d sequences "
-                "of %d), %s, %d steps; %d ranks: %d stages (%s%s) x %d data-parallel\n",
-                preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads,
-                static_cast<long long>(tokens), p.data_parallel, p.micro_batches, p.micro_batch_size, m.seq_len,
-                optimizer_of(cfg).c_str(), cfg.train.steps, world.size(), p.stages, layout.schedule.name.c_str(),
-                layout.stages() != p.stages ? fmt::format(", {} model chunks", layout.stages()).c_str() : "",
-                p.data_parallel);
-    const std::string shared = exec.kfac_distributed_line();
-    if (!shared.empty()) std::printf("%s\n", shared.c_str());
-    std::fflush(stdout);
-  }
-
-  const LrSchedule lr = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
-  std::vector<ActionTime> times;
-  auto t0 = std::chrono::steady_clock::now();
-  double valid = 0, step_time_sum = 0;  // step times after the first two (dkfac.json)
-  int timed_steps = 0;
-  const std::string ckpt_dir = checkpoint_dir_of(cfg);
-  // Collective. Rank 0 makes the step directory; the ranks holding pipeline 0 of replica 0 write
-  // their stages (with K-FAC, factors and inverses in the single-process format), every rank its
-  // K-FAC state (kfac-rank-R); rank 0 gathers the files' checksums and commits the manifest, then `latest`.
-  auto save_checkpoint = [&](int64_t steps_done) {
-    const std::string step_dir = checkpoint_step_dir(ckpt_dir, steps_done);
-    comm::on_root_agreed(world.rank(), [&] {
-      remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
-      make_dirs(step_dir, "train.checkpoint_dir");
-    });
-    nlohmann::json mine = nlohmann::json::array();
-    std::string err;  // this rank's write error (a full disk)
-    try {
-      if (groups.replica == 0)
-        for (auto& c : exec.chunk_states())
-          if (c.pipeline == 0)
-            for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, c.state))
-              mine.push_back({f.name, f.bytes, f.sha256});
-      for (const CheckpointFile& f : exec.write_kfac_state(step_dir)) mine.push_back({f.name, f.bytes, f.sha256});
-    } catch (const UsageError& e) {
-      err = e.what();
-    }
-    const auto all = comm::gather_bytes(err.empty() ? "F" + mine.dump() : "E" + err, 0, MPI_COMM_WORLD);
-    comm::on_root_agreed(world.rank(), [&] {
-      try {
-        CheckpointManifest m{steps_done, checkpoint_info(cfg, steps_done, layout_name), {}};
-        for (const std::string& r : all) {
-          if (r[0] == 'E') throw UsageError(r.substr(1));
-          for (const auto& f : nlohmann::json::parse(r.substr(1)))
-            m.files.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(), f[2].get<std::string>()});
-        }
-        commit_checkpoint(ckpt_dir, m, cfg.train.keep_checkpoints);
-      } catch (const UsageError& e) {
-        // The partial directory goes; the previous checkpoint stays the newest.
-        remove_checkpoint(step_dir);
-        throw UsageError(fmt::format("{} (the checkpoint after step {} was not written); {}", e.what(), steps_done,
-                                     last_checkpoint_note(ckpt_dir)));
-      }
-    });
-    comm::checkpoint_written();
-  };
-  install_stop_signals();
-  // A write error of rank 0 (log, profile: a full disk) stops every rank after the step, exit 2.
-  std::string write_error;
-  comm::StepsRunning running;
-  for (int64_t s = first_step; s < cfg.train.steps; ++s) {
-    comm::monitor_step(s);
-    auto ts = std::chrono::steady_clock::now();
-    StepStats st;
-    st.step = s;
-    fill_step(*train_data, s, p.micro_batch_size, mbs);
-    test_poison_step(s, mbs);  // TEST HOOK: no-op unless PF_TEST_POISON_STEP is set
-    st.lr = lr.at(s);
-    const bool prof = profiler.wants(s);
-    StepOutcome o = exec.step(s, mbs, st.lr, prof ? &times : nullptr);
-    st.loss = o.loss;
-    st.grad_norm = o.grad_norm;
-    st.kfac_curvature = o.kfac_curvature > 0;
-    st.kfac_inversion = o.kfac_inversion > 0;
-    st.kfac_time_s = o.kfac_time_s;
-    st.kfac_raised = -1;
-    // Every rank has the same loss (world sum) and norm (pipeline sum of all-reduced gradients); a
-    // non-finite norm made every optimizer skip its update (optim/optimizer.hpp).
-    st.nonfinite = !std::isfinite(o.loss) || !std::isfinite(o.grad_norm);
-    if (st.nonfinite) {
-      if (root)
-        std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
-                     static_cast<long long>(s + 1), std::isfinite(o.loss) ? "gradient" : "loss", o.loss, o.grad_norm,
-                     cfg.train.on_nonfinite == "stop" ? "; stopping (train.on_nonfinite = stop)" : ", step skipped");
-      if (cfg.train.on_nonfinite == "stop") return 1;
-    }
-    st.tokens = tokens;
-    st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (s >= 2) step_time_sum += st.step_time_s, ++timed_steps;
-    if (prof) {
-      try {
-        std::vector<Action> actions = exec.step_actions(s);
-        std::vector<ActionTime> stamps = times;
-        exec.expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
-        profiler.record(s, stamps, actions);         // collective; rank 0 writes
-      } catch (const UsageError& e) {
-        if (write_error.empty()) write_error = e.what();
-      }
-    }
-    std::optional<double> v;
-    if (s + 1 == cfg.train.steps || (cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0))
-      v = valid = exec.evaluate(*valid_data);
-    if (root && write_error.empty()) {
-      try {
-        log->step(st, v);
-      } catch (const UsageError& e) {
-        write_error = e.what();
-      }
-    }
-    // SIGINT/SIGTERM reach the ranks at different moments: they agree to stop after the step in
-    // which any of them saw one; and on a write error of rank 0.
-    double flags[2] = {static_cast<double>(stop_signal()), write_error.empty() ? 0.0 : 1.0};
-    comm::allreduce_sum(flags, MPI_COMM_WORLD, "the stop flags");
-    if (flags[1] > 0)
-      throw UsageError(fmt::format("{}; {}", write_error.empty() ? "a write error on rank 0" : write_error,
-                                   last_checkpoint_note(ckpt_dir)));
-    const double sig = flags[0];
-    const bool periodic = !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
-                          (s + 1) % cfg.train.checkpoint_every == 0;
-    if (periodic || sig > 0) save_checkpoint(s + 1);
-    if (sig > 0) {
-      const int signo = stop_signal() ? stop_signal() : SIGTERM;
-      if (root)
-        std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
-                     signal_name(signo), static_cast<long long>(s + 1), checkpoint_step_dir(ckpt_dir, s + 1).c_str(),
-                     ckpt_dir.c_str());
-      return 128 + signo;
-    }
-  }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  std::unique_ptr<Model> model = exec.gather_model();
-  const std::string activations = activation_memory_json(exec, groups, MPI_COMM_WORLD);
-  // Rank 0's write errors here (collectives inside) are agreed on below, so every rank exits 2.
+void MpiEngine::agreed(const std::function<void()>& fn) {
+  std::string err;
   try {
-    if (cfg.kfac.enabled) exec.write_kfac_record(out + "/kfac_refresh.json");
-    exec.write_dkfac_record(out + "/dkfac.json", step_time_sum, timed_steps);
-    profiler.finish(exec.plan_profile_json(), exec.kfac_stage_costs());
+    fn();
+  } catch (const UsageError& e) {
+    err = e.what();
+  }
+  const std::vector<std::string> all = comm::gather_bytes(err, 0, MPI_COMM_WORLD);
+  comm::on_root_agreed(world_.rank(), [&] {
+    for (const std::string& e : all)
+      if (!e.empty()) throw UsageError(e);
+  });
+}
+
+void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt) {
+  agreed([&] {
+    if (ckpt) {
+      for (auto& c : exec_->chunk_states()) ckpt->load_params(c.state.params);
+    } else if (!init.empty()) {
+      exec_->load(init);
+    }
+  });
+}
+
+void MpiEngine::load_resume(const CheckpointReader& r) {
+  agreed([&] {
+    for (auto& c : exec_->chunk_states()) {
+      c.state.kfac = nullptr;  // this rank's own copy, below (replicas and twins differ mid-cycle)
+      load_train_state(r, c.state);
+    }
+  });
+  exec_->load_kfac_state(r);
+}
+
+void MpiEngine::open_outputs() {
+  profiler_ = std::make_unique<Profiler>(cfg_, layout_, groups_, *exec_, profile_opt_);
+}
+
+EngineBanner MpiEngine::banner() const {
+  const ParallelConfig& p = cfg_.parallel;
+  EngineBanner b;
+  b.layout = fmt::format("; {} ranks: {} stages ({}{}) x {} data-parallel", world_.size(), p.stages,
+                         layout_.schedule.name,
+                         layout_.stages() != p.stages ? fmt::format(", {} model chunks", layout_.stages()) : "",
+                         p.data_parallel);
+  const std::string shared = exec_->kfac_distributed_line();
+  if (!shared.empty()) b.notes.push_back(shared);
+  return b;
+}
+
+EngineStep MpiEngine::step(int64_t s) {
+  comm::monitor_step(s);
+  const auto t0 = std::chrono::steady_clock::now();
+  EngineStep r;
+  StepStats& st = r.stats;
+  st.step = s;
+  fill_step(*train_data_, s, cfg_.parallel.micro_batch_size, mbs_);
+  poison_.poison_inputs(s, mbs_);
+  st.lr = lr_.at(s);
+  const bool prof = profiler_->wants(s);
+  const StepOutcome o = exec_->step(s, mbs_, st.lr, prof ? &times_ : nullptr);
+  st.loss = o.loss;
+  st.grad_norm = o.grad_norm;
+  st.kfac_curvature = o.kfac_curvature > 0;
+  st.kfac_inversion = o.kfac_inversion > 0;
+  st.kfac_time_s = o.kfac_time_s;
+  st.kfac_raised = -1;
+  // Every rank has the same loss (world sum) and norm (pipeline sum of all-reduced gradients); a
+  // non-finite norm made every optimizer skip its update (optim/optimizer.hpp).
+  st.nonfinite = !std::isfinite(o.loss) || !std::isfinite(o.grad_norm);
+  st.tokens = static_cast<int64_t>(mbs_.size()) * cfg_.parallel.micro_batch_size * cfg_.model.seq_len;
+  st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (s >= 2) step_time_sum_ += st.step_time_s, ++timed_steps_;
+  if (prof) record_profile(s, r.write_error);
+  return r;
+}
+
+void MpiEngine::record_profile(int64_t s, std::string& write_error) {
+  try {
+    std::vector<Action> actions = exec_->step_actions(s);
+    std::vector<ActionTime> stamps = times_;
+    exec_->expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
+    profiler_->record(s, stamps, actions);         // collective; rank 0 writes
   } catch (const UsageError& e) {
     write_error = e.what();
   }
-  comm::on_root_agreed(world.rank(), [&] {
-    if (!write_error.empty()) throw UsageError(write_error);
-    std::vector<const Param*> params;
-    for (Param* q : model->params()) params.push_back(q);
-    require_finite(params, out + "/model.safetensors");
-    save_hf_model(out, params, cfg.model);
-    if (!a.save.empty()) save_trained_weights(a.save, params);
-    write_file_atomic(out + "/summary.json", log->summary(valid, wall));
-    write_file_atomic(out + "/activations.json", activations);
-    std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json, "
-                "activations.json%s}%s\n", out.c_str(), exec.kfac_distributed_line().empty() ? "" : ", dkfac.json",
-                a.save.empty() ? "" : (", " + a.save).c_str());
-  });
-  return 0;
+}
+
+// Rank 0 makes the step directory (the loop); the ranks holding pipeline 0 of replica 0 write
+// their stages (with K-FAC, factors and inverses in the single-process format), every rank its
+// K-FAC state (kfac-rank-R).
+std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_dir) {
+  std::vector<CheckpointFile> files;
+  if (groups_.replica == 0)
+    for (auto& c : exec_->chunk_states())
+      if (c.pipeline == 0)
+        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, c.state)) files.push_back(f);
+  for (const CheckpointFile& f : exec_->write_kfac_state(step_dir)) files.push_back(f);
+  return files;
+}
+
+FinalRecords MpiEngine::finish(const std::string& out) {
+  FinalRecords r;
+  model_ = exec_->gather_model();
+  const std::string activations = activation_memory_json(*exec_, groups_, MPI_COMM_WORLD);
+  // Rank 0's write errors here (collectives inside) are agreed on by the loop.
+  try {
+    if (cfg_.kfac.enabled) exec_->write_kfac_record(out + "/kfac_refresh.json");
+    exec_->write_dkfac_record(out + "/dkfac.json", step_time_sum_, timed_steps_);
+    profiler_->finish(exec_->plan_profile_json(), exec_->kfac_stage_costs());
+  } catch (const UsageError& e) {
+    r.write_error = e.what();
+  }
+  if (!model_) return r;
+  for (const Param* q : model_->params()) r.params.push_back(q);
+  r.files.emplace_back("activations.json", activations);
+  r.listed.push_back("activations.json");
+  if (!exec_->kfac_distributed_line().empty()) r.listed.push_back("dkfac.json");
+  return r;
 }
 
 }  // namespace
@@ -309,7 +284,7 @@ int launcher_world_size() { return std::max(1, env_int("OMPI_COMM_WORLD_SIZE", "
 int launcher_rank() { return std::max(0, env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0)); }
 int launcher_local_size() { return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", 1)); }
 
-int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
+int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> profile_steps) {
   comm::World world;
   try {
     require_one_configuration(cfg, args, world.rank());  // MPMD launches may differ: before anything else
@@ -317,7 +292,8 @@ int run_parallel_training(Config cfg, const ParallelRunArgs& args) {
     check_resources(cfg, launcher_local_size(), world.size());
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
     comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); });
-    return train(world, std::move(cfg), args);
+    MpiEngine engine(world, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams.poison);
+    return run_training(engine, std::move(cfg), args);
   } catch (const UsageError&) {
     if (world.rank() == 0) throw;
     return 2;  // rank 0 says it

@@ -4,7 +4,6 @@
 #include "io/safetensors.hpp"
 
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,9 +18,11 @@ int64_t sequences_per_step(const Config& cfg) {
   return static_cast<int64_t>(p.data_parallel) * p.micro_batches * p.micro_batch_size;
 }
 
-volatile std::sig_atomic_t g_stop = 0;
-
-extern "C" void on_stop_signal(int sig) { g_stop = sig; }
+// The checkpoint ends the run that wrote it: its step is that run's train.steps.
+bool ends_its_run(const CheckpointManifest& m) {
+  auto it = m.info.find("train.steps");
+  return it != m.info.end() && it->second == std::to_string(m.step);
+}
 
 }  // namespace
 
@@ -112,7 +113,8 @@ std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std:
   auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, "--resume", &passed_over));
   if (!passed_over.empty()) notes.push_back("--resume: " + passed_over + "; resuming from the newest that verifies");
   check_resume(cfg, r->manifest());
-  if (r->manifest().step >= cfg.train.steps)
+  const int64_t at = r->manifest().step;
+  if (at > cfg.train.steps || (at == cfg.train.steps && !ends_its_run(r->manifest())))
     usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train", r->manifest().step,
                 cfg.train.steps);
   if (std::string n = keep_lr_schedule(cfg, r->manifest()); !n.empty()) notes.push_back("--resume: " + n);
@@ -194,46 +196,6 @@ std::string last_checkpoint_note(const std::string& dir) {
 std::string checkpoint_dir_of(const Config& cfg) {
   if (!cfg.train.checkpoint_dir.empty()) return cfg.train.checkpoint_dir;
   return (std::filesystem::path(cfg.train.out_dir) / "checkpoints").string();
-}
-
-void install_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  // A second signal takes the default action (the impatient user wins); interrupted system calls
-  // (a checkpoint being written) restart instead of failing with EINTR.
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
-}
-
-int stop_signal() { return g_stop; }
-
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    default: return "a signal";
-  }
-}
-
-bool test_poison_step(int64_t step, std::vector<MicroBatch>& mbs) {
-  static const char* at = std::getenv("PF_TEST_POISON_STEP");
-  if (!at || std::atoll(at) != step) return false;
-  static const char* kind = std::getenv("PF_TEST_POISON_KIND");
-  if (kind && std::string(kind) == "loss") return false;  // test_poison_loss
-  const bool inf = kind && std::string(kind) == "inf";
-  for (MicroBatch& mb : mbs)
-    mb.loss_scale = inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
-  return true;
-}
-
-bool test_poison_loss(int64_t step) {
-  static const char* at = std::getenv("PF_TEST_POISON_STEP");
-  static const char* kind = std::getenv("PF_TEST_POISON_KIND");
-  return at && kind && std::string(kind) == "loss" && std::atoll(at) == step;
 }
 
 }  // namespace pf

@@ -1,7 +1,6 @@
 #pragma once
-// What a training process saves in a checkpoint (io/checkpoint.hpp) and restores on resume, plus
-// the run's stop signals and the numerical-fault test hook. Shared by the single-process loop
-// (apps/cmd_train.cpp) and the MPI loop (runtime/train_run.cpp).
+// What a training process saves in a checkpoint (io/checkpoint.hpp) and restores on resume, for
+// the training loop (train/train_loop.hpp) of one process and of MPI.
 //
 // Per stage: weights-stage-S.safetensors holds its parameter values in Hugging Face's names and
 // layouts, as model.safetensors does (mirrors left out: their owner's file has them) and
@@ -13,7 +12,6 @@
 // step)) and K-FAC's refresh pattern (curvature_step(step)). The manifest records those facts,
 // and a resume refuses a configuration that disagrees with them.
 #include "config/config.hpp"
-#include "core/micro_batch.hpp"
 #include "io/checkpoint.hpp"
 #include "kfac/preconditioner.hpp"
 #include "optim/optimizer.hpp"
@@ -44,6 +42,8 @@ void check_resume(const Config& cfg, const CheckpointManifest& m);
 std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m);
 // `--resume DIR`: the newest complete checkpoint of DIR, verified, checked against the
 // configuration (check_resume, steps left, keep_lr_schedule, which may set cfg.optim.decay_steps).
+// A checkpoint at train.steps is accepted when it ends the run that wrote it (its manifest's
+// train.steps): that run stopped before its final outputs, which the resumed run writes.
 // `notes` gets lines for the user: newer checkpoints passed over (corrupt, incomplete) and the
 // schedule kept.
 std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,
@@ -76,22 +76,5 @@ std::string checkpoint_dir_of(const Config& cfg);
 // "the last complete checkpoint is DIR/step-000012: continue with --resume DIR", or "no complete
 // checkpoint in DIR", from DIR/latest (not verified: for messages when a run stops).
 std::string last_checkpoint_note(const std::string& dir);
-
-// SIGINT / SIGTERM / SIGUSR1 set a flag the loop reads at the end of each step (a second signal
-// kills). Under mpirun: mpirun forwards SIGTERM to the ranks but SIGKILLs them
-// odls_base_sigkill_timeout seconds later (OpenMPI's default: 1 s), which may cut the final
-// checkpoint short (the previous one stays intact); SIGUSR1 is forwarded without killing anything,
-// so `kill -USR1 <mpirun pid>` always leaves time for it.
-void install_stop_signals();
-int stop_signal();  // the signal received, 0 if none
-const char* signal_name(int sig);
-
-// TEST HOOK (tests/faults only): when the environment sets PF_TEST_POISON_STEP=k, step k's loss
-// scale becomes NaN (or +Inf with PF_TEST_POISON_KIND=inf), so its loss and every gradient are
-// non-finite. Returns true when it poisoned. Never set it in a real run.
-bool test_poison_step(int64_t step, std::vector<MicroBatch>& mbs);
-// TEST HOOK: with PF_TEST_POISON_KIND=loss, step k's reported loss is NaN while its gradients
-// stay finite (test_poison_step then leaves the micro-batches alone); true at that step.
-bool test_poison_loss(int64_t step);
 
 }  // namespace pf

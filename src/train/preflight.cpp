@@ -24,6 +24,11 @@ namespace {
 
 constexpr const char* kLockName = ".pipefisher-lock";
 
+// The files a training run writes into train.out_dir.
+constexpr const char* kRunFiles[] = {"config.toml",       "config.json",       "log.jsonl",  "metrics.csv",
+                                     "model.safetensors", "summary.json",      "activations.json",
+                                     "kfac_refresh.json", "kfac_profile.json", "dkfac.json"};
+
 // Creates and removes a file in `dir` (an existing directory): the one test of writability that
 // also holds for root, read-only mounts and full inode tables.
 void probe_dir(const fs::path& dir, const std::string& what, const std::string& target) {
@@ -90,6 +95,26 @@ void check_file(const std::string& path, const std::string& what, const std::str
   }
 }
 
+// Refuses the directory `dir` whose lock `fd` another live run holds (closes fd).
+[[noreturn]] void refuse_in_use(int fd, const std::string& dir, const std::string& what) {
+  char buf[256] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string holder(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  ::close(fd);
+  usage_error(what, "'{}' is in use by another run ({}); give each run its own", dir,
+              holder.empty() ? "its lock is held" : holder);
+}
+
+// Refuses `dir` when a live run holds its lock; creates nothing (no lock file: nobody holds it).
+void check_not_locked(const std::string& dir, const std::string& what) {
+  const std::string path = (fs::path(dir) / kLockName).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) refuse_in_use(fd, dir, what);
+  ::close(fd);  // and with it this probe's lock
+}
+
 int take_lock(const std::string& dir, const std::string& what) {
   make_dirs(dir, what);
   const std::string path = (fs::path(dir) / kLockName).string();
@@ -98,15 +123,7 @@ int take_lock(const std::string& dir, const std::string& what) {
     const int e = errno;
     usage_error(what, "cannot create the lock file '{}': {}", path, std::strerror(e));
   }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[256] = {};
-    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-    std::string holder(buf, n > 0 ? static_cast<size_t>(n) : 0);
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    ::close(fd);
-    usage_error(what, "'{}' is in use by another run ({}); give each run its own", dir,
-                holder.empty() ? "its lock is held" : holder);
-  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) refuse_in_use(fd, dir, what);
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string me = fmt::format("pid {} on host {}\n", ::getpid(), host);
@@ -152,8 +169,7 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
   const std::string& out = cfg.train.out_dir;
   check_dir(out, "train.out_dir");
   std::error_code ec;
-  for (const char* name : {"config.toml", "config.json", "log.jsonl", "metrics.csv", "model.safetensors",
-                           "summary.json", "kfac_refresh.json", "kfac_profile.json", "dkfac.json"})
+  for (const char* name : kRunFiles)
     if (fs::is_directory(fs::path(out) / name, ec))
       usage_error("train.out_dir", "'{}' is a directory; the run writes a file there", (fs::path(out) / name).string());
   check_file(cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json", out);
@@ -165,6 +181,11 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
     usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",
                 latest.string());
   check_dir(o.profile_dir, "--profile-dir");
+  // A live run's outputs are "in use"; a finished one's are another run's unless the same job
+  // runs again.
+  check_not_locked(out, "train.out_dir");
+  if (!o.resuming && !o.overwrite) check_not_another_run(cfg);
+  check_not_locked(ck, "train.checkpoint_dir");
 }
 
 RunLocks::~RunLocks() {
@@ -174,8 +195,6 @@ RunLocks::~RunLocks() {
 std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& o) {
   auto locks = std::make_unique<RunLocks>();
   locks->add(take_lock(cfg.train.out_dir, "train.out_dir"));
-  // After the lock: a live run's outputs are "in use", a finished one's are checked here.
-  if (!o.resuming && !o.overwrite) check_not_another_run(cfg);
   // The checkpoint directory too, default or not: another run may name this one's
   // out_dir/checkpoints as its train.checkpoint_dir.
   const std::string ck = checkpoint_dir_of(cfg);
@@ -183,6 +202,25 @@ std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& 
   std::error_code ec;
   if (!fs::equivalent(ck, cfg.train.out_dir, ec)) locks->add(take_lock(ck, "train.checkpoint_dir"));
   return locks;
+}
+
+void remove_previous_outputs(const Config& cfg) {
+  const fs::path out = cfg.train.out_dir;
+  std::error_code ec;
+  for (const char* name : kRunFiles) {
+    // An input of this run (kfac.plan_profile = out_dir/kfac_profile.json of the previous one) stays.
+    bool input = false;
+    for (const std::string& in : {cfg.kfac.plan_profile, cfg.data.train_file, cfg.data.valid_file})
+      input |= !in.empty() && fs::equivalent(out / name, in, ec);
+    if (!input) fs::remove(out / name, ec);
+  }
+  // The default checkpoint directory's checkpoints: a later --resume could otherwise continue them.
+  const fs::path ck = out / "checkpoints";
+  for (const auto& e : fs::directory_iterator(ck, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && e.is_directory(ec) && !e.is_symlink(ec)) remove_checkpoint(e.path().string());
+  }
+  fs::remove(ck / "latest", ec);
 }
 
 }  // namespace pf

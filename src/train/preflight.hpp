@@ -1,7 +1,7 @@
 #pragma once
 // Before the first step of a run: every path it will write is checked writable (nothing is
-// written: a probe file is created and removed), and its output directories are locked so that
-// two live runs never share one.
+// written: a probe file is created and removed) and not in use, and only then are its output
+// directories made and locked, so that two live runs never share one.
 //
 //   train.out_dir          a directory (made if missing) where config.toml, log.jsonl,
 //                          model.safetensors, summary.json go: none of those may be a directory
@@ -13,7 +13,8 @@
 //
 // Another run's outputs: an out_dir whose config.toml differs from this run's (Hugging Face's
 // overwrite_output_dir rule) is refused unless the run resumes or --overwrite is given; the same
-// config (the same job run again) replaces them.
+// config (the same job run again) replaces them. --overwrite removes them before the new run
+// writes (remove_previous_outputs), so that a new run stopped early is not mistaken for the old.
 //
 // Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
 // checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
@@ -35,7 +36,9 @@ struct RunOutputs {
   bool overwrite = false;           // --overwrite: another run's outputs may be replaced
 };
 
-// UsageError naming the key or flag of the first path that cannot be written.
+// UsageError naming the key or flag of the first path that cannot be written, of a directory
+// another live run has locked, or of an out_dir holding another run's outputs (see above).
+// Creates nothing.
 void check_output_paths(const Config& cfg, const RunOutputs& outputs);
 
 // Held locks on the run's output directories (released on destruction or exit).
@@ -51,10 +54,13 @@ class RunLocks {
   std::vector<int> fds_;
 };
 
-// Makes out_dir and the checkpoint directory and locks them; UsageError naming the key when
-// another live process holds one (its pid and host are in the message).
-// Then refuses an out_dir holding another run's outputs (see above) unless `outputs` resumes or
-// overwrites.
+// After check_output_paths: makes out_dir and the checkpoint directory and locks them;
+// UsageError naming the key when another live process took one meanwhile (its pid and host are
+// in the message).
 std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& outputs);
+
+// --overwrite, after the locks: removes the files a training run writes in out_dir (an input of
+// this run among them stays) and the checkpoints of out_dir/checkpoints.
+void remove_previous_outputs(const Config& cfg);
 
 }  // namespace pf

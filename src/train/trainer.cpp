@@ -67,7 +67,7 @@ StepStats Trainer::step() {
   StepStats s;
   s.step = step_;
   fill_step(*train_data_, step_, cfg_.parallel.micro_batch_size, mbs_);
-  test_poison_step(step_, mbs_);  // TEST HOOK: no-op unless PF_TEST_POISON_STEP is set
+  poison_.poison_inputs(step_, mbs_);
   model_->zero_grad();
   model_->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step_));
   s.kfac_curvature = kfac_ && kfac_->curvature_step(step_);
@@ -78,7 +78,7 @@ StepStats Trainer::step() {
     s.loss += model_->forward(mb, no_input_, no_output_, state_);
     model_->backward(mb, no_output_, no_input_, state_);
   }
-  if (test_poison_loss(step_)) s.loss = std::numeric_limits<double>::quiet_NaN();  // TEST HOOK
+  if (poison_.poisons_loss(step_)) s.loss = std::numeric_limits<double>::quiet_NaN();
   s.lr = lr_.at(step_);
   // A NaN/Inf loss or gradient is caught here, before it reaches K-FAC's factors or the weights.
   if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(optim_->grad_sq_norm(params_)))) {

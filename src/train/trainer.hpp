@@ -22,6 +22,7 @@
 #include "optim/lr_schedule.hpp"
 #include "optim/optimizer.hpp"
 #include "train/checkpointing.hpp"
+#include "train/test_seams.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -94,6 +95,8 @@ class Trainer {
   // Parameters, optimizer and K-FAC, for checkpoints (train/checkpointing.hpp).
   TrainState state() { return {params_, optim_.get(), kfac_.get()}; }
   int64_t tokens_per_step() const;
+  // Tests only: a step made non-finite on purpose (train/test_seams.hpp).
+  void set_poison(const PoisonStep& p) { poison_ = p; }
 
  private:
   // K-FAC's part of a step after the last backward: commit, invert, precondition, KL-clip.
@@ -111,6 +114,7 @@ class Trainer {
   Tensor no_input_, no_output_;   // the whole model takes token ids and ends at the loss
   NamedTensors kfac_before_;      // K-FAC state before a curvature step, restored if it turns non-finite
   int64_t step_ = 0;
+  PoisonStep poison_;
 };
 
 }  // namespace pf

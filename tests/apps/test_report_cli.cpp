@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -94,6 +95,32 @@ TEST(ReportCli, BadInputExitsTwoNamingIt) {
   const pf_test::Launch labels = report(a.string() + " --label x --label y");
   EXPECT_EQ(labels.status, 2) << labels.out;
   EXPECT_NE(labels.out.find("--label"), std::string::npos) << labels.out;
+}
+
+}  // namespace
+
+namespace {
+
+// The PNG converter runs through argv: a run directory named to break out of a shell command
+// runs nothing. A stand-in rsvg-convert first on PATH records its arguments and writes the PNG,
+// so the test does not depend on the real one being installed. (With std::system and the names
+// in quotes, the name below created PWNED.)
+TEST(ReportCli, RunsNoCommandFromAName) {
+  const std::string name = "run';touch PWNED;'";
+  fake_run(name, 3, 0.1, 0.01);
+  const fs::path bin = dir() / "fake-bin";
+  fs::create_directories(bin);
+  std::ofstream(bin / "rsvg-convert") << "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$(dirname \"$0\")/args\"\necho PNG > \"$2\"\n";
+  fs::permissions(bin / "rsvg-convert", fs::perms::owner_all);
+  fs::remove(dir() / "PWNED");
+  const pf_test::Launch r = pf_test::run("cd " + dir().string() + " && PATH=" + bin.string() + ":$PATH " +
+                                         PF_BINARY + " report \"" + name + "\"");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(fs::exists(dir() / "PWNED")) << "a shell ran a command from the run's name";
+  std::ifstream args(bin / "args");
+  const std::string recorded((std::istreambuf_iterator<char>(args)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(recorded, "-o\n" + name + "/loss.png\n" + name + "/loss.svg\n");  // each name one argument
+  EXPECT_TRUE(fs::exists(dir() / name / "loss.png"));
 }
 
 }  // namespace

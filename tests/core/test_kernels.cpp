@@ -53,20 +53,38 @@ TEST(Kernels, GemmAllTransposesMatchNaive) {
     }
 }
 
-TEST(Kernels, SoftmaxRowsMatchesNaive) {
+// Rows of 300 with the visible part cut at `visible` and every third key masked out.
+TEST(Kernels, SoftmaxRowMatchesNaiveOverTheVisibleKeys) {
   const int rows = 7, cols = 300;
   auto x = randn(rows * cols, 3, 5.0f);
-  auto y = x;
-  softmax_rows(y.data(), rows, cols);
-  for (int r = 0; r < rows; ++r) {
-    double m = -1e30, s = 0;
-    for (int j = 0; j < cols; ++j) m = std::max(m, double(x[r * cols + j]));
-    for (int j = 0; j < cols; ++j) s += std::exp(x[r * cols + j] - m);
-    for (int j = 0; j < cols; ++j) {
-      double ref = std::exp(x[r * cols + j] - m) / s;
-      EXPECT_NEAR(y[r * cols + j], ref, 3e-6 * ref + 1e-12);  // float rounding of x - max
+  std::vector<uint8_t> key_mask(cols);
+  for (int j = 0; j < cols; ++j) key_mask[j] = j % 3 != 1;
+  for (bool masked : {false, true}) {
+    for (int r = 0; r < rows; ++r) {
+      const int visible = cols - 37 * r;
+      std::vector<float> y(x.begin() + r * cols, x.begin() + (r + 1) * cols);
+      const SoftmaxRow z = softmax_row(y.data(), cols, visible, masked ? key_mask.data() : nullptr);
+      auto seen = [&](int j) { return j < visible && (!masked || key_mask[j]); };
+      double m = -1e30, s = 0;
+      for (int j = 0; j < cols; ++j) if (seen(j)) m = std::max(m, double(x[r * cols + j]));
+      for (int j = 0; j < cols; ++j) if (seen(j)) s += std::exp(x[r * cols + j] - m);
+      EXPECT_EQ(z.max, float(m));
+      EXPECT_NEAR(z.sum, s, 3e-6 * s * visible);  // float sum of visible terms each within 3e-6
+      for (int j = 0; j < cols; ++j) {
+        const double ref = seen(j) ? std::exp(x[r * cols + j] - m) / s : 0.0;
+        if (seen(j)) EXPECT_NEAR(y[j], ref, 3e-6 * ref + 1e-12) << r << " " << j;  // float rounding of x - max
+        else EXPECT_EQ(y[j], 0.0f) << r << " " << j;
+      }
     }
   }
+}
+
+TEST(Kernels, SoftmaxRowWithNothingVisibleIsAllZero) {
+  std::vector<float> y = {1, 2, 3, 4};
+  const std::vector<uint8_t> none(4, 0);
+  const SoftmaxRow z = softmax_row(y.data(), 4, 4, none.data());
+  EXPECT_EQ(z.sum, 0.0f);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
 // Double-precision LayerNorm for one row.

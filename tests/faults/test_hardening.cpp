@@ -212,6 +212,35 @@ TEST(Hardening, TheDefaultCheckpointDirectoryIsLockedToo) {
   first.finish();
 }
 
+// Issue 20 item 11: refusals found while loading (a bad token file, a checkpoint directory a live
+// run holds, a checkpoint whose shapes differ from the model's) come before anything is created:
+// no out_dir, no checkpoint directory, no lock file.
+TEST(Hardening, RefusedRunsCreateNoDirectoryOrLock) {
+  tiny_config(dir());
+  const fs::path bad = dir() / "odd.bin";
+  std::ofstream(bad, std::ios::binary) << "abc";
+  const fs::path ck_new = dir() / "nothing-ckpt";
+  expect_train_refused("badtok", "--set data.train_file=" + bad.string() + " --set train.checkpoint_dir=" + ck_new.string(),
+                       bad.string() + ": token file has an odd number of bytes (3)");
+  EXPECT_FALSE(fs::exists(ck_new)) << "the checkpoint directory of a refused run";
+
+  const fs::path held = dir() / "held-ckpt";
+  Job live(train_cmd(dir(), "holder", "--steps 100000 --set train.checkpoint_dir=" + held.string()));
+  ASSERT_TRUE(live.until("step ")) << live.out;
+  expect_train_refused("lockedck", "--set train.checkpoint_dir=" + held.string(),
+                       "train.checkpoint_dir: '" + held.string() + "' is in use by another run (pid " +
+                           std::to_string(live.pid));
+  ASSERT_EQ(kill(live.pid, SIGKILL), 0);
+  live.finish();
+
+  const fs::path ck = dir() / "shape-ckpt";
+  Launch first = run(train_cmd(dir(), "shape", "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + ck.string()));
+  ASSERT_EQ(first.status, 0) << first.out;
+  fs::remove_all(ck / "step-000006");  // step 3's, mid-run (and the note about step 6 is not printed for a refusal)
+  expect_train_refused("shape2", "--set model.ffn=128 --resume " + ck.string(),
+                       "intermediate.dense.weight': shape [64,32] in the file, the model expects [128,32]");
+}
+
 // Items 1, 7, 9: `plan` refuses durations that are not finite, negative or beyond 2^53 us, work
 // beyond its bounds, and malformed profiles, with one line naming the flag or field; nothing is
 // written. An SVG of an empty step is drawn (its axis looped forever).
@@ -238,15 +267,15 @@ TEST(Hardening, PlanRefusesBadNumbersAndTooMuchWork) {
   }
   for (const std::string args : {"--tf 0 --tb 0", "--tf 0 --tb 0 --tcomm 0"}) {
     Launch r = run("timeout 60 " + plan + args + " --svg " + svg.string());
-    EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
-    EXPECT_LT(r.seconds, 30) << args;
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.out;  // `timeout 60` would end a run that never stops
     std::ifstream f(svg);
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     EXPECT_FALSE(contains(text, "nan") || contains(text, "inf<")) << args;
     EXPECT_FALSE(contains(r.out, "nan") || contains(r.out, "inf")) << args << "\n" << r.out;
     fs::remove(svg);
   }
-  // Work beyond the stated bounds: refused at once, not a bad_alloc or minutes of simulation.
+  // Work beyond the stated bounds: refused (exit 2, naming the flag), not a bad_alloc or minutes of
+  // simulation, which `timeout 60` would end with another status.
   for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
            {"--schedule 1f1b --stages 100000 --micro-batches 4", "--stages: 100000 devices, more than the 4096"},
            {"--schedule 1f1b --stages 64 --micro-batches 100000", "--micro-batches: about 38400000 actions per step, more than"},
@@ -259,7 +288,6 @@ TEST(Hardening, PlanRefusesBadNumbersAndTooMuchWork) {
            {"--schedule 1f1b --stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: about"}}) {
     Launch r = run("timeout 60 " + kBinary + " plan " + args);
     expect_refusal(r, what, args);
-    EXPECT_LT(r.seconds, 5) << args;
   }
   // Profiles: 1e999 ("internal error", exit 1) and 1.7e308 name their field.
   const std::string head = R"({"format": "pipefisher-profile", "version": 1, "micro_batch_size": 4, "stages": [)";

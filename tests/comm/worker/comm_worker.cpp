@@ -12,6 +12,7 @@
 //   clock             clock offsets (one host: true offset is 0)
 //   kill              the last rank SIGKILLs itself while the others wait for it
 //   stall SECONDS     the last rank sleeps SECONDS outside MPI; the others' watchdog must fire
+//                     before it wakes (it then prints "STALL rank=R woke" and sends to them)
 //   mismatch S E      rank 1 sends S floats where rank 0 expects E
 //   latency MS REPS   (measurement) how late a sleeping wait notices a message sent after MS
 //   idle SECONDS      rank 0 waits SECONDS for rank 1 and reports its own CPU time
@@ -318,12 +319,17 @@ int mode_kill(const World& w) {
 int mode_stall(const World& w, double seconds) {
   const int sleeper = w.size() - 1;
   MPI_Barrier(MPI_COMM_WORLD);
-  if (w.rank() == sleeper) {  // alive, but silent: only the watchdog can notice
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-    return 0;
-  }
   P2P p2p(MPI_COMM_WORLD, 1);
   std::vector<float> buf(16);
+  if (w.rank() == sleeper) {  // alive, but silent: only the watchdog can notice
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    // Reached only if the watchdog did not end the job first; the message then ends the others'
+    // waits, so a broken watchdog fails the test instead of hanging it.
+    std::printf("STALL rank=%d woke\n", w.rank());
+    std::fflush(stdout);
+    for (int r = 0; r < sleeper; ++r) p2p.wait(p2p.isend(std::span<const float>(buf), r, 0));
+    return 0;
+  }
   p2p.wait(p2p.irecv(buf, sleeper, 0));
   std::printf("FAIL rank %d: the watchdog did not fire\n", w.rank());
   return 1;

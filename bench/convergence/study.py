@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""The tables of bench/convergence/tune.sh (it calls this; see its header for the study).
+
+    study.py grid OUT STEPS "LRS" "RATIOS" "DAMPINGS" DEFAULT_DAMPING
+        grid.csv and best.json (each optimizer's best setting by final validation loss)
+    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin [STEP_TIMES.csv]
+        seeds.csv, summary.md, summary.json and figure7.svg from the seed runs of the best settings;
+        beside the targets, the language model's context-free floor (unigram.py: the held-out
+        tokens' unigram entropy) against NVLAMB's final language-model validation loss (without
+        next-sentence prediction: `pipefisher eval` of each seed's saved weights over the whole
+        held-out split), which shows whether NVLAMB left the plateau
+
+A run's directory is OUT/runs/NAME with NAME as tune.sh's run_name: OPT-lrLR-wW[-dD]-sSEED, the
+damping named only in a K-FAC grid over several. STEP_TIMES is bench/pipefisher.sh's CSV: when it
+has this study's tokens per step, K-FAC's time is its steps times PipeFisher's best step time over
+NVLAMB's (the quiet benchmark); otherwise the runs' own summed step_time_s (the machine's load
+during the runs shows in it).
+"""
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+from unigram import unigram_entropy
+
+
+def run_name(opt, lr, w, seed, damping=None):
+    return f"{opt}-lr{lr}-w{w}" + (f"-d{damping}" if damping else "") + f"-s{seed}"
+
+
+def read_log(d):
+    return [json.loads(l) for l in open(f"{d}/log.jsonl")] if os.path.exists(f"{d}/log.jsonl") else []
+
+
+def grid_row(out, name):
+    d = f"{out}/runs/{name}"
+    status = int(open(f"{d}/status").read())
+    rows = read_log(d)
+    final = rows[-1]["loss"] if rows else float("nan")
+    valid = [r["valid_loss"] for r in rows if r.get("valid_loss") is not None]
+    v = valid[-1] if valid else float("nan")
+    first = rows[0]["loss"] if rows else None
+    diverged = status != 0 or not rows or not math.isfinite(v) or first is None or not (v < first)
+    return {"run": name, "exit": status, "steps": len(rows), "final_loss": final, "final_valid_loss": v,
+            "diverged": diverged}
+
+
+def grid(out, steps, lrs, ratios, dampings, default_damping):
+    several = dampings != [default_damping]
+    table, best = [], {}
+    for opt in ("nvlamb", "kfac"):
+        for lr in lrs:
+            for ratio in ratios:
+                w = round(float(ratio) * steps)
+                for d in (dampings if opt == "kfac" else [None]):
+                    name = run_name(opt, lr, w, 1, d if several else None)
+                    r = {"optimizer": opt, "lr": lr, "warmup_ratio": ratio, "warmup_steps": w,
+                         "damping": d or "", **grid_row(out, name)}
+                    table.append(r)
+                    if not r["diverged"] and (opt not in best or r["final_valid_loss"] < best[opt]["final_valid_loss"]):
+                        best[opt] = r
+    with open(f"{out}/grid.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
+        w.writeheader()
+        w.writerows(table)
+    if set(best) != {"nvlamb", "kfac"}:
+        sys.exit("tune.sh: every setting of " + " and ".join(o for o in ("nvlamb", "kfac") if o not in best) + " diverged")
+    json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"], "damping": b["damping"] if several else ""}
+               for o, b in best.items()}, open(f"{out}/best.json", "w"))
+    for o, b in best.items():
+        edge = [k for k, vals in (("lr", lrs), ("damping", dampings if o == "kfac" and several else []))
+                if vals and b[k] in (vals[0], vals[-1])]
+        if edge:
+            print(f"tune.sh: {o}'s best setting is on the grid's edge in {', '.join(edge)}: widen the grid")
+
+
+def stats(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return "n/a"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.4f} ± {sd:.4f} (min {min(xs):.4f}, max {max(xs):.4f})"
+
+
+def step_time_ratio(path, tokens):
+    """PipeFisher's best step time over NVLAMB's from bench/pipefisher.sh's CSV, or None."""
+    if not path or not os.path.exists(path):
+        return None
+    ms = {r["run"]: float(r["best_ms"]) for r in csv.DictReader(open(path)) if int(r["tokens_per_step"]) == tokens}
+    return ms["pipefisher"] / ms["nvlamb"] if {"pipefisher", "nvlamb"} <= set(ms) else None
+
+
+class Study:
+    def __init__(self, out, steps, seeds, binary, model):
+        self.out, self.steps, self.seeds, self.binary, self.model = out, steps, seeds, binary, model
+        self.best = json.load(open(f"{out}/best.json"))
+        self.runs = {o: [f"{out}/runs/{run_name(o, b['lr'], b['warmup_steps'], s, b.get('damping') or None)}"
+                         for s in seeds] for o, b in self.best.items()}
+
+    def report(self, dirs, labels, target=None, svg=None):
+        cmd = [self.binary, "report", *dirs, "--json", "--title",
+               f"{self.model}: NVLAMB vs K-FAC (PipeFisher), tuned, {len(self.seeds)} seeds"]
+        for l in labels:
+            cmd += ["--label", l]
+        if target is not None:
+            cmd += ["--target", repr(target)]
+        cmd += ["--out", svg or f"{self.out}/.scratch.svg"]
+        return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+    def per_seed(self):
+        per = {}
+        for o, dirs in self.runs.items():
+            r = self.report(dirs, [f"s{s}" for s in self.seeds])["runs"]
+            per[o] = [{"seed": s, "smoothed": x["final_smoothed_loss"], "final": x["final_loss"],
+                       "valid": x["final_valid_loss"], "time_s": x["time_s"], "log": read_log(d)}
+                      for s, d, x in zip(self.seeds, dirs, r)]
+        return per
+
+
+def first_valid_crossing(log, target):
+    t = 0.0
+    for r in log:
+        t += r.get("step_time_s", 0.0)
+        if r.get("valid_loss") is not None and r["valid_loss"] <= target:
+            return r["step"], t
+    return None, None
+
+
+def mean_or_none(xs):
+    return None if not xs or any(x is None for x in xs) else statistics.mean(xs)
+
+
+def pct(v):
+    return "not reached" if v is None else f"{100 * v:.1f}%"
+
+
+def final_lm_loss(binary, run_dir):
+    """The language-model part of a run's final validation loss over the whole held-out split, or
+    None without saved weights."""
+    if not os.path.exists(f"{run_dir}/model.safetensors"):
+        return None
+    cmd = [binary, "eval", "--config", f"{run_dir}/config.toml", "--init", f"{run_dir}/model.safetensors",
+           "--batches", "0", "--json"]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["lm_loss"]
+
+
+def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
+    st = Study(out, steps, seeds, binary, model)
+    per = st.per_seed()
+    nv_lm = mean_or_none([final_lm_loss(binary, d) for d in st.runs["nvlamb"]])
+    nv = per["nvlamb"]
+    target_train = statistics.mean(x["smoothed"] for x in nv)
+    target_valid = statistics.mean(x["valid"] for x in nv)
+    nv_time = statistics.mean(x["time_s"] for x in nv)
+    ratio = step_time_ratio(step_times, tokens)
+    cross = {x["name"]: x["reaches_target"] for x in st.report(st.runs["kfac"], seeds, target_train)["runs"]}
+    rows = []
+    for x in per["kfac"]:
+        c = cross[x["seed"]]
+        vstep, vtime = first_valid_crossing(x["log"], target_valid)
+        vs = None if vstep is None else vstep / steps
+        rows.append({"seed": x["seed"], "ts": c and c["step"] / steps, "tt": c and c["time_s"] / nv_time,
+                     "vs": vs, "vt": None if vs is None else (vs * ratio if ratio else vtime / nv_time)})
+    write_seeds_csv(out, per)
+    js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
+          "best": st.best, "target_valid_loss": target_valid, "unigram_entropy": floor,
+          "nvlamb_final_lm_valid_loss": nv_lm, "target_smoothed_training_loss": target_train,
+          "steps_fraction": mean_or_none([r["vs"] for r in rows]),
+          "time_fraction": mean_or_none([r["vt"] for r in rows]),
+          "steps_fraction_per_seed": [r["vs"] for r in rows], "time_fraction_per_seed": [r["vt"] for r in rows],
+          "time_from": "bench/pipefisher.sh best step times" if ratio else "the runs' summed step_time_s",
+          "step_time_ratio": ratio}
+    with open(f"{out}/summary.json.tmp", "w") as f:
+        json.dump(js, f, indent=1)
+    os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
+    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm), nv_time, ratio)
+
+
+def write_seeds_csv(out, per):
+    with open(f"{out}/seeds.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["optimizer", "seed", "final_loss", "final_smoothed_loss", "final_valid_loss", "time_s"])
+        for o in per:
+            for x in per[o]:
+                w.writerow([o, x["seed"], x["final"], x["smoothed"], x["valid"], x["time_s"]])
+
+
+def write_summary_md(st, per, rows, targets, nv_time, ratio):
+    target_train, target_valid, floor, nv_lm = targets
+    lm = ("not measured (the runs kept no weights)" if nv_lm is None else
+          f"{nv_lm:.4f}, {floor - nv_lm:+.4f} below it")
+    best = ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" +
+                     (f", damping {b['damping']}" if b.get("damping") else "") for o, b in st.best.items())
+    time_note = (f"time = steps x PipeFisher's step time / NVLAMB's ({ratio:.3f}, bench/pipefisher.sh)" if ratio
+                 else "time = the runs' summed step_time_s")
+    lines = [f"# {st.model}: NVLAMB vs K-FAC with PipeFisher, tuned with the same budget", "",
+             open(f"{st.out}/machine.txt").read().strip(), "",
+             f"{st.steps} steps; best settings by final validation loss (grid.csv): {best}", "",
+             "## Final losses over seeds " + " ".join(st.seeds), "",
+             "| optimizer | training loss (smoothed) | validation loss | training time (s) |", "|---|---|---|---|"]
+    for o in per:
+        lines.append(f"| {o} | {stats([x['smoothed'] for x in per[o]])} | {stats([x['valid'] for x in per[o]])} | "
+                     f"{stats([x['time_s'] for x in per[o]])} |")
+    lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
+              f"validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
+              f"Validation time: {time_note}. The language model's context-free floor (the held-out "
+              f"tokens' unigram entropy): {floor:.4f}; NVLAMB's final language-model validation loss "
+              f"(whole held-out split, no next-sentence prediction; mean over seeds): {lm}.", "",
+              "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
+              "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | {pct(r['ts'])} | {pct(r['tt'])} | {pct(r['vs'])} | {pct(r['vt'])} |")
+    lines.append("| mean | " + " | ".join(pct(mean_or_none([r[k] for r in rows])) for k in ("ts", "tt", "vs", "vt")) + " |")
+    grid_rows = list(csv.DictReader(open(f"{st.out}/grid.csv")))
+    div = [g for g in grid_rows if g["diverged"] == "True"]
+    lines += ["", "Diverged in the grid: " + (", ".join(f"{g['optimizer']} lr {g['lr']} warm-up {g['warmup_steps']}"
+                                                         for g in div) or "none")]
+    labels = [f"NVLAMB s{s}" for s in st.seeds] + [f"K-FAC s{s}" for s in st.seeds]
+    fig = st.report(st.runs["nvlamb"] + st.runs["kfac"], labels, target_train, f"{st.out}/figure7.svg")
+    name = os.path.basename  # the summary is read beside the pictures, on any machine
+    lines += ["", f"Figure 7: {name(fig['svg'])}" + (f", {name(fig['png'])}" if fig.get("png") else "")]
+    open(f"{st.out}/summary.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    cmd, a = sys.argv[1], sys.argv[2:]
+    if cmd == "grid":
+        grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
+    elif cmd == "summary":
+        floor = unigram_entropy(a[6])[0]
+        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floor, a[7] if len(a) > 7 else "")
+    else:
+        sys.exit(f"study.py: unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

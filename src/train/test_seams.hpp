@@ -1,0 +1,53 @@
+#pragma once
+// Faults the tests inject into a training run (tests/faults), through `pipefisher train`'s hidden
+// flags --test-poison and --test-signal. They reach the loop and the engines as options; a real run
+// leaves them empty, and nothing is read from the environment.
+#include "core/micro_batch.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pf {
+
+// --test-poison STEP:KIND: step STEP (numbered from 1, as the log numbers it) turns non-finite.
+//   nan, inf  every micro-batch's loss scale is NaN / +Inf: the loss and every gradient are
+//   loss      only the loss is NaN (in a pipeline the last stage's ranks see it); gradients stay finite
+struct PoisonStep {
+  enum class Kind { nan, inf, loss };
+  int64_t step = 0;  // 0: none
+  Kind kind = Kind::nan;
+
+  // Kinds nan and inf, at step index `index` (from 0): poisons the step's micro-batches.
+  void poison_inputs(int64_t index, std::vector<MicroBatch>& mbs) const;
+  // Kind loss at step index `index`: the step's loss is to be reported as NaN.
+  bool poisons_loss(int64_t index) const { return step > 0 && kind == Kind::loss && index + 1 == step; }
+};
+
+// --test-signal SIG@WHERE: the process raises SIG (TERM, INT, USR1 or KILL) to itself at one
+// moment of the run, as if it had arrived just then:
+//   step:N        as step N (from 1) starts
+//   eval:N        as the evaluation after step N starts
+//   final-writes  after model.safetensors is written, before the rest of the final outputs
+// Under MPI every rank raises it at steps and evaluations, as mpirun forwards a signal to every
+// rank; only world rank 0 writes, so only it raises at the final writes.
+struct SignalSeam {
+  enum class Where { none, step, eval, final_writes };
+  Where where = Where::none;
+  int64_t step = 0;
+  int signal = 0;
+
+  // Raises the signal when (w, step_number) is the chosen moment.
+  void at(Where w, int64_t step_number = 0) const;
+};
+
+struct TestSeams {
+  PoisonStep poison;
+  SignalSeam signal;
+};
+
+// The flags' values, parsed; a malformed one is a UsageError naming the flag. "" gives none.
+PoisonStep parse_poison_flag(const std::string& value);
+SignalSeam parse_signal_flag(const std::string& value);
+
+}  // namespace pf

@@ -1,0 +1,294 @@
+#include "train/train_loop.hpp"
+
+#include "core/error.hpp"
+#include "core/files.hpp"
+#include "io/hf_model.hpp"
+#include "train/checkpointing.hpp"
+#include "train/preflight.hpp"
+#include "train/run_log.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <optional>
+
+namespace pf {
+
+namespace {
+
+// --- stop signals ---
+
+volatile std::sig_atomic_t g_stop = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop = sig; }
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  // A second signal takes the default action (the impatient user wins); interrupted system calls
+  // (a checkpoint being written) restart instead of failing with EINTR.
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    default: return "a signal";
+  }
+}
+
+// What the phases share.
+struct Run {
+  TrainEngine& engine;
+  Config cfg;
+  const TrainRunArgs& args;
+  std::string ckpt_dir;
+  std::unique_ptr<RunLocks> locks;
+  std::unique_ptr<RunLog> log;
+  int64_t first_step = 0;
+  double valid = 0;         // the latest validation loss
+  std::string write_error;  // the root's first failed write (log, records): the run stops after the step
+};
+
+// The loop's steps run while in scope (the engine reports a death meanwhile).
+struct StepsRunning {
+  TrainEngine& engine;
+  explicit StepsRunning(TrainEngine& e) : engine(e) { engine.steps_running(true); }
+  ~StepsRunning() { engine.steps_running(false); }
+};
+
+// --- set-up ---
+
+void print_banner(const Run& r) {
+  if (!r.engine.root()) return;
+  const EngineBanner b = r.engine.banner();
+  const ModelConfig& m = r.cfg.model;
+  const ParallelConfig& p = r.cfg.parallel;
+  const long long tokens = static_cast<long long>(p.data_parallel) * p.micro_batches * p.micro_batch_size * m.seq_len;
+  std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%d x %d x %d sequences "
+              "of %d), %s, %d steps%s\n",
+              preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads, tokens, p.data_parallel,
+              p.micro_batches, p.micro_batch_size, m.seq_len, optimizer_of(r.cfg).c_str(), r.cfg.train.steps,
+              b.layout.c_str());
+  for (const std::string& n : b.notes) std::printf("%s\n", n.c_str());
+  std::fflush(stdout);
+}
+
+// The root's first writes, after every refusal: the locks, --overwrite's removal of the previous
+// run's outputs, config.toml and the logs.
+void open_outputs(Run& r, const RunOutputs& outputs, const std::vector<std::string>& notes,
+                  const CheckpointReader* resume) {
+  r.locks = lock_output_dirs(r.cfg, outputs);
+  if (outputs.overwrite && !outputs.resuming) remove_previous_outputs(r.cfg);
+  for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
+  if (resume) {
+    std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(r.first_step));
+    if (r.first_step == r.cfg.train.steps)
+      std::printf("its run's %d steps are done: the final evaluation and outputs follow\n", r.cfg.train.steps);
+  }
+  r.log = open_run_outputs(r.cfg, r.first_step > 0 ? r.first_step : -1, r.cfg.kfac.enabled);
+}
+
+// Everything that can refuse the run, then its outputs: nothing is written before every check
+// (files, checkpoints, output paths and locks, the model's shapes against the tensors it loads).
+void set_up(Run& r) {
+  TrainEngine& e = r.engine;
+  const TrainRunArgs& a = r.args;
+  r.cfg.check_files();
+  std::unique_ptr<CheckpointReader> init = open_init_checkpoint(a.init, a.resume);
+  std::unique_ptr<CheckpointReader> resume;
+  std::vector<std::string> notes;
+  if (!a.resume.empty()) {
+    resume = open_resume_checkpoint(r.cfg, a.resume, notes);
+    e.check_resume(*resume, a.resume);
+  }
+  const RunOutputs outputs{a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), a.overwrite};
+  e.on_root([&] { check_output_paths(r.cfg, outputs); });
+  e.build(r.cfg);
+  e.load_init(a.init, init.get());
+  init.reset();  // unmaps the files
+  if (resume) {
+    e.load_resume(*resume);
+    r.first_step = resume->manifest().step;
+  }
+  e.on_root([&] { open_outputs(r, outputs, notes, resume.get()); });
+  resume.reset();
+  e.open_outputs();
+  print_banner(r);
+}
+
+// --- the phases of a step ---
+
+// Step: false when the run stops on a non-finite step (train.on_nonfinite = stop).
+bool take_step(Run& r, int64_t s, StepStats& st) {
+  r.args.seams.signal.at(SignalSeam::Where::step, s + 1);
+  EngineStep o = r.engine.step(s);
+  if (r.write_error.empty()) r.write_error = o.write_error;
+  st = o.stats;
+  if (!st.nonfinite) return true;
+  const bool stop = r.cfg.train.on_nonfinite == "stop";
+  if (r.engine.root())
+    std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
+                 static_cast<long long>(s + 1), std::isfinite(st.loss) ? "gradient" : "loss", st.loss, st.grad_norm,
+                 stop ? "; stopping (train.on_nonfinite = stop)" : ", step skipped");
+  return !stop;
+}
+
+// Evaluate: after every train.eval_every steps and after the last.
+std::optional<double> evaluate_after(Run& r, int64_t s) {
+  const int every = r.cfg.train.eval_every;
+  if (s + 1 != r.cfg.train.steps && !(every > 0 && (s + 1) % every == 0)) return std::nullopt;
+  r.args.seams.signal.at(SignalSeam::Where::eval, s + 1);
+  return r.valid = r.engine.evaluate();
+}
+
+void log_step(Run& r, const StepStats& st, std::optional<double> valid) {
+  if (!r.engine.root() || !r.write_error.empty()) return;
+  try {
+    r.log->step(st, valid);
+  } catch (const UsageError& e) {  // a full disk: the run stops (exit 2), naming its last checkpoint
+    r.write_error = e.what();
+  }
+}
+
+// Stop: signals reach the processes at different moments; they agree to stop after the step in
+// which any of them saw one (the signal, 0 for none). A write error of the root stops every
+// process with status 2.
+int agreed_stop(Run& r) {
+  double flags[2] = {static_cast<double>(g_stop), r.write_error.empty() ? 0.0 : 1.0};
+  r.engine.sum(flags);
+  if (flags[1] > 0)
+    throw UsageError(fmt::format("{}; {}", r.write_error.empty() ? "a write error on rank 0" : r.write_error,
+                                 last_checkpoint_note(r.ckpt_dir)));
+  if (flags[0] == 0) return 0;
+  return g_stop ? static_cast<int>(g_stop) : SIGTERM;
+}
+
+bool checkpoint_due(const Config& cfg, int64_t steps_done) {
+  return !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
+         steps_done % cfg.train.checkpoint_every == 0;
+}
+
+// One process's list of checkpoint files, or its write error, as the bytes gathered to the root.
+std::string files_record(const std::vector<CheckpointFile>& files, const std::string& error) {
+  if (!error.empty()) return "E" + error;
+  nlohmann::json j = nlohmann::json::array();
+  for (const CheckpointFile& f : files) j.push_back({f.name, f.bytes, f.sha256});
+  return "F" + j.dump();
+}
+
+// Checkpoint: the root makes the step directory, every process writes its files, the root
+// gathers their checksums and commits the manifest, then `latest`. A failure (a full disk)
+// removes the partial directory: the previous checkpoint stays the newest.
+void save_checkpoint(Run& r, int64_t steps_done) {
+  TrainEngine& e = r.engine;
+  const std::string step_dir = checkpoint_step_dir(r.ckpt_dir, steps_done);
+  auto failed = [&](const std::string& why) {
+    remove_checkpoint(step_dir);
+    return UsageError(fmt::format("{} (the checkpoint after step {} was not written); {}", why, steps_done,
+                                  last_checkpoint_note(r.ckpt_dir)));
+  };
+  e.on_root([&] {
+    remove_checkpoint(step_dir);  // an interrupted earlier attempt at this step
+    try {
+      make_dirs(step_dir, "train.checkpoint_dir");
+    } catch (const UsageError& err) {
+      throw failed(err.what());
+    }
+  });
+  std::vector<CheckpointFile> mine;
+  std::string error;
+  try {
+    mine = e.write_checkpoint(step_dir);
+  } catch (const UsageError& err) {
+    error = err.what();
+  }
+  const std::vector<std::string> all = e.gather(files_record(mine, error));
+  e.on_root([&] {
+    CheckpointManifest m{steps_done, checkpoint_info(r.cfg, steps_done, e.layout_name()), {}};
+    try {
+      for (const std::string& rec : all) {
+        if (rec[0] == 'E') throw UsageError(rec.substr(1));
+        for (const auto& f : nlohmann::json::parse(rec.substr(1)))
+          m.files.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(), f[2].get<std::string>()});
+      }
+      commit_checkpoint(r.ckpt_dir, m, r.cfg.train.keep_checkpoints);
+    } catch (const UsageError& err) {
+      throw failed(err.what());
+    }
+  });
+  e.checkpoint_written();
+}
+
+// Every step: step, evaluate, log, checkpoint, stop. Returns the exit status of a run that ends
+// before its final outputs, nothing when they follow.
+std::optional<int> run_steps(Run& r) {
+  for (int64_t s = r.first_step; s < r.cfg.train.steps; ++s) {
+    StepStats st;
+    if (!take_step(r, s, st)) return 1;
+    const std::optional<double> valid = evaluate_after(r, s);
+    log_step(r, st, valid);
+    const int sig = agreed_stop(r);
+    if (sig || checkpoint_due(r.cfg, s + 1)) save_checkpoint(r, s + 1);
+    if (sig) {
+      if (r.engine.root())
+        std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
+                     signal_name(sig), static_cast<long long>(s + 1), checkpoint_step_dir(r.ckpt_dir, s + 1).c_str(),
+                     r.ckpt_dir.c_str());
+      return 128 + sig;
+    }
+  }
+  return std::nullopt;
+}
+
+// --- finish ---
+
+void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
+  if (!rec.write_error.empty()) throw UsageError(rec.write_error);
+  const std::string& out = r.cfg.train.out_dir;
+  require_finite(rec.params, out + "/model.safetensors");
+  save_hf_model(out, rec.params, r.cfg.model);
+  r.args.seams.signal.at(SignalSeam::Where::final_writes);
+  if (!r.args.save.empty()) save_trained_weights(r.args.save, rec.params);
+  for (const auto& [name, text] : rec.files) write_file_atomic(out + "/" + name, text);
+  write_file_atomic(out + "/summary.json", r.log->summary(r.valid, wall));
+  std::string listed;
+  for (const std::string& name : rec.listed) listed += ", " + name;
+  std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json%s}%s\n",
+              out.c_str(), listed.c_str(), r.args.save.empty() ? "" : (", " + r.args.save).c_str());
+}
+
+// The final evaluation when no step ran (a run resumed at its end), then the final outputs.
+int finish(Run& r, double wall) {
+  if (r.first_step == r.cfg.train.steps) r.valid = r.engine.evaluate();
+  const FinalRecords rec = r.engine.finish(r.cfg.train.out_dir);
+  r.engine.on_root([&] { write_final_outputs(r, rec, wall); });
+  if (g_stop && r.engine.root())
+    std::fprintf(stderr, "pipefisher train: %s after the last step: the final outputs were written, the run is "
+                 "complete\n", signal_name(g_stop));
+  return 0;
+}
+
+}  // namespace
+
+int run_training(TrainEngine& engine, Config cfg, const TrainRunArgs& args) {
+  Run r{engine, std::move(cfg), args, "", nullptr, nullptr, 0, 0, ""};
+  r.ckpt_dir = checkpoint_dir_of(r.cfg);
+  set_up(r);
+  install_stop_signals();
+  StepsRunning running(engine);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (const std::optional<int> status = run_steps(r)) return *status;
+  return finish(r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace pf
