@@ -42,10 +42,10 @@ std::string shown(const std::string& v) { return v.size() <= 80 ? v : v.substr(0
 
 }  // namespace
 
-std::string canonical_run_text(const Config& cfg, const ParallelRunArgs& args) {
+std::string canonical_run_text(const Config& cfg, const TrainRunArgs& args) {
   const auto quoted = [](const std::string& s) { return fmt::format("'{}'", s); };
   return fmt::format("--init = {}\n--save = {}\n--resume = {}\n--profile-dir = {}\n--overwrite = {}\n{}",
-                     quoted(args.init), quoted(args.save), quoted(args.resume), quoted(args.profile.dir),
+                     quoted(args.init), quoted(args.save), quoted(args.resume), quoted(args.profile_dir),
                      args.overwrite, cfg.to_toml());
 }
 
@@ -62,7 +62,7 @@ KeyDifference first_difference(const std::string& a, const std::string& b) {
   return {};
 }
 
-void require_one_configuration(const Config& cfg, const ParallelRunArgs& args, int world_rank) {
+void require_one_configuration(const Config& cfg, const TrainRunArgs& args, int world_rank) {
   const std::string text = canonical_run_text(cfg, args);
   const uint64_t mine = stream_key(0, text);
   uint64_t root = mine;

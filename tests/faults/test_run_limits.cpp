@@ -17,9 +17,11 @@ using namespace pf_test;
 
 fs::path dir() { return work_dir("run_limits"); }
 
-// `cmd` killed after `seconds` (a hang becomes status -1).
+// `cmd` (which may start with VAR=value assignments, hence env) stopped after `seconds`: a hang
+// ends as a failure (status 124, or 137 when SIGTERM is not enough), not a stalled suite. TERM
+// first, so that mpirun takes its ranks down with it.
 Launch run_within(int seconds, const std::string& cmd) {
-  return run("timeout -s KILL " + std::to_string(seconds) + " " + cmd);
+  return run("timeout -k 10 " + std::to_string(seconds) + " env " + cmd);
 }
 
 // The tiny run as one shell command under `ulimit -v kib`, OpenBLAS's thread count left to the

@@ -8,7 +8,7 @@ namespace pf {
 namespace {
 
 KeyDifference differ(const std::vector<std::string>& sets_a, const std::vector<std::string>& sets_b,
-                     const ParallelRunArgs& args_a = {}, const ParallelRunArgs& args_b = {}) {
+                     const TrainRunArgs& args_a = {}, const TrainRunArgs& args_b = {}) {
   return first_difference(canonical_run_text(Config::from_toml_string("", sets_a), args_a),
                           canonical_run_text(Config::from_toml_string("", sets_b), args_b));
 }
@@ -29,7 +29,7 @@ TEST(ConfigAgreement, NamesTheFirstDifferingKeyWithBothValues) {
 }
 
 TEST(ConfigAgreement, FlagsThatChangeTheRunAreComparedToo) {
-  ParallelRunArgs a, b;
+  TrainRunArgs a, b;
   b.init = "w.safetensors";
   const KeyDifference d = differ({}, {}, a, b);
   EXPECT_EQ(d.key, "--init");
