@@ -37,7 +37,7 @@ int run_eval(const EvalArgs& a) {
   const int64_t held = valid->sequences_per_epoch();
   const int64_t most = std::clamp<int64_t>(held / rows, 1, std::numeric_limits<int>::max());
   if (a.batches > most)
-    usage_error("--batches", "{} micro-batches of {} sequences are more than {} holds ({} sequences of {} tokens): "
+    usage_error("--batches", "{} micro-batches of {} sequences are more than data.valid_file '{}' holds ({} sequences of {} tokens): "
                 "at most {} (0 scores each of them once)", a.batches, rows, cfg.data.valid_file, held,
                 cfg.model.seq_len, most);
   if (batches == 0) batches = static_cast<int>(most);

@@ -107,7 +107,8 @@ void check_ids(int fd, const uint16_t* ids, int64_t bytes, int vocab_size, const
 Tokens map_token_file(const std::string& path, int vocab_size, const std::string& key) {
   static_assert(std::endian::native == std::endian::little, "token files are read in place as little-endian ids");
   const std::string what = token_file_what(path, key);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO waits for a writer otherwise (it is refused below, as not a regular file).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) usage_error(what, "cannot read token file: {} (run scripts/prepare-data.sh?)", std::strerror(errno));
   struct Closer {
     int fd;

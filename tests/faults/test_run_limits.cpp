@@ -144,7 +144,7 @@ TEST(RunLimits, EvalBatchesBeyondTheValidationSplitAreRefused) {
   const Launch r = run_within(120, eval + "2147483647");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-  EXPECT_TRUE(contains(r.out, "pipefisher: --batches: 2147483647 micro-batches of 2 sequences are more than ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "pipefisher: --batches: 2147483647 micro-batches of 2 sequences are more than data.valid_file '")) << r.out;
   EXPECT_TRUE(contains(r.out, "(0 scores each of them once)")) << r.out;
   // The largest number it names is accepted.
   const std::string most = r.out.substr(r.out.find("at most ") + 8);
