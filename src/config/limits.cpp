@@ -259,6 +259,8 @@ void check_threads(const Config& cfg, int local_ranks, const ThreadLimits& tl, c
               parts, format_bytes(mem.bytes), mem.source);
 }
 
+}  // namespace
+
 // Under `ulimit -v` a failed mmap inside OpenBLAS spins forever, and one elsewhere is a bad_alloc
 // in the middle of the run: refuse up front what will not fit beside what is mapped already.
 void check_address_space(const Config& cfg, int local_ranks, int world_ranks) {
@@ -275,8 +277,6 @@ void check_address_space(const Config& cfg, int local_ranks, int world_ranks) {
               format_bytes(as.mapped), format_bytes(n.total()), parts, format_bytes(as.mapped + n.total()),
               n.threads > 1 ? " or lower train.threads" : "");
 }
-
-}  // namespace
 
 void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
   const ThreadLimits tl = thread_limits();

@@ -55,6 +55,10 @@ double estimate_run_bytes(const Config& cfg, int local_ranks = 1, int world_rank
 // share this host.
 void check_resources(const Config& cfg, int local_ranks = 1, int world_ranks = 1);
 
+// The address-space part of check_resources alone (UsageError naming ulimit -v), for commands
+// that run a model without training it (eval, generate): call it before set_threads.
+void check_address_space(const Config& cfg, int local_ranks = 1, int world_ranks = 1);
+
 // "1.5 GiB", "23.4 GiB", "7.3e+03 TiB".
 std::string format_bytes(double bytes);
 

@@ -36,7 +36,7 @@ std::string limited_train(long kib, const std::string& name) {
 // with the limit, what is mapped and what the run needs; a generous limit trains.
 TEST(RunLimits, AddressSpaceLimitIsRefusedAtOnceOrTheRunFits) {
   tiny_config(dir());
-  const Launch low = run_within(300, limited_train(200000, "as-low"));
+  const Launch low = run_within(120, limited_train(200000, "as-low"));
   EXPECT_EQ(low.status, 2) << low.out;
   EXPECT_EQ(std::count(low.out.begin(), low.out.end(), '\n'), 1) << low.out;
   EXPECT_TRUE(contains(low.out, "pipefisher: ulimit -v: the address-space limit (RLIMIT_AS) is 195.3 MiB: this "
@@ -46,6 +46,12 @@ TEST(RunLimits, AddressSpaceLimitIsRefusedAtOnceOrTheRunFits) {
   const Launch high = run_within(600, limited_train(4000000, "as-high"));
   EXPECT_EQ(high.status, 0) << high.out;
   EXPECT_TRUE(fs::exists(dir() / "out-as-high" / "model.safetensors")) << high.out;
+  // eval runs the model too: it spun the same way (at its first product) instead of refusing.
+  const Launch eval = run_within(120, "sh -c 'ulimit -v 200000; exec env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS " +
+                                          kBinary + " eval --config " + (dir() / "tiny.toml").string() + " --init " +
+                                          (dir() / "out-as-high" / "model.safetensors").string() + " --batches 2'");
+  EXPECT_EQ(eval.status, 2) << eval.out;
+  EXPECT_TRUE(contains(eval.out, "pipefisher: ulimit -v: the address-space limit (RLIMIT_AS) is 195.3 MiB")) << eval.out;
 }
 
 // Item 8: `mpirun -np 1 prog A : -np 1 prog B` with two configurations trained silently apart (a
