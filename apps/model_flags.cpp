@@ -1,5 +1,6 @@
 #include "model_flags.hpp"
 
+#include "config/limits.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "train/checkpointing.hpp"
@@ -23,6 +24,8 @@ Config load_model_config(const ModelFlags& f, const char* command) {
 LoadedModel load_model(const ModelFlags& f, const Config& cfg) {
   LoadedModel m{cfg, nullptr};
   std::unique_ptr<CheckpointReader> ckpt = open_init_checkpoint(f.init, "");
+  // Under ulimit -v OpenBLAS spins for ever on a buffer it cannot map: refuse first.
+  check_address_space(cfg);
   set_threads(cfg.train.threads);
   m.model = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
   m.model->init(cfg.train.seed);

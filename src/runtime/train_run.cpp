@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
+#include "runtime/config_agreement.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/profiler.hpp"
@@ -288,6 +289,7 @@ int launcher_local_size() { return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SI
 int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> profile_steps) {
   comm::World world;
   try {
+    require_one_configuration(cfg, args, world.rank());  // MPMD launches may differ: before anything else
     // Memory and threads of the ranks on this host, before anything is allocated.
     check_resources(cfg, launcher_local_size(), world.size());
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
