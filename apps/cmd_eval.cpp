@@ -12,7 +12,9 @@
 #include "model_flags.hpp"
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -31,7 +33,14 @@ int run_eval(const EvalArgs& a) {
   std::unique_ptr<Batcher> valid = make_batcher(cfg.model, cfg.data, true);
   const int rows = cfg.parallel.micro_batch_size;
   int batches = a.batches < 0 ? cfg.train.eval_batches : a.batches;
-  if (batches == 0) batches = static_cast<int>(std::max<int64_t>(1, valid->sequences_per_epoch() / rows));
+  // Sequences past the split's end repeat it (in the same order, with the same masks).
+  const int64_t held = valid->sequences_per_epoch();
+  const int64_t most = std::clamp<int64_t>(held / rows, 1, std::numeric_limits<int>::max());
+  if (a.batches > most)
+    usage_error("--batches", "{} micro-batches of {} sequences are more than data.valid_file '{}' holds ({} sequences of {} tokens): "
+                "at most {} (0 scores each of them once)", a.batches, rows, cfg.data.valid_file, held,
+                cfg.model.seq_len, most);
+  if (batches == 0) batches = static_cast<int>(most);
   ModelState st = m.model->make_state(rows, cfg.model.seq_len);
   MicroBatch mb;
   mb.resize(rows, cfg.model.seq_len);

@@ -291,6 +291,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
     lb.push_back(p.lower_bound_refresh_steps[d] < 0 ? nlohmann::json(nullptr) : nlohmann::json(p.lower_bound_refresh_steps[d]));
     per.push_back({{"device", d}, {"refresh_steps", p.refresh_steps[d]}, {"lower_bound_refresh_steps", lb.back()},
                    {"bubble", p.bubble[d]}, {"kfac_work", p.kfac_work[d]}, {"inline_work", p.device_inline[d]},
+                   {"precondition", p.precondition[d]},
                    {"utilization", p.utilization_per_device[d]}, {"strategy", p.strategy[d]}});
   }
   // W > 1: Algorithm 1 per stage (which pieces are broadcast, by whom, the modelled loads).
@@ -319,7 +320,8 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
           {"period", P}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
           {"model", model_name}, {"layers_per_stage", blocks}, {"splits", splits}, {"per_device", per},
           {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement},
-          {"timeline_text", timeline_text(tl)}};
+          {"plain_step_time", p.plain_step_time}, {"precondition_share", p.precondition_share()},
+          {"precondition_line", p.precondition_line()}, {"timeline_text", timeline_text(tl)}};
 }
 
 void print_kfac(const nlohmann::json& k) {
@@ -338,7 +340,7 @@ void print_kfac(const nlohmann::json& k) {
                "modelled loads {}\n",
                sp["stage"].get<int>(), sp["pipeline"].get<int>() ? fmt::format(" (pipeline {})", sp["pipeline"].get<int>()) : "",
                sp["communicated"].get<int>(), sp["non_communicated"].get<int>(), sp["load"].dump());
-  fmt::print("\n{}", k["timeline_text"].get<std::string>());
+  fmt::print("{}\n\n{}", k["precondition_line"].get<std::string>(), k["timeline_text"].get<std::string>());
 }
 
 // The end of each device's step as lowering makes it, per hosted stage in stage order: the
@@ -471,6 +473,7 @@ int run(PlanArgs& a) {
                     {"curv", mem.curv}, {"inv", mem.inv}, {"err_save", mem.err_save}, {"m_kfac", mem.m_kfac}}}};
     if (a.kfac) {
       kfac.erase("timeline_text");
+      kfac.erase("precondition_line");
       j["kfac"] = kfac;
     }
     j["data_parallel"] = a.data_parallel;

@@ -22,6 +22,7 @@ struct TrainArgs {
   bool print_config = false;
   bool overwrite = false;
   std::string test_poison, test_signal;  // hidden: tests/faults (train/test_seams.hpp)
+  std::string test_drift_at, test_kfac_cost_scale, test_bcast_model;  // hidden: tests/runtime
 };
 
 int run_train(const TrainArgs& a) {
@@ -35,7 +36,8 @@ int run_train(const TrainArgs& a) {
     return 0;
   }
   const TrainRunArgs run{a.init, a.save, a.resume, a.profile_dir, !a.log_json.empty(), a.overwrite,
-                         {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal)}};
+                         {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
+                          parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model)}};
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
     return run_parallel_training(cfg, run, {a.profile_steps.begin(), a.profile_steps.end()});
@@ -68,6 +70,10 @@ pf::app::Runner setup(CLI::App& cmd) {
   // Test seams, left out of --help (group ""): train/test_seams.hpp.
   cmd.add_option("--test-poison", a->test_poison, "STEP:KIND (nan, inf, loss): make a step non-finite")->group("");
   cmd.add_option("--test-signal", a->test_signal, "SIG@WHERE: raise a signal at step:N, eval:N or final-writes")
+      ->group("");
+  cmd.add_option("--test-drift-at", a->test_drift_at, "STEP: steps STEP..STEP+2 count as 10x their time")->group("");
+  cmd.add_option("--test-kfac-cost-scale", a->test_kfac_cost_scale, "X: the planner sees K-FAC costs times X")->group("");
+  cmd.add_option("--test-bcast-model", a->test_bcast_model, "ALPHA,BETA: the broadcast model, ms and ms per byte")
       ->group("");
   return [a] {
     try {

@@ -1,5 +1,6 @@
 #include "model_flags.hpp"
 
+#include "config/limits.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "train/checkpointing.hpp"
@@ -22,6 +23,8 @@ Config load_model_config(const ModelFlags& f, const char* command) {
 
 LoadedModel load_model(const ModelFlags& f, const Config& cfg) {
   LoadedModel m{cfg, nullptr};
+  // Under ulimit -v OpenBLAS spins for ever on a buffer it cannot map: refuse first.
+  check_address_space(cfg);
   std::unique_ptr<CheckpointReader> ckpt = open_init_checkpoint(f.init, "", cfg.model);
   set_threads(cfg.train.threads);
   m.model = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);

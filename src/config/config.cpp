@@ -448,9 +448,11 @@ void Config::validate() const {
 
 void Config::check_files() const {
   namespace fs = std::filesystem;
-  if (!fs::is_regular_file(data.train_file))
+  // Only whether they exist: what else a token file must be (a regular file, its size, its ids) is
+  // map_token_file's check (data/token_file.hpp), which names the key and the file.
+  if (!fs::exists(data.train_file))
     usage_error("data.train_file", "no such file '{}' (scripts/prepare-data.sh makes it)", data.train_file);
-  if (!fs::is_regular_file(data.valid_file))
+  if (!fs::exists(data.valid_file))
     usage_error("data.valid_file", "no such file '{}' (scripts/prepare-data.sh makes it)", data.valid_file);
   if (!kfac.plan_profile.empty() && !fs::is_regular_file(kfac.plan_profile))
     usage_error("kfac.plan_profile", "no such file '{}' (a PipeFisher run writes out_dir/kfac_profile.json)",

@@ -1,5 +1,6 @@
 #include "config/limits.hpp"
 
+#include "core/blas.hpp"
 #include "core/error.hpp"
 
 #include <sys/resource.h>
@@ -9,6 +10,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -156,25 +158,77 @@ double estimate_run_bytes(const Config& cfg, int local_ranks, int world_ranks) {
   return terms(cfg, local_ranks, world_ranks, thread_limits().stack_bytes).total();
 }
 
-void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
-  const ThreadLimits tl = thread_limits();
-  const MachineMemory mem = machine_memory();
-  if (cfg.train.threads > 0) {
-    const int64_t host_threads = static_cast<int64_t>(cfg.train.threads) * local_ranks;
-    const std::string per = local_ranks > 1 ? fmt::format(" x {} ranks on this host", local_ranks) : "";
-    const double stacks = static_cast<double>(host_threads) * tl.stack_bytes;
-    if (stacks > mem.bytes)
-      usage_error("train.threads", "{}{} threads need {} for their stacks ({} each: OMP_STACKSIZE or ulimit -s), "
-                  "this machine has {} ({}); at most {} threads fit", cfg.train.threads, per, format_bytes(stacks),
-                  format_bytes(tl.stack_bytes), format_bytes(mem.bytes), mem.source,
-                  static_cast<int64_t>(mem.bytes / tl.stack_bytes / local_ranks));
-    if (host_threads > tl.kernel_max)
-      usage_error("train.threads", "{}{} threads exceed this machine's limit of {} ({})", cfg.train.threads, per,
-                  tl.kernel_max, tl.kernel_what);
+AddressSpace address_space() {
+  AddressSpace a{std::numeric_limits<double>::infinity(), 0, 0};
+  rlimit r{};
+  if (getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY) a.limit = static_cast<double>(r.rlim_cur);
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  double kb = 0;
+  for (std::string line; std::getline(status, line);)
+    if (std::istringstream(line) >> key >> kb && key == "VmSize:") a.mapped = kb * 1024;
+  // OpenBLAS's workers map their buffers as they start, racing with this check: count them from
+  // the anonymous read-write mappings ("lo-hi rw-p 00000000 00:00 0", no name), in whole buffers
+  // (adjacent ones merge into one mapping). Before the run allocates, nothing else that large is.
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev, inode, name;
+    in >> range >> perms >> offset >> dev >> inode >> name;
+    if (perms != "rw-p" || inode != "0" || !name.empty()) continue;
+    const size_t dash = range.find('-');
+    const double bytes = static_cast<double>(std::stoull(range.substr(dash + 1), nullptr, 16) -
+                                             std::stoull(range.substr(0, dash), nullptr, 16));
+    a.blas_buffers += static_cast<int>(bytes / kBlasBufferBytes);
   }
-  const Terms t = terms(cfg, local_ranks, world_ranks, tl.stack_bytes);
-  if (!(t.total() > mem.bytes)) return;
-  // Blame the size key whose default value would shrink the estimate the most.
+  return a;
+}
+
+AddressNeed address_need(const Config& cfg, int local_ranks, int world_ranks, const AddressSpace& now) {
+  AddressNeed n;
+  // This process's share (stacks are counted below), twice: the estimate is what the run certainly
+  // holds, and its peak measured up to 1.7 times that (backward's gradients beside the
+  // activations, the logits' softmax, K-FAC's inversions), while under ulimit -v an underestimate
+  // is a hang or a bad_alloc mid-run rather than a refusal.
+  const Terms t = terms(cfg, 1, world_ranks, 0);
+  n.run = 2 * (t.state + t.kfac + t.acts);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  n.threads = cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / std::max(1, local_ranks));
+  // OpenBLAS's pool grows to the run's thread count and its workers never exit, each holding the
+  // buffer it mapped as it started; every thread of ours may call OpenBLAS at once
+  // (core/blas.cpp), each holding another buffer of the pool while it does.
+  const int pool = std::max(blas_threads(), n.threads);
+  n.buffers = std::max(0, pool - 1 + n.threads - now.blas_buffers);
+  n.blas = n.buffers * kBlasBufferBytes;
+  n.stacks = (n.threads - 1 + pool - blas_threads()) * thread_limits().stack_bytes;
+  std::error_code ec;
+  for (const std::string& f : {cfg.data.train_file, cfg.data.valid_file}) {
+    const auto size = f.empty() ? 0 : std::filesystem::file_size(f, ec);
+    if (!ec) n.files += static_cast<double>(size);
+  }
+  return n;
+}
+
+namespace {
+
+void check_threads(const Config& cfg, int local_ranks, const ThreadLimits& tl, const MachineMemory& mem) {
+  if (cfg.train.threads <= 0) return;
+  const int64_t host_threads = static_cast<int64_t>(cfg.train.threads) * local_ranks;
+  const std::string per = local_ranks > 1 ? fmt::format(" x {} ranks on this host", local_ranks) : "";
+  const double stacks = static_cast<double>(host_threads) * tl.stack_bytes;
+  if (stacks > mem.bytes)
+    usage_error("train.threads", "{}{} threads need {} for their stacks ({} each: OMP_STACKSIZE or ulimit -s), "
+                "this machine has {} ({}); at most {} threads fit", cfg.train.threads, per, format_bytes(stacks),
+                format_bytes(tl.stack_bytes), format_bytes(mem.bytes), mem.source,
+                static_cast<int64_t>(mem.bytes / tl.stack_bytes / local_ranks));
+  if (host_threads > tl.kernel_max)
+    usage_error("train.threads", "{}{} threads exceed this machine's limit of {} ({})", cfg.train.threads, per,
+                tl.kernel_max, tl.kernel_what);
+}
+
+// Blames the size key whose default value would shrink the estimate the most.
+[[noreturn]] void refuse_memory(const Config& cfg, int local_ranks, int world_ranks, const Terms& t, double stack_bytes,
+                   const MachineMemory& mem) {
   const Config d;
   const std::vector<std::pair<std::string, std::function<void(Config&)>>> keys = {
       {"model.layers", [&](Config& c) { c.model.layers = std::min(c.model.layers, d.model.layers); }},
@@ -193,7 +247,7 @@ void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
   for (const auto& [k, reset] : keys) {
     Config c = cfg;
     reset(c);
-    const double e = terms(c, local_ranks, world_ranks, tl.stack_bytes).total();
+    const double e = terms(c, local_ranks, world_ranks, stack_bytes).total();
     if (e < best) best = e, key = k;
   }
   std::string parts = "parameters, gradients and optimizer state " + format_bytes(t.state);
@@ -203,6 +257,34 @@ void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
   usage_error(key, "{} makes the run need at least {} of memory{} ({}); this machine has {} ({})", value_of(cfg, key),
               format_bytes(t.total()), local_ranks > 1 ? fmt::format(" on this host ({} ranks)", local_ranks) : "",
               parts, format_bytes(mem.bytes), mem.source);
+}
+
+}  // namespace
+
+// Under `ulimit -v` a failed mmap inside OpenBLAS spins forever, and one elsewhere is a bad_alloc
+// in the middle of the run: refuse up front what will not fit beside what is mapped already.
+void check_address_space(const Config& cfg, int local_ranks, int world_ranks) {
+  const AddressSpace as = address_space();
+  const AddressNeed n = address_need(cfg, local_ranks, world_ranks, as);
+  if (!std::isfinite(as.limit) || as.mapped + n.total() <= as.limit) return;
+  std::string parts = fmt::format("{} OpenBLAS buffer{} of {} for {} thread{}", n.buffers, n.buffers == 1 ? "" : "s",
+                                  format_bytes(kBlasBufferBytes), n.threads, n.threads == 1 ? "" : "s");
+  if (n.stacks > 0) parts += ", thread stacks " + format_bytes(n.stacks);
+  parts += ", model, optimizer state and activations " + format_bytes(n.run);
+  if (n.files > 0) parts += ", token files " + format_bytes(n.files);
+  usage_error("ulimit -v", "the address-space limit (RLIMIT_AS) is {}: this process has {} mapped and the run needs "
+              "an estimated {} more ({}); raise the limit to at least {}{}", format_bytes(as.limit),
+              format_bytes(as.mapped), format_bytes(n.total()), parts, format_bytes(as.mapped + n.total()),
+              n.threads > 1 ? " or lower train.threads" : "");
+}
+
+void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
+  const ThreadLimits tl = thread_limits();
+  const MachineMemory mem = machine_memory();
+  check_threads(cfg, local_ranks, tl, mem);
+  const Terms t = terms(cfg, local_ranks, world_ranks, tl.stack_bytes);
+  if (t.total() > mem.bytes) refuse_memory(cfg, local_ranks, world_ranks, t, tl.stack_bytes, mem);
+  check_address_space(cfg, local_ranks, world_ranks);
 }
 
 }  // namespace pf

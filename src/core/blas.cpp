@@ -67,6 +67,7 @@ void set_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+int blas_threads() { return openblas_get_num_threads(); }
 
 BlasSingleThread::BlasSingleThread() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
 BlasSingleThread::~BlasSingleThread() { openblas_set_num_threads(saved_); }

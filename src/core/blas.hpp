@@ -18,6 +18,15 @@ void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 void set_threads(int n);
 int num_threads();
 
+// Address space OpenBLAS maps for each thread that runs its kernels: one buffer of BUFFER_SIZE
+// bytes, mapped at a thread's first call and kept. Debian's 0.3.21 maps 32 << 22 = 128 MiB
+// (strace: one 134217728-byte mmap per OpenBLAS worker at start-up and per calling thread); its
+// allocator retries a failed mmap forever, so under `ulimit -v` a run must leave room for these
+// before it starts (config/limits.hpp), or it spins instead of failing.
+constexpr double kBlasBufferBytes = 128.0 * 1024 * 1024;
+// Threads OpenBLAS runs now: its pool's workers (one fewer) have each mapped their buffer.
+int blas_threads();
+
 // Runs BLAS single-threaded for its lifetime (inside our own OpenMP loops over many small
 // products, e.g. attention per head), restoring the previous count after.
 class BlasSingleThread {

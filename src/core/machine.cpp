@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,8 +85,10 @@ std::string best_kernel_for(IsaLevel level) {
   return "";
 }
 
-EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const char* (*env)(const char*)) {
+EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const char* (*env)(const char*),
+                               bool address_limited) {
   EnvironmentFix fix;
+  fix.blas_pool_later = address_limited && !env("OPENBLAS_NUM_THREADS") && !env("GOTO_NUM_THREADS");
   if (!env("OPENBLAS_CORETYPE") && kernel_isa_level(loaded) < cpu) fix.coretype = best_kernel_for(cpu);
   // Idle OpenMP workers spin long by default, taking the core a descheduled sibling or another
   // process needs; a short spin, then sleep, costs little when idle (kShortSpin).
@@ -102,10 +105,13 @@ void fit_process_to_machine(char** argv) {
   }
   if (off && std::strcmp(off, "0") != 0) return;
   const std::string loaded = blas_kernel_name();
-  const EnvironmentFix fix = environment_fix(loaded, cpu_isa_level(), real_env);
+  rlimit as{};
+  const bool limited = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+  const EnvironmentFix fix = environment_fix(loaded, cpu_isa_level(), real_env, limited);
   if (!fix.needed()) return;
   if (!fix.coretype.empty()) setenv("OPENBLAS_CORETYPE", fix.coretype.c_str(), 1);
   if (fix.short_spin) setenv("GOMP_SPINCOUNT", kShortSpin, 1);
+  if (fix.blas_pool_later) setenv("OPENBLAS_NUM_THREADS", "1", 1);
   setenv(kReplacedVar, loaded.c_str(), 1);
   execv("/proc/self/exe", argv);
   // Still here: exec failed (no /proc?). Run as loaded, with the environment as it was, so that
@@ -114,6 +120,7 @@ void fit_process_to_machine(char** argv) {
                fix.coretype.c_str(), std::strerror(errno));
   if (!fix.coretype.empty()) unsetenv("OPENBLAS_CORETYPE");
   if (fix.short_spin) unsetenv("GOMP_SPINCOUNT");
+  if (fix.blas_pool_later) unsetenv("OPENBLAS_NUM_THREADS");
   unsetenv(kReplacedVar);
 }
 

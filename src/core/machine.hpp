@@ -29,10 +29,15 @@ constexpr const char* kShortSpin = "10000";
 struct EnvironmentFix {
   std::string coretype;     // OPENBLAS_CORETYPE to set, "" = leave as is
   bool short_spin = false;  // set GOMP_SPINCOUNT=kShortSpin
-  bool needed() const { return !coretype.empty() || short_spin; }
+  // Set OPENBLAS_NUM_THREADS=1: under an address-space limit (ulimit -v) OpenBLAS's pool starts
+  // no workers when the library loads (each would map a 128 MiB buffer, and one that cannot spins
+  // forever and blocks the exit); the run grows the pool once its memory check passed.
+  bool blas_pool_later = false;
+  bool needed() const { return !coretype.empty() || short_spin || blas_pool_later; }
 };
+// `address_limited`: the process has a finite RLIMIT_AS.
 EnvironmentFix environment_fix(const std::string& loaded_core, IsaLevel cpu,
-                               const char* (*env)(const char* name));
+                               const char* (*env)(const char* name), bool address_limited = false);
 
 // Called first in main(), before MPI or any BLAS call: when OpenBLAS loaded kernels weaker than
 // the CPU runs (Debian's OpenBLAS 0.3.21 falls back to generic Prescott kernels on CPUs it does

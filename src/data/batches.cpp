@@ -5,8 +5,10 @@
 #include "data/token_file.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 namespace pf {
 namespace {
@@ -45,19 +47,36 @@ const VocabInfo& vocab_info(const std::string& name) {
 }
 
 WindowOrder::WindowOrder(int64_t n_tokens, int64_t stride, int64_t extra, bool shuffle, uint64_t seed,
-                         const std::string& source)
+                         const std::string& source, int64_t stored_limit)
     : n_(n_tokens), stride_(stride), windows_(stride > 0 ? (n_tokens - extra) / stride : 0), shuffle_(shuffle),
-      seed_(seed) {
+      stored_(windows_ <= stored_limit), seed_(seed) {
   PF_CHECK(stride > 0, "window stride {} must be positive", stride);
   if (windows_ < 1)
     usage_error(source, "has {} tokens, fewer than one sequence needs ({})", n_tokens, stride + extra);
-  if (shuffle_) perm_.resize(static_cast<size_t>(windows_));
+  if (shuffle_ && stored_) perm_.resize(static_cast<size_t>(windows_));
+  half_bits_ = (std::bit_width(static_cast<uint64_t>(windows_ - 1)) + 1) / 2;
+}
+
+int64_t WindowOrder::feistel_window(int64_t epoch, int64_t k) const {
+  const uint64_t key = SeqRng::keyed(seed_, kShuffleStream, static_cast<uint64_t>(epoch)).next();
+  const uint64_t mask = (uint64_t{1} << half_bits_) - 1;
+  uint64_t v = static_cast<uint64_t>(k);
+  do {  // 2^(2 half_bits) < 4 windows_: under 4 passes on average
+    uint64_t left = v >> half_bits_, right = v & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = SeqRng::mix(key ^ (round * 0x9e3779b97f4a7c15ull) ^ right) & mask;
+      left = std::exchange(right, left ^ f);
+    }
+    v = (left << half_bits_) | right;
+  } while (v >= static_cast<uint64_t>(windows_));
+  return static_cast<int64_t>(v);
 }
 
 int64_t WindowOrder::start(int64_t sequence) {
   PF_CHECK(sequence >= 0, "negative sequence index {}", sequence);
   if (!shuffle_) return (sequence % (n_ / std::gcd(n_, stride_))) * stride_ % n_;  // i*T mod N without overflow
   const int64_t epoch = sequence / windows_;
+  if (!stored_) return feistel_window(epoch, sequence % windows_) * stride_;
   if (epoch != epoch_) {
     std::iota(perm_.begin(), perm_.end(), int64_t{0});
     SeqRng rng = SeqRng::keyed(seed_, kShuffleStream, static_cast<uint64_t>(epoch));
@@ -68,14 +87,14 @@ int64_t WindowOrder::start(int64_t sequence) {
   return perm_[sequence % windows_] * stride_;
 }
 
-GptBatcher::GptBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
+GptBatcher::GptBatcher(Tokens tokens, int seq_len, bool shuffle, uint64_t seed,
                        const std::string& source)
     : tokens_(std::move(tokens)), seq_(seq_len),
-      order_(static_cast<int64_t>(tokens_.size()), gpt_stride(seq_len), 1, shuffle, seed, source) {}
+      order_(tokens_.size(), gpt_stride(seq_len), 1, shuffle, seed, source) {}
 
 void GptBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   out.resize(rows, seq_);
-  const int64_t n = static_cast<int64_t>(tokens_.size());
+  const int64_t n = tokens_.size();
   for (int r = 0; r < rows; ++r) {
     int64_t p = order_.start(first_sequence + r);
     const size_t row = static_cast<size_t>(r) * seq_;
@@ -90,10 +109,10 @@ void GptBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   std::fill(out.nsp_labels.begin(), out.nsp_labels.end(), -1);
 }
 
-BertMlmBatcher::BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed,
+BertMlmBatcher::BertMlmBatcher(Tokens tokens, int seq_len, bool shuffle, uint64_t seed,
                                float mask_prob, const VocabInfo& vocab, const std::string& source)
     : tokens_(std::move(tokens)), seq_(seq_len), seed_(seed), vocab_(vocab),
-      order_(static_cast<int64_t>(tokens_.size()), bert_stride(seq_len), 0, shuffle, seed, source) {
+      order_(tokens_.size(), bert_stride(seq_len), 0, shuffle, seed, source) {
   if (!(mask_prob >= 0.0f && mask_prob <= 1.0f)) usage_error("data.mask_prob", "{} is not in [0, 1]", mask_prob);
   if (vocab.cls < 0 || vocab.sep < 0 || vocab.mask < 0)
     usage_error("data.vocab", "'{}' has no [CLS]/[SEP]/[MASK] tokens; BERT needs the bert vocabulary", vocab.name);
@@ -104,7 +123,7 @@ BertMlmBatcher::BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool s
 
 void BertMlmBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   out.resize(rows, seq_);
-  const int64_t n = static_cast<int64_t>(tokens_.size());
+  const int64_t n = tokens_.size();
   const int body = seq_ - 2;
   for (int r = 0; r < rows; ++r) {
     const int64_t sequence = first_sequence + r;
@@ -134,11 +153,11 @@ std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig
   const VocabInfo& vocab = vocab_info(data.vocab);
   if (model.vocab < vocab.size)
     usage_error("model.vocab", "{} is smaller than the {} vocabulary ({})", model.vocab, vocab.name, vocab.size);
-  auto tokens = read_token_file(file, vocab.size);
+  Tokens tokens = map_token_file(file, vocab.size, key);
   const bool shuffle = data.shuffle && !validation;
   if (model.arch == "gpt") return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
   if (model.arch == "bert" && data.nsp) {
-    auto docs = read_doc_index(doc_index_path(file), static_cast<int64_t>(tokens.size()), key);
+    auto docs = read_doc_index(doc_index_path(file), tokens.size(), key);
     return std::make_unique<BertNspBatcher>(std::move(tokens), std::move(docs), model.seq_len, shuffle, data.seed,
                                             data.mask_prob, vocab, file);
   }

@@ -27,10 +27,12 @@
 //   sentence and falls back to a random one.
 // Shuffling: the file is cut into W = floor((N - extra) / stride) whole windows (stride T for GPT
 //   with one extra target token, T-2 for BERT); epoch e = i / W visits them in a permutation drawn
-//   from (seed, e) by Fisher-Yates.
+//   from (seed, e) by Fisher-Yates (for a corpus of more than kStoredPermutationWindows windows,
+//   by a keyed bijection instead: below).
 #include "config/config.hpp"
 #include "core/micro_batch.hpp"
 #include "data/seq_rng.hpp"
+#include "data/token_file.hpp"
 #include "data/vocab_info.hpp"
 
 #include <cstdint>
@@ -40,18 +42,30 @@
 
 namespace pf {
 
+// Epoch permutations of up to this many windows are stored (Fisher-Yates, above); beyond, a corpus
+// too large for an array of its windows (one larger than memory), window k of epoch e is f_e(k)
+// for a keyed bijection f_e computed per index and stored nowhere: a 4-round Feistel network on
+// the smallest even number of bits covering the windows, applied again until it lands below
+// their count (cycle walking). Both are drawn from (seed, e).
+constexpr int64_t kStoredPermutationWindows = int64_t{1} << 22;
+
 // Maps a global sequence index to the first token of its window.
 class WindowOrder {
  public:
   // `source` names the token file in errors (fewer tokens than one window needs).
-  WindowOrder(int64_t n_tokens, int64_t stride, int64_t extra, bool shuffle, uint64_t seed, const std::string& source);
+  // `stored_limit`: the largest permutation stored (tests use a small one to reach the other).
+  WindowOrder(int64_t n_tokens, int64_t stride, int64_t extra, bool shuffle, uint64_t seed, const std::string& source,
+              int64_t stored_limit = kStoredPermutationWindows);
   int64_t start(int64_t sequence);
   int64_t windows_per_epoch() const { return windows_; }
 
  private:
+  int64_t feistel_window(int64_t epoch, int64_t k) const;
+
   int64_t n_, stride_, windows_;
-  bool shuffle_;
+  bool shuffle_, stored_;
   uint64_t seed_;
+  int half_bits_ = 0;            // Feistel: bits of each half
   int64_t epoch_ = -1;           // epoch whose permutation perm_ holds
   std::vector<int64_t> perm_;    // sized once
 };
@@ -68,20 +82,20 @@ class Batcher {
 
 class GptBatcher final : public Batcher {
  public:
-  GptBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed, const std::string& source);
+  GptBatcher(Tokens tokens, int seq_len, bool shuffle, uint64_t seed, const std::string& source);
   void fill(int64_t first_sequence, int rows, MicroBatch& out) override;
   int seq_len() const override { return seq_; }
   int64_t sequences_per_epoch() const override { return order_.windows_per_epoch(); }
 
  private:
-  std::vector<uint16_t> tokens_;
+  Tokens tokens_;
   int seq_;
   WindowOrder order_;
 };
 
 class BertMlmBatcher final : public Batcher {
  public:
-  BertMlmBatcher(std::vector<uint16_t> tokens, int seq_len, bool shuffle, uint64_t seed, float mask_prob,
+  BertMlmBatcher(Tokens tokens, int seq_len, bool shuffle, uint64_t seed, float mask_prob,
                  const VocabInfo& vocab, const std::string& source);
   void fill(int64_t first_sequence, int rows, MicroBatch& out) override;
   int seq_len() const override { return seq_; }
@@ -89,7 +103,7 @@ class BertMlmBatcher final : public Batcher {
   int masked_per_sequence() const { return n_mask_; }
 
  private:
-  std::vector<uint16_t> tokens_;
+  Tokens tokens_;
   int seq_;
   uint64_t seed_;
   VocabInfo vocab_;
@@ -101,7 +115,7 @@ class BertMlmBatcher final : public Batcher {
 class BertNspBatcher final : public Batcher {
  public:
   // doc_starts: the document index (read_doc_index); `source` names the token file in errors.
-  BertNspBatcher(std::vector<uint16_t> tokens, std::vector<int64_t> doc_starts, int seq_len, bool shuffle,
+  BertNspBatcher(Tokens tokens, std::vector<int64_t> doc_starts, int seq_len, bool shuffle,
                  uint64_t seed, float mask_prob, const VocabInfo& vocab, const std::string& source);
   void fill(int64_t first_sequence, int rows, MicroBatch& out) override;
   int seq_len() const override { return seq_; }
@@ -130,7 +144,7 @@ class BertNspBatcher final : public Batcher {
   // hold `want` tokens (or up to the document's end).
   int64_t gather_end(int64_t first, int64_t want) const;
 
-  std::vector<uint16_t> tokens_;
+  Tokens tokens_;
   int seq_, body_;  // body_: text tokens of a full pair, seq_len - 3
   uint64_t seed_;
   float mask_prob_;

@@ -14,13 +14,13 @@ constexpr double kShortSeqProb = 0.1;
 // bert-base-uncased ids of '.', '!' and '?': a sentence ends after one of them.
 bool ends_sentence(uint16_t id) { return id == 1012 || id == 999 || id == 1029; }
 
-BertNspBatcher::Sentences split_sentences(const std::vector<uint16_t>& tokens, const std::vector<int64_t>& doc_starts,
+BertNspBatcher::Sentences split_sentences(const Tokens& tokens, const std::vector<int64_t>& doc_starts,
                                           const std::string& source) {
   if (doc_starts.size() < 2)
     usage_error(source, "has {} document(s) in its index: next-sentence prediction draws random sentences from "
                 "another document", doc_starts.size());
   BertNspBatcher::Sentences s;
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t n = tokens.size();
   for (size_t d = 0; d < doc_starts.size(); ++d) {
     const int64_t begin = doc_starts[d], end = d + 1 < doc_starts.size() ? doc_starts[d + 1] : n;
     s.doc_first.push_back(static_cast<int64_t>(s.doc.size()));
@@ -36,7 +36,7 @@ BertNspBatcher::Sentences split_sentences(const std::vector<uint16_t>& tokens, c
 }
 }  // namespace
 
-BertNspBatcher::BertNspBatcher(std::vector<uint16_t> tokens, std::vector<int64_t> doc_starts, int seq_len,
+BertNspBatcher::BertNspBatcher(Tokens tokens, std::vector<int64_t> doc_starts, int seq_len,
                                bool shuffle, uint64_t seed, float mask_prob, const VocabInfo& vocab,
                                const std::string& source)
     : tokens_(std::move(tokens)), seq_(seq_len), body_(seq_len - 3), seed_(seed), mask_prob_(mask_prob), vocab_(vocab),

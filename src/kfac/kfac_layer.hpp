@@ -103,6 +103,8 @@ class KfacLayer {
   // Records v.g (preconditioned . raw, weight and bias) for the KL-clip: last_vg().
   void precondition(Param& weight, Param* bias);
   double last_vg() const { return last_vg_; }
+  // v.g of this layer preconditioned elsewhere (PipeFisher's precondition split among a stage's holders).
+  void set_last_vg(double vg) { last_vg_ = vg; }
 
   // --- checkpoints: "<name>.kfac.A", ".A_inv", ".A_counters", the same for B ---
   NamedTensors state() const;

@@ -313,9 +313,8 @@ void Executor::finish_gradients(double lr) {
   const int64_t t0 = now_ns();
   for (auto& c : chunks_)
     if (c->grad_sync && !c->synced) c->grad_sync->wait(), c->synced = true;
-  // The norm needs every stage's preconditioned gradients: a PREC the plan put after this OPT runs now.
-  for (size_t i = 0; kfac_ && i < chunks_.size(); ++i) kfac_precondition(*chunks_[i], i);
-  if (kfac_ && cfg_.kfac.kl_clip > 0) kfac_kl_clip(lr);
+  // The norm needs every stage's preconditioned gradients.
+  if (kfac_) kfac_finish_precondition(lr);
   // Tied word embedding: local copies summed into the first, summed over the group, copied back.
   if (!word_copies_.empty()) {
     std::span<float> sum = word_copies_.front()->grad.span();

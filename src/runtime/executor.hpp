@@ -152,6 +152,8 @@ class Executor {
   ActivationMemory activation_memory() const;
   // Tests only: a step whose loss is reported NaN on purpose (train/test_seams.hpp, kind loss).
   void set_poison(const PoisonStep& p) { poison_ = p; }
+  // Tests only: K-FAC's planning fixed (train/test_seams.hpp).
+  void set_kfac_seams(const KfacSeams& k) { kfac_seams_ = k; }
 
  private:
   struct Chunk;
@@ -181,6 +183,8 @@ class Executor {
   const comm::PerfModel& kfac_perf_model();
   void kfac_setup_distributed();
   void kfac_kl_clip(double lr);
+  void kfac_finish_precondition(double lr);
+  void kfac_split_preconditions();
 
   Config cfg_;
   bool recompute_ = false;  // parallel.recompute (pipelines only)
@@ -206,6 +210,7 @@ class Executor {
   std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
   int64_t step_ = 0;
   PoisonStep poison_;
+  KfacSeams kfac_seams_;
   int64_t step_ns_ = 0;  // duration of the last step's action list
   std::vector<ActionTime> kfac_times_;  // K-FAC profiling steps
 };

@@ -19,9 +19,9 @@
 #include <cstdlib>
 
 // PipeFisher's side of the executor (runtime/pipefisher.hpp): K-FAC set-up, the step's list
-// (profiling, the plan, a drain), K-FAC actions, profiling and planning, drift, K-FAC checkpoints.
+// (profiling, the plan, a drain), K-FAC actions, profiling and planning, drift (its records and
+// checkpoints: executor_kfac_records.cpp).
 namespace pf {
-
 
 Executor::~Executor() = default;
 
@@ -44,6 +44,7 @@ void Executor::kfac_setup() {
   // inline / skip: the DistributedKfac's inverse broadcasts get a third stream.
   k.holders.resize(chunks_.size());
   k.inverse_comms.resize(chunks_.size());
+  k.prec_comms.resize(chunks_.size());
   if (layout_.grad_sync) {
     std::vector<size_t> order(chunks_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -56,7 +57,7 @@ void Executor::kfac_setup() {
     for (size_t i : order) {
       MPI_Comm base = layout_.pipelines() > 1 ? groups_.holders_comm(chunks_[i]->stage) : groups_.data_parallel.get();
       k.holders[i] = dup(base);
-      if (!k.bubbles) k.inverse_comms[i] = dup(base);
+      (k.bubbles ? k.prec_comms : k.inverse_comms)[i] = dup(base);
     }
     if (!k.bubbles) kfac_setup_distributed();
   }
@@ -153,6 +154,7 @@ void Executor::kfac_precondition(Chunk& c, size_t index) {
     kfac_inv_ += inv ? layers : 0;
   } else if (k.profiling(step_)) {
     ck.set_replicated(MPI_COMM_NULL);  // re-profiling: inline, as at the start (pending inverses dropped)
+    ck.set_prec_split({}, MPI_COMM_NULL);  // every layer: the plan needs the whole stage's time
     ck.inline_refresh(step_, true, true, holders, &k.times[index]);
     kfac_curv_ += layers;
     kfac_inv_ += layers;
@@ -205,13 +207,10 @@ void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, cons
 // steps on any rank means the durations no longer match the profile. The decision is collective (every rank must switch at the same
 // step): each device finishes its current cycle (its boundary), runs plain steps until the last
 // device's boundary, then all re-profile (kProfileSteps inline steps) and re-plan.
-// Tests only: PF_TEST_DRIFT_AT_STEP=n counts steps n, n+1, n+2 as 10x their measured time.
+// Tests only: --test-drift-at counts three steps as 10x their measured time.
 void Executor::kfac_drift(int64_t step, double ms) {
   KfacState& k = *kfac_;
-  if (const char* e = std::getenv("PF_TEST_DRIFT_AT_STEP")) {
-    const int64_t n = std::atoll(e);
-    if (step >= n && step < n + 3) ms *= 10;
-  }
+  if (kfac_seams_.drifts(step)) ms *= 10;
   const double planned = k.profiled_compute;
   // Over 30% and over 1 ms: scheduler noise on a tiny step is not drift.
   k.drift_steps = ms > 1.3 * planned && ms > planned + 1.0 ? k.drift_steps + 1 : 0;
@@ -258,15 +257,11 @@ void Executor::kfac_drain_lists() {
 
 // Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):
 // the comm performance model (comm/perf_model.hpp: measured once over this rank's first stage's
-// holders, cached per machine), or PF_TEST_BCAST_MODEL="alpha,beta" (tests only: fixed numbers,
-// so a test knows which pieces are broadcast).
+// holders, cached per machine), or --test-bcast-model (tests only: fixed numbers, so a test
+// knows which pieces are broadcast).
 std::pair<double, double> Executor::kfac_bcast_model() {
   KfacState& k = *kfac_;
-  if (const char* e = std::getenv("PF_TEST_BCAST_MODEL")) {
-    double a = 0, b = 0;
-    PF_CHECK(std::sscanf(e, "%lf,%lf", &a, &b) == 2, "PF_TEST_BCAST_MODEL='{}': expected alpha,beta", e);
-    return {a, b};
-  }
+  if (kfac_seams_.bcast_model) return *kfac_seams_.bcast_model;
   if (!k.bcast_model) {
     const comm::PerfModel& m = kfac_perf_model();
     k.bcast_model = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
@@ -310,6 +305,45 @@ void Executor::kfac_setup_distributed() {
   }
 }
 
+// Before the gradient norm: every chunk preconditioned (a PREC the plan put after the first OPT
+// runs now), then the split preconditions' all-gathers completed (all started first: see
+// pipefisher.hpp), then the KL-clip.
+void Executor::kfac_finish_precondition(double lr) {
+  for (size_t i = 0; i < chunks_.size(); ++i) kfac_precondition(*chunks_[i], i);
+  for (auto& ck : kfac_->chunk) ck->finish_gather();
+  if (cfg_.kfac.kl_clip > 0) kfac_kl_clip(lr);
+}
+
+// The plan's precondition splits (PrecSplit): each chunk's owner of each layer as a rank of its
+// all-gather communicator (members are (device, replica); -1: every holder).
+void Executor::kfac_split_preconditions() {
+  KfacState& k = *kfac_;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const PrecSplit* ps = k.plan->prec_split(chunks_[i]->pipeline, chunks_[i]->stage);
+    if (!ps || !ps->split()) {
+      k.chunk[i]->set_prec_split({}, MPI_COMM_NULL);
+      continue;
+    }
+    MPI_Comm comm = k.prec_comms[i].get();
+    MPI_Group world, holders;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Comm_group(comm, &holders);
+    std::vector<int> owner;
+    for (int o : ps->placement.owner) {
+      int rank = -1;
+      if (o != kEveryRank) {
+        const int w = groups_.world_rank(ps->members.at(o).first, ps->members.at(o).second);
+        MPI_Group_translate_ranks(world, 1, &w, holders, &rank);
+        PF_CHECK(rank != MPI_UNDEFINED, "precondition split: rank {} holds no copy of stage {}", w, ps->stage);
+      }
+      owner.push_back(rank);
+    }
+    MPI_Group_free(&world);
+    MPI_Group_free(&holders);
+    k.chunk[i]->set_prec_split(std::move(owner), comm);
+  }
+}
+
 // KL-clip over the whole model (the Trainer's kl_clip): v.g summed over every stage once
 // (pipeline 0's chunks; replicas hold the same), then every chunk's gradients scaled.
 void Executor::kfac_kl_clip(double lr) {
@@ -320,102 +354,6 @@ void Executor::kfac_kl_clip(double lr) {
   const double nu = kl_clip_scale(vg, lr, cfg_.kfac.kl_clip);
   if (nu < 1.0)
     for (auto& ck : kfac_->chunk) ck->pre().scale_gradients(nu);
-}
-
-std::string Executor::kfac_distributed_line() const {
-  if (!kfac_ || kfac_->dist.empty()) return "";
-  const DistributedKfac& d = *kfac_->dist.front();
-  const KfacConfig& kc = cfg_.kfac;
-  const std::string ablation = kc.distributed != "spd-kfac" || (kc.spd_pipelining && kc.spd_balance) ? ""
-                               : kc.spd_pipelining ? ", no balance" : kc.spd_balance ? ", no pipelining"
-                                                                                     : ", no pipelining, no balance";
-  return fmt::format("K-FAC factors and inversions shared by {}{} among {} copies of each stage; stage {}: {} factors, "
-                     "{} inverses broadcast, perf model {}", kc.distributed, ablation, kfac_->holders.front().size(),
-                     chunks_.front()->stage, d.factors(), d.placement().communicated(),
-                     kfac_->perf->from_cache ? "cached" : "measured");
-}
-
-namespace {
-// What dkfac.json says of the whole run, from every rank's record (write_dkfac_record): replica
-// 0's pipeline-0 stages in stage order with their factors and placements concatenated, and the
-// time totals averaged over the ranks.
-struct DkfacSummary {
-  nlohmann::json stages = nlohmann::json::array(), owner = nlohmann::json::array(), load = nlohmann::json::array();
-  int factors = 0, communicated = 0, fused_a = 0, fused_b = 0;
-  nlohmann::json times = nlohmann::json::object();  // each rank's "times", key by key
-};
-
-DkfacSummary summarize_dkfac(const std::vector<std::string>& ranks, int stages) {
-  using nlohmann::json;
-  DkfacSummary sum;
-  std::vector<json> per_stage(static_cast<size_t>(stages));
-  for (const std::string& r : ranks) {
-    const json j = json::parse(r);
-    for (const auto& [key, v] : j["times"].items())
-      sum.times[key] = sum.times.value(key, 0.0) + v.get<double>() / static_cast<double>(ranks.size());
-    if (j["replica"] != 0) continue;
-    for (const json& st : j["stages"])
-      if (st["pipeline"] == 0) per_stage.at(st["stage"].get<size_t>()) = st;
-  }
-  for (const json& st : per_stage) {
-    for (const json& o : st["placement"]["owner"]) sum.owner.push_back(o);
-    sum.load.push_back(st["placement"]["model_load_s"]);
-    sum.factors += st["factors"].get<int>(), sum.communicated += st["placement"]["communicated"].get<int>();
-    sum.fused_a += st["fused_messages"]["A"].get<int>(), sum.fused_b += st["fused_messages"]["B"].get<int>();
-    sum.stages.push_back(st);
-  }
-  return sum;
-}
-}  // namespace
-
-void Executor::write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps) {
-  if (!kfac_ || kfac_->dist.empty()) return;
-  KfacState& k = *kfac_;
-  using nlohmann::json;
-  // This rank: its stages' fusion and placement, and its time totals (per curvature / inversion step).
-  json stages = json::array();
-  double inflight = 0, wait = 0, messages = 0, inversion = 0, inverse_wait = 0;
-  int steps = 0, inversion_steps = 0;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const DistributedKfac& d = *k.dist[i];
-    const InversionPlacement& pl = d.placement();
-    stages.push_back({{"pipeline", chunks_[i]->pipeline}, {"stage", chunks_[i]->stage}, {"factors", d.factors()},
-                      {"fused_messages", {{"A", d.groups(Side::A).size()}, {"B", d.groups(Side::B).size()}}},
-                      {"placement", {{"owner", pl.owner}, {"communicated", pl.communicated()}, {"model_load_s", pl.load}}}});
-    const DkfacTimes& t = d.times();
-    inflight += t.factor_inflight, wait += t.factor_wait, messages += t.factor_messages;
-    inversion += t.inversion, inverse_wait += t.inverse_wait;
-    steps = std::max(steps, t.steps), inversion_steps = std::max(inversion_steps, t.inversion_steps);
-  }
-  const double ks = std::max(1, steps), is = std::max(1, inversion_steps);
-  const json mine = {{"replica", groups_.replica}, {"stages", stages},
-                     {"times", {{"factor_inflight_s", inflight / ks}, {"factor_wait_s", wait / ks},
-                                {"factor_messages", messages / ks}, {"inversion_s", inversion / is},
-                                {"inverse_wait_s", inverse_wait / is},
-                                {"step_time_s", timed_steps > 0 ? step_time_sum / timed_steps : 0.0}}}};
-  const std::vector<std::string> all = comm::gather_bytes(mine.dump(), 0, MPI_COMM_WORLD);
-  if (groups_.rank != 0) return;
-  const DkfacSummary sum = summarize_dkfac(all, layout_.stages());
-  const KfacConfig& kc = cfg_.kfac;
-  json out = {
-      {"strategy", kc.distributed},
-      {"pipelining", kc.distributed == "spd-kfac" && kc.spd_pipelining},
-      {"balance", kc.distributed == "spd-kfac" && kc.spd_balance},
-      {"ranks", all.size()},
-      {"holders_per_stage", k.holders.front().size()},
-      {"factors", sum.factors},
-      {"fused_messages", {{"A", sum.fused_a}, {"B", sum.fused_b}}},
-      // The whole model's factors, stage after stage (owner: the rank among the stage's holders).
-      {"placement", {{"owner", sum.owner}, {"communicated", sum.communicated},
-                     {"model_load_s", sum.load.size() == 1 ? sum.load[0] : sum.load}}},
-      {"stages", sum.stages},
-      {"perf_model", json::parse(comm::perf_model_to_json(*k.perf))},
-      {"timed_steps", timed_steps},
-  };
-  out.update(sum.times);  // step_time_s, factor_inflight_s, factor_wait_s, factor_messages, inversion_s, inverse_wait_s
-  const double inflight_s = sum.times.value("factor_inflight_s", 0.0), wait_s = sum.times.value("factor_wait_s", 0.0);
-  out["factor_hidden_fraction"] = inflight_s > 0 ? 1.0 - wait_s / inflight_s : 0.0;
-  write_file_atomic(path, out.dump(2) + "\n");
 }
 
 // Every rank contributes its measured means to one all-reduce, so every rank plans from the
@@ -460,10 +398,9 @@ void Executor::kfac_plan() {
   } else {
     comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
   }
-  // Tests only: PF_TEST_KFAC_COST_SCALE scales the measured K-FAC unit costs the planner sees (a
+  // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
   // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
-  k.plan_scale = 1.0;
-  if (const char* e = std::getenv("PF_TEST_KFAC_COST_SCALE")) k.plan_scale = std::atof(e);
+  k.plan_scale = kfac_seams_.cost_scale;
   k.plan_input = std::move(v);
   kfac_make_plan(false);
   if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
@@ -570,6 +507,7 @@ void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from)
               "units in bubbles)\n",
               from.c_str(), r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
               p.base_step_time);
+  std::printf("pipefisher: %s (ms)\n", p.precondition_line().c_str());
   if (!p.placements.empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
     int ct = 0, pieces = 0;
     for (const StagePlacement& sp : p.placements)  // Chimera's twins hold the same placement: count it once
@@ -601,6 +539,7 @@ void Executor::kfac_make_plan(bool restoring) {
   in.bcast_beta = prof.bcast_beta / (D * W);
   for (const StageProfile& sum : prof.stages) in.kfac.push_back(stage_kfac_cost(sum, k.plan_scale));
   k.plan = std::make_unique<KfacPlan>(plan_kfac(in));
+  kfac_split_preconditions();
   if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
   // SYNC_CURV and inverses travel with it.
@@ -627,126 +566,6 @@ void Executor::kfac_split_as_planned() {
             blocks = f.blocks;
         if (k.chunk[c]->pre().layer(l).factor(sd).num_blocks() != blocks) k.chunk[c]->split(l, sd, blocks, k.plan_start);
       }
-}
-
-void Executor::write_kfac_record(const std::string& path) {
-  if (!kfac_) return;
-  std::vector<const ChunkKfac*> mine;
-  for (auto& c : kfac_->chunk) mine.push_back(c.get());
-  write_refresh_record(mine, path, groups_.rank);
-}
-
-// --- K-FAC checkpoints ---
-
-namespace {
-nlohmann::json times_json(const ChunkKfacTimes& t) {
-  return {t.curv_a, t.curv_b, t.inv_a, t.inv_b, t.prec, t.sync, t.curv_samples, t.inv_samples, t.prec_samples};
-}
-ChunkKfacTimes times_of(const nlohmann::json& j) {
-  ChunkKfacTimes t;
-  j[0].get_to(t.curv_a), j[1].get_to(t.curv_b), j[2].get_to(t.inv_a), j[3].get_to(t.inv_b);
-  t.prec = j[4].get<double>(), t.sync = j[5].get<double>();
-  t.curv_samples = j[6].get<int>(), t.inv_samples = j[7].get<int>(), t.prec_samples = j[8].get<int>();
-  return t;
-}
-std::string kfac_file(int rank) { return fmt::format("kfac-rank-{}.safetensors", rank); }
-std::string kfac_prefix(int rank, int pipeline, int stage) { return fmt::format("kfac.rank{}.p{}.s{}.", rank, pipeline, stage); }
-}  // namespace
-
-std::vector<CheckpointFile> Executor::write_kfac_state(const std::string& step_dir) const {
-  if (!kfac_) return {};
-  const KfacState& k = *kfac_;
-  const int R = groups_.rank;
-  NamedTensors tensors;
-  Tensor marker(Shape{1});  // the file's key tensor (its metadata holds the scalars)
-  marker[0] = static_cast<float>(R);
-  tensors.emplace_back(fmt::format("kfac.rank{}", R), marker);
-  nlohmann::json j;
-  j["placement"] = cfg_.kfac.placement;
-  nlohmann::json chunks = nlohmann::json::array();
-  for (size_t i = 0; i < chunks_.size(); ++i)
-    chunks.push_back(k.chunk[i]->save_state(kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), tensors));
-  j["chunks"] = chunks;
-  nlohmann::json dist = nlohmann::json::array();
-  for (const auto& d : k.dist) dist.push_back(d->save_state());
-  j["distributed"] = dist;
-  j["has_plan"] = static_cast<bool>(k.plan);
-  j["plan_input"] = k.plan_input;
-  j["plan_scale"] = k.plan_scale;
-  j["dur_sum"] = k.dur_sum;
-  j["dur_samples"] = k.dur_samples;
-  nlohmann::json times = nlohmann::json::array();
-  for (const ChunkKfacTimes& t : k.times) times.push_back(times_json(t));
-  j["times"] = times;
-  j["drift_steps"] = k.drift_steps;
-  j["profiled_compute"] = k.profiled_compute;
-  j["profile_start"] = k.profile_start;
-  j["plan_start"] = k.plan_start;
-  j["boundary"] = k.boundary;
-  j["replan_at"] = k.replan_at;
-  std::vector<SafetensorsTensor> st;
-  for (const auto& [name, t] : tensors) st.push_back({name, t.shape(), t.span(), false});
-  return {write_checkpoint_tensors(step_dir, kfac_file(R), st, {{"kfac_runtime", j.dump()}})};
-}
-
-void Executor::load_kfac_state(const CheckpointReader& r) {
-  if (!kfac_) return;
-  KfacState& k = *kfac_;
-  const int R = groups_.rank;
-  const std::string key = fmt::format("kfac.rank{}", R);
-  if (!r.has(key)) usage_error("--resume", "{} holds no K-FAC state of rank {} (written without K-FAC, or by one process)", r.dir(), R);
-  const auto& meta = r.metadata_of(key);
-  auto it = meta.find("kfac_runtime");
-  if (it == meta.end()) usage_error(r.dir() + "/" + kfac_file(R), "no \"kfac_runtime\" metadata");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(it->second);
-    if (j.at("placement").get<std::string>() != cfg_.kfac.placement)
-      usage_error("kfac.placement", "the checkpoint's K-FAC state was written with kfac.placement = {}, this configuration has {}",
-                  j.at("placement").get<std::string>(), cfg_.kfac.placement);
-    if (j.at("chunks").size() != chunks_.size())
-      usage_error("--resume", "rank {} of the checkpoint held {} model chunks, this layout gives it {}", R,
-                  j.at("chunks").size(), chunks_.size());
-    k.plan_input = j.at("plan_input").get<std::vector<double>>();
-    k.plan_scale = j.at("plan_scale").get<double>();
-    k.dur_sum = j.at("dur_sum").get<std::vector<double>>();
-    PF_CHECK(k.dur_sum.size() == actions_.size(), "K-FAC profile of {} actions, this device has {}", k.dur_sum.size(),
-             actions_.size());
-    k.dur_samples = j.at("dur_samples").get<int>();
-    k.times.clear();
-    for (const auto& t : j.at("times")) k.times.push_back(times_of(t));
-    k.drift_steps = j.at("drift_steps").get<int>();
-    k.profiled_compute = j.at("profiled_compute").get<double>();
-    k.profile_start = j.at("profile_start").get<int64_t>();
-    k.plan_start = j.at("plan_start").get<int64_t>();
-    k.boundary = j.at("boundary").get<int64_t>();
-    k.replan_at = j.at("replan_at").get<int64_t>();
-    // The plan in use, remade from the profile it was made from (timings of this run would give another).
-    k.plan.reset();
-    if (j.at("has_plan").get<bool>()) kfac_make_plan(true);
-    if (k.plan && k.replan_at >= 0) kfac_drain_lists();
-    for (size_t i = 0; i < chunks_.size(); ++i)
-      k.chunk[i]->load_state(r, kfac_prefix(R, chunks_[i]->pipeline, chunks_[i]->stage), j.at("chunks")[i],
-                             k.holders[i].get());
-    // The fusion plan in use (a checkpoint without it: the DistributedKfac profiles again).
-    if (j.contains("distributed") && j.at("distributed").size() == k.dist.size())
-      for (size_t i = 0; i < k.dist.size(); ++i) k.dist[i]->load_state(j.at("distributed")[i]);
-  } catch (const nlohmann::json::exception& e) {
-    usage_error(r.dir() + "/" + kfac_file(R), "malformed K-FAC state: {}", e.what());
-  }
-}
-
-void Executor::kfac_discard_step() {
-  for (auto& ck : kfac_->chunk) ck->discard_step();
-}
-
-std::vector<Executor::ChunkState> Executor::chunk_states() {
-  std::vector<ChunkState> out;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    Chunk& c = *chunks_[i];
-    out.push_back({c.pipeline, c.stage, {c.params, c.optim.get(), kfac_ ? &kfac_->chunk[i]->pre() : nullptr}});
-  }
-  return out;
 }
 
 }  // namespace pf

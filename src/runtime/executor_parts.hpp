@@ -52,6 +52,7 @@ struct Executor::KfacState {
   std::vector<std::unique_ptr<ChunkKfac>> chunk;  // [chunk index]
   std::vector<comm::Comm> holders;                // [chunk] the stage's copies (own stream), or none
   std::vector<comm::Comm> inverse_comms;          // [chunk] inline / skip with copies: the broadcasts' stream
+  std::vector<comm::Comm> prec_comms;             // [chunk] bubbles with copies: the precondition's all-gathers
   // [chunk] inline / skip with copies: the factor sums and inversions (kfac.distributed); after
   // `chunk` and the communicators, so it goes first (it may wait for requests on them).
   std::vector<std::unique_ptr<DistributedKfac>> dist;
@@ -61,7 +62,7 @@ struct Executor::KfacState {
   std::unique_ptr<KfacPlan> plan;
   std::vector<double> plan_input;                 // the all-reduced profile the plan was made from
   std::vector<double> recorded;                   // kfac.plan_profile's input; empty = plan from timings
-  double plan_scale = 1.0;                        // PF_TEST_KFAC_COST_SCALE at planning
+  double plan_scale = 1.0;                        // --test-kfac-cost-scale at planning
   std::vector<double> dur_sum;                    // [actions_ index] profiled ms
   int dur_samples = 0;
   std::vector<ChunkKfacTimes> times;              // [chunk]

@@ -52,6 +52,15 @@
 // broadcast to the others, as with replicas. A cycle's inversions may run while the next cycle's
 // curvature accumulates, so Chimera's factors sum into buffers of their own (memory: one more
 // copy of the factors).
+//
+// The precondition of a stage with several holders (bubbles, after planning): split by layer as
+// the plan's PrecSplit says (set_prec_split). Each holder's PREC preconditions its layers and
+// starts a non-blocking all-gather of their preconditioned gradients (and v.g) among the holders;
+// finish_gather completes it before the step's gradient norm, once every PREC of the device has
+// started its gather (blocking gathers on the per-stage communicators in the twins' different
+// orders could deadlock). Every holder then holds the gradients one process would have computed,
+// bit for bit (the same summed gradient through the same inverses, on one of them). Profiling
+// steps precondition every layer (the plan needs the whole stage's time).
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
@@ -128,8 +137,14 @@ class ChunkKfac final : public LinearTap {
   // Work units (bubbles). m: local micro-batch.
   void curvature(Side s, int layer, int m);
   void invert(Side s, int layer, int block);
-  // Precondition every layer; records the inverses used at step t.
+  // Precondition every layer, or this holder's share with a split (starting the all-gather);
+  // records the inverses used at step t.
   void precondition(int64_t t);
+  // The split (bubbles, several holders): owner[l] the rank in `comm` (the stage's holders) that
+  // preconditions layer l, -1 every holder. An empty owner list: every layer here, no gather.
+  void set_prec_split(std::vector<int> owner, MPI_Comm comm);
+  // Waits for the all-gather the PREC started (if any) and installs the other holders' layers.
+  void finish_gather();
   bool preconditioned() const { return preconditioned_; }
   // inline / skip with several holders: the taps go to `dist` (which accumulates the curvature
   // and posts the factor all-reduces), and inline_refresh sums and inverts through it.
@@ -235,6 +250,15 @@ class ChunkKfac final : public LinearTap {
   bool snapshot_cycle_ = false;    // taken at a cycle's takeover (bubbles)
   bool poisoned_ = false;          // this cycle began in a skipped step: its CURV units do nothing
   std::vector<SplitEvent> splits_;
+  struct PrecGather {
+    std::vector<int> owner;     // [layer] rank in comm, -1 every holder
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::vector<int> counts, displs;  // [rank] floats in the gather
+    std::vector<float> send, recv;
+    MPI_Request request = MPI_REQUEST_NULL;
+  } gather_;
+  int64_t gather_floats(int layer);  // a layer's part: weight and bias gradients, v.g
+  void start_gather();
 };
 
 // Rank 0 writes every rank's refresh record (deduplicated by layer name) to `path` as JSON:

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
+#include "runtime/config_agreement.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/profiler.hpp"
@@ -66,7 +67,7 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
 // The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor.
 class MpiEngine final : public TrainEngine {
  public:
-  MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const PoisonStep& poison);
+  MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams);
 
   bool root() const override { return world_.rank() == 0; }
   void on_root(const std::function<void()>& fn) override { comm::on_root_agreed(world_.rank(), fn); }
@@ -102,6 +103,7 @@ class MpiEngine final : public TrainEngine {
   std::string layout_name_;
   ProfileOptions profile_opt_;
   PoisonStep poison_;
+  KfacSeams kfac_seams_;
   comm::Groups groups_;
   std::unique_ptr<Batcher> train_data_, valid_data_;
   std::unique_ptr<Executor> exec_;
@@ -115,8 +117,8 @@ class MpiEngine final : public TrainEngine {
   int timed_steps_ = 0;
 };
 
-MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const PoisonStep& poison)
-    : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), poison_(poison) {
+MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams)
+    : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), poison_(seams.poison), kfac_seams_(seams.kfac) {
   if (cfg.kfac.enabled && cfg.kfac.placement == "bubbles" && cfg.parallel.stages == 1)
     usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
                 "(the default with one stage) or 'skip'");
@@ -151,6 +153,7 @@ void MpiEngine::build(const Config& cfg) {
   valid_data_ = make_batcher(cfg.model, cfg.data, true);
   exec_ = std::make_unique<Executor>(cfg, layout_, groups_);
   exec_->set_poison(poison_);
+  exec_->set_kfac_seams(kfac_seams_);
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
   lr_ = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
@@ -286,11 +289,12 @@ int launcher_local_size() { return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SI
 int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> profile_steps) {
   comm::World world;
   try {
+    require_one_configuration(cfg, args, world.rank());  // MPMD launches may differ: before anything else
     // Memory and threads of the ranks on this host, before anything is allocated.
     check_resources(cfg, launcher_local_size(), world.size());
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
     comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); });
-    MpiEngine engine(world, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams.poison);
+    MpiEngine engine(world, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams);
     return run_training(engine, std::move(cfg), args);
   } catch (const UsageError&) {
     if (world.rank() == 0) throw;

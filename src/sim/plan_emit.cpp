@@ -167,7 +167,7 @@ void emit_lists(PlanState& st) {
     }
 }
 
-// Bubble and lower bound per device, mean utilization, and the step time with Chimera's pinned
+// Bubble, precondition and lower bound per device, mean utilization, and the step time with Chimera's pinned
 // units (they lengthen cycle step K: the busiest device's, as a bound). With one cycle for all,
 // once per period; with a cycle per pair of twins, each pair's once per its cycle, and the
 // pairs' lengthened steps may fall apart: their sum bounds the mean.
@@ -175,9 +175,12 @@ void measure(PlanState& st) {
   KfacPlan& plan = st.plan;
   const int D = st.devices();
   plan.bubble.assign(D, 0);
+  plan.precondition.assign(D, 0);
   plan.lower_bound_refresh_steps.assign(D, -1);
   for (int d = 0; d < D; ++d) {
     for (const Gap& g : plan.base.gaps(d)) plan.bubble[d] += g.end - g.start;
+    for (const TimedAction& a : plan.base.per_device[d])
+      if (a.action.kind == Kind::PREC) plan.precondition[d] += a.end - a.start;
     if (plan.bubble[d] > kEps)
       plan.lower_bound_refresh_steps[d] = static_cast<int>(std::ceil(plan.kfac_work[d] / plan.bubble[d] - 1e-12));
   }

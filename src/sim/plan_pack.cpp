@@ -5,6 +5,7 @@
 #include "sim/plan_state.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace pf::plan {
@@ -27,7 +28,20 @@ void Placer::add_step() {
   }
 }
 
-std::pair<int, double> Placer::place(double ready, double dur, bool best_fit) {
+void Placer::keep_room(int n_steps, double size, int count, int per_gap) {
+  while (steps < n_steps && steps <= max_step) add_step();
+  std::vector<int> order;  // physical gaps of those steps, the latest first
+  for (int i = static_cast<int>(gaps.size()); i-- > 0;)
+    if (gaps[i].phys == i && gaps[i].step < n_steps) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return gaps[a].step > gaps[b].step; });
+  for (int round = 0, kept_any = 1; round < per_gap && count > 0 && kept_any; ++round) {
+    kept_any = 0;
+    for (int i : order)
+      if (count > 0 && gaps[i].g.end - gaps[i].g.start + kEps >= gaps[i].kept + size) gaps[i].kept += size, --count, kept_any = 1;
+  }
+}
+
+std::pair<int, double> Placer::place(double ready, double dur, bool best_fit, bool keep) {
   int found = -1;
   for (size_t i = 0;; ++i) {
     while (i >= gaps.size() && steps <= max_step) {
@@ -46,7 +60,7 @@ std::pair<int, double> Placer::place(double ready, double dur, bool best_fit) {
     }
     if (g.g.end <= ready) continue;
     double s0 = std::max(cursor(g), ready);
-    if (s0 + dur * (1 + margin) > g.g.end + kEps) continue;
+    if (s0 + dur * (1 + margin) > g.g.end - (keep ? gaps[g.phys].kept : 0.0) + kEps) continue;
     if (found < 0 || g.g.end - s0 < gaps[found].g.end - std::max(cursor(gaps[found]), ready)) found = static_cast<int>(i);
     if (!best_fit) break;
   }
@@ -62,20 +76,46 @@ bool Strategy::largest_first(Kind k) const {
 }
 bool Strategy::best_fit(Kind k) const { return is_inversion(k) ? inv_best_fit : curv_best_fit; }
 std::string Strategy::name() const {
+  if (gap_first) return std::string("gap by gap, the largest unit that fits") + (reserve ? ", room kept for the largest inversions" : "");
   auto part = [](bool largest, bool best) {
     return std::string(largest ? "largest-first " : "ready-order ") + (best ? "best-fit" : "first-fit");
   };
-  return "curvature " + part(curv_largest_first, curv_best_fit) + ", inversion " + part(inv_largest_first, inv_best_fit);
+  return "curvature " + part(curv_largest_first, curv_best_fit) + ", inversion " + part(inv_largest_first, inv_best_fit) +
+         (reserve == 1 ? ", room kept for the largest inversions" : reserve == 2 ? ", room kept for one in every gap" : "");
 }
 
 namespace {
 
-// All 16 combinations, the paper's (ready order, first fit) first. The one needing the fewest
-// steps wins (the earlier on a tie). Deterministic.
+// All 48 combinations of the unit-by-unit packing, the paper's (ready order, first fit, no room
+// kept) first, then gap by gap with and without room kept. The one needing the fewest steps wins
+// (the earlier on a tie). Deterministic.
 std::vector<Strategy> strategies() {
   std::vector<Strategy> out;
-  for (int i = 0; i < 16; ++i) out.push_back({(i & 1) != 0, (i & 2) != 0, (i & 4) != 0, (i & 8) != 0});
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 16; ++i) out.push_back({(i & 1) != 0, (i & 2) != 0, (i & 4) != 0, (i & 8) != 0, r});
+  for (int r = 0; r < 2; ++r) out.push_back({false, false, false, false, r, true});
   return out;
+}
+
+// Strategy::reserve for replica w's units u of device d: room for the largest inversion (with
+// margin), for every inversion over half its length, in the steps the work needs at least
+// (the period with Chimera's group).
+void keep_room_for_inversions(const PlanState& st, const std::vector<Unit>& u, int w, int d, const Strategy& s,
+                              Placer& placer) {
+  if (s.reserve == 0) return;
+  double big = 0, work = 0, bubble = 0;
+  for (const Unit& x : u)
+    if (!x.inl && !x.pinned && runs_on(x, w)) {
+      work += x.dur;
+      if (is_inversion(x.a.kind)) big = std::max(big, x.dur * (1 + st.in.margin));
+    }
+  int count = 0;
+  for (const Unit& x : u)
+    count += is_inversion(x.a.kind) && !x.inl && !x.pinned && runs_on(x, w) && 2 * x.dur * (1 + st.in.margin) > big;
+  for (const Gap& g : st.plan.base.gaps(d)) bubble += g.end - g.start;
+  if (big <= kEps || bubble <= kEps) return;
+  const int steps = placer.period > 0 ? placer.period : static_cast<int>(std::ceil(work / bubble - 1e-12));
+  placer.keep_room(steps, big, s.reserve == 1 ? count : INT_MAX, s.reserve == 1 ? INT_MAX : 1);
 }
 
 // Placement order of the units: class by class (CURV_A, CURV_B, BCAST_INV, SYNC, INV_A, INV_B),
@@ -115,49 +155,115 @@ std::vector<int> pinned_collectives(const std::vector<Unit>& u) {
   return syncs;
 }
 
-// Greedy packing of replica w's units of device d with strategy st. Chimera: units that wait for
-// a pinned sync start no earlier than the step after sync_steps[d]; curv_only: curvature only
-// (to find the sync step, needed = the last step with curvature). With a period R > 0 (Chimera's
-// group) units may run in the next cycle's steps up to its step K (the gaps shared with it):
-// needed = R if everything fits, else INT_MAX.
-DevicePlacement place_device(const PlanState& st, int w, int d, const Strategy& strategy, bool curv_only = false,
-                             int period = 0) {
-  const ReplicaState& r = st.rs[w];
-  const auto& u = st.du[d].units;
-  const int sync_step = st.sync_steps[d];
-  DevicePlacement p{Placer{r.tl0, st.plan.base, d, st.in.margin, period, period > 0 ? period + sync_step : INT_MAX, {}, 0},
-                    std::vector<int>(u.size(), -1), std::vector<double>(u.size(), 0.0), 1};
-  std::vector<double> end(u.size(), 0.0);
-  for (auto [i, idx] : r.inline_at[d]) {
-    p.start[i] = r.tl0.per_device[d][idx].start;
-    end[i] = r.tl0.per_device[d][idx].end;
-  }
-  // Pinned syncs: one after the other from the end of cycle step K; what follows waits for the
-  // device's last sync.
-  if (sync_step >= 0) {
-    double t = p.placer.offset(sync_step + 1);
-    const std::vector<int> syncs = pinned_collectives(u);
-    for (int i : syncs) t += u[i].dur;
-    for (int i : syncs) end[i] = t;
-  }
-  int last_step = 0, curv_last = 0;
-  bool last_leading_only = false;
-  for (int i : placement_order(u, strategy)) {
-    if (u[i].inl || u[i].pinned || !runs_on(u[i], w)) continue;
-    const bool curv = is_curvature(u[i].a.kind);
-    if (curv_only && !curv) continue;
-    double ready = u[i].ready;
-    for (int dep : u[i].deps) ready = std::max(ready, end[dep]);
-    auto [g, s0] = p.placer.place(ready, u[i].dur, strategy.best_fit(u[i].a.kind));
-    if (g < 0) {  // beyond the period's window
-      p.needed = INT_MAX;
-      return p;
+// One packing of replica w's units u of device d in progress: the placement and every unit's
+// end (inline units and Chimera's pinned collectives known from the start).
+struct Packing {
+  const PlanState& st;
+  int w, d;
+  bool curv_only;
+  const std::vector<Unit>& u;
+  DevicePlacement p;
+  std::vector<double> end;
+  std::vector<char> done;  // end known
+
+  Packing(const PlanState& s, int w_, int d_, bool curv, int period)
+      : st(s), w(w_), d(d_), curv_only(curv), u(s.du[d_].units),
+        p{Placer{s.rs[w_].tl0, s.plan.base, d_, s.in.margin, period, period > 0 ? period + s.sync_steps[d_] : INT_MAX, {}, 0},
+          std::vector<int>(u.size(), -1), std::vector<double>(u.size(), 0.0), 1},
+        end(u.size(), 0.0), done(u.size(), 0) {
+    const ReplicaState& r = st.rs[w];
+    for (auto [i, idx] : r.inline_at[d]) {
+      p.start[i] = r.tl0.per_device[d][idx].start;
+      end[i] = r.tl0.per_device[d][idx].end;
+      done[i] = 1;
     }
+    // Pinned syncs: one after the other from the end of cycle step K; what follows waits for the
+    // device's last sync.
+    if (st.sync_steps[d] >= 0) {
+      double t = p.placer.offset(st.sync_steps[d] + 1);
+      const std::vector<int> syncs = pinned_collectives(u);
+      for (int i : syncs) t += u[i].dur;
+      for (int i : syncs) end[i] = t, done[i] = 1;
+    }
+  }
+  bool placed_here(int i) const {
+    return !u[i].inl && !u[i].pinned && runs_on(u[i], w) && (!curv_only || is_curvature(u[i].a.kind));
+  }
+  double ready(int i) const {
+    double t = u[i].ready;
+    for (int dep : u[i].deps) t = std::max(t, end[dep]);
+    return t;
+  }
+  void put(int i, int g, double s0) {
     p.gap_of[i] = g;
     p.start[i] = s0;
     end[i] = s0 + u[i].dur;
-    const auto& G = p.placer.gaps[g];
-    if (curv) curv_last = std::max(curv_last, G.step);
+    done[i] = 1;
+  }
+};
+
+// Unit by unit in the strategy's order, each into its first (or best) gap.
+bool pack_unit_by_unit(Packing& k, const Strategy& strategy) {
+  for (int i : placement_order(k.u, strategy)) {
+    if (!k.placed_here(i)) continue;
+    auto [g, s0] = k.p.placer.place(k.ready(i), k.u[i].dur, strategy.best_fit(k.u[i].a.kind), !is_inversion(k.u[i].a.kind));
+    if (g < 0) return false;  // beyond the period's window
+    k.put(i, g, s0);
+  }
+  return true;
+}
+
+// Gap by gap in time order: into each, while one fits, the largest unit whose dependencies are
+// placed and that is ready at the gap's cursor (else the one that can start first).
+bool pack_gap_by_gap(Packing& k, const Strategy& strategy) {
+  Placer& pl = k.p.placer;
+  std::vector<int> todo;
+  for (int i : placement_order(k.u, strategy))
+    if (k.placed_here(i)) todo.push_back(i);
+  // Chimera: curvature only up to the step whose end has the syncs (the cycle's own).
+  const int sync_step = k.st.sync_steps[k.d];
+  for (size_t gi = 0; !todo.empty(); ++gi) {
+    while (gi >= pl.gaps.size()) {
+      if (pl.steps > pl.max_step) return false;
+      PF_CHECK(pl.steps < 10000, "placement does not terminate ({} units left)", todo.size());
+      pl.add_step();
+    }
+    const bool curvature_too = sync_step < 0 || pl.gaps[gi].step <= sync_step;
+    if (!curvature_too && std::any_of(todo.begin(), todo.end(), [&](int i) { return is_curvature(k.u[i].a.kind); }))
+      return false;
+    for (;;) {
+      const Placer::G& g = pl.gaps[gi];
+      const double cursor = pl.cursor(g);
+      int best = -1;
+      double best_start = 0;
+      for (int i : todo) {
+        if (!std::all_of(k.u[i].deps.begin(), k.u[i].deps.end(), [&](int x) { return k.done[x] != 0; })) continue;
+        const double s0 = std::max(cursor, k.ready(i));
+        const double room = g.g.end - (is_inversion(k.u[i].a.kind) ? 0.0 : pl.gaps[g.phys].kept);
+        if (s0 + k.u[i].dur * (1 + pl.margin) > room + kEps) continue;
+        const bool now = s0 <= cursor + kEps, best_now = best >= 0 && best_start <= cursor + kEps;
+        if (best < 0 || (now && !best_now) ||
+            (now == best_now && (now ? k.u[i].dur > k.u[best].dur + kEps : s0 < best_start - kEps)))
+          best = i, best_start = s0;
+      }
+      if (best < 0) break;
+      pl.gaps[g.phys].cursor = best_start + k.u[best].dur - pl.offset(g.step);
+      k.put(best, static_cast<int>(gi), best_start);
+      todo.erase(std::find(todo.begin(), todo.end(), best));
+    }
+  }
+  return true;
+}
+
+// The steps a complete packing needs. With a period R > 0 (Chimera's group) units may run in the
+// next cycle's steps up to its step K (the gaps shared with it): R if everything fits.
+int steps_needed(const Packing& k) {
+  int last_step = 0, curv_last = 0;
+  bool last_leading_only = false;
+  for (size_t i = 0; i < k.u.size(); ++i) {
+    if (k.p.gap_of[i] < 0) continue;
+    const auto& G = k.p.placer.gaps[k.p.gap_of[i]];
+    if (is_curvature(k.u[i].a.kind)) curv_last = std::max(curv_last, G.step);
     if (G.step > last_step) {
       last_step = G.step;
       last_leading_only = G.g.leading;
@@ -166,13 +272,28 @@ DevicePlacement place_device(const PlanState& st, int w, int d, const Strategy& 
     }
   }
   // Units only in the leading gap of the last step wrap into the next cycle's step 0.
-  p.needed = last_step >= 1 && last_leading_only ? last_step : last_step + 1;
-  if (curv_only) p.needed = curv_last;
+  int needed = last_step >= 1 && last_leading_only ? last_step : last_step + 1;
+  if (k.curv_only) needed = curv_last;
   // The pinned syncs end cycle step sync_step: the cycle includes it, and curvature must not
   // come later (such a packing is not usable).
-  if (sync_step >= 0) p.needed = curv_last > sync_step ? INT_MAX : std::max(p.needed, sync_step + 1);
-  if (period > 0 && p.needed != INT_MAX) p.needed = period;
-  return p;
+  const int sync_step = k.st.sync_steps[k.d];
+  if (sync_step >= 0) needed = curv_last > sync_step ? INT_MAX : std::max(needed, sync_step + 1);
+  if (k.p.placer.period > 0 && needed != INT_MAX) needed = k.p.placer.period;
+  return needed;
+}
+
+// Greedy packing of replica w's units of device d with strategy st. Chimera: units that wait for
+// a pinned sync start no earlier than the step after sync_steps[d]; curv_only: curvature only
+// (to find the sync step, needed = the last step with curvature). With a period R > 0 (Chimera's
+// group) units may run in the next cycle's steps up to its step K: needed = R if everything fits,
+// else INT_MAX.
+DevicePlacement place_device(const PlanState& st, int w, int d, const Strategy& strategy, bool curv_only = false,
+                             int period = 0) {
+  Packing k(st, w, d, curv_only, period);
+  keep_room_for_inversions(st, k.u, w, d, strategy, k.p.placer);
+  const bool complete = strategy.gap_first ? pack_gap_by_gap(k, strategy) : pack_unit_by_unit(k, strategy);
+  k.p.needed = complete ? steps_needed(k) : INT_MAX;
+  return std::move(k.p);
 }
 
 // The best strategy for device d (fewest steps over its replicas; replicas of a device use one

@@ -41,6 +41,12 @@ struct Unit {
 };
 bool runs_on(const Unit& x, int w);
 
+const StageKfacCost& stage_cost(const PlanInput& in, int s);  // in.kfac's entry for stage s
+int holder_count(const PlanInput& in);  // holders of a stage: W replicas (x 2 with Chimera's group)
+// The holders of stage s (pipeline p's copy), member p' * W + w: (device, replica); with
+// Chimera's group both pipelines' copies, the same list for either p.
+std::vector<std::pair<int, int>> stage_members(const PlanInput& in, int p, int s);
+
 struct DeviceUnits {
   int device = 0;
   std::vector<Unit> units;
@@ -68,6 +74,7 @@ struct Placer {
     int step;
     int phys;       // the gap whose cursor this one shares (itself unless an alias)
     double cursor;  // relative to its step's start (physical gaps only)
+    double kept = 0;  // room kept at its end (physical gaps only; keep_room)
   };
   std::vector<G> gaps;
   int steps = 0;
@@ -77,8 +84,11 @@ struct Placer {
   double cursor(const G& g) const { return gaps[g.phys].cursor + offset(g.step); }
   // (gap index, absolute start), or (-1, 0) past max_step. First fit: the earliest gap that
   // takes the unit; best fit: in the earliest step that has such a gap, the one left with the
-  // least room.
-  std::pair<int, double> place(double ready, double dur, bool best_fit);
+  // least room. keep: the unit leaves the room kept in its gap (keep_room) free.
+  std::pair<int, double> place(double ready, double dur, bool best_fit, bool keep = false);
+  // Keeps room for `count` units of length `size` at the ends of the gaps of steps 0..steps-1,
+  // the latest gaps first, at most `per_gap` in one gap.
+  void keep_room(int steps, double size, int count, int per_gap);
 };
 
 // A packing of a device's units (plan_pack.cpp): priority classes always in order; within a
@@ -87,6 +97,14 @@ struct Placer {
 struct Strategy {
   bool curv_largest_first, curv_best_fit;  // curvature and sync
   bool inv_largest_first, inv_best_fit;    // inversion
+  // Room kept for the device's largest inversions while curvature and collectives are placed
+  // (curvature ready early would fill the long gaps, and the inversions no shorter gap holds
+  // would wait for later steps): 0 none; 1 for each of them, in the latest gaps of the steps the
+  // work needs at least (of the period with Chimera's group); 2 one in every gap of those steps.
+  int reserve = 0;
+  // Gap by gap instead of unit by unit: each gap in time order takes, while one fits, the largest
+  // ready unit (the orders and fits above do not apply; the classes still order equal units).
+  bool gap_first = false;
   bool largest_first(Kind k) const;
   bool best_fit(Kind k) const;
   std::string name() const;
@@ -116,6 +134,7 @@ struct PlanState {
   PlanInput in;                                   // the input, its optimizer steps set aside
   std::vector<std::vector<Action>> optimizer;     // [device] OPTs, in order (set_aside_optimizer)
   KfacPlan plan;                                  // the result, filled pass by pass
+  // plan.prec_splits: split_precondition; plan.plain_step_time, base, base_step_time: place_precondition
   TimedSchedule base;                             // the step with PREC (place_precondition)
   std::vector<double> decide_gap;                 // [device] split / inline threshold (place_precondition)
   std::vector<DeviceUnits> du;                    // [device] units (make_units, place_inversions)
@@ -132,6 +151,7 @@ struct PlanState {
 
 // The passes, in order (planner.cpp).
 void set_aside_optimizer(PlanState& st);
+void split_precondition(PlanState& st);
 void place_precondition(PlanState& st);
 void make_units(PlanState& st);
 void place_inversions(PlanState& st);
@@ -141,6 +161,9 @@ void pack_by_strategy(PlanState& st);
 void set_cycle_lengths(PlanState& st);
 void emit_lists(PlanState& st);
 void measure(PlanState& st);
+
+// PREC(p, s) on device d: its busiest replica's share of a split precondition, or the whole.
+double precondition_time(const PlanState& st, int d, int p, int s);
 
 // Per-device pieces the passes share (split_to_shorten re-runs them on trial splits).
 DeviceUnits make_device_units(const PlanInput& in, const Timeline& step, int d, double max_gap,

@@ -1,7 +1,6 @@
-// The planner's first passes (see planner.cpp): the optimizer set aside, the precondition
-// placed, the K-FAC units of each device made (curvature, curvature sync, inversion), the
-// inversions of a stage placed over its group (SPD-KFAC's Algorithm 1), and cycle step 0 with
-// the inline work.
+// The planner's unit passes (see planner.cpp): the optimizer set aside, the K-FAC units of each
+// device made (curvature, curvature sync, inversion), the inversions of a stage placed over its
+// group (SPD-KFAC's Algorithm 1), and cycle step 0 with the inline work.
 #include "core/error.hpp"
 #include "core/triangle.hpp"
 #include "sim/plan_state.hpp"
@@ -18,42 +17,27 @@ Timeline TimedSchedule::simulate() const { return pf::simulate(s, CostModel{}, &
 
 bool runs_on(const Unit& x, int w) { return x.owner == kEveryRank || x.owner == w; }
 
-namespace {
-
 const StageKfacCost& stage_cost(const PlanInput& in, int s) { return in.kfac.size() == 1 ? in.kfac[0] : in.kfac[s]; }
 
-double base_duration(const PlanInput& in, int d, size_t i) {
-  return in.durations.empty() ? in.cost.duration(in.schedule.per_device[d][i]) : in.durations[d][i];
+int holder_count(const PlanInput& in) {
+  return (in.schedule.pipelines > 1 && in.chimera_group ? in.schedule.pipelines : 1) * in.replicas;
 }
 
-bool is_final_backward(Kind k) { return k == Kind::B || k == Kind::W; }
+std::vector<std::pair<int, int>> stage_members(const PlanInput& in, int p, int s) {
+  const int G = holder_count(in);
+  std::vector<std::pair<int, int>> members;
+  for (int m = 0; m < G; ++m) {
+    const int q = G == in.replicas ? p : m / in.replicas;  // the member's pipeline copy
+    members.push_back({in.schedule.device_of(q, s), m % in.replicas});
+  }
+  return members;
+}
+
+namespace {
 
 // A unit larger than every gap (with margin) of a device whose largest gap is max_gap.
 bool larger_than_every_gap(const PlanInput& in, double dur, double max_gap) {
   return max_gap <= kEps || dur * (1 + in.margin) > max_gap + kEps;
-}
-
-// PREC(p,s) of one device: when it is ready (after the stage's last backward and ALLREDUCE) and
-// the index of that last dependency.
-struct PrecReady {
-  int p, s;
-  double ready;
-  int after;
-};
-std::vector<PrecReady> precondition_order(const Timeline& tl, int d) {
-  std::map<std::pair<int, int>, PrecReady> stages;
-  const auto& row = tl.per_device[d];
-  for (size_t i = 0; i < row.size(); ++i) {
-    const Action& a = row[i].action;
-    if (!is_final_backward(a.kind) && a.kind != Kind::ALLREDUCE) continue;
-    PrecReady& p = stages.try_emplace({a.pipeline, a.stage}, PrecReady{a.pipeline, a.stage, 0, -1}).first->second;
-    p.ready = std::max(p.ready, row[i].end);
-    p.after = static_cast<int>(i);
-  }
-  std::vector<PrecReady> order;
-  for (auto& [k, p] : stages) order.push_back(p);
-  std::stable_sort(order.begin(), order.end(), [](const PrecReady& a, const PrecReady& b) { return a.ready < b.ready; });
-  return order;
 }
 
 }  // namespace
@@ -79,59 +63,6 @@ void set_aside_optimizer(PlanState& st) {
     list = std::move(kept);
     if (!in.durations.empty()) in.durations[d] = std::move(dur);
   }
-}
-
-// PREC(p,s) for each hosted stage: in the first gap after the stage's last backward (and
-// ALLREDUCE) where it fits with margin, else at the device's end. Then the step with PREC is the
-// base every K-FAC unit is placed around; its largest gaps decide splits and inline work.
-void place_precondition(PlanState& st) {
-  const PlanInput& in = st.in;
-  const int D = in.schedule.devices;
-  TimedSchedule& ts = st.base;
-  ts = {in.schedule, {}};
-  for (int d = 0; d < D; ++d) {
-    ts.dur.emplace_back();
-    for (size_t i = 0; i < in.schedule.per_device[d].size(); ++i) ts.dur[d].push_back(base_duration(in, d, i));
-  }
-  const Timeline tl = ts.simulate();
-  for (int d = 0; d < D; ++d) {
-    std::vector<Gap> gaps = tl.gaps(d);
-    std::vector<std::pair<int, PrecReady>> inserts;  // (position in the original list, what)
-    for (const PrecReady& p : precondition_order(tl, d)) {
-      const double t = stage_cost(in, p.s).precondition;
-      int at = static_cast<int>(tl.per_device[d].size());
-      for (Gap& g : gaps) {
-        const double s0 = std::max(g.start, p.ready);
-        if (g.insert_at > p.after && s0 + t * (1 + in.margin) <= g.end + kEps) {
-          at = g.insert_at;
-          g.start = s0 + t;
-          break;
-        }
-      }
-      inserts.push_back({at, p});
-    }
-    // Insert back to front; equal positions keep their readiness order.
-    for (size_t k = inserts.size(); k-- > 0;)
-      ts.insert(d, inserts[k].first, Action{Kind::PREC, inserts[k].second.s, inserts[k].second.p, -1, -1},
-                stage_cost(in, inserts[k].second.s).precondition);
-  }
-  st.plan.base = ts.simulate();
-  st.plan.base_step_time = st.plan.base.step_time;
-
-  std::vector<double> max_gap(D, 0.0);
-  for (int d = 0; d < D; ++d)
-    for (const Gap& g : st.plan.base.gaps(d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
-  // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
-  // preconditioning): the split and inline decisions use the smallest largest gap among the
-  // devices hosting any of the device's stages.
-  const Schedule& sch = in.schedule;
-  st.decide_gap = max_gap;
-  for (int d = 0; d < D; ++d)
-    for (int e = 0; e < D; ++e)
-      for (int p = 0; p < sch.pipelines; ++p)
-        for (int q = 0; q < sch.pipelines; ++q)
-          for (int s = 0; s < sch.stages; ++s)
-            if (sch.device_of(p, s) == d && sch.device_of(q, s) == e) st.decide_gap[d] = std::min(st.decide_gap[d], max_gap[e]);
 }
 
 namespace {
@@ -280,15 +211,12 @@ double bcast_time(const PlanInput& in, int64_t n, bool diagonal) {
 }
 
 // The pieces of stage (p, s) among the device's units, for Algorithm 1: idx[k] is piece k's unit.
-StagePlacement stage_pieces(const PlanInput& in, const DeviceUnits& du, int p, int s, int G, std::vector<int>& idx) {
+StagePlacement stage_pieces(const PlanInput& in, const DeviceUnits& du, int p, int s, std::vector<int>& idx) {
   const auto& u = du.units;
   const StageKfacCost& c = stage_cost(in, s);
   StagePlacement sp;
   sp.pipeline = p, sp.stage = s;
-  for (int m = 0; m < G; ++m) {
-    const int q = G == in.replicas ? p : m / in.replicas;  // the member's pipeline copy
-    sp.members.push_back({in.schedule.device_of(q, s), m % in.replicas});
-  }
+  sp.members = stage_members(in, p, s);
   for (int i = 0; i < static_cast<int>(u.size()); ++i) {
     const Action& a = u[i].a;
     if (a.pipeline != p || a.stage != s || !is_inversion(a.kind)) continue;
@@ -320,13 +248,13 @@ StagePlacement stage_pieces(const PlanInput& in, const DeviceUnits& du, int p, i
 // computes the same placement (same pieces: holders split alike, see place_precondition).
 void place_device_inversions(const PlanInput& in, DeviceUnits& du, double max_gap) {
   const bool chimera = in.schedule.pipelines > 1;
-  const int G = (chimera && in.chimera_group ? in.schedule.pipelines : 1) * in.replicas;
+  const int G = holder_count(in);
   du.placements.clear();
   if (G <= 1) return;
   auto& u = du.units;
   for (auto [p, s] : du.stages) {
     std::vector<int> idx;  // [piece] unit index
-    StagePlacement sp = stage_pieces(in, du, p, s, G, idx);
+    StagePlacement sp = stage_pieces(in, du, p, s, idx);
     int sync = -1;
     for (int i = 0; i < static_cast<int>(u.size()); ++i)
       if (u[i].a.pipeline == p && u[i].a.stage == s && u[i].a.kind == Kind::SYNC_CURV) sync = i;

@@ -2,7 +2,9 @@
 // PlanState (sim/plan_state.hpp), each reading what the earlier ones wrote:
 //
 //   set_aside_optimizer   the OPTs leave the step; they end every emitted list     plan_units.cpp
-//   place_precondition    PREC per stage in the step's gaps: the base step         plan_units.cpp
+//   split_precondition    a stage's precondition by layer over its holders         plan_prec.cpp
+//   place_precondition    PREC per stage in the step's gaps or at its end: the
+//                         base step                                                 plan_prec.cpp
 //   make_units            curvature, curvature sync, inversion units per device    plan_units.cpp
 //   place_inversions      a stage's inversions over its group (SPD-KFAC Alg. 1),
 //                         Chimera's twins x replicas; BCAST_INV units              plan_units.cpp
@@ -28,6 +30,10 @@
 
 #include "core/error.hpp"
 #include "sim/plan_state.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
 
 namespace pf {
 
@@ -69,14 +75,22 @@ int StagePlacement::owner_of(const Action& a) const {
   return kEveryRank;
 }
 
-KfacPlan plan_kfac(const PlanInput& in) {
-  check_input(in);
+namespace {
+
+// The passes up to the base step (the step with PREC).
+plan::PlanState base_step(const PlanInput& in) {
   plan::PlanState st(in);
   st.plan.devices = in.schedule.devices;
   st.plan.replicas = in.replicas;
   st.plan.step_template = in.schedule;
   plan::set_aside_optimizer(st);
+  plan::split_precondition(st);
   plan::place_precondition(st);
+  return st;
+}
+
+// The other passes.
+KfacPlan finish(plan::PlanState& st) {
   plan::make_units(st);
   plan::place_inversions(st);
   plan::build_cycle_step0(st);
@@ -91,6 +105,33 @@ KfacPlan plan_kfac(const PlanInput& in) {
       st.plan.placements.push_back(sp);
     }
   return std::move(st.plan);
+}
+
+// PrecPlacement::best's order: the longest refresh, the refresh steps' sum, the step.
+bool better(const KfacPlan& a, const KfacPlan& b) {
+  auto key = [](const KfacPlan& p) {
+    return std::tuple(*std::max_element(p.refresh_steps.begin(), p.refresh_steps.end()),
+                      std::accumulate(p.refresh_steps.begin(), p.refresh_steps.end(), 0), p.step_time);
+  };
+  return key(a) < key(b);
+}
+
+}  // namespace
+
+KfacPlan plan_kfac(const PlanInput& in) {
+  check_input(in);
+  if (in.precondition != PrecPlacement::best) {
+    plan::PlanState st = base_step(in);
+    return finish(st);
+  }
+  PlanInput gaps = in, end = in;
+  gaps.precondition = PrecPlacement::gaps;
+  end.precondition = PrecPlacement::end;
+  plan::PlanState a = base_step(gaps), b = base_step(end);
+  KfacPlan pa = finish(a);
+  if (a.base.s.per_device == b.base.s.per_device) return pa;  // every PREC at its device's end anyway
+  KfacPlan pb = finish(b);
+  return better(pb, pa) ? std::move(pb) : std::move(pa);
 }
 
 }  // namespace pf

@@ -25,7 +25,11 @@
 //   in zero-bubble schedules: the output gradient exists at I, so W need not run first).
 //   SYNC_CURV(p,s) (only W > 1) after every CURV_* of (p,s). INV_A/B(p,s,l) after its
 //   curvature (and the sync). PREC(p,s) every step after the stage's last backward (and its
-//   ALLREDUCE), before its OPT: in the first gap after that which fits, else at the device's end.
+//   ALLREDUCE), before its OPT: in the first gap after that which fits, else at the device's end
+//   (PlanInput::precondition; a stage whose last backward ends before the step does, as the later
+//   stages of GPipe and 1F1B, has it in that tail gap either way). With several holders (replicas,
+//   Chimera's twins) each holder's PREC preconditions its share of the stage's layers and the
+//   holders all-gather the results (PrecSplit).
 //   Priorities: CURV_A, CURV_B, SYNC, INV_A, INV_B; within a kind, by readiness then layer.
 //   A unit fits a gap if duration * (1 + margin) <= the gap's free time from max(cursor, ready).
 //   What does not fit goes to the gaps of the following steps (copies of the step). The paper's
@@ -126,6 +130,18 @@ struct StageKfacCost {
   int layers() const { return static_cast<int>(curv_a.size()); }
 };
 
+// The stage's precondition per layer, in proportion to each layer's flops: d_out d_in (d_in +
+// d_out) for B^-1 G A^-1 (a diagonal B: d_out d_in (d_in + 1)).
+std::vector<double> precondition_by_layer(const StageKfacCost& c);
+
+// Where PREC goes in the step (PlanInput::precondition).
+enum class PrecPlacement {
+  gaps,  // in the first gap after the stage's gradients that holds it, else at the device's end
+  end,   // at the device's end: it lengthens the step but leaves every gap to the other units
+         // (the paper's accounting, T_pipe + T_prec with the whole T_bubble for curvature and inversion)
+  best,  // both planned; kept: the fewer refresh steps (the longest, then their sum), then the shorter step
+};
+
 // Block-level costs split into per-factor units in proportion to the Linear shapes: curvature
 // by d^2 (A: d_in^2, B: d_out^2; per token), inversion by d^3. `layers` lists the Linears of all
 // blocks of the stage.
@@ -160,6 +176,7 @@ struct PlanInput {
   // backward re-runs the forward, so a micro-batch's CURV_A is ready after its backward, not its
   // forward (the measured backward durations include that forward).
   bool recompute = false;
+  PrecPlacement precondition = PrecPlacement::best;
 };
 
 // One placed K-FAC unit of one replica's device, times relative to its cycle step's start.
@@ -195,6 +212,25 @@ struct StagePlacement {
   int owner_of(const Action& inv_or_bcast) const;  // member, kEveryRank, or PF_CHECK failure
 };
 
+// A stage's precondition split by layer among its holders (the paper's section 2.3.2: data and
+// inversion parallelism; the holders as StagePlacement's members), placed by SPD-KFAC's Algorithm 1
+// over the layers, largest first: t_comp the layer's precondition (precondition_by_layer), t_comm
+// its preconditioned gradient's part of the all-gather (bcast_beta * its bytes: weight, bias and
+// v.g). A layer cheaper to precondition than to send is preconditioned by every holder (NCT), any
+// other by the least loaded holder (CT). Each holder's PREC preconditions its layers and starts
+// the all-gather of the CT layers' results (bcast_alpha + bcast_beta * the bytes it receives,
+// counted in its PREC); the runtime completes it before the step's gradient norm. No split (every
+// layer NCT) when the busiest holder's share with its gather would take as long as the whole.
+struct PrecSplit {
+  int pipeline = 0, stage = 0;
+  std::vector<std::pair<int, int>> members;  // [member] (device, replica)
+  InversionPlacement placement;              // [layer]: owner a member, or kEveryRank
+  std::vector<double> layer_time;            // [layer] t_comp
+  std::vector<double> time;                  // [member] its PREC: its layers and its gather
+  bool split() const { return placement.communicated() > 0; }
+  int member(int device, int replica) const;  // index in members, or PF_CHECK failure
+};
+
 struct KfacPlan {
   int devices = 0, replicas = 1;
   std::vector<int> refresh_steps;              // [device] cycle length R_d
@@ -204,7 +240,9 @@ struct KfacPlan {
   std::vector<double> device_inline;           // [device] inline work per cycle (busiest replica)
   std::vector<double> utilization_per_device;  // [device] busy / time over its cycle
   std::vector<std::string> strategy;           // [device] packing used (see planner.cpp)
+  double plain_step_time = 0;                  // the step without any K-FAC work (not even PREC)
   double base_step_time = 0;                   // the step with PREC, no inline work
+  std::vector<double> precondition;            // [device] its PREC time per step (the busiest replica)
   double step0_time = 0;                       // cycle step 0 with inline work
   double step_time = 0;                        // mean over the refresh period (PREC and inline included)
   double inline_time = 0;                      // step0_time - base_step_time: critical-path cost per cycle
@@ -214,6 +252,7 @@ struct KfacPlan {
   std::vector<int> sync_steps;                 // [device] Chimera: the cycle step whose end has its syncs
   std::vector<FactorSplit> splits;
   std::vector<StagePlacement> placements;      // several holders: each hosted (pipeline, stage)'s placement
+  std::vector<PrecSplit> prec_splits;          // several holders: each (pipeline, stage)'s precondition split
   std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)
@@ -235,6 +274,13 @@ struct KfacPlan {
   // broadcasts it to the stage's other holders; nullopt when every holder inverts it (NCT, or
   // the stage has one holder).
   std::optional<std::pair<int, int>> inverter(const Action& inv_or_bcast) const;
+  // The precondition split of (pipeline, stage), or null (one holder: it preconditions every layer).
+  const PrecSplit* prec_split(int pipeline, int stage) const;
+  // The precondition's share of the step: how much PREC lengthens it (the step with PREC over the
+  // step without K-FAC), over the mean step.
+  double precondition_share() const;
+  // One line on the precondition: its time on the busiest device, its share of the step, the splits.
+  std::string precondition_line() const;
   // The previous cycle's units that cycle step k of device `device` runs (wrapped), in list order.
   std::vector<Action> wrapped(int replica, int device, int k) const;
   // The whole step t of one replica as a Schedule (header of the input schedule).

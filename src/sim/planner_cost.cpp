@@ -38,6 +38,19 @@ StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double cu
   return c;
 }
 
+std::vector<double> precondition_by_layer(const StageKfacCost& c) {
+  std::vector<double> flops;
+  for (int l = 0; l < c.layers(); ++l) {
+    const double a = c.dim_a[l], b = c.dim_b[l];
+    const bool diagonal = !c.diag_b.empty() && c.diag_b[l] != 0;
+    flops.push_back(a * b * (a + (diagonal ? 1 : b)));
+  }
+  double total = 0;
+  for (double f : flops) total += f;
+  for (double& f : flops) f = total > 0 ? c.precondition * f / total : 0;
+  return flops;
+}
+
 double block_cost(double whole, int d, int k, int j) {
   PF_CHECK(d >= 1 && k >= 1 && k <= d && j >= 0 && j < k, "block {} of {} for d={}", j, k, d);
   // Sizes as kfac's split_blocks: the first d % k blocks get one more row.

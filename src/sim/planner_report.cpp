@@ -29,6 +29,37 @@ std::optional<std::pair<int, int>> KfacPlan::inverter(const Action& a) const {
   return std::nullopt;  // one holder: it inverts everything
 }
 
+int PrecSplit::member(int device, int replica) const {
+  for (size_t m = 0; m < members.size(); ++m)
+    if (members[m] == std::pair{device, replica}) return static_cast<int>(m);
+  PF_CHECK(false, "device {} replica {} holds no copy of stage {} (pipeline {})", device, replica, stage, pipeline);
+  return -1;
+}
+
+const PrecSplit* KfacPlan::prec_split(int pipeline, int stage) const {
+  for (const PrecSplit& ps : prec_splits)
+    if (ps.pipeline == pipeline && ps.stage == stage) return &ps;
+  return nullptr;
+}
+
+double KfacPlan::precondition_share() const {
+  return step_time > 0 ? (base_step_time - plain_step_time) / step_time : 0;
+}
+
+std::string KfacPlan::precondition_line() const {
+  const double busiest = precondition.empty() ? 0 : *std::max_element(precondition.begin(), precondition.end());
+  int layers = 0, sent = 0;
+  for (const PrecSplit& ps : prec_splits) {
+    layers += static_cast<int>(ps.placement.owner.size());
+    sent += ps.placement.communicated();
+  }
+  return fmt::format("precondition {:.3f} per step on the busiest device, lengthening the step by {:.3f} ({:.1f}% of "
+                     "it){}", busiest, base_step_time - plain_step_time, 100 * precondition_share(),
+                     prec_splits.empty() ? std::string()
+                     : fmt::format("; split by layer among each stage's holders: {} of {} layers (over the stage copies) "
+                                   "preconditioned by one holder and all-gathered", sent, layers));
+}
+
 std::vector<Action> KfacPlan::wrapped(int replica, int device, int k) const {
   return wrapped_units.at(replica).at(device).at(k);
 }

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <limits>
@@ -16,6 +17,15 @@ int64_t step_number(const std::string& text, const char* flag) {
   const long long n = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || n < 1) usage_error(flag, "'{}' is not a step number (from 1)", text);
   return n;
+}
+
+// A finite number >= 0 (> 0 when `positive`).
+double seam_number(const std::string& text, const char* flag, bool positive) {
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(x) || x < 0 || (positive && x == 0))
+    usage_error(flag, "'{}' is not a finite {} number", text, positive ? "positive" : "non-negative");
+  return x;
 }
 
 }  // namespace
@@ -67,6 +77,19 @@ SignalSeam parse_signal_flag(const std::string& value) {
     usage_error("--test-signal", "unknown moment '{}' (expected step:N, eval:N or final-writes)", where);
   }
   return s;
+}
+
+KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model) {
+  KfacSeams k;
+  if (!drift_at.empty()) k.drift_at_step = step_number(drift_at, "--test-drift-at");
+  if (!cost_scale.empty()) k.cost_scale = seam_number(cost_scale, "--test-kfac-cost-scale", true);
+  if (!bcast_model.empty()) {
+    const size_t comma = bcast_model.find(',');
+    if (comma == std::string::npos) usage_error("--test-bcast-model", "expected ALPHA,BETA, got '{}'", bcast_model);
+    k.bcast_model = std::pair{seam_number(bcast_model.substr(0, comma), "--test-bcast-model", false),
+                              seam_number(bcast_model.substr(comma + 1), "--test-bcast-model", false)};
+  }
+  return k;
 }
 
 }  // namespace pf

@@ -5,6 +5,8 @@
 #include "core/micro_batch.hpp"
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -41,13 +43,31 @@ struct SignalSeam {
   void at(Where w, int64_t step_number = 0) const;
 };
 
+// K-FAC's planning in the MPI runtime (runtime/executor_kfac.cpp), fixed so that a test knows
+// what the planner will decide whatever the machine's load:
+//   --test-drift-at STEP        steps STEP..STEP+2 (from 1) count as 10x their forward/backward time
+//   --test-kfac-cost-scale X    the planner sees the measured K-FAC unit costs times X
+//   --test-bcast-model A,B      a broadcast costs A ms + B ms per byte (not the measured model)
+struct KfacSeams {
+  int64_t drift_at_step = 0;  // 0: none
+  double cost_scale = 1;
+  std::optional<std::pair<double, double>> bcast_model;
+
+  bool drifts(int64_t index) const {  // step index from 0
+    return drift_at_step > 0 && index + 1 >= drift_at_step && index + 1 < drift_at_step + 3;
+  }
+};
+
 struct TestSeams {
   PoisonStep poison;
   SignalSeam signal;
+  KfacSeams kfac;
 };
 
 // The flags' values, parsed; a malformed one is a UsageError naming the flag. "" gives none.
 PoisonStep parse_poison_flag(const std::string& value);
 SignalSeam parse_signal_flag(const std::string& value);
+// --test-drift-at, --test-kfac-cost-scale, --test-bcast-model ("" each: none).
+KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model);
 
 }  // namespace pf

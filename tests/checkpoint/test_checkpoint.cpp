@@ -340,15 +340,15 @@ TEST(Resume, RefusesWhatCannotContinue) {
 // checkpoint, not with another one: PipeFisher plans from the timings its run measured, so
 // another run may plan another refresh pattern; the resumed run must remake the same plan.
 // kfac.replan_on_drift = false: a re-plan on drift follows the timings of each run.
-void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& env = "") {
+void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& seams = "") {
   const fs::path ck = dir() / (name + "-ckpt");
   const std::string s = "--set kfac.enabled=true --set kfac.damping=3e-2 --set kfac.replan_on_drift=false "
-                        "--set train.steps=8 --set train.checkpoint_every=3 --set train.checkpoint_dir=" + ck.string() + " " + sets;
-  Launch first = run(env + mpi_train_cmd(np, dir(), name, s));
+                        "--set train.steps=8 --set train.checkpoint_every=3 --set train.checkpoint_dir=" + ck.string() + " " + sets + " " + seams;
+  Launch first = run(mpi_train_cmd(np, dir(), name, s));
   ASSERT_EQ(first.status, 0) << first.out;
   ASSERT_TRUE(fs::exists(ck / "step-000003" / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
   fs::remove_all(ck / "step-000006");
-  Launch resumed = run(env + mpi_train_cmd(np, dir(), name + "-resumed", s + " --resume " + ck.string()));
+  Launch resumed = run(mpi_train_cmd(np, dir(), name + "-resumed", s + " --resume " + ck.string()));
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   EXPECT_TRUE(contains(resumed.out, "(step 3)")) << resumed.out;
   const auto ref = read_log(dir() / (name + ".jsonl")), log = read_log(dir() / (name + "-resumed.jsonl"));
@@ -373,17 +373,24 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   // Chimera's twins sum their curvature at SYNC_CURV (replicated chunks, pending inverses); its
   // tiny bubbles need the planner to see scaled-down costs to refresh within the run.
   expect_kfac_resume_identical("kfac-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera "
-                               "--set kfac.placement=bubbles", "PF_TEST_KFAC_COST_SCALE=0.0001 ");
+                               "--set kfac.placement=bubbles", "--test-kfac-cost-scale 0.0001 ");
   // Chimera on 4 devices: the twins share each stage's inversions (broadcast from their owner),
   // each pair with its own cycle, and a cycle's inversions overlap the next one's curvature (the
   // factors' own accumulators hold sums in progress at the checkpoint).
   expect_kfac_resume_identical("kfac-chimera-4", 4, "--set parallel.stages=4 --set parallel.schedule=chimera "
-                               "--set kfac.placement=bubbles", "PF_TEST_KFAC_COST_SCALE=0.05 PF_TEST_BCAST_MODEL=0,0 ");
+                               "--set kfac.placement=bubbles", "--test-kfac-cost-scale 0.05 --test-bcast-model 0,0 ");
   // 2 replicas per stage: a stage's inversion pieces placed by Algorithm 1 (a fixed broadcast
   // model, so that some are broadcast from their owner and some inverted by every replica).
   expect_kfac_resume_identical("kfac-bubbles-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=bubbles",
-                               "PF_TEST_BCAST_MODEL=0.03,0 ");
+                               "--test-bcast-model 0.03,0 ");
+  // Replicas, and Chimera's twins with replicas, splitting each stage's precondition by layer (a
+  // free broadcast: every layer preconditioned by one holder, the results all-gathered).
+  expect_kfac_resume_identical("kfac-bubbles-w2-split", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
+                               "--set parallel.micro_batches=2 --set kfac.placement=bubbles", "--test-bcast-model 0,0 ");
+  expect_kfac_resume_identical("kfac-chimera-w2", 4, "--set parallel.stages=2 --set parallel.schedule=chimera "
+                               "--set parallel.data_parallel=2 --set kfac.placement=bubbles",
+                               "--test-kfac-cost-scale 0.0001 --test-bcast-model 0,0 ");
   expect_kfac_resume_identical("kfac-skip-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=skip --set kfac.inverse_every=2 "
                                "--set kfac.ema=0.5");

@@ -75,6 +75,19 @@ TEST(Machine, TheUsersOwnSettingsWin) {
   vars = {};
 }
 
+// Issue 20 item 3: under ulimit -v OpenBLAS must not start its threads as it loads (each maps a
+// 128 MiB buffer; one that cannot spins for ever and then blocks the exit of a refused run).
+TEST(Machine, UnderAnAddressSpaceLimitOpenBlasStartsNoThreadsAtLoad) {
+  vars = {{"OPENBLAS_CORETYPE", "Haswell"}, {"GOMP_SPINCOUNT", "10000"}};
+  EXPECT_FALSE(environment_fix("Haswell", IsaLevel::kAvx2, fake_env, false).needed());
+  const EnvironmentFix f = environment_fix("Haswell", IsaLevel::kAvx2, fake_env, true);
+  EXPECT_TRUE(f.blas_pool_later);
+  EXPECT_TRUE(f.needed());
+  vars["OPENBLAS_NUM_THREADS"] = "4";  // the user's own count is kept
+  EXPECT_FALSE(environment_fix("Haswell", IsaLevel::kAvx2, fake_env, true).needed());
+  vars = {};
+}
+
 TEST(Machine, TrainRunsTheBestKernelsOfThisCpu) {
   const std::string s = one_step_summary("env -u OPENBLAS_CORETYPE -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u PF_BLAS_REPLACED -u PF_NO_REEXEC", "auto");
   // Whatever this CPU is: the kernel that ran is at its instruction-set level, or OpenBLAS's own

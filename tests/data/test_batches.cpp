@@ -104,6 +104,36 @@ TEST(GptBatches, ShuffleVisitsEveryWindowOncePerEpoch) {
   EXPECT_NE(epochs[0], in_order);
 }
 
+// Issue 20 item 12: past kStoredPermutationWindows windows (a corpus larger than memory) an epoch's
+// order is a keyed bijection computed per index; it too visits every window once per epoch, in
+// an order that depends on the seed and the epoch. Below the limit the stored permutation is
+// unchanged (the test above).
+TEST(WindowOrders, UnstoredPermutationVisitsEveryWindowOncePerEpoch) {
+  const int64_t T = 8, W = 1000;  // not a power of two: the bijection walks past the end
+  WindowOrder a(W * T + 1, T, 1, true, 3, "test", /*stored_limit=*/10), same(W * T + 1, T, 1, true, 3, "test", 10),
+      other_seed(W * T + 1, T, 1, true, 4, "test", 10);
+  ASSERT_EQ(a.windows_per_epoch(), W);
+  std::vector<std::vector<int64_t>> epochs(2);
+  for (int64_t e = 0; e < 2; ++e) {
+    std::set<int64_t> seen;
+    for (int64_t i = e * W; i < (e + 1) * W; ++i) {
+      const int64_t s = a.start(i);
+      EXPECT_EQ(s % T, 0);
+      EXPECT_EQ(s, same.start(i));
+      seen.insert(s / T);
+      epochs[e].push_back(s / T);
+    }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(W));
+    EXPECT_EQ(*seen.rbegin(), W - 1);
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  std::vector<int64_t> in_order(W), seeded(W);
+  std::iota(in_order.begin(), in_order.end(), 0);
+  for (int64_t i = 0; i < W; ++i) seeded[i] = other_seed.start(i) / T;
+  EXPECT_NE(epochs[0], in_order);
+  EXPECT_NE(epochs[0], seeded);
+}
+
 TEST(GptBatches, DeterministicAndSplitInvariant) {
   GptBatcher a(iota_tokens(5000), 32, true, 11, "test"), b(iota_tokens(5000), 32, true, 11, "test"),
       c(iota_tokens(5000), 32, true, 12, "test");

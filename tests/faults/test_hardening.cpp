@@ -221,7 +221,7 @@ TEST(Hardening, RefusedRunsCreateNoDirectoryOrLock) {
   std::ofstream(bad, std::ios::binary) << "abc";
   const fs::path ck_new = dir() / "nothing-ckpt";
   expect_train_refused("badtok", "--set data.train_file=" + bad.string() + " --set train.checkpoint_dir=" + ck_new.string(),
-                       bad.string() + ": token file has an odd number of bytes (3)");
+                       "data.train_file: '" + bad.string() + "': token file has an odd number of bytes (3)");
   EXPECT_FALSE(fs::exists(ck_new)) << "the checkpoint directory of a refused run";
 
   const fs::path held = dir() / "held-ckpt";

@@ -35,6 +35,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -68,13 +69,13 @@ fs::path config_file() {
 
 using Launched = pf_test::Launch;
 
-// env: "NAME=value" passed to every rank (tests only hooks of the runtime), or empty.
-Launched launch(int ranks, const std::string& name, const std::string& sets, const std::string& env = "") {
-  const std::string export_env = env.empty() ? "" : " -x " + env.substr(0, env.find('='));
-  const std::string cmd = env + " OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_SOURCE_DIR "/scripts/pfrun -np " +
-                          std::to_string(ranks) + export_env + " " PF_BINARY " train --config " + config_file().string() +
+// seams: hidden test flags of `pipefisher train` (train/test_seams.hpp: --test-kfac-cost-scale,
+// --test-bcast-model, --test-drift-at), or empty.
+Launched launch(int ranks, const std::string& name, const std::string& sets, const std::string& seams = "") {
+  const std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " PF_SOURCE_DIR "/scripts/pfrun -np " +
+                          std::to_string(ranks) + " " PF_BINARY " train --config " + config_file().string() +
                           " --set train.out_dir=" + (dir() / name).string() + " --save " +
-                          (dir() / (name + ".safetensors")).string() + " " + sets;
+                          (dir() / (name + ".safetensors")).string() + " " + sets + " " + seams;
   return pf_test::run(cmd);
 }
 
@@ -190,17 +191,30 @@ void expect_close(const std::map<std::string, std::vector<float>>& got,
   EXPECT_LE(worst, 1e-5) << what; std::printf("%s worst %g\n", what.c_str(), worst);
 }
 
+// Layers the plan preconditions on one holder and all-gathers ("split by layer ... X of Y
+// layers" of the run's precondition line), -1 when it splits none.
+int split_layers(const std::string& out) {
+  const size_t at = out.find("split by layer among each stage's holders: ");
+  if (at == std::string::npos) return -1;
+  return std::atoi(out.c_str() + at + std::strlen("split by layer among each stage's holders: "));
+}
+
 // out: the run's output, for further checks.
 void expect_bubbles_match(const std::string& name, int ranks, const std::string& sets,
-                          const std::vector<std::string>& cfg_sets, const std::string& env = "",
+                          const std::vector<std::string>& cfg_sets, const std::string& seams = "",
                           std::string* out = nullptr) {
   // No re-plan on drift (DriftReplansAndStillEqualsSingleProcess tests it): on a loaded machine
   // 4 ranks on 2 cores drift every few steps and would re-profile the whole run (inline K-FAC,
   // no stale inverse to check).
-  Launched r = launch(ranks, name, sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false", env);
+  Launched r = launch(ranks, name, sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false " + seams);
   ASSERT_EQ(r.status, 0) << r.out;
   if (out) *out = r.out;
   EXPECT_NE(r.out.find("pipefisher: planned from 2 profiled steps"), std::string::npos) << r.out;
+  // Copies of a stage (Chimera's twins, replicas) split its precondition when the gather costs
+  // less than it saves (the tests fix a free broadcast model); one copy preconditions it whole.
+  const bool copies = sets.find("schedule=chimera") != std::string::npos || sets.find("data_parallel=2") != std::string::npos;
+  if (copies && seams.find("--test-bcast-model 0,0") != std::string::npos) EXPECT_GT(split_layers(r.out), 0) << r.out;
+  if (!copies) EXPECT_EQ(split_layers(r.out), -1) << r.out;
   std::ifstream f(dir() / name / "kfac_refresh.json");
   const nlohmann::json rec = nlohmann::json::parse(f);
   // After profiling (steps 0, 1: refreshed every step) some inverse must come from the plan's
@@ -227,12 +241,13 @@ TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {
 }
 
 // Data + inversion parallelism: 2 stages x 2 replicas, curvature summed and inverses broadcast
-// at SYNC_CURV, the refreshed inverses in use one cycle later on every replica.
+// at SYNC_CURV, the refreshed inverses in use one cycle later on every replica; with a free
+// broadcast the replicas split each stage's precondition by layer and all-gather the results.
 TEST(PipeFisherRuntime, BubblesWithTwoReplicasEqualSingleProcessWithSamePattern) {
   expect_bubbles_match("1f1b_2x2", 4,
                        "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
                        "--set parallel.micro_batches=2",
-                       {"parallel.data_parallel=2", "parallel.micro_batches=2"});
+                       {"parallel.data_parallel=2", "parallel.micro_batches=2"}, "--test-bcast-model 0,0");
 }
 
 // SPD-KFAC's Algorithm 1 over the replicas with a broadcast model fixed by the test hook: with
@@ -245,7 +260,7 @@ TEST(PipeFisherRuntime, BubblesWithTwoReplicasBroadcastAndLocalInversionsEqualSi
                       "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
                       "--set parallel.micro_batches=2 --set model.ffn=128 --set kfac.placement=bubbles "
                       "--profile-dir " + (dir() / "1f1b_2x2_place_profile").string() + " --profile-steps 8",
-                      "PF_TEST_BCAST_MODEL=0.03,0");
+                      "--test-bcast-model 0.03,0");
   ASSERT_EQ(r.status, 0) << r.out;
   // The plan's placement line: some pieces broadcast, some inverted on every replica.
   const auto at = r.out.find("inversion pieces:");
@@ -328,9 +343,9 @@ TEST(PipeFisherRuntime, BubblesWithChimeraEqualSingleProcessWithSamePattern) {
   // sees K-FAC costs scaled down so that refreshes happen within the run.
   // Inverses refreshed in cycle c are in use from the sync of cycle c+1: 16 steps.
   expect_bubbles_match("chimera_2", 2, "--set parallel.stages=2 --set parallel.schedule=chimera --set train.steps=16",
-                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001");
+                       {"train.steps=16"}, "--test-kfac-cost-scale 0.0001 --test-bcast-model 0,0");
   expect_bubbles_match("chimera_4", 4, "--set parallel.stages=4 --set parallel.schedule=chimera --set train.steps=16",
-                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05");
+                       {"train.steps=16"}, "--test-kfac-cost-scale 0.05");
 }
 
 // Activation recomputation (parallel.recompute): the planner makes CURV_A wait for the backward
@@ -342,7 +357,7 @@ TEST(PipeFisherRuntime, BubblesWithRecomputeEqualSingleProcessWithSamePattern) {
   expect_bubbles_match("chimera_recompute", 2,
                        "--set parallel.stages=2 --set parallel.schedule=chimera --set train.steps=16 "
                        "--set parallel.recompute=true",
-                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.0001");
+                       {"train.steps=16"}, "--test-kfac-cost-scale 0.0001");
 }
 
 // Inversion parallelism across Chimera's twins (and replicas): which rank ran which inversion
@@ -413,7 +428,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraTwinsShareInversions) {
   expect_bubbles_match("chimera_4_share", 4,
                        "--set parallel.stages=4 --set parallel.schedule=chimera --set train.steps=16 --profile-dir " +
                            prof.string(),
-                       {"train.steps=16"}, "PF_TEST_KFAC_COST_SCALE=0.05 PF_TEST_BCAST_MODEL=0,0", &out);
+                       {"train.steps=16"}, "--test-kfac-cost-scale 0.05 --test-bcast-model 0,0", &out);
   expect_shared_inversions(shares_in_trace(prof), out, 2, "chimera_4_share");
 }
 
@@ -444,13 +459,12 @@ TEST(PipeFisherRuntime, DriftReplansAndStillEqualsSingleProcess) {
              "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
              "--set parallel.micro_batches=2",
              {"parallel.data_parallel=2", "parallel.micro_batches=2"}}}) {
-    const std::string env =
-        std::string("PF_TEST_DRIFT_AT_STEP=4") + (c.name == "drift_chimera"   ? " PF_TEST_KFAC_COST_SCALE=0.0001"
-                                                  : c.name == "drift_chimera_4" ? " PF_TEST_KFAC_COST_SCALE=0.05"
-                                                  : c.name == "drift_wrapped" ? " PF_TEST_KFAC_COST_SCALE=3"
+    const std::string seams =
+        std::string("--test-drift-at 5") + (c.name == "drift_chimera"   ? " --test-kfac-cost-scale 0.0001"
+                                                  : c.name == "drift_chimera_4" ? " --test-kfac-cost-scale 0.05"
+                                                  : c.name == "drift_wrapped" ? " --test-kfac-cost-scale 3"
                                                                               : "");
-    // launch() exports the first variable; the second is inherited by mpirun's local ranks.
-    Launched r = launch(c.ranks, c.name, c.sets + " --set train.steps=14 --set kfac.placement=bubbles", env);
+    Launched r = launch(c.ranks, c.name, c.sets + " --set train.steps=14 --set kfac.placement=bubbles " + seams);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("re-profiling from step"), std::string::npos) << r.out;
     // Planned twice: after steps 1-2 and after the re-profile.
@@ -559,7 +573,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraAndReplicasEqualSingleProcessWithSameP
                        "--set parallel.stages=2 --set parallel.schedule=chimera --set parallel.data_parallel=2 "
                        "--set train.steps=16 --profile-dir " + prof.string(),
                        {"parallel.data_parallel=2", "train.steps=16"},
-                       "PF_TEST_KFAC_COST_SCALE=0.0001 PF_TEST_BCAST_MODEL=0,0", &out);
+                       "--test-kfac-cost-scale 0.0001 --test-bcast-model 0,0", &out);
   expect_shared_inversions(shares_in_trace(prof), out, 4, "chimera_2x2");
 }
 
@@ -597,7 +611,7 @@ nlohmann::json read_json(const fs::path& p) {
 TEST(PipeFisherRuntime, PlanProfileGivesTheSameLossesOnEveryRun) {
   const std::string sets = "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=bubbles "
                            "--set train.steps=10";
-  const std::string scale = "PF_TEST_KFAC_COST_SCALE=2";
+  const std::string scale = "--test-kfac-cost-scale 2";
   // The recording run keeps its first plan (a re-plan on drift, under load, would record the
   // second one's profile while its output's first plan line is the first one's).
   Launched rec = launch(2, "pp_record", sets + " --set kfac.replan_on_drift=false --profile-dir " +
