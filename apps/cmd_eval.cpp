@@ -53,7 +53,7 @@ int run_eval(const EvalArgs& a) {
                      {"arch", cfg.model.arch}};
     fmt::print("{}\n", j.dump());
   } else {
-    const std::string nsp = r.lm_loss != r.loss ? fmt::format(" (masked LM {:.4f} + NSP)", r.lm_loss) : "";
+    const std::string nsp = cfg.data.nsp ? fmt::format(" (masked LM {:.4f} + NSP)", r.lm_loss) : "";
     fmt::print("eval: {} on {}: validation loss {:.4f}{}, perplexity {:.2f} ({} sequences of {}, {} {} scored)\n",
                a.model.init, cfg.data.valid_file, r.loss, nsp, ppl, r.sequences, cfg.model.seq_len, r.positions,
                cfg.model.arch == "bert" ? "masked tokens" : "tokens");

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 namespace pf::app {
 namespace {
 
@@ -29,7 +31,8 @@ struct GenerateArgs {
 };
 
 int run_generate(const GenerateArgs& a) {
-  if (!(a.temperature >= 0)) usage_error("--temperature", "must be >= 0 (0 = greedy), got {}", a.temperature);
+  if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
+    usage_error("--temperature", "must be a finite number >= 0 (0 = greedy), got {}", a.temperature);
   const Config cfg = load_model_config(a.model, "generate");
   if (cfg.model.arch != "gpt") usage_error("model.arch", "generate needs a causal LM (gpt); {} is a masked LM", cfg.model.arch);
   auto tok = load_tokenizer("gpt2", a.vocab_dir);

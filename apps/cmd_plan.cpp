@@ -22,6 +22,7 @@
 #include "command.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "nn/names.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/validate.hpp"
@@ -185,9 +186,9 @@ int run_sweep_mode(const PlanArgs& a) {
     check_step_time(r.t_pipe + r.t_prec + r.t_curv_inv, durations);
   }
   std::string csv = sweep_csv(rows);
-  if (!a.csv.empty()) write_file_atomic(a.csv, csv, "--csv");
+  if (!a.csv.empty()) write_output({a.csv, "--csv", true}, csv);
   if (!a.svg.empty())
-    write_file_atomic(a.svg, sweep_svg(rows, fmt::format("Performance model: {}", spec.schedule)), "--svg");
+    write_output({a.svg, "--svg", true}, sweep_svg(rows, fmt::format("Performance model: {}", spec.schedule)));
   if (a.json) {
     nlohmann::json j = nlohmann::json::array();
     for (const SweepRow& r : rows)
@@ -264,7 +265,7 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
     // The numbers of the text and JSON reports (a refresh period is several steps).
     o.summary = fmt::format("refresh period {} steps, step {:.2f} ms, utilization {:.1f}%, bubble {:.2f} ms per "
                             "device per step before K-FAC", P, p.step_time, 100 * p.utilization, base_bubble);
-    write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
+    write_output({a.svg, "--svg", true}, timeline_svg(tl, o));
   }
   if (!a.trace.empty()) {
     // K-FAC units named by their layer: the profile's names, else the model's for uniform stages of
@@ -281,7 +282,8 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
         for (int b = 0; b < blocks; ++b)
           for (const std::string& n : block_linear_names(m.arch, st * blocks + b)) names[{pl, st, l++}] = n;
       }
-    write_file_atomic(a.trace, chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, kt, names), "--trace");
+    write_output({a.trace, "--trace", true},
+                 chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, kt, names));
   }
 
   nlohmann::json lb = nlohmann::json::array(), per = nlohmann::json::array(), splits = nlohmann::json::array();
@@ -395,6 +397,8 @@ int run(PlanArgs& a) {
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
+  check_outputs({{a.csv, "--csv", true}, {a.svg, "--svg", true}, {a.trace, "--trace", true}},
+                {{a.profile, "--profile"}, {a.schedule_file, "--schedule-file"}});
   if (a.sweep) return run_sweep_mode(a);
   if (a.schedule.empty() == a.schedule_file.empty())
     usage_error("--schedule", "give either --schedule NAME or --schedule-file FILE");
@@ -447,10 +451,10 @@ int run(PlanArgs& a) {
   if (!a.kfac && !a.svg.empty()) {
     SvgOptions o;
     o.title = title;
-    write_file_atomic(a.svg, timeline_svg(tl, o), "--svg");
+    write_output({a.svg, "--svg", true}, timeline_svg(tl, o));
   }
-  if (!a.kfac && !a.trace.empty()) write_file_atomic(a.trace, chrome_trace(tl, title), "--trace");
-  if (!a.csv.empty()) write_file_atomic(a.csv, to_csv(s), "--csv");
+  if (!a.kfac && !a.trace.empty()) write_output({a.trace, "--trace", true}, chrome_trace(tl, title));
+  if (!a.csv.empty()) write_output({a.csv, "--csv", true}, to_csv(s));
 
   const int peak = *std::max_element(tl.peak_in_flight.begin(), tl.peak_in_flight.end());
   if (a.json) {

@@ -4,18 +4,20 @@
 //   pipefisher report runs/nvlamb runs/kfac --target 6.69 --out /tmp/fig7.svg
 // Writes the SVG (and a PNG beside it when rsvg-convert is installed) and prints, per run, its
 // final losses and where its smoothed loss first reaches the target (--json: one JSON object).
-// Time is the run's cumulative step_time_s (training without evaluations).
+// Time is the run's cumulative step_time_s (training without evaluations). A skipped step (its loss
+// non-finite, logged as null) is a gap in the curves, and counted in the text and the JSON.
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "core/process.hpp"
 #include "viz/loss_chart.hpp"
+#include "viz/loss_log.hpp"
 #include "viz/render.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -33,39 +35,53 @@ struct ReportArgs {
 LossCurve read_run(const std::string& run, const std::string& label) {
   namespace fs = std::filesystem;
   const std::string path = fs::is_directory(run) ? run + "/log.jsonl" : run;
+  if (fs::is_directory(path)) usage_error(run, "'{}' is a directory, not a run log", path);
   std::ifstream f(path);
   if (!f) usage_error(run, "no run log '{}' (a run directory holds log.jsonl)", path);
-  LossCurve c;
+  LossCurve c = read_loss_log(f, path);
   c.name = label.empty() ? fs::path(run).lexically_normal().filename().string() : label;
   if (c.name.empty()) c.name = fs::path(run).lexically_normal().parent_path().filename().string();
-  double t = 0;
-  std::string line;
-  for (int ln = 1; std::getline(f, line); ++ln) {
-    if (line.empty()) continue;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      const double step = j.at("step").get<double>(), loss = j.at("loss").get<double>();
-      t += j.value("step_time_s", 0.0);
-      c.step.push_back(step);
-      c.time_s.push_back(t);
-      c.loss.push_back(loss);
-      if (j.contains("valid_loss")) {
-        c.valid_step.push_back(step);
-        c.valid_time_s.push_back(t);
-        c.valid_loss.push_back(j["valid_loss"].get<double>());
-      }
-    } catch (const nlohmann::json::exception& e) {
-      usage_error(fmt::format("{}:{}", path, ln), "not a run log line (step, loss, step_time_s): {}", e.what());
-    }
-  }
-  if (c.step.empty()) usage_error(path, "holds no logged step");
   return c;
 }
 
-// A relative name beginning with '-' would read as an option of the program it is passed to.
-std::string dash_safe(const std::string& path) { return path.front() == '-' ? "./" + path : path; }
+// A number for JSON: null when not finite (a run with no finite loss).
+nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+// One run's line of the text report.
+std::string run_line(const nlohmann::json& r, const ReportArgs& a) {
+  std::string line = fmt::format("{}: {} steps, {:.1f} s", r["name"].get<std::string>(), r["steps"].get<double>(),
+                                 r["time_s"].get<double>());
+  if (r["final_loss"].is_null())
+    line += ", no finite loss";
+  else
+    line += fmt::format(", final loss {:.4f} (smoothed {:.4f})", r["final_loss"].get<double>(),
+                        r["final_smoothed_loss"].get<double>());
+  if (const int64_t n = r["skipped_steps"].get<int64_t>(); n > 0)
+    line += fmt::format(", {} step{} skipped (non-finite loss)", n, n == 1 ? "" : "s");
+  if (!r["final_valid_loss"].is_null()) line += fmt::format(", validation {:.4f}", r["final_valid_loss"].get<double>());
+  if (a.target)
+    line += r["reaches_target"].is_null()
+                ? fmt::format("; does not reach {:g}", *a.target)
+                : fmt::format("; reaches {:g} at step {:.1f}, {:.1f} s", *a.target, r["reaches_target"]["step"].get<double>(),
+                              r["reaches_target"]["time_s"].get<double>());
+  return line;
+}
+
+// The PNG of `svg` by rsvg-convert (through argv: no shell reads the names), written to its stdout
+// and from there to `png` like every output; false when it is not installed or fails.
+bool write_png(const OutputFile& png, const std::string& svg) {
+  OutputWriter w(png);
+  // A relative name beginning with '-' would read as an option.
+  const std::string input = svg.front() == '-' ? "./" + svg : svg;
+  const ProgramResult r = run_program({"rsvg-convert", input}, w.fd());
+  if (!r.started || r.exit_status != 0) return false;  // the writer removes its temporary
+  w.commit();
+  return true;
+}
 
 int run(const ReportArgs& a) {
+  if (a.target && !(std::fabs(*a.target) <= kMaxLogValue))
+    usage_error("--target", "must be a finite loss (at most {:g} in size), got {}", kMaxLogValue, *a.target);
   if (!a.labels.empty() && a.labels.size() != a.runs.size())
     usage_error("--label", "{} labels for {} runs (give one per run, in order)", a.labels.size(), a.runs.size());
   std::vector<LossCurve> curves;
@@ -74,18 +90,22 @@ int run(const ReportArgs& a) {
   namespace fs = std::filesystem;
   const std::string out = a.out.empty() ? (fs::is_directory(a.runs[0]) ? a.runs[0] + "/loss.svg" : "loss.svg") : a.out;
   if (out.size() < 5 || out.compare(out.size() - 4, 4, ".svg") != 0) usage_error("--out", "'{}' does not end in .svg", out);
-  write_file_atomic(out, loss_chart_svg(curves, {a.title, a.target}), "--out");
-  std::string png = out.substr(0, out.size() - 4) + ".png";
-  const ProgramResult converted = run_program({"rsvg-convert", "-o", dash_safe(png), dash_safe(out)});
-  if (!converted.started || converted.exit_status != 0) png.clear();  // no rsvg-convert: the SVG alone
+  const OutputFile svg{out, "--out", !a.out.empty()}, png_file{out.substr(0, out.size() - 4) + ".png", "--out"};
+  std::vector<NamedPath> logs;
+  for (const std::string& r : a.runs) logs.push_back({fs::is_directory(r) ? r + "/log.jsonl" : r, "a run log"});
+  check_outputs({svg, png_file}, logs);
+  write_output(svg, loss_chart_svg(curves, {a.title, a.target}));
+  const std::string png = write_png(png_file, out) ? png_file.path : "";
   nlohmann::json runs = nlohmann::json::array();
   for (const LossCurve& c : curves) {
     nlohmann::json r = {{"name", c.name},
                         {"steps", c.step.back()},
                         {"time_s", c.time_s.back()},
-                        {"final_loss", c.loss.back()},
-                        {"final_smoothed_loss", c.smoothed.back()},
-                        {"final_valid_loss", c.valid_loss.empty() ? nlohmann::json() : nlohmann::json(c.valid_loss.back())}};
+                        {"final_loss", number_or_null(last_finite(c.loss))},
+                        {"final_smoothed_loss", number_or_null(last_finite(c.smoothed))},
+                        {"final_valid_loss", c.valid_loss.empty() ? nlohmann::json() : nlohmann::json(c.valid_loss.back())},
+                        {"skipped_steps", c.skipped},
+                        {"log_cut_short", c.cut_short}};
     if (a.target) {
       const auto hit = first_crossing(c, c.smoothed, *a.target);
       r["reaches_target"] = hit ? nlohmann::json{{"step", hit->step}, {"time_s", hit->time_s}} : nlohmann::json();
@@ -98,17 +118,9 @@ int run(const ReportArgs& a) {
     fmt::print("{}\n", j.dump(1));
     return 0;
   }
-  for (const auto& r : runs) {
-    std::string line = fmt::format("{}: {} steps, {:.1f} s, final loss {:.4f} (smoothed {:.4f})", r["name"].get<std::string>(),
-                                   r["steps"].get<double>(), r["time_s"].get<double>(), r["final_loss"].get<double>(),
-                                   r["final_smoothed_loss"].get<double>());
-    if (!r["final_valid_loss"].is_null()) line += fmt::format(", validation {:.4f}", r["final_valid_loss"].get<double>());
-    if (a.target)
-      line += r["reaches_target"].is_null()
-                  ? fmt::format("; does not reach {:g}", *a.target)
-                  : fmt::format("; reaches {:g} at step {:.1f}, {:.1f} s", *a.target, r["reaches_target"]["step"].get<double>(),
-                                r["reaches_target"]["time_s"].get<double>());
-    fmt::print("{}\n", line);
+  for (size_t i = 0; i < curves.size(); ++i) {
+    fmt::print("{}\n", run_line(runs[i], a));
+    if (curves[i].cut_short) fmt::print("  (its log's last line is cut short, as a run stopped mid-write leaves it: left out)\n");
   }
   fmt::print("report: {}{}\n", out, png.empty() ? "" : ", " + png);
   return 0;

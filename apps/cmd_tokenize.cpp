@@ -8,6 +8,7 @@
 // also the document index (data/token_file.hpp) that next-sentence prediction draws pairs from.
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "data/text_util.hpp"
 #include "data/token_file.hpp"
 #include "data/tokenizer.hpp"
@@ -53,6 +54,8 @@ int run(const TokenizeArgs& a) {
   if (!a.docs.empty() && a.out.empty()) usage_error("--docs", "goes with --in/--out");
   if (!a.out.empty() && (a.out.size() < 5 || a.out.compare(a.out.size() - 4, 4, ".bin") != 0))
     usage_error("--out", "token files end in .bin, got '{}'", a.out);
+  const OutputFile out{a.out, "--out", true}, docs{a.docs, "--docs", true};
+  check_outputs({out, docs}, {{a.in, "--in"}});
   auto tok = load_tokenizer(a.vocab, a.vocab_dir);
   if (a.decode) {
     fmt::print("{}\n", tok->decode(parse_ids(a.text)));
@@ -68,9 +71,9 @@ int run(const TokenizeArgs& a) {
     usage_error("--vocab", "{} has {} entries; token files hold at most {}", a.vocab, tok->vocab_size(),
                 kMaxTokenFileVocab);
   const std::string text = read_text_file(a.in, "the input text");
-  const TokenizedCorpus corpus = tokenize_documents(*tok, text);
-  write_token_file(a.out, corpus.ids, tok->vocab_size());
-  if (!a.docs.empty()) write_doc_index(a.docs, corpus.doc_starts);
+  const TokenizedCorpus corpus = tokenize_documents(*tok, text, a.in);
+  write_token_file(out, corpus.ids, tok->vocab_size());
+  if (!a.docs.empty()) write_doc_index(docs, corpus.doc_starts);
   fmt::print(stderr, "tokenize: {} bytes -> {} {} tokens in {}{}\n", text.size(), corpus.ids.size(), a.vocab, a.out,
              a.docs.empty() ? "" : fmt::format(", {} document starts in {}", corpus.doc_starts.size(), a.docs));
   return 0;

@@ -17,15 +17,15 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
 Config load_model_config(const ModelFlags& f, const char* command) {
   Config cfg = Config::load(f.config, f.sets);
   if (f.init.empty()) usage_error("--init", "{} needs the weights: --init FILE.safetensors or a checkpoint directory", command);
-  open_init_checkpoint(f.init, "");  // refuses a missing path now
+  require_init_path(f.init);  // now; the weights are checked as load_model loads them
   return cfg;
 }
 
 LoadedModel load_model(const ModelFlags& f, const Config& cfg) {
   LoadedModel m{cfg, nullptr};
-  std::unique_ptr<CheckpointReader> ckpt = open_init_checkpoint(f.init, "");
   // Under ulimit -v OpenBLAS spins for ever on a buffer it cannot map: refuse first.
   check_address_space(cfg);
+  std::unique_ptr<CheckpointReader> ckpt = open_init_checkpoint(f.init, "", cfg.model);
   set_threads(cfg.train.threads);
   m.model = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
   m.model->init(cfg.train.seed);

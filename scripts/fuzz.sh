@@ -25,7 +25,7 @@ cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 # Seeds: valid examples of each format (the fuzzer mutates from there).
 seeds="$build/seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_config,fuzz_config_overrides,fuzz_plan_flags,fuzz_safetensors,fuzz_manifest,fuzz_profile_csv,fuzz_profile_json,fuzz_schedule,fuzz_tokenizer_files,fuzz_tokenize_text,fuzz_token_file}
+mkdir -p "$seeds"/{fuzz_config,fuzz_config_overrides,fuzz_plan_flags,fuzz_safetensors,fuzz_manifest,fuzz_profile_csv,fuzz_profile_json,fuzz_schedule,fuzz_tokenizer_files,fuzz_tokenize_text,fuzz_token_file,fuzz_run_log,fuzz_tokenize_input}
 cp "$root"/configs/*.toml "$seeds/fuzz_config/"
 # TOML, a NUL, then one `key=value` override per line (pipefisher train --set).
 for f in "$root"/configs/*.toml; do
@@ -80,11 +80,25 @@ PY
 { printf '\x00{"!": 0, "a": 1, "b": 2, "ab": 3, "\\u0120a": 4, "\\u0120": 5}'; printf '\x00'
   printf '#version: 0.2\na b\n\xc4\xa0 a\n'; } > "$seeds/fuzz_tokenizer_files/gpt2"
 head -c 2000 "$root/data/sample/moby-dick-1-20.txt" > "$seeds/fuzz_tokenize_text/a"
+head -c 6000 "$root/data/sample/moby-dick-1-20.txt" > "$seeds/fuzz_tokenize_input/a"
+printf 'One document.\n\nAnother one, after a blank line.\n\n\n  Third\r\n\r\nfourth \xe2\x80\x94 caf\xc3\xa9\n' \
+  > "$seeds/fuzz_tokenize_input/docs"
+# Run logs as train/run_log.cpp writes them: a skipped step's loss is null, evaluations add
+# valid_loss, K-FAC runs more fields, a run cut off mid-write leaves half a line.
+printf '%s\n' '{"step":1,"time":"2026-01-01T00:00:00.000Z","elapsed_s":0.06,"loss":10.35,"lr":0.00025,"grad_norm":6.67,"tokens":64,"step_time_s":0.06,"tokens_per_s":1024.0}' \
+  '{"step":2,"time":"2026-01-01T00:00:00.100Z","elapsed_s":0.09,"loss":null,"lr":0.0005,"grad_norm":null,"tokens":64,"step_time_s":0.02,"tokens_per_s":2793.9}' \
+  '{"step":3,"time":"2026-01-01T00:00:00.200Z","elapsed_s":0.2,"loss":10.48,"lr":0.00075,"grad_norm":6.56,"tokens":64,"step_time_s":0.04,"tokens_per_s":1362.8,"valid_loss":10.49}' \
+  > "$seeds/fuzz_run_log/skipped"
+for s in $(seq 1 40); do
+  printf '{"step":%d,"loss":%s,"step_time_s":0.5,"kfac_curvature":true,"kfac_inversion":false,"kfac_damping_raised":null,"kfac_time_s":0.1%s}\n' \
+    "$s" "$(awk -v s="$s" 'BEGIN { printf "%.4f", 10 - s / 10 }')" "$([[ $((s % 10)) == 0 ]] && echo ',"valid_loss":9.1' || true)"
+done > "$seeds/fuzz_run_log/kfac"
+{ cat "$seeds/fuzz_run_log/skipped"; printf '{"step":4,"loss":10.2,"step_ti'; } > "$seeds/fuzz_run_log/cut"
 { printf '\x3a\x77'; head -c 2000 "$root/data/sample/moby-dick-1-20.bert.bin"; } > "$seeds/fuzz_token_file/a"
 
 status=0
 for t in "${targets[@]}"; do
-  if [[ $t == fuzz_tokenize_text && ! -f "$root/data/vocab/gpt2-encoder.json" ]]; then
+  if [[ ($t == fuzz_tokenize_text || $t == fuzz_tokenize_input) && ! -f "$root/data/vocab/gpt2-encoder.json" ]]; then
     echo "== $t: skipped (needs data/vocab: scripts/fetch-data.sh)"
     continue
   fi

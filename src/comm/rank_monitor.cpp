@@ -121,7 +121,8 @@ extern "C" void on_fatal_signal(int sig) {
   put(g_note_buf[g_note_cur.load()].data());
   put("\n");
   if (g_marker[0]) {
-    const int fd = ::open(g_marker.data(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    // Never through a link another user put in the shared directory.
+    const int fd = ::open(g_marker.data(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0) ::close(fd);
   }
   // The previous disposition (the default, or a sanitizer's) takes it from here.

@@ -180,11 +180,11 @@ void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& o
   auto& st = static_cast<Gpt2State&>(state);
   auto re = static_cast<const pcre2_code*>(regex_);
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  uint32_t opts = 0;  // the first match checks the whole subject is valid UTF-8; later ones need not
+  require_utf8(text, "text");
+  // PCRE2's first match checks the subject's UTF-8 again (a disagreement is a bug: PF_CHECK); later ones need not.
+  uint32_t opts = 0;
   for (size_t off = 0; off < text.size();) {
     int rc = pcre2_match(re, subject, text.size(), off, opts, st.md, nullptr);
-    if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
-      usage_error("text", "invalid UTF-8 near byte {}", pcre2_get_startchar(st.md));
     PF_CHECK(rc > 0, "GPT-2 pattern failed to match at byte {} (PCRE2 code {})", off, rc);
     opts = PCRE2_NO_UTF_CHECK;
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.md);

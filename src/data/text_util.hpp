@@ -41,6 +41,27 @@ void for_each_code_point(std::string_view s, F&& f) {
   }
 }
 
+// The offset of the first byte that does not start a valid UTF-8 character (overlong forms,
+// surrogates and code points past U+10FFFF included), or npos when s is valid UTF-8.
+inline size_t first_invalid_utf8(std::string_view s) {
+  auto p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
+  const utf8proc_ssize_t n = static_cast<utf8proc_ssize_t>(s.size());
+  for (utf8proc_ssize_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    int32_t c;
+    const auto len = utf8proc_iterate(p + i, n - i, &c);
+    if (len < 0) return static_cast<size_t>(i);
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+// Both tokenizers take UTF-8 text only: UsageError("<what>: invalid UTF-8 near byte N") otherwise.
+void require_utf8(std::string_view text, const std::string& what);
+
 inline void replace_all(std::string& s, std::string_view from, std::string_view to) {
   std::string out;
   size_t p = 0;

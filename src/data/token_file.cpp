@@ -26,33 +26,23 @@ uint16_t to_le(uint16_t v) {
 }
 }  // namespace
 
-void write_token_file(const std::string& path, std::span<const int32_t> ids, int vocab_size) {
+void write_token_file(const OutputFile& out, std::span<const int32_t> ids, int vocab_size) {
   if (vocab_size > kMaxTokenFileVocab)
-    usage_error(path, "vocabulary of {} entries does not fit uint16 token ids (at most {})", vocab_size,
+    usage_error(out.path, "vocabulary of {} entries does not fit uint16 token ids (at most {})", vocab_size,
                 kMaxTokenFileVocab);
   std::vector<uint16_t> buf(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size)
-      usage_error(path, "token id {} at position {} is outside the vocabulary (size {})", ids[i], i, vocab_size);
+      usage_error(out.path, "token id {} at position {} is outside the vocabulary (size {})", ids[i], i, vocab_size);
     buf[i] = to_le(static_cast<uint16_t>(ids[i]));
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) usage_error(path, "cannot write (temporary {})", tmp);
-    f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() * 2));
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      usage_error(path, "write failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    usage_error(path, "cannot rename the temporary file into place: {}", ec.message());
-  }
+  OutputWriter w(out);
+  w.write(buf.data(), buf.size() * 2);
+  w.commit();
+}
+
+void write_token_file(const std::string& path, std::span<const int32_t> ids, int vocab_size) {
+  write_token_file(OutputFile{path}, ids, vocab_size);
 }
 
 Tokens::Tokens(std::vector<uint16_t> ids) {
@@ -141,10 +131,14 @@ std::vector<uint16_t> read_token_file(const std::string& path, int vocab_size) {
 
 namespace pf {
 
-void write_doc_index(const std::string& path, std::span<const int64_t> starts) {
+void write_doc_index(const OutputFile& out, std::span<const int64_t> starts) {
   std::string text;
   for (int64_t s : starts) text += std::to_string(s) + "\n";
-  write_file_atomic(path, text);
+  write_output(out, text);
+}
+
+void write_doc_index(const std::string& path, std::span<const int64_t> starts) {
+  write_doc_index(OutputFile{path}, starts);
 }
 
 std::vector<int64_t> read_doc_index(const std::string& path, int64_t n_tokens, const std::string& key) {

@@ -3,6 +3,8 @@
 // has an even, non-zero number of bytes and every id is inside the vocabulary). A vocabulary
 // larger than 65,536 entries cannot be stored and is refused. Runs read them through a read-only
 // memory map, so a corpus larger than memory trains: the kernel pages the windows in and out.
+#include "core/files.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -38,8 +40,9 @@ class Tokens {
 // as id 0 and are not scanned.
 Tokens map_token_file(const std::string& path, int vocab_size, const std::string& key = "");
 
-// Writes ids to `path` through a temporary file renamed into place. UsageError naming the file
-// if vocab_size > 65,536, an id is outside [0, vocab_size), or the file cannot be written.
+// Writes ids through an OutputWriter (core/files.hpp: a temporary renamed into place). UsageError
+// naming the file if vocab_size > 65,536, an id is outside [0, vocab_size), or it cannot be written.
+void write_token_file(const OutputFile& out, std::span<const int32_t> ids, int vocab_size);
 void write_token_file(const std::string& path, std::span<const int32_t> ids, int vocab_size);
 
 // A copy of a whole token file (small files: tests, tools), checked as map_token_file does.
@@ -48,6 +51,7 @@ std::vector<uint16_t> read_token_file(const std::string& path, int vocab_size);
 // Document index of a token file (BERT's next-sentence pairs come from documents): where each
 // document starts, one decimal token offset per line, `X.docs` beside `X.bin`
 // (scripts/prepare-data.sh writes it with `pipefisher tokenize --docs`). Written atomically.
+void write_doc_index(const OutputFile& out, std::span<const int64_t> starts);
 void write_doc_index(const std::string& path, std::span<const int64_t> starts);
 // Reads it back. UsageError naming `key` and the file if it is missing, or its offsets are not
 // strictly increasing from 0 and below n_tokens.

@@ -6,18 +6,27 @@
 #include "data/wordpiece.hpp"
 
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 namespace pf {
 
 std::string read_text_file(const std::string& path, const std::string& what) {
+  // An ifstream opens a directory and reads it as empty: refused, not taken for an empty text.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) usage_error(path, "is a directory, not {}", what);
   std::ifstream f(path, std::ios::binary);
   if (!f) usage_error(path, "cannot read {}", what);
   std::ostringstream s;
   s << f.rdbuf();
   if (f.bad()) usage_error(path, "read error in {}", what);
   return std::move(s).str();
+}
+
+void require_utf8(std::string_view text, const std::string& what) {
+  if (const size_t at = first_invalid_utf8(text); at != std::string_view::npos)
+    usage_error(what, "invalid UTF-8 near byte {}", at);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir) {
@@ -33,7 +42,8 @@ std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text
   return tokenize_documents(tok, text).ids;
 }
 
-TokenizedCorpus tokenize_documents(const Tokenizer& tok, std::string_view text) {
+TokenizedCorpus tokenize_documents(const Tokenizer& tok, std::string_view text, const std::string& what) {
+  require_utf8(text, what);
   // Pieces of about this many bytes, cut where the tokenizer says a cut changes nothing; also
   // cut just after every blank line, where a document starts.
   constexpr size_t kPiece = 1 << 16;

@@ -53,6 +53,8 @@ struct TokenizedCorpus {
   std::vector<int32_t> ids;
   std::vector<int64_t> doc_starts;
 };
-TokenizedCorpus tokenize_documents(const Tokenizer& tok, std::string_view text);
+// Text that is not UTF-8 is refused first: UsageError("<what>: invalid UTF-8 near byte N"), N
+// counted from the start of the whole text.
+TokenizedCorpus tokenize_documents(const Tokenizer& tok, std::string_view text, const std::string& what = "text");
 
 }  // namespace pf

@@ -156,6 +156,7 @@ void WordPieceTokenizer::wordpiece(std::string_view word, const std::vector<uint
 
 void WordPieceTokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, EncodeState& state) const {
   auto& st = static_cast<BertState&>(state);
+  require_utf8(text, "text");  // as GPT-2's: invalid bytes are refused, not dropped
   // One basic token (whitespace-delimited, after cleaning) -> lower/strip -> punctuation split
   // -> WordPiece for each word.
   auto flush_word = [&] {

@@ -153,6 +153,11 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
 
 void remove_checkpoint(const std::string& step_dir) {
   std::error_code ec;
+  // A link (an archived copy placed here) goes itself: what it names is not this run's to delete.
+  if (fs::is_symlink(fs::symlink_status(step_dir, ec))) {
+    fs::remove(step_dir, ec);
+    return;
+  }
   fs::remove(fs::path(step_dir) / "manifest.json", ec);
   fs::remove_all(step_dir, ec);
 }
@@ -246,6 +251,16 @@ CheckpointManifest read_checkpoint(const std::string& step_dir) {
 
 std::string find_latest_checkpoint(const std::string& dir, const std::string& what, std::string* passed_over) {
   if (!fs::is_directory(dir)) usage_error(what, "no checkpoint directory '{}'", dir);
+  // DIR/step-000300 itself: that one checkpoint, verified (read_checkpoint names what is wrong).
+  fs::path name = fs::path(dir).lexically_normal();
+  if (name.filename().empty()) name = name.parent_path();
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "manifest.json", ec) ||
+      (step_of(name.filename().string()) >= 0 && !fs::exists(fs::path(dir) / "latest", ec))) {
+    read_checkpoint(dir);
+    if (passed_over) passed_over->clear();
+    return dir;
+  }
   std::vector<std::string> skipped;  // newer candidates that did not verify, newest first
   auto complete = [&](const fs::path& p) {
     try {
@@ -266,7 +281,6 @@ std::string find_latest_checkpoint(const std::string& dir, const std::string& wh
     return p.string();
   };
   // `latest` names a directory of dir; anything else in it is ignored (the scan below decides).
-  std::error_code ec;
   std::string tried;
   if (fs::is_regular_file(fs::path(dir) / "latest", ec)) {
     std::string name;
@@ -290,7 +304,9 @@ std::string find_latest_checkpoint(const std::string& dir, const std::string& wh
   std::sort(steps.rbegin(), steps.rend());
   for (const auto& [s, p] : steps)
     if (complete(p)) return found(p);
-  usage_error(what, "no complete checkpoint in '{}'{}", dir, skipped.empty() ? "" : " (" + skipped.front() + ")");
+  // skipped.front() is a whole message, already bounded: not clipped again as a value.
+  throw UsageError(fmt::format("{}: no complete checkpoint in '{}'{}", what, clip_for_message(dir),
+                               skipped.empty() ? "" : " (" + skipped.front() + ")"));
 }
 
 CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir), manifest_(read_checkpoint(step_dir)) {

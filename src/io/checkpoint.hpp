@@ -59,7 +59,7 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& manifest, int keep);
 
 // Deletes a step directory, its manifest first: a directory that still has a manifest is always
-// complete, whenever the deletion is cut short.
+// complete, whenever the deletion is cut short. A step directory that is a link: the link alone.
 void remove_checkpoint(const std::string& step_dir);
 
 // Parses a manifest's text; `what` names it in errors. Refuses anything malformed (wrong types,
@@ -70,7 +70,8 @@ CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::s
 CheckpointManifest read_checkpoint(const std::string& step_dir);
 
 // The step directory of the newest complete checkpoint under dir: the one `latest` names if it
-// verifies, else the highest step-* directory that does. UsageError naming `what` if none. When
+// verifies, else the highest step-* directory that does; dir itself when it is a step directory
+// (it holds manifest.json, or is named step-N), verified. UsageError naming `what` if none. When
 // newer candidates were passed over (corrupt, incomplete, missing), *passed_over says how many
 // and why the newest failed, for the caller to tell the user (empty otherwise).
 std::string find_latest_checkpoint(const std::string& dir, const std::string& what = "--resume",
@@ -94,6 +95,8 @@ class CheckpointReader {
   const SafetensorsMetadata& metadata_of(std::string_view name) const;
   // Metadata value `key` of any state file that has it, or "" (e.g. "optimizer_steps").
   std::string state_metadata(const std::string& key) const;
+  // Its safetensors files, in the manifest's order.
+  const std::vector<std::unique_ptr<SafetensorsReader>>& files() const { return files_; }
 
  private:
   std::string dir_;

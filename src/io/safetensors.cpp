@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -68,15 +69,21 @@ T load_at(const std::byte* p, size_t i) {
 
 Shape transposed(const Shape& s) { return s.size() == 2 ? Shape{s[1], s[0]} : s; }
 
-void write_all(int fd, const void* data, size_t n, const std::string& what) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) usage_error(what, "write failed: {}", std::strerror(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
+// Elements [i0, i0 + n) of a floating-point tensor (F32, F16, BF16, F64) as fp32; false for another dtype.
+bool to_f32(const SafetensorsEntry& e, size_t i0, size_t n, float* out) {
+  const std::byte* p = e.bytes.data();
+  if (e.dtype == "F32") {
+    if (n) std::memcpy(out, p + i0 * sizeof(float), n * sizeof(float));
+  } else if (e.dtype == "F16") {
+    for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_at<uint16_t>(p, i0 + i));
+  } else if (e.dtype == "BF16") {
+    for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{load_at<uint16_t>(p, i0 + i)} << 16);
+  } else if (e.dtype == "F64") {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_at<double>(p, i0 + i));
+  } else {
+    return false;
   }
+  return true;
 }
 
 }  // namespace
@@ -250,18 +257,21 @@ const SafetensorsEntry* SafetensorsReader::find(std::string_view name) const {
 void SafetensorsReader::read_f32(const SafetensorsEntry& e, std::span<float> out) const {
   size_t n = e.bytes.size() / safetensors_dtype_size(e.dtype);
   PF_CHECK(out.size() == n, "tensor '{}' has {} elements, destination {}", e.name, n, out.size());
-  const std::byte* p = e.bytes.data();
-  if (e.dtype == "F32") {
-    if (n) std::memcpy(out.data(), p, n * sizeof(float));
-  } else if (e.dtype == "F16") {
-    for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_at<uint16_t>(p, i));
-  } else if (e.dtype == "BF16") {
-    for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{load_at<uint16_t>(p, i)} << 16);
-  } else if (e.dtype == "F64") {
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_at<double>(p, i));
-  } else {
+  if (!to_f32(e, 0, n, out.data()))
     usage_error(path_, "tensor '{}': dtype {} cannot be loaded as floating point (F32, F16, BF16, F64)", e.name,
                 e.dtype);
+}
+
+void SafetensorsReader::require_finite(const SafetensorsEntry& e) const {
+  const size_t n = e.bytes.size() / safetensors_dtype_size(e.dtype);
+  float buf[4096];
+  for (size_t i0 = 0; i0 < n; i0 += std::size(buf)) {
+    const size_t k = std::min(std::size(buf), n - i0);
+    if (!to_f32(e, i0, k, buf)) return;  // not floating point: read_f32 refuses it
+    for (size_t i = 0; i < k; ++i)
+      if (!std::isfinite(buf[i]))
+        usage_error(path_, "tensor '{}' holds a non-finite value ({} at index {}): weights and training state must be "
+                    "finite", e.name, buf[i], i0 + i);
   }
 }
 
@@ -269,7 +279,7 @@ void SafetensorsReader::read_f32(const SafetensorsEntry& e, std::span<float> out
 // Writing
 // ---------------------------------------------------------------------------------------------
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+void write_safetensors(const OutputFile& out, const std::vector<SafetensorsTensor>& tensors,
                        const SafetensorsMetadata& metadata) {
   // Header in data order, __metadata__ first, compact, as the reference writer emits it.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -289,45 +299,29 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) usage_error(path, "cannot create {}: {}", tmp, std::strerror(errno));
-  try {
-    uint64_t n = text.size();
-    write_all(fd, &n, sizeof n, path);
-    write_all(fd, text.data(), text.size(), path);
-    std::vector<float> buf;
-    for (const auto& t : tensors) {
-      if (!t.transpose) {
-        write_all(fd, t.data.data(), t.data.size_bytes(), path);
-        continue;
-      }
-      // data is [c, r] row-major; the file wants [r, c] = its transpose.
-      const int64_t r = t.shape[0], c = t.shape[1];
-      buf.resize(t.data.size());
-      for (int64_t j = 0; j < c; ++j)
-        for (int64_t i = 0; i < r; ++i) buf[i * c + j] = t.data[j * r + i];
-      write_all(fd, buf.data(), buf.size() * sizeof(float), path);
+  OutputWriter w(out);
+  const uint64_t n = text.size();
+  w.write(&n, sizeof n);
+  w.write(text);
+  std::vector<float> buf;
+  for (const auto& t : tensors) {
+    if (!t.transpose) {
+      w.write(t.data.data(), t.data.size_bytes());
+      continue;
     }
-    if (::fsync(fd) != 0) usage_error(path, "fsync failed: {}", std::strerror(errno));
-    if (::close(fd) != 0) {
-      fd = -1;
-      usage_error(path, "close failed: {}", std::strerror(errno));
-    }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0) usage_error(path, "cannot rename {}: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+    // data is [c, r] row-major; the file wants [r, c] = its transpose.
+    const int64_t r = t.shape[0], c = t.shape[1];
+    buf.resize(t.data.size());
+    for (int64_t j = 0; j < c; ++j)
+      for (int64_t i = 0; i < r; ++i) buf[i * c + j] = t.data[j * r + i];
+    w.write(buf.data(), buf.size() * sizeof(float));
   }
-  // Make the rename itself durable.
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  w.commit();
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const SafetensorsMetadata& metadata) {
+  write_safetensors(OutputFile{path}, tensors, metadata);
 }
 
 SafetensorsTensor param_tensor(const Param& p) {
@@ -335,7 +329,7 @@ SafetensorsTensor param_tensor(const Param& p) {
   return {p.name, p.hf_transposed ? transposed(p.value.shape()) : p.value.shape(), p.value.span(), p.hf_transposed};
 }
 
-void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
+void save_safetensors(const OutputFile& out, const std::vector<const Param*>& params,
                       const SafetensorsMetadata& metadata) {
   std::vector<SafetensorsTensor> tensors;
   for (const Param* p : params)
@@ -343,7 +337,12 @@ void save_safetensors(const std::string& path, const std::vector<const Param*>& 
   // transformers' loader refuses a file whose metadata lacks a known "format"; ours are PyTorch's.
   SafetensorsMetadata meta = metadata;
   meta.emplace("format", "pt");
-  write_safetensors(path, tensors, meta);
+  write_safetensors(out, tensors, meta);
+}
+
+void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
+                      const SafetensorsMetadata& metadata) {
+  save_safetensors(OutputFile{path}, params, metadata);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,6 +373,7 @@ SafetensorsLoadResult load_safetensors(const std::string& path, const std::vecto
     if (e->shape != want)
       usage_error(path, "tensor '{}': shape {} in the file, the model expects {}{}", e->name, shape_str(e->shape),
                   shape_str(want), p->hf_transposed ? " (Conv1D layout [in, out])" : "");
+    if (options.require_finite) file.require_finite(*e);
     plan.emplace_back(p, e);
     matched.insert(e->name);
   }

@@ -9,6 +9,7 @@
 //
 // Parameter names and layouts are Hugging Face's (Param::name), so a saved model loads in
 // transformers; GPT-2's Conv1D weights are stored transposed ([in, out]), see Param::hf_transposed.
+#include "core/files.hpp"
 #include "core/tensor.hpp"
 #include "nn/param.hpp"
 
@@ -58,6 +59,9 @@ class SafetensorsReader {
   // Converts a floating-point tensor (F32, F16, BF16, F64) to fp32 into `out`, which must hold
   // exactly its element count. Other dtypes are refused with a UsageError.
   void read_f32(const SafetensorsEntry& e, std::span<float> out) const;
+  // UsageError naming the file, the tensor and the first element that is NaN or Inf as fp32 (an
+  // F64 beyond float's range included); nothing for a tensor that is not floating point.
+  void require_finite(const SafetensorsEntry& e) const;
 
  private:
   void parse();
@@ -78,7 +82,10 @@ struct SafetensorsTensor {
   bool transpose = false;
 };
 
-// Writes tensors in the given order to `path.tmp.<pid>`, fsyncs, renames over `path`.
+// Writes tensors in the given order through an OutputWriter (core/files.hpp: a temporary renamed
+// over the path; a device or link the user named written in place).
+void write_safetensors(const OutputFile& out, const std::vector<SafetensorsTensor>& tensors,
+                       const SafetensorsMetadata& metadata = {});
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const SafetensorsMetadata& metadata = {});
 
@@ -89,12 +96,15 @@ SafetensorsTensor param_tensor(const Param& p);
 // Saves parameter values under their Hugging Face names; hf_transposed weights are written as
 // their transpose ([in, out]); mirrors are skipped (their owner is saved). The metadata gets
 // "format": "pt" unless it has a "format", as transformers' loader requires one.
+void save_safetensors(const OutputFile& out, const std::vector<const Param*>& params,
+                      const SafetensorsMetadata& metadata = {});
 void save_safetensors(const std::string& path, const std::vector<const Param*>& params,
                       const SafetensorsMetadata& metadata = {});
 
 struct SafetensorsLoadOptions {
   bool require_all = true;    // every Param must be in the file (else only those present load)
   bool allow_unused = true;   // tensors of the file that match no Param are ignored (else refused)
+  bool require_finite = true; // a NaN or Inf is refused (weights); false: the format's values as they are
 };
 
 struct SafetensorsLoadResult {
@@ -105,7 +115,8 @@ struct SafetensorsLoadResult {
 
 // Loads Param values by name (or the hub's other names for it, io/hf_model.hpp's
 // hf_name_candidates): the file's shape must equal the Param's (transposed for hf_transposed), its
-// dtype F32/F16/BF16/F64 (converted to fp32). Mirrors load like their owner.
+// dtype F32/F16/BF16/F64 (converted to fp32), every value finite (require_finite). Mirrors load like
+// their owner.
 // Nothing is modified unless every check passes.
 SafetensorsLoadResult load_safetensors(const std::string& path, const std::vector<Param*>& params,
                                        const SafetensorsLoadOptions& options = {});

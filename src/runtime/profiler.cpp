@@ -152,8 +152,8 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   svg.title = title;
   svg.steps = 1;
   svg.first_step = m.step;
-  write_file_atomic(fmt::format("{}/timeline-step{}.svg", opt_.dir, m.step), timeline_svg(m.timeline, svg),
-                    "--profile-dir");
+  write_output({fmt::format("{}/timeline-step{}.svg", opt_.dir, m.step), "--profile-dir"},
+               timeline_svg(m.timeline, svg));
   measured_.push_back(std::move(m));
   raw_.push_back(std::move(per_rank));
 }
@@ -301,13 +301,12 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
       j["broadcast"] = {{"alpha", in.bcast_alpha / (D * layout_.replicas)}, {"beta", in.bcast_beta / (D * layout_.replicas)}};
     }
   }
-  write_file_atomic(opt_.dir + "/profile.json", j.dump(1) + "\n", "--profile-dir");
+  write_output({opt_.dir + "/profile.json", "--profile-dir"}, j.dump(1) + "\n");
   std::vector<TraceStep> trace;
   for (const MeasuredStep& m : measured_) trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline});
-  write_file_atomic(opt_.dir + "/trace.json",
-                    chrome_trace(trace, fmt::format("measured {} D={} W={} N={}", sched.name, D, layout_.replicas,
-                                                    sched.micro_batches), layer_names_),
-                    "--profile-dir");
+  write_output({opt_.dir + "/trace.json", "--profile-dir"},
+               chrome_trace(trace, fmt::format("measured {} D={} W={} N={}", sched.name, D, layout_.replicas,
+                                               sched.micro_batches), layer_names_));
   std::string u;
   for (double x : util) u += fmt::format("{}{:.0f}%", u.empty() ? "" : " ", 100 * x);
   std::printf("profile: measured step %.2f ms (utilization per rank %s, mean comm wait %.2f ms), simulator with "

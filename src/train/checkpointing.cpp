@@ -2,12 +2,14 @@
 
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
+#include "nn/model.hpp"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 namespace pf {
 
@@ -40,17 +42,66 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
       {"train.steps", std::to_string(cfg.train.steps)},
       {"lr_decay_steps", std::to_string(cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps)},
       {"layout", layout},
+      // The model's shape: a resume into another one is refused naming the key.
+      {"model.arch", cfg.model.arch},
+      {"model.layers", std::to_string(cfg.model.layers)},
+      {"model.hidden", std::to_string(cfg.model.hidden)},
+      {"model.heads", std::to_string(cfg.model.heads)},
+      {"model.ffn", std::to_string(cfg.model.ffn)},
+      {"model.vocab", std::to_string(cfg.model.vocab)},
+      {"model.max_position", std::to_string(cfg.model.max_position)},
   };
 }
 
-std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume) {
-  const bool dir = !init.empty() && std::filesystem::is_directory(init);
-  if (!init.empty() && !dir && !std::filesystem::is_regular_file(init))
+void require_init_path(const std::string& init) {
+  if (!std::filesystem::is_directory(init) && !std::filesystem::is_regular_file(init))
     usage_error("--init", "no such file or checkpoint directory '{}'", init);
+}
+
+std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume,
+                                                       const ModelConfig& model) {
+  if (!init.empty()) require_init_path(init);
+  const bool dir = !init.empty() && std::filesystem::is_directory(init);
+  if (!init.empty() && !resume.empty()) usage_error("--init", "give --init or --resume, not both");
   std::unique_ptr<CheckpointReader> ckpt;
   if (dir) ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(init, "--init"));
-  if (!init.empty() && !resume.empty()) usage_error("--init", "give --init or --resume, not both");
+  if (!init.empty()) check_weights_fit(model, init, ckpt.get());
   return ckpt;
+}
+
+namespace {
+
+// A file write_stage_state wrote: "weights-stage-S.safetensors" (kind "weights") or "state-stage-S...".
+bool is_stage_file(const std::string& path, const std::string& kind) {
+  return std::filesystem::path(path).filename().string().rfind(kind + "-stage-", 0) == 0;
+}
+
+}  // namespace
+
+void check_weights_fit(const ModelConfig& model, const std::string& file, const CheckpointReader* ckpt) {
+  std::set<std::string, std::less<>> names;
+  for (int b = 0; b < num_blocks(model); ++b) {
+    const std::unique_ptr<Model> block = build_model(model, b, b);  // loaded for its checks, then dropped
+    const std::vector<Param*> params = block->params();
+    if (ckpt)
+      ckpt->load_params(params);
+    else
+      load_safetensors(file, params);
+    for (const Param* p : params) names.insert(p->name);
+  }
+  if (!ckpt) return;
+  for (const auto& f : ckpt->files()) {
+    const bool weights = is_stage_file(f->path(), "weights");
+    if (!weights && !is_stage_file(f->path(), "state")) continue;  // another file's own loader checks it
+    for (const SafetensorsEntry& e : f->tensors()) {
+      if (!weights)
+        f->require_finite(e);  // the optimizer's and K-FAC's state; the weights were loaded above
+      else if (!names.count(e.name))
+        usage_error(f->path(), "tensor '{}' is not a parameter of the configured model ({}, model.layers = {}, "
+                    "model.hidden = {}): the checkpoint is of another model", e.name, model.arch, model.layers,
+                    model.hidden);
+    }
+  }
 }
 
 void load_init_weights(const std::string& init, const CheckpointReader* ckpt, const std::vector<Param*>& params) {
@@ -70,6 +121,13 @@ void load_init_weights(const std::string& init, const CheckpointReader* ckpt, co
 void check_resume(const Config& cfg, const CheckpointManifest& m) {
   const auto now = checkpoint_info(cfg, m.step, "");
   const std::pair<const char*, const char*> keys[] = {
+      {"model.arch", "model.arch"},
+      {"model.layers", "model.layers"},
+      {"model.hidden", "model.hidden"},
+      {"model.heads", "model.heads"},
+      {"model.ffn", "model.ffn"},
+      {"model.vocab", "model.vocab"},
+      {"model.max_position", "model.max_position"},
       {"train.seed", "train.seed"},
       {"data.seed", "data.seed"},
       {"data.shuffle", "data.shuffle"},
@@ -113,6 +171,7 @@ std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std:
   auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, "--resume", &passed_over));
   if (!passed_over.empty()) notes.push_back("--resume: " + passed_over + "; resuming from the newest that verifies");
   check_resume(cfg, r->manifest());
+  check_weights_fit(cfg.model, "", r.get());
   const int64_t at = r->manifest().step;
   if (at > cfg.train.steps || (at == cfg.train.steps && !ends_its_run(r->manifest())))
     usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train", r->manifest().step,
@@ -134,7 +193,7 @@ void require_finite(const std::vector<const Param*>& params, const std::string& 
 
 void save_trained_weights(const std::string& path, const std::vector<const Param*>& params) {
   require_finite(params, path);
-  save_safetensors(path, params);
+  save_safetensors(OutputFile{path, "--save", true}, params);
 }
 
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st) {

@@ -32,8 +32,8 @@ struct TrainState {
 
 // The run facts a manifest records for a checkpoint after `step` steps.
 std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t step, const std::string& layout);
-// Refuses (UsageError naming the key) a configuration whose seeds, batch or optimizer differ from
-// those the checkpoint was written with: the resumed run would not continue the same one.
+// Refuses (UsageError naming the key) a configuration whose model, seeds, batch or optimizer differ
+// from those the checkpoint was written with: the resumed run would not continue the same one.
 void check_resume(const Config& cfg, const CheckpointManifest& m);
 // A resumed run continues the checkpoint's learning-rate schedule (recorded as lr_decay_steps):
 // with a smaller train.steps it stops early on that schedule (cfg.optim.decay_steps is set to it);
@@ -41,18 +41,31 @@ void check_resume(const Config& cfg, const CheckpointManifest& m);
 // chooses a new schedule. Returns a line for the user when the schedule or the length differs.
 std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m);
 // `--resume DIR`: the newest complete checkpoint of DIR, verified, checked against the
-// configuration (check_resume, steps left, keep_lr_schedule, which may set cfg.optim.decay_steps).
-// A checkpoint at train.steps is accepted when it ends the run that wrote it (its manifest's
-// train.steps): that run stopped before its final outputs, which the resumed run writes.
+// configuration (check_resume, check_weights_fit, steps left, keep_lr_schedule, which may set
+// cfg.optim.decay_steps). A checkpoint at train.steps is accepted when it ends the run that wrote
+// it (its manifest's train.steps): that run stopped before its final outputs, which the resumed
+// run writes.
 // `notes` gets lines for the user: newer checkpoints passed over (corrupt, incomplete) and the
 // schedule kept.
 std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,
                                                          std::vector<std::string>& notes);
 // `--init` and `--resume` as given to `pipefisher train`: init may be a safetensors file or a
-// checkpoint directory (its newest complete checkpoint, verified, returned; weights by name,
-// whatever layout wrote it); a missing path, or both flags, is a UsageError naming the flag.
-// Null when init is empty or a file.
-std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume);
+// checkpoint directory (its newest complete checkpoint, or a step directory itself, verified,
+// returned; weights by name, whatever layout wrote it); a missing path, or both flags, is a
+// UsageError naming the flag. The weights are checked against `model` (check_weights_fit) now,
+// before anything is written. Null when init is empty or a file.
+std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume,
+                                                       const ModelConfig& model);
+// The first check of open_init_checkpoint: UsageError naming --init unless init is a file or a directory.
+void require_init_path(const std::string& init);
+
+// Weights for the whole model that `model` configures, checked as a load checks them without
+// keeping the model (it is built a block at a time): every parameter present, of its shape, finite.
+// `ckpt`: a checkpoint (its weights files must hold no tensor the model lacks, a 2-layer checkpoint
+// for a 1-layer model; its weights and state files no NaN or Inf); null: the safetensors file
+// `file` (a hub file may hold more: load_init_weights names it). UsageError naming the file and the
+// first tensor at fault.
+void check_weights_fit(const ModelConfig& model, const std::string& file, const CheckpointReader* ckpt);
 
 // Loads `--init` weights into params by name: from a safetensors file, or from the newest complete
 // checkpoint of a directory (`ckpt`, as open_init_checkpoint returned it; null for a file). A file
@@ -63,7 +76,8 @@ void load_init_weights(const std::string& init, const CheckpointReader* ckpt, co
 // are refused, UsageError naming the file and tensor, before anything of the file is written.
 void require_finite(std::span<const float> values, const std::string& tensor, const std::string& path);
 void require_finite(const std::vector<const Param*>& params, const std::string& path);
-// save_safetensors of the trained weights, after require_finite on each.
+// save_safetensors of the trained weights to --save `path` (a path the user names: a device there
+// is written in place), after require_finite on each.
 void save_trained_weights(const std::string& path, const std::vector<const Param*>& params);
 // Writes weights-stage-S and state-stage-S into step_dir (require_finite first); returns the two files.
 std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int stage, const TrainState& st);

@@ -29,6 +29,13 @@ constexpr const char* kRunFiles[] = {"config.toml",       "config.json",       "
                                      "model.safetensors", "summary.json",      "activations.json",
                                      "kfac_refresh.json", "kfac_profile.json", "dkfac.json"};
 
+// Those and the lock: everything the run names in out_dir (core/files.hpp's rule: regular files).
+std::vector<std::string> out_dir_files() {
+  std::vector<std::string> names(std::begin(kRunFiles), std::end(kRunFiles));
+  names.push_back(kLockName);
+  return names;
+}
+
 // Creates and removes a file in `dir` (an existing directory): the one test of writability that
 // also holds for root, read-only mounts and full inode tables.
 void probe_dir(const fs::path& dir, const std::string& what, const std::string& target) {
@@ -61,21 +68,21 @@ void check_dir(const std::string& path, const std::string& what) {
   }
 }
 
-// A file written whole (or opened for writing): its directory must exist and be writable (or be
-// `made`, a directory the run makes first: out_dir); if it exists, it must not be a directory and
-// must open for writing (a device such as /dev/null is fine). Nothing is truncated.
-void check_file(const std::string& path, const std::string& what, const std::string& made) {
-  if (path.empty()) return;
+// A file written whole (or opened for writing): core/files.hpp's rule; if it goes to a temporary
+// renamed over it, its directory must exist and be writable (or be `made`, a directory the run
+// makes first: out_dir); if it is written in place (a device the user named), it must open for
+// writing. Nothing is truncated.
+void check_file(const OutputFile& f, const std::string& made) {
+  if (f.path.empty()) return;
+  const std::string& path = f.path;
   std::error_code ec;
   const fs::path p = fs::absolute(path, ec);
-  if (ec) usage_error(what, "bad path '{}': {}", path, ec.message());
-  const fs::file_status st = fs::status(p, ec);
-  if (fs::is_directory(st)) usage_error(what, "'{}' is a directory", path);
-  if (fs::exists(st) && !fs::is_regular_file(st)) {
+  if (ec) usage_error(f.what, "bad path '{}': {}", path, ec.message());
+  if (check_output(f) == OutputMode::in_place) {
     const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       const int e = errno;
-      usage_error(what, "cannot write '{}': {}", path, std::strerror(e));
+      usage_error(f.what, "cannot write '{}': {}", path, e == ENXIO ? "a FIFO that no process reads" : std::strerror(e));
     }
     ::close(fd);
     return;
@@ -83,15 +90,15 @@ void check_file(const std::string& path, const std::string& what, const std::str
   const fs::path dir = p.parent_path();
   if (!fs::is_directory(dir, ec)) {
     if (!made.empty() && (dir / "").lexically_normal() == (fs::absolute(made, ec) / "").lexically_normal()) {
-      check_dir(made, what);
+      check_dir(made, f.what);
       return;
     }
-    usage_error(what, "cannot write '{}': no directory '{}'", path, dir.string());
+    usage_error(f.what, "cannot write '{}': no directory '{}'", path, dir.string());
   }
-  probe_dir(dir, what, path);  // a file is written under a temporary name and renamed
-  if (fs::exists(st) && ::access(p.c_str(), W_OK) != 0) {
+  probe_dir(dir, f.what, path);  // a file is written under a temporary name and renamed
+  if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) {
     const int e = errno;
-    usage_error(what, "cannot write '{}': {}", path, std::strerror(e));
+    usage_error(f.what, "cannot write '{}': {}", path, std::strerror(e));
   }
 }
 
@@ -118,11 +125,7 @@ void check_not_locked(const std::string& dir, const std::string& what) {
 int take_lock(const std::string& dir, const std::string& what) {
   make_dirs(dir, what);
   const std::string path = (fs::path(dir) / kLockName).string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int e = errno;
-    usage_error(what, "cannot create the lock file '{}': {}", path, std::strerror(e));
-  }
+  const int fd = open_output({path, what}, O_RDWR);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) refuse_in_use(fd, dir, what);
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -168,19 +171,31 @@ void check_not_another_run(const Config& cfg) {
 void check_output_paths(const Config& cfg, const RunOutputs& o) {
   const std::string& out = cfg.train.out_dir;
   check_dir(out, "train.out_dir");
-  std::error_code ec;
-  for (const char* name : kRunFiles)
-    if (fs::is_directory(fs::path(out) / name, ec))
-      usage_error("train.out_dir", "'{}' is a directory; the run writes a file there", (fs::path(out) / name).string());
-  check_file(cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json", out);
-  check_file(o.save, "--save", out);
+  std::vector<NamedPath> outputs;
+  for (const std::string& name : out_dir_files()) {
+    const std::string path = (fs::path(out) / name).string();
+    check_output({path, "train.out_dir"});
+    outputs.push_back({path, "train.out_dir's " + name});
+  }
+  const OutputFile save{o.save, "--save", true};
+  const OutputFile log{cfg.train.log_json, o.log_json_from_flag ? "--log-json" : "train.log_json", true};
+  check_file(log, out);
+  check_file(save, out);
+  outputs.push_back({save.path, save.what});
+  outputs.push_back({log.path, log.what});
+  refuse_shared_files(outputs, {{cfg.data.train_file, "data.train_file"}, {cfg.data.valid_file, "data.valid_file"}});
   const std::string ck = checkpoint_dir_of(cfg);
   check_dir(ck, "train.checkpoint_dir");
+  std::error_code ec;
   const fs::path latest = fs::path(ck) / "latest";
-  if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::status(latest, ec)))
+  if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::symlink_status(latest, ec)))
     usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",
                 latest.string());
+  check_output({(fs::path(ck) / kLockName).string(), "train.checkpoint_dir"});
   check_dir(o.profile_dir, "--profile-dir");
+  if (!o.profile_dir.empty())
+    for (const char* name : {"profile.json", "trace.json"})
+      check_output({(fs::path(o.profile_dir) / name).string(), "--profile-dir"});
   // A live run's outputs are "in use"; a finished one's are another run's unless the same job
   // runs again.
   check_not_locked(out, "train.out_dir");
@@ -195,12 +210,14 @@ RunLocks::~RunLocks() {
 std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& o) {
   auto locks = std::make_unique<RunLocks>();
   locks->add(take_lock(cfg.train.out_dir, "train.out_dir"));
+  remove_stale_temporaries(cfg.train.out_dir, out_dir_files());  // a killed write's leftovers
   // The checkpoint directory too, default or not: another run may name this one's
   // out_dir/checkpoints as its train.checkpoint_dir.
   const std::string ck = checkpoint_dir_of(cfg);
   make_dirs(ck, "train.checkpoint_dir");
   std::error_code ec;
   if (!fs::equivalent(ck, cfg.train.out_dir, ec)) locks->add(take_lock(ck, "train.checkpoint_dir"));
+  remove_stale_temporaries(ck, {"latest"});
   return locks;
 }
 

@@ -4,12 +4,15 @@
 // directories made and locked, so that two live runs never share one.
 //
 //   train.out_dir          a directory (made if missing) where config.toml, log.jsonl,
-//                          model.safetensors, summary.json go: none of those may be a directory
-//   train.log_json         a file (--log-json) whose directory exists
-//   --save                 a file whose directory exists
+//                          model.safetensors, summary.json go: each absent or a regular file
+//                          (not a directory, link or device: core/files.hpp's rule)
+//   train.log_json         a file (--log-json) whose directory exists, or a device, FIFO or link
+//                          (/dev/stdout), written where it is
+//   --save                 the same
 //   train.checkpoint_dir   a directory (made if missing; default out_dir/checkpoints) whose
-//                          `latest`, if present, is a file
+//                          `latest`, if present, is a regular file
 //   --profile-dir          a directory (made if missing)
+// No two of these outputs may name one file, nor name data.train_file or data.valid_file.
 //
 // Another run's outputs: an out_dir whose config.toml differs from this run's (Hugging Face's
 // overwrite_output_dir rule) is refused unless the run resumes or --overwrite is given; the same
@@ -19,7 +22,8 @@
 // Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
 // checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
 // process exits (a killed run's lock goes with it). A second run finds one held and is refused,
-// also a --resume that would write into the checkpoint directory of a live run.
+// also a --resume that would write into the checkpoint directory of a live run. Holding them, the
+// run removes the temporaries (NAME.tmp.PID) a killed process left of its own outputs there.
 #include "config/config.hpp"
 
 #include <memory>

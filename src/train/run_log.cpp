@@ -5,6 +5,7 @@
 #include "core/machine.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -61,12 +62,12 @@ int64_t step_of(const std::string& line, bool csv) {
 
 }  // namespace
 
-RunLog::RunLog(const RunLogOptions& o, std::vector<std::string> json_paths, const std::string& csv_path)
+RunLog::RunLog(const RunLogOptions& o, std::vector<OutputFile> json, OutputFile csv)
     : o_(o), tty_(isatty(fileno(stderr))), machine_(machine_info()) {
   // First, so that every number the run prints can be traced to the machine that made it.
   std::printf("machine: %s\n", machine_line(machine_).c_str());
-  for (auto& p : json_paths) files_.push_back({std::move(p), nullptr, false});
-  if (!csv_path.empty()) files_.push_back({csv_path, nullptr, true});
+  for (auto& p : json) files_.push_back({std::move(p), nullptr, false});
+  if (!csv.path.empty()) files_.push_back({std::move(csv), nullptr, true});
   for (File& f : files_) open(f);
 }
 
@@ -76,10 +77,13 @@ RunLog::~RunLog() {
 
 void RunLog::open(File& file) {
   // On resume: the records up to the checkpoint's step, rewritten, then appended to. The first
-  // JSON file (out_dir/log.jsonl) also restores the whole run's counts.
+  // JSON file (out_dir/log.jsonl) also restores the whole run's counts. Only a regular file is
+  // read back: reading /dev/stdout on a pipe would wait for the run's own output.
+  const std::string& path = file.out.path;
+  const bool in_place = check_output(file.out) == OutputMode::in_place;
   std::string kept;
-  if (o_.resume_step >= 0) {
-    std::ifstream in(file.path);
+  if (o_.resume_step >= 0 && !in_place) {
+    std::ifstream in(path);
     const bool counts = &file == &files_.front();
     for (std::string line; std::getline(in, line);) {
       const int64_t s = step_of(line, file.csv);
@@ -89,9 +93,10 @@ void RunLog::open(File& file) {
       if (counts && !header) count_previous(line);
     }
   }
-  if (!kept.empty()) write_file_atomic(file.path, kept);
-  file.f = std::fopen(file.path.c_str(), kept.empty() ? "w" : "a");
-  if (!file.f) usage_error(file.path, "cannot open the log file for writing");
+  if (!kept.empty()) write_output(file.out, kept);
+  const bool append = !kept.empty() || in_place;
+  file.f = ::fdopen(open_output(file.out, O_WRONLY | (append ? O_APPEND : O_TRUNC)), append ? "a" : "w");
+  if (!file.f) usage_error(path, "cannot open the log file for writing");
   if (file.csv && kept.empty()) {
     std::fprintf(file.f, "%s%s%s\n", fmt::format("{}", fmt::join(kColumns, ",")).c_str(), o_.kfac ? "," : "",
                  o_.kfac ? fmt::format("{}", fmt::join(kKfacColumns, ",")).c_str() : "");
@@ -142,7 +147,7 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
     // A full disk or a vanished file system: the run stops (exit 2) rather than losing its log.
     errno = 0;
     if (std::fputs(f.csv ? row.c_str() : line.c_str(), f.f) < 0 || std::fflush(f.f) != 0)
-      usage_error(f.path, "cannot write the log after step {}: {}", s.step + 1, std::strerror(errno ? errno : EIO));
+      usage_error(f.out.path, "cannot write the log after step {}: {}", s.step + 1, std::strerror(errno ? errno : EIO));
   }
 
   const int total = o_.total_steps;
@@ -187,11 +192,11 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
 std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step, bool kfac_metrics) {
   const std::string& out = cfg.train.out_dir;
   make_dirs(out, "train.out_dir");
-  write_file_atomic(out + "/config.toml", cfg.to_toml());
-  std::vector<std::string> logs{out + "/log.jsonl"};
-  if (!cfg.train.log_json.empty()) logs.push_back(cfg.train.log_json);
+  write_output({out + "/config.toml", "train.out_dir"}, cfg.to_toml());
+  std::vector<OutputFile> logs{{out + "/log.jsonl", "train.out_dir"}};
+  if (!cfg.train.log_json.empty()) logs.push_back({cfg.train.log_json, "train.log_json", true});
   const RunLogOptions o{cfg.train.steps, cfg.train.log_every, kfac_metrics, resume_step};
-  auto log = std::make_unique<RunLog>(o, std::move(logs), out + "/metrics.csv");
+  auto log = std::make_unique<RunLog>(o, std::move(logs), OutputFile{out + "/metrics.csv", "train.out_dir"});
   std::fflush(stdout);  // the machine line first, then what may not be meant
   for (const std::string& w : config_warnings(cfg)) std::fprintf(stderr, "pipefisher: warning: %s\n", w.c_str());
   return log;

@@ -18,6 +18,7 @@
 // A resumed run (--resume into the same out_dir) keeps the records of steps 1..k of the files it
 // finds (dropping those a killed segment wrote past its checkpoint at step k) and appends, so the
 // logs hold each step once and the summary covers the whole run.
+#include "core/files.hpp"
 #include "core/machine.hpp"
 #include "train/trainer.hpp"
 
@@ -39,9 +40,11 @@ struct RunLogOptions {
 
 class RunLog {
  public:
-  // `json_paths` receive JSON lines, `csv_path` (if not empty) CSV rows; opened now (truncated,
-  // or filtered and appended to on resume).
-  RunLog(const RunLogOptions& o, std::vector<std::string> json_paths, const std::string& csv_path);
+  // `json` files receive JSON lines, `csv` (if its path is not empty) CSV rows; opened now
+  // (truncated, or filtered and appended to on resume) under core/files.hpp's rule. A file the
+  // user named that is not a regular file (/dev/stdout, a FIFO, a link) is appended to where it is,
+  // and never read back on resume.
+  RunLog(const RunLogOptions& o, std::vector<OutputFile> json, OutputFile csv);
   ~RunLog();
   // UsageError naming the file when a log line cannot be written (full disk).
   void step(const StepStats& s, std::optional<double> valid_loss);
@@ -54,7 +57,7 @@ class RunLog {
 
  private:
   struct File {
-    std::string path;
+    OutputFile out;
     FILE* f = nullptr;
     bool csv = false;
   };

@@ -104,7 +104,7 @@ void set_up(Run& r) {
   TrainEngine& e = r.engine;
   const TrainRunArgs& a = r.args;
   r.cfg.check_files();
-  std::unique_ptr<CheckpointReader> init = open_init_checkpoint(a.init, a.resume);
+  std::unique_ptr<CheckpointReader> init = open_init_checkpoint(a.init, a.resume, r.cfg.model);
   std::unique_ptr<CheckpointReader> resume;
   std::vector<std::string> notes;
   if (!a.resume.empty()) {
@@ -252,15 +252,20 @@ std::optional<int> run_steps(Run& r) {
 
 // --- finish ---
 
+// A write error (a full disk) names the last complete checkpoint, as during the steps.
 void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
-  if (!rec.write_error.empty()) throw UsageError(rec.write_error);
   const std::string& out = r.cfg.train.out_dir;
-  require_finite(rec.params, out + "/model.safetensors");
-  save_hf_model(out, rec.params, r.cfg.model);
-  r.args.seams.signal.at(SignalSeam::Where::final_writes);
-  if (!r.args.save.empty()) save_trained_weights(r.args.save, rec.params);
-  for (const auto& [name, text] : rec.files) write_file_atomic(out + "/" + name, text);
-  write_file_atomic(out + "/summary.json", r.log->summary(r.valid, wall));
+  try {
+    if (!rec.write_error.empty()) throw UsageError(rec.write_error);
+    require_finite(rec.params, out + "/model.safetensors");
+    save_hf_model(out, rec.params, r.cfg.model);
+    r.args.seams.signal.at(SignalSeam::Where::final_writes);
+    if (!r.args.save.empty()) save_trained_weights(r.args.save, rec.params);
+    for (const auto& [name, text] : rec.files) write_file_atomic(out + "/" + name, text);
+    write_file_atomic(out + "/summary.json", r.log->summary(r.valid, wall));
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}; {}", e.what(), last_checkpoint_note(r.ckpt_dir)));
+  }
   std::string listed;
   for (const std::string& name : rec.listed) listed += ", " + name;
   std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json%s}%s\n",

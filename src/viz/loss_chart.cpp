@@ -13,15 +13,35 @@ namespace pf {
 
 void smooth_curves(std::vector<LossCurve>& curves) {
   const IirFilter f = paper_loss_filter();
-  for (LossCurve& c : curves) c.smoothed = filtfilt(f, c.loss);
+  for (LossCurve& c : curves) {
+    std::vector<double> finite;
+    for (double v : c.loss)
+      if (std::isfinite(v)) finite.push_back(v);
+    const std::vector<double> s = filtfilt(f, finite);
+    c.smoothed.assign(c.loss.size(), std::numeric_limits<double>::quiet_NaN());
+    for (size_t i = 0, k = 0; i < c.loss.size(); ++i)
+      if (std::isfinite(c.loss[i])) c.smoothed[i] = s[k++];
+  }
+}
+
+double last_finite(std::span<const double> values) {
+  for (size_t i = values.size(); i-- > 0;)
+    if (std::isfinite(values[i])) return values[i];
+  return std::numeric_limits<double>::quiet_NaN();
 }
 
 std::optional<Crossing> first_crossing(const LossCurve& c, std::span<const double> values, double target) {
+  std::optional<size_t> prev;  // the last finite point before i
   for (size_t i = 0; i < values.size(); ++i) {
-    if (!(values[i] <= target)) continue;
-    if (i == 0) return Crossing{c.step[0], c.time_s[0]};
-    const double u = (values[i - 1] - target) / (values[i - 1] - values[i]);  // in (0, 1]
-    return Crossing{c.step[i - 1] + u * (c.step[i] - c.step[i - 1]), c.time_s[i - 1] + u * (c.time_s[i] - c.time_s[i - 1])};
+    if (!std::isfinite(values[i])) continue;
+    if (!(values[i] <= target)) {
+      prev = i;
+      continue;
+    }
+    if (!prev) return Crossing{c.step[i], c.time_s[i]};
+    const size_t p = *prev;
+    const double u = (values[p] - target) / (values[p] - values[i]);  // in (0, 1]
+    return Crossing{c.step[p] + u * (c.step[i] - c.step[p]), c.time_s[p] + u * (c.time_s[i] - c.time_s[p])};
   }
   return std::nullopt;
 }
@@ -36,8 +56,16 @@ std::vector<double> nice_ticks(double lo, double hi, int count) {
       step = m * mag;
       break;
     }
+  if (!std::isfinite(step) || step <= 0) return {lo, hi};
+  // By index, at most a few more than `count`: a range of a few ulps must not loop on v + step == v.
   std::vector<double> t;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + 1e-9 * step; v += step) t.push_back(std::fabs(v) < 1e-12 * step ? 0.0 : v);
+  const double first = std::ceil(lo / step - 1e-9) * step;
+  for (int k = 0; k <= 3 * std::max(1, count) + 3; ++k) {
+    const double v = first + k * step;
+    if (v > hi + 1e-9 * step) break;
+    t.push_back(std::fabs(v) < 1e-12 * step ? 0.0 : v);
+  }
+  if (t.empty()) t.push_back(lo);
   return t;
 }
 
@@ -56,6 +84,117 @@ struct Range {
   bool ok() const { return lo <= hi; }
 };
 
+// " (2 steps skipped: gaps)" after a legend entry, when the run skipped steps.
+std::string skipped_note(const LossCurve& c) {
+  if (c.skipped == 0) return "";
+  return fmt::format(" ({} step{} skipped: gaps)", c.skipped, c.skipped == 1 ? "" : "s");
+}
+
+// One panel: loss (y) against steps or training time (x), mapped to the picture's coordinates.
+struct Panel {
+  int id = 0;
+  bool by_time = false;
+  double x0 = 0, top = 0, pw = 0, ph = 0;
+  double xhi = 1, ylo = 0, yhi = 1;
+  double X(double v) const { return x0 + pw * v / (xhi > 0 ? xhi : 1); }
+  double Y(double v) const { return top + ph - ph * (v - ylo) / (yhi - ylo); }
+};
+
+std::string panel_axes(const Panel& p, const std::vector<double>& xt, const std::vector<double>& yt) {
+  std::string o = fmt::format(
+      "<clipPath id=\"plot{}\"><rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\"/></clipPath>\n"
+      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#333\"/>\n",
+      p.id, p.x0, p.top, p.pw, p.ph, p.x0, p.top, p.pw, p.ph);
+  for (double v : yt)
+    o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>"
+                     "<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">{:g}</text>\n",
+                     p.x0, p.Y(v), p.x0 + p.pw, p.Y(v), p.x0 - 5, p.Y(v) + 3, v);
+  for (double v : xt)
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#e4e4e4\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{:g}</text>\n",
+                     p.X(v), p.top, p.X(v), p.top + p.ph, p.X(v), p.top + p.ph + 14, v);
+  o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n",
+                   p.x0 + p.pw / 2, p.top + p.ph + 30, p.by_time ? "training time (s)" : "step");
+  o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">training loss vs {}</text>\n", p.x0, p.top - 8,
+                   p.by_time ? "time" : "steps");
+  return o;
+}
+
+// A run's raw and smoothed loss as lines, broken where a step was skipped (NaN), and its
+// validation losses as dots.
+std::string panel_curve(const Panel& p, const LossCurve& c, const char* col) {
+  const std::vector<double>& xs = p.by_time ? c.time_s : c.step;
+  std::string o;
+  auto line = [&](const std::vector<double>& ys, const char* attrs) {
+    std::string path;
+    size_t piece = 0;  // points in the current piece of the line; a NaN ends it
+    auto end_piece = [&] {
+      if (piece == 1) path += "l0,0 ";  // a point alone: a zero-length segment, a dot with round caps
+      piece = 0;
+    };
+    for (size_t i = 0; i < ys.size() && i < xs.size(); ++i) {
+      if (!std::isfinite(ys[i])) {
+        end_piece();
+        continue;
+      }
+      path += fmt::format("{}{:.1f},{:.1f} ", piece == 0 ? "M" : "L", p.X(xs[i]), p.Y(ys[i]));
+      ++piece;
+    }
+    end_piece();
+    if (!path.empty())
+      o += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-linecap=\"round\" {}/>\n", path, col,
+                       attrs);
+  };
+  line(c.loss, "stroke-width=\"0.8\" stroke-opacity=\"0.35\"");
+  line(c.smoothed, "stroke-width=\"2.2\"");
+  const std::vector<double>& vx = p.by_time ? c.valid_time_s : c.valid_step;
+  for (size_t i = 0; i < c.valid_loss.size(); ++i)
+    o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\" stroke=\"#fff\"/>\n", p.X(vx[i]),
+                     p.Y(c.valid_loss[i]), col);
+  return o;
+}
+
+// The target as a dashed line, and where each smoothed curve first reaches it.
+std::string panel_target(const Panel& p, const std::vector<LossCurve>& curves, double target) {
+  std::string o = fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#222\" "
+                              "stroke-dasharray=\"6 4\"/>\n",
+                              p.x0, p.Y(target), p.x0 + p.pw, p.Y(target));
+  for (size_t r = 0; r < curves.size(); ++r) {
+    const auto hit = first_crossing(curves[r], curves[r].smoothed, target);
+    if (!hit) continue;
+    const double cx = p.X(p.by_time ? hit->time_s : hit->step), cy = p.Y(target);
+    // The label reads away from the nearer edge, so that the panel's clip never cuts it.
+    const bool right_half = cx > p.x0 + p.pw / 2;
+    const char* col = kPalette[r % 8];
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"{}\" "
+                     "stroke-dasharray=\"2 3\"/><circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"none\" "
+                     "stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" "
+                     "text-anchor=\"{}\" fill=\"{}\">{}</text>\n",
+                     cx, cy, cx, p.top + p.ph, col, cx, cy, col, right_half ? cx - 7 : cx + 7, cy - 8 - 12.0 * r,
+                     right_half ? "end" : "start", col,
+                     p.by_time ? fmt::format("{:.1f} s", hit->time_s) : fmt::format("step {:.0f}", hit->step));
+  }
+  return o;
+}
+
+std::string loss_panel(const std::vector<LossCurve>& curves, const LossChartOptions& opt, Panel p,
+                       const std::vector<double>& yt) {
+  Range x;
+  for (const LossCurve& c : curves) x.add(p.by_time ? c.time_s : c.step);
+  if (!x.ok()) x = {0, 1};
+  const std::vector<double> xt = nice_ticks(0, x.hi, 6);
+  p.xhi = std::max(x.hi, xt.back());
+  std::string o = panel_axes(p, xt, yt);
+  o += fmt::format("<g clip-path=\"url(#plot{})\">\n", p.id);
+  for (size_t r = 0; r < curves.size(); ++r) o += panel_curve(p, curves[r], kPalette[r % 8]);
+  if (opt.target) o += panel_target(p, curves, *opt.target);
+  o += "</g>\n";
+  if (opt.target)
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">target {:g}</text>\n",
+                     p.x0 + p.pw - 4, p.Y(*opt.target) + 13, *opt.target);
+  return o;
+}
+
 }  // namespace
 
 std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChartOptions& opt) {
@@ -65,7 +204,10 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
   for (const LossCurve& c : curves) y.add(c.loss), y.add(c.smoothed), y.add(c.valid_loss);
   if (opt.target) y.add(*opt.target);
   if (!y.ok()) y = {0, 1};
-  if (y.hi == y.lo) y.lo -= 0.5, y.hi += 0.5;
+  if (y.hi == y.lo) {  // one value: a band around it, wide enough to tell apart at its magnitude
+    const double pad = std::max(0.5, 1e-3 * std::fabs(y.lo));
+    y.lo -= pad, y.hi += pad;
+  }
   const std::vector<double> yt = nice_ticks(y.lo, y.hi, 6);
   const double ylo = std::min(y.lo, yt.front()), yhi = std::max(y.hi, yt.back());
   std::string o = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
@@ -76,79 +218,14 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
                               "thick: smoothed (Butterworth, 3rd order, cutoff 0.05, forward-backward); dots: "
                               "validation</text>\n",
                               width, height, left, xml_escape(opt.title), left);
-  auto panel = [&](int id, double x0, bool by_time) {
-    Range x;
-    for (const LossCurve& c : curves) x.add(by_time ? c.time_s : c.step);
-    if (!x.ok()) x = {0, 1};
-    const std::vector<double> xt = nice_ticks(0, x.hi, 6);
-    const double xhi = std::max(x.hi, xt.back());
-    auto X = [&](double v) { return x0 + pw * v / (xhi > 0 ? xhi : 1); };
-    auto Y = [&](double v) { return top + ph - ph * (v - ylo) / (yhi - ylo); };
-    o += fmt::format("<clipPath id=\"plot{}\"><rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\"/></clipPath>\n",
-                     id, x0, top, pw, ph);
-    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#333\"/>\n",
-                     x0, top, pw, ph);
-    for (double v : yt)
-      o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>"
-                       "<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">{:g}</text>\n",
-                       x0, Y(v), x0 + pw, Y(v), x0 - 5, Y(v) + 3, v);
-    for (double v : xt)
-      o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#e4e4e4\"/>"
-                       "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{:g}</text>\n",
-                       X(v), top, X(v), top + ph, X(v), top + ph + 14, v);
-    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n", x0 + pw / 2,
-                     top + ph + 30, by_time ? "training time (s)" : "step");
-    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">training loss vs {}</text>\n", x0, top - 8,
-                     by_time ? "time" : "steps");
-    o += fmt::format("<g clip-path=\"url(#plot{})\">\n", id);
-    for (size_t r = 0; r < curves.size(); ++r) {
-      const LossCurve& c = curves[r];
-      const char* col = kPalette[r % 8];
-      const std::vector<double>& xs = by_time ? c.time_s : c.step;
-      auto line = [&](const std::vector<double>& ys, const char* attrs) {
-        std::string path;
-        for (size_t i = 0; i < ys.size() && i < xs.size(); ++i)
-          if (std::isfinite(ys[i])) path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", X(xs[i]), Y(ys[i]));
-        if (!path.empty()) o += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" {}/>\n", path, col, attrs);
-      };
-      line(c.loss, "stroke-width=\"0.8\" stroke-opacity=\"0.35\"");
-      line(c.smoothed, "stroke-width=\"2.2\"");
-      const std::vector<double>& vx = by_time ? c.valid_time_s : c.valid_step;
-      for (size_t i = 0; i < c.valid_loss.size(); ++i)
-        o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\" stroke=\"#fff\"/>\n", X(vx[i]),
-                         Y(c.valid_loss[i]), col);
-    }
-    if (opt.target) {
-      o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#222\" "
-                       "stroke-dasharray=\"6 4\"/>\n",
-                       x0, Y(*opt.target), x0 + pw, Y(*opt.target));
-      for (size_t r = 0; r < curves.size(); ++r) {
-        const auto hit = first_crossing(curves[r], curves[r].smoothed, *opt.target);
-        if (!hit) continue;
-        const double cx = X(by_time ? hit->time_s : hit->step), cy = Y(*opt.target);
-        // The label reads away from the nearer edge, so that the panel's clip never cuts it.
-        const bool right_half = cx > x0 + pw / 2;
-        o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"{}\" "
-                         "stroke-dasharray=\"2 3\"/><circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"none\" "
-                         "stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" "
-                         "text-anchor=\"{}\" fill=\"{}\">{}</text>\n",
-                         cx, cy, cx, top + ph, kPalette[r % 8], cx, cy, kPalette[r % 8], right_half ? cx - 7 : cx + 7,
-                         cy - 8 - 12.0 * r, right_half ? "end" : "start", kPalette[r % 8],
-                         by_time ? fmt::format("{:.1f} s", hit->time_s) : fmt::format("step {:.0f}", hit->step));
-      }
-    }
-    o += "</g>\n";
-    if (opt.target)
-      o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">target {:g}</text>\n",
-                       x0 + pw - 4, Y(*opt.target) + 13, *opt.target);
-  };
-  panel(0, left, false);
-  panel(1, left + pw + gapx, true);
+  o += loss_panel(curves, opt, {0, false, left, top, pw, ph, 1, ylo, yhi}, yt);
+  o += loss_panel(curves, opt, {1, true, left + pw + gapx, top, pw, ph, 1, ylo, yhi}, yt);
   double ly = top + ph + 52;
   for (size_t r = 0; r < curves.size(); ++r, ly += 18)
     o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"{}\" stroke-width=\"3\"/>"
                      "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">{}</text>\n",
-                     left, ly, left + 24, ly, kPalette[r % 8], left + 30, ly + 4, xml_escape(curves[r].name));
+                     left, ly, left + 24, ly, kPalette[r % 8], left + 30, ly + 4,
+                     xml_escape(curves[r].name) + skipped_note(curves[r]));
   o += "</svg>\n";
   return o;
 }

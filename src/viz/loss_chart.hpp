@@ -3,6 +3,7 @@
 // (left) and vs training time (right), each run's raw loss thin and its smoothed loss
 // (viz/smooth.hpp) thick, validation losses as dots, an optional target loss as a dashed line
 // with the point where each smoothed curve first reaches it marked (step and time).
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,16 +13,24 @@ namespace pf {
 
 struct LossCurve {
   std::string name;
-  std::vector<double> step, time_s, loss;           // per logged step; time: cumulative training time
+  std::vector<double> step, time_s, loss;           // per logged step; time: cumulative training time;
+                                                    // loss NaN for a skipped step (a gap)
   std::vector<double> valid_step, valid_time_s, valid_loss;
   std::vector<double> smoothed;                     // filled by smooth_curves
+  int64_t skipped = 0;                              // steps whose loss was not finite
+  bool cut_short = false;                           // the log's last line was cut off (viz/loss_log.hpp)
 };
 
-// Fills every curve's `smoothed` with the paper's filter.
+// Fills every curve's `smoothed` with the paper's filter, run over the finite losses (a skipped
+// step's NaN stays a gap and does not spread).
 void smooth_curves(std::vector<LossCurve>& curves);
 
-// Where a curve first reaches `target` (<=), linearly interpolated between the logged steps that
-// bracket it; nothing if it never does. values: the curve to test (e.g. the smoothed loss).
+// The last finite value of a series, NaN if none (a run whose every step was skipped).
+double last_finite(std::span<const double> values);
+
+// Where a curve first reaches `target` (<=), linearly interpolated between the finite points
+// that bracket it (gaps are stepped over); nothing if it never does. values: the curve to test
+// (e.g. the smoothed loss).
 struct Crossing {
   double step = 0, time_s = 0;
 };

@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace pf {
@@ -253,27 +251,6 @@ std::string timeline_text(const Timeline& tl, int columns) {
     o += fmt::format("{:>4} |{}|\n", d, row);
   }
   return o;
-}
-
-void write_file_atomic(const std::string& path, const std::string& body, const std::string& flag) {
-  namespace fs = std::filesystem;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) usage_error(flag, "cannot write '{}'", path);
-    f << body;
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      usage_error(flag, "cannot write '{}'", path);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    usage_error(flag, "cannot write '{}': {}", path, ec.message());
-  }
 }
 
 }  // namespace pf

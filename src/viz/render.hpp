@@ -9,7 +9,7 @@
 //                  several steps in one file, each marked on a "steps" track, K-FAC units named
 //                  by their layer's name when given
 //   timeline_text  a terminal rendering, one line per device
-// Files are written through write_file_atomic (temporary name, then rename).
+// Files are written by the caller through core/files.hpp (write_output).
 #include "schedule/schedule.hpp"
 #include "sim/sim.hpp"
 
@@ -56,9 +56,5 @@ std::string timeline_text(const Timeline& tl, int columns = 100);
 
 // Text for SVG/XML: & < > " escaped.
 std::string xml_escape(const std::string& s);
-
-// Writes `body` to `path` via a temporary file in the same directory and a rename; UsageError
-// naming `flag` if it cannot.
-void write_file_atomic(const std::string& path, const std::string& body, const std::string& flag);
 
 }  // namespace pf

@@ -185,6 +185,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Refusal{"eval --set model.arch=gpt", "--init"},
                       Refusal{"generate --set model.arch=gpt --init /nonexistent.safetensors", "--init"},
                       Refusal{"generate --init WEIGHTS --temperature -1", "--temperature"},
+                      Refusal{"generate --init WEIGHTS --temperature inf", "--temperature: must be a finite number"},
+                      Refusal{"generate --init WEIGHTS --temperature nan", "--temperature: must be a finite number"},
                       Refusal{"generate --init WEIGHTS --top-k -2", "--top-k"},
                       Refusal{"generate --init WEIGHTS --max-new-tokens x", "--max-new-tokens"},
                       Refusal{"eval --init WEIGHTS --batches -1", "--batches"},

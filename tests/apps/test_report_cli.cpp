@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <ostream>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -97,30 +100,141 @@ TEST(ReportCli, BadInputExitsTwoNamingIt) {
   EXPECT_NE(labels.out.find("--label"), std::string::npos) << labels.out;
 }
 
+// The program's own log of a run with a skipped step (its loss non-finite, logged as null: the
+// test seam --test-poison poisons step 2's loss scale): report reads it, counts the step, and draws
+// it as a gap (the raw and smoothed lines each break there) without a NaN anywhere in the picture.
+TEST(ReportCli, ReadsTheProgramsOwnLogWithASkippedStep) {
+  const fs::path out = dir() / "skipped";
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const pf_test::Launch train = pf_test::run(
+      "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + std::string(PF_BINARY) +
+      " train --steps 4 --test-poison 2:nan --set model.layers=1 --set model.hidden=32 --set model.heads=2"
+      " --set model.ffn=64 --set model.seq_len=16 --set parallel.micro_batches=1 --set parallel.micro_batch_size=2"
+      " --set train.threads=1 --set train.eval_every=0 --set data.train_file=" + sample + " --set data.valid_file=" + sample +
+      " --set train.out_dir=" + out.string());
+  ASSERT_EQ(train.status, 0) << train.out;
+  std::stringstream log;
+  log << std::ifstream(out / "log.jsonl").rdbuf();
+  ASSERT_NE(log.str().find("\"loss\":null"), std::string::npos) << log.str();
+
+  const fs::path svg = dir() / "skipped.svg";
+  const pf_test::Launch r = report(out.string() + " --json --out " + svg.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out)["runs"][0];
+  EXPECT_EQ(j["skipped_steps"], 1);
+  EXPECT_EQ(j["steps"], 4);
+  EXPECT_TRUE(j["final_loss"].is_number()) << j.dump();
+  EXPECT_TRUE(j["final_smoothed_loss"].is_number()) << j.dump();
+  std::stringstream read;
+  read << std::ifstream(svg).rdbuf();
+  const std::string body = read.str();
+  EXPECT_EQ(body.find("nan"), std::string::npos);
+  EXPECT_NE(body.find("skipped (1 step skipped: gaps)"), std::string::npos);
+  // Both lines of the run, in each panel, are drawn in two pieces: step 1 (a dot: a zero-length
+  // segment with round caps), then steps 3-4.
+  const std::regex path("<path d=\"([^\"]*)\"");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(body.begin(), body.end(), path); it != std::sregex_iterator(); ++it, ++lines) {
+    const std::string d = (*it)[1].str();
+    const std::string xy = "[0-9.]+,[0-9.]+ ";
+    EXPECT_TRUE(std::regex_match(d, std::regex("M" + xy + "l0,0 M" + xy + "L" + xy))) << d;
+  }
+  EXPECT_EQ(lines, 4);
+
+  const pf_test::Launch text = report(out.string() + " --out " + (dir() / "skipped-text.svg").string());
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_NE(text.out.find("skipped: 4 steps"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(", 1 step skipped (non-finite loss)"), std::string::npos) << text.out;
+}
+
+struct BadLog {
+  std::string text, message;  // the log's content; the error after "pipefisher: LOG:"
+  friend std::ostream& operator<<(std::ostream& os, const BadLog& b) { return os << b.message; }
+};
+
+class ReportBadLog : public ::testing::TestWithParam<BadLog> {};
+
+// A malformed log: status 2 and one line naming the file, the line and what is wrong with it.
+TEST_P(ReportBadLog, ExitsTwoWithOneLineNamingFileAndLine) {
+  const fs::path log = dir() / ("bad-" + std::to_string(std::hash<std::string>{}(GetParam().text)) + ".jsonl");
+  std::ofstream(log) << GetParam().text;
+  const pf_test::Launch r = report(log.string() + " --out " + (dir() / "bad.svg").string());
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "pipefisher: " + log.string() + ":" + GetParam().message + "\n");
+  EXPECT_FALSE(fs::exists(dir() / "bad.svg"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Logs, ReportBadLog,
+    ::testing::Values(
+        BadLog{"{\"step\":1,\"loss\":3}\nnot json\n{\"step\":3,\"loss\":2}\n",
+               "2: not JSON (a run log has one JSON object per line)"},
+        BadLog{"[1, 2]\n", "1: not a run log record (a JSON object with step, loss, step_time_s)"},
+        BadLog{"{\"step\":1,\"loss\":\"low\"}\n", "1: \"loss\" must be a number, got string"},
+        BadLog{"{\"loss\":3}\n", "1: \"step\" must be a whole number >= 0 (a run log record has step, loss, step_time_s)"},
+        BadLog{"{\"step\":1,\"loss\":3}\n{\"step\":2}\n", "2: no \"loss\" (a run log record has step, loss, step_time_s)"},
+        BadLog{"{\"step\":1,\"loss\":3,\"step_time_s\":1}\n{\"step\":2,\"loss\":3,\"step_time_s\":-5.0}\n",
+               "2: \"step_time_s\" must be a non-negative number of seconds, got -5.0"},
+        BadLog{"{\"step\":1,\"loss\":3,\"step_time_s\":null}\n",
+               "1: \"step_time_s\" must be a non-negative number of seconds, got null"},
+        BadLog{"{\"step\":1,\"loss\":3,\"step_time_s\":1e300}\n", "1: \"step_time_s\" = 1e+300 is beyond any value a run logs"},
+        BadLog{"{\"step\":1,\"loss\":3,\"valid_loss\":true}\n", "1: \"valid_loss\" must be a number, got boolean"}));
+
+// A run stopped mid-write leaves half a line at the end of its log: the steps before it report,
+// and the text says the last line was left out.
+TEST(ReportCli, ALastLineCutShortIsLeftOut) {
+  const fs::path log = dir() / "cut.jsonl";
+  std::ofstream(log) << "{\"step\":1,\"loss\":3,\"step_time_s\":1}\n{\"step\":2,\"loss\":2.5,\"step_time_s\":1}\n\n{\"step\":3,\"lo";
+  const pf_test::Launch r = report(log.string() + " --out " + (dir() / "cut.svg").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("cut.jsonl: 2 steps, 2.0 s, final loss 2.5000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("last line is cut short"), std::string::npos) << r.out;
+}
+
+TEST(ReportCli, TargetMustBeAFiniteLoss) {
+  const fs::path a = fake_run("target", 10, 0.1, 1);
+  for (const std::string t : {"nan", "inf", "-inf", "1e300"}) {
+    const pf_test::Launch r = report(a.string() + " --target " + t + " --out " + (dir() / "t.svg").string());
+    EXPECT_EQ(r.status, 2) << t << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("pipefisher: --target: must be a finite loss", 0), 0u) << r.out;
+    EXPECT_FALSE(fs::exists(dir() / "t.svg")) << t;
+  }
+}
+
 }  // namespace
 
 namespace {
 
 // The PNG converter runs through argv: a run directory named to break out of a shell command
-// runs nothing. A stand-in rsvg-convert first on PATH records its arguments and writes the PNG,
-// so the test does not depend on the real one being installed. (With std::system and the names
-// in quotes, the name below created PWNED.)
+// runs nothing. A stand-in rsvg-convert first on PATH records its arguments and writes the PNG to
+// stdout (which report writes to RUN/loss.png like every output), so the test does not depend on
+// the real one being installed. (With std::system and the names in quotes, the name below created
+// PWNED.) Without a converter on PATH: the SVG alone, exit 0.
 TEST(ReportCli, RunsNoCommandFromAName) {
   const std::string name = "run';touch PWNED;'";
   fake_run(name, 3, 0.1, 0.01);
   const fs::path bin = dir() / "fake-bin";
   fs::create_directories(bin);
-  std::ofstream(bin / "rsvg-convert") << "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$(dirname \"$0\")/args\"\necho PNG > \"$2\"\n";
+  std::ofstream(bin / "rsvg-convert") << "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$(dirname \"$0\")/args\"\necho PNG\n";
   fs::permissions(bin / "rsvg-convert", fs::perms::owner_all);
   fs::remove(dir() / "PWNED");
-  const pf_test::Launch r = pf_test::run("cd " + dir().string() + " && PATH=" + bin.string() + ":$PATH " +
-                                         PF_BINARY + " report \"" + name + "\"");
+  const std::string cd = "cd " + dir().string() + " && ";
+  const pf_test::Launch r = pf_test::run(cd + "PATH=" + bin.string() + ":$PATH " + PF_BINARY + " report \"" + name + "\"");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir() / "PWNED")) << "a shell ran a command from the run's name";
   std::ifstream args(bin / "args");
   const std::string recorded((std::istreambuf_iterator<char>(args)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(recorded, "-o\n" + name + "/loss.png\n" + name + "/loss.svg\n");  // each name one argument
-  EXPECT_TRUE(fs::exists(dir() / name / "loss.png"));
+  EXPECT_EQ(recorded, name + "/loss.svg\n");  // the name is one argument
+  std::ifstream png(dir() / name / "loss.png");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(png)), std::istreambuf_iterator<char>()), "PNG\n");
+  EXPECT_NE(r.out.find("report: " + name + "/loss.svg, " + name + "/loss.png"), std::string::npos) << r.out;
+  fs::remove(dir() / name / "loss.png");
+  const pf_test::Launch none = pf_test::run(cd + "PATH=" + (dir() / "empty-bin").string() + " " + PF_BINARY +
+                                            " report \"" + name + "\"");
+  EXPECT_EQ(none.status, 0) << none.out;
+  EXPECT_NE(none.out.find("report: " + name + "/loss.svg\n"), std::string::npos) << none.out;
+  EXPECT_FALSE(fs::exists(dir() / name / "loss.png"));
+  EXPECT_FALSE(fs::exists(dir() / "PWNED"));
 }
 
 }  // namespace

@@ -76,6 +76,17 @@ TEST_F(TrainCli, MalformedConfigFile) {
 
 TEST_F(TrainCli, BadFlagValue) { expect_refused("--steps -3", "--steps"); }
 
+// A 50 MB value in a configuration file: the one line that refuses it repeats its start, its end
+// and its length, not the value.
+TEST_F(TrainCli, AHugeValueIsClippedInTheMessage) {
+  const fs::path cfg = dir_ / "huge.toml";
+  std::ofstream(cfg) << "[model]\narch = \"" << std::string(50'000'000, 'x') << "\"\n";
+  expect_refused("--config " + cfg.string(), "model.arch: '" + std::string(60, 'x') + "..." + std::string(20, 'x') +
+                                                 " (50000000 bytes)' is not one of");
+  CliRun r = train("--config " + cfg.string(), dir_);
+  EXPECT_LT(r.err.size(), 300u);
+}
+
 // --- what a user sees ---
 
 namespace {

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 using ::testing::HasSubstr;
 
@@ -96,6 +98,40 @@ TEST_F(TokenizeCli, BadArgumentsExitWithStatus2) {
   CliResult bad_vocab = run("--vocab roberta hello");
   EXPECT_EQ(bad_vocab.status, 2);
   EXPECT_EQ(std::count(no_vocab.output.begin(), no_vocab.output.end(), '\n'), 1);  // one line
+}
+
+// A directory as --in is refused naming it, and no token file appears (an ifstream reads a
+// directory as an empty text: an empty .bin and status 0 before).
+TEST_F(TokenizeCli, DirectoryInputIsRefusedAndNothingIsWritten) {
+  const std::string dir = ::testing::TempDir() + "/pf_cli_dir_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + ".bin";
+  CliResult r = run("--vocab bert --vocab-dir " + test::vocab_dir() + " --in " + dir + " --out " + out);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(r.output, "pipefisher: " + dir + ": is a directory, not the input text\n");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  std::filesystem::remove_all(dir);
+}
+
+// Invalid UTF-8 is refused by both vocabularies alike, naming the file and the byte's offset in the
+// whole text (BERT dropped such bytes silently before), and nothing is written.
+TEST_F(TokenizeCli, InvalidUtf8IsRefusedByBothVocabularies) {
+  const std::string base = ::testing::TempDir() + "/pf_cli_utf8_" + std::to_string(::getpid());
+  std::string text = "First document, clean.\n\nSecond one.\n\nThird: caf\xc3\xa9 then a stray byte ";
+  const size_t bad = text.size();
+  text += "\xff here.\n";
+  std::ofstream(base + ".txt", std::ios::binary) << text;
+  for (const std::string vocab : {"bert", "gpt2"}) {
+    CliResult r = run("--vocab " + vocab + " --vocab-dir " + test::vocab_dir() + " --in " + base + ".txt --out " +
+                      base + ".bin");
+    EXPECT_EQ(r.status, 2) << vocab << ": " << r.output;
+    EXPECT_EQ(r.output, "pipefisher: " + base + ".txt: invalid UTF-8 near byte " + std::to_string(bad) + "\n") << vocab;
+    EXPECT_FALSE(std::filesystem::exists(base + ".bin")) << vocab;
+    CliResult arg = run("--vocab " + vocab + " --vocab-dir " + test::vocab_dir() + " \"$(printf 'ab\\303(')\"");  // a lead byte, then '('
+    EXPECT_EQ(arg.status, 2) << vocab << ": " << arg.output;
+    EXPECT_EQ(arg.output, "pipefisher: text: invalid UTF-8 near byte 2\n") << vocab;
+  }
+  std::filesystem::remove(base + ".txt");
 }
 
 }  // namespace

@@ -213,7 +213,7 @@ TEST(Hardening, TheDefaultCheckpointDirectoryIsLockedToo) {
 }
 
 // Issue 20 item 11: refusals found while loading (a bad token file, a checkpoint directory a live
-// run holds, a checkpoint whose shapes differ from the model's) come before anything is created:
+// run holds, a checkpoint of another model's shape: its manifest's key) come before anything is created:
 // no out_dir, no checkpoint directory, no lock file.
 TEST(Hardening, RefusedRunsCreateNoDirectoryOrLock) {
   tiny_config(dir());
@@ -238,7 +238,8 @@ TEST(Hardening, RefusedRunsCreateNoDirectoryOrLock) {
   ASSERT_EQ(first.status, 0) << first.out;
   fs::remove_all(ck / "step-000006");  // step 3's, mid-run (and the note about step 6 is not printed for a refusal)
   expect_train_refused("shape2", "--set model.ffn=128 --resume " + ck.string(),
-                       "intermediate.dense.weight': shape [64,32] in the file, the model expects [128,32]");
+                       "model.ffn: the checkpoint at step 3 was written with model.ffn = 64, this configuration has "
+                       "128");
 }
 
 // Items 1, 7, 9: `plan` refuses durations that are not finite, negative or beyond 2^53 us, work

@@ -1,6 +1,7 @@
 #include "io/safetensors.hpp"
 #include "nn/model.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -138,7 +139,8 @@ TEST_F(Safetensors, RoundTripIsBitExactIncludingTransposedAndSpecialValues) {
   Param bias2("transformer.h.0.mlp.c_fc.bias", {3}), mirror2("transformer.wte.weight", {5, 4});
   conv2.hf_transposed = true;
   mirror2.mirror = true;
-  auto res = load_safetensors(file("m.safetensors"), {&emb2, &conv2, &bias2, &mirror2});
+  // The format carries special values; only the weights' policy (require_finite) refuses them.
+  auto res = load_safetensors(file("m.safetensors"), {&emb2, &conv2, &bias2, &mirror2}, {true, true, false});
   EXPECT_EQ(res.loaded.size(), 4u);
   EXPECT_TRUE(res.unused.empty());
   EXPECT_TRUE(same_bits(emb.value, emb2.value));
@@ -205,7 +207,7 @@ TEST_F(Safetensors, HalfAndBfloat16AreConvertedOnLoad) {
             R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[12,18]}})",
             data);
   Param h("h", {6}), b("b", {3});
-  load_safetensors(file("h.safetensors"), {&h, &b});
+  load_safetensors(file("h.safetensors"), {&h, &b}, {true, true, false});
   EXPECT_EQ(h.value[0], 1.0f);
   EXPECT_EQ(h.value[1], -2.0f);
   EXPECT_EQ(h.value[2], 65504.0f);
@@ -215,6 +217,30 @@ TEST_F(Safetensors, HalfAndBfloat16AreConvertedOnLoad) {
   EXPECT_EQ(b.value[0], 1.0f);
   EXPECT_EQ(b.value[1], -3.5f);
   EXPECT_EQ(std::bit_cast<uint32_t>(b.value[2]), 0x00810000u);
+}
+
+// As weights (the default), a NaN or Inf is refused naming the file, the tensor and the element,
+// in every floating dtype, an F64 beyond float's range included, and no Param is touched.
+TEST_F(Safetensors, NonFiniteWeightsAreRefused) {
+  const uint16_t f16[] = {0x3C00, 0x7E00};          // 1, NaN
+  const uint16_t bf16[] = {0x3F80, 0x3F80, 0xFF80};  // 1, 1, -inf
+  const double f64[] = {1.0, 1e300};                // 1e300 is inf as fp32
+  const std::string raw[] = {std::string(reinterpret_cast<const char*>(f16), sizeof f16),
+                             std::string(reinterpret_cast<const char*>(bf16), sizeof bf16),
+                             std::string(reinterpret_cast<const char*>(f64), sizeof f64)};
+  const char* dtype[] = {"F16", "BF16", "F64"};
+  const char* want[] = {"(nan at index 1)", "(-inf at index 2)", "(inf at index 1)"};
+  for (int k = 0; k < 3; ++k) {
+    const int64_t n = static_cast<int64_t>(raw[k].size() / (k == 2 ? 8 : 2));
+    write_raw(file("nf.safetensors"), fmt::format(R"({{"w":{{"dtype":"{}","shape":[{}],"data_offsets":[0,{}]}}}})",
+                                                  dtype[k], n, raw[k].size()),
+              raw[k]);
+    Param w("w", {n});
+    const std::string msg = error_of([&] { load_safetensors(file("nf.safetensors"), {&w}); });
+    EXPECT_EQ(msg, file("nf.safetensors") + ": tensor 'w' holds a non-finite value " + want[k] +
+                       ": weights and training state must be finite") << dtype[k];
+    EXPECT_EQ(w.value[0], 0.0f) << dtype[k];
+  }
 }
 
 TEST_F(Safetensors, GenericReaderListsEveryDtypeAndRefusesIntegersAsParams) {

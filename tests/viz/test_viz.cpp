@@ -3,6 +3,7 @@
 #include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
 #include "sim/sweep.hpp"
+#include "core/files.hpp"
 #include "viz/render.hpp"
 #include "viz/style.hpp"
 #include "viz/sweep_chart.hpp"
@@ -151,12 +152,12 @@ TEST(Text, TerminalRowsShowKindsAndIdle) {
 TEST(Files, AtomicWriteLeavesNoTemporary) {
   const auto dir = pf_test::scratch_dir("test_viz");
   auto path = (dir / "out.svg").string();
-  write_file_atomic(path, "hello", "--svg");
+  write_output({path, "--svg", true}, "hello");
   std::ifstream f(path);
   std::string body((std::istreambuf_iterator<char>(f)), {});
   EXPECT_EQ(body, "hello");
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
-  EXPECT_THROW(write_file_atomic("/nonexistent-dir/x.svg", "x", "--svg"), UsageError);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
+  EXPECT_THROW(write_output({"/nonexistent-dir/x.svg", "--svg", true}, "x"), UsageError);
 }
 
 TEST(Sweep, RowsFollowTheClosedForms) {
