@@ -185,8 +185,12 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
   outputs.push_back({log.path, log.what});
   refuse_shared_files(outputs, {{cfg.data.train_file, "data.train_file"}, {cfg.data.valid_file, "data.valid_file"}});
   const std::string ck = checkpoint_dir_of(cfg);
-  check_dir(ck, "train.checkpoint_dir");
+  // The default, out_dir/checkpoints, is under out_dir: not followed out of it. A checkpoint
+  // directory elsewhere is named as train.checkpoint_dir.
   std::error_code ec;
+  if (cfg.train.checkpoint_dir.empty() && fs::is_symlink(fs::symlink_status(ck, ec)))
+    usage_error("train.out_dir", "'{}' is a symbolic link (set train.checkpoint_dir to write checkpoints elsewhere)", ck);
+  check_dir(ck, "train.checkpoint_dir");
   const fs::path latest = fs::path(ck) / "latest";
   if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::symlink_status(latest, ec)))
     usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",

@@ -90,6 +90,15 @@ TEST(Outputs, NothingUnderOutDirIsFollowedOutOfIt) {
     EXPECT_EQ(slurp(outside), "precious\n") << name;
     EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 1) << name << ": wrote in out_dir";
   }
+  // The default checkpoint directory (out_dir/checkpoints) linked to a directory outside.
+  const fs::path ckout = dir() / "out-symck", elsewhere = dir() / "elsewhere-ck";
+  fs::create_directories(ckout);
+  fs::create_directories(elsewhere);
+  fs::create_symlink(elsewhere, ckout / "checkpoints");
+  Launch ck = run(tiny_train(ckout.string(), "--steps 2 --set train.checkpoint_every=1"));
+  expect_one_line_refusal(ck, "train.out_dir: '" + (ckout / "checkpoints").string() + "' is a symbolic link");
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+  EXPECT_EQ(std::distance(fs::directory_iterator(ckout), fs::directory_iterator()), 1) << "wrote in out_dir";
   const fs::path out = dir() / "out-devlog";
   fs::create_directories(out);
   if (!make_device(out / "log.jsonl", 3)) GTEST_SKIP() << "cannot make a device node here";
