@@ -138,8 +138,10 @@ def pct(v):
 
 
 def final_lm_loss(binary, run_dir):
-    """The language-model part of a run's final validation loss over the whole held-out split, or
-    None without saved weights."""
+    """The language-model part of a run's final validation loss over the whole held-out split (a
+    restored record's lm_loss), or None without saved weights."""
+    if os.path.exists(f"{run_dir}/lm_loss"):
+        return float(open(f"{run_dir}/lm_loss").read())
     if not os.path.exists(f"{run_dir}/model.safetensors"):
         return None
     cmd = [binary, "eval", "--config", f"{run_dir}/config.toml", "--init", f"{run_dir}/model.safetensors",

@@ -36,7 +36,11 @@
 # Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
 # kept, and one stopped part-way resumes from its last checkpoint (every CHECKPOINT_EVERY steps,
 # default EVAL_EVERY; not part of the arguments), so an interrupted tuning goes on where it
-# stopped; delete out-dir/runs to start over. The timing columns compare runs of one machine
+# stopped; delete out-dir/runs to start over. Each finished run also leaves its small record in
+# out-dir/records/NAME.json (bench/convergence/record.py: arguments, losses and step times a step,
+# the final weights' language-model loss), which the repository keeps instead of the run: a run
+# with a record of the same arguments is restored from it and kept, on any machine (delete the
+# record too to run it again). The timing columns compare runs of one machine
 # only: re-run the seeds elsewhere rather than mixing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -88,11 +92,17 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
   shift
   local args="${common[*]} $*"
   args=${args//$out/OUT}
-  if [[ $(cat "$out/runs/$name/status" 2>/dev/null) == 0 && $(cat "$out/runs/$name/args" 2>/dev/null) == "$args" ]]; then
+  local dir=$out/runs/$name resume=() record=$out/records/$name.json
+  if [[ $(cat "$dir/status" 2>/dev/null) == 0 && $(cat "$dir/args" 2>/dev/null) == "$args" ]]; then
     echo "  $name: kept (an earlier run of tune.sh with the same arguments)"
     return 0
   fi
-  local dir=$out/runs/$name resume=()
+  if [[ -f $record ]] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(not (r["status"] == 0 and r["args"] == sys.argv[2]))' "$record" "$args"; then
+    rm -rf "$dir" "$dir.out" "$dir.args"
+    python3 "$root/bench/convergence/record.py" restore "$record" "$dir"
+    echo "  $name: kept (its record, records/$name.json)"
+    return 0
+  fi
   # A run an interrupted session left part-way goes on from its last checkpoint (the same bits as
   # one uninterrupted run); anything else starts over.
   if [[ ! -f $dir/status && $(cat "$dir.args" 2>/dev/null) == "$args" ]] && compgen -G "$dir/checkpoints/step-*" > /dev/null; then
@@ -111,6 +121,10 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
   mv "$dir.args" "$dir/args"
   mv "$dir.out" "$dir/stdout.txt"
   echo "  $name: exit $status, $(grep -h '^summary' "$dir/stdout.txt" || echo 'no summary')"
+  if [[ $status == 0 && $name != profile ]]; then
+    mkdir -p "$out/records"
+    python3 "$root/bench/convergence/record.py" save "$dir" "$record" "$bin"
+  fi
 }
 # The arguments of one run of the grid or the seeds: optimizer, lr, warm-up steps, seed[, damping].
 optim_args() {
