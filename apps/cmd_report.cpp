@@ -13,10 +13,12 @@
 #include "viz/loss_chart.hpp"
 #include "viz/loss_log.hpp"
 #include "viz/render.hpp"
+#include "viz/smooth.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +81,17 @@ bool write_png(const OutputFile& png, const std::string& svg) {
   return true;
 }
 
+// The note under a run too short for the paper's filter (viz/smooth.hpp), or "".
+std::string short_run_note(const LossCurve& c) {
+  if (c.smoothing_cutoff == loss_filter_cutoff(kPaperFilterMinSteps)) return "";
+  const auto steps = std::count_if(c.loss.begin(), c.loss.end(), [](double v) { return std::isfinite(v); });
+  return fmt::format("  warning: {} finite steps, fewer than the {} the paper's filter needs: {}", steps,
+                     kPaperFilterMinSteps,
+                     c.smoothing_cutoff >= 1
+                         ? std::string("not smoothed")
+                         : fmt::format("smoothed with cutoff {:.3g} of the Nyquist frequency, not 0.05", c.smoothing_cutoff));
+}
+
 int run(const ReportArgs& a) {
   if (a.target && !(std::fabs(*a.target) <= kMaxLogValue))
     usage_error("--target", "must be a finite loss (at most {:g} in size), got {}", kMaxLogValue, *a.target);
@@ -105,6 +118,7 @@ int run(const ReportArgs& a) {
                         {"final_smoothed_loss", number_or_null(last_finite(c.smoothed))},
                         {"final_valid_loss", c.valid_loss.empty() ? nlohmann::json() : nlohmann::json(c.valid_loss.back())},
                         {"skipped_steps", c.skipped},
+                        {"smoothing_cutoff", c.smoothing_cutoff},
                         {"log_cut_short", c.cut_short}};
     if (a.target) {
       const auto hit = first_crossing(c, c.smoothed, *a.target);
@@ -120,6 +134,7 @@ int run(const ReportArgs& a) {
   }
   for (size_t i = 0; i < curves.size(); ++i) {
     fmt::print("{}\n", run_line(runs[i], a));
+    if (const std::string note = short_run_note(curves[i]); !note.empty()) fmt::print("{}\n", note);
     if (curves[i].cut_short) fmt::print("  (its log's last line is cut short, as a run stopped mid-write leaves it: left out)\n");
   }
   fmt::print("report: {}{}\n", out, png.empty() ? "" : ", " + png);

@@ -12,12 +12,12 @@
 namespace pf {
 
 void smooth_curves(std::vector<LossCurve>& curves) {
-  const IirFilter f = paper_loss_filter();
   for (LossCurve& c : curves) {
     std::vector<double> finite;
     for (double v : c.loss)
       if (std::isfinite(v)) finite.push_back(v);
-    const std::vector<double> s = filtfilt(f, finite);
+    const std::vector<double> s = smooth_loss(finite);
+    c.smoothing_cutoff = loss_filter_cutoff(finite.size());
     c.smoothed.assign(c.loss.size(), std::numeric_limits<double>::quiet_NaN());
     for (size_t i = 0, k = 0; i < c.loss.size(); ++i)
       if (std::isfinite(c.loss[i])) c.smoothed[i] = s[k++];

@@ -17,12 +17,14 @@ struct LossCurve {
                                                     // loss NaN for a skipped step (a gap)
   std::vector<double> valid_step, valid_time_s, valid_loss;
   std::vector<double> smoothed;                     // filled by smooth_curves
+  double smoothing_cutoff = 0;                      // its filter's cutoff (viz/smooth.hpp's loss_filter_cutoff)
   int64_t skipped = 0;                              // steps whose loss was not finite
   bool cut_short = false;                           // the log's last line was cut off (viz/loss_log.hpp)
 };
 
-// Fills every curve's `smoothed` with the paper's filter, run over the finite losses (a skipped
-// step's NaN stays a gap and does not spread).
+// Fills every curve's `smoothed` (smooth_loss: the paper's filter, a faster one on a short run)
+// and `smoothing_cutoff`, run over the finite losses (a skipped step's NaN stays a gap and does
+// not spread).
 void smooth_curves(std::vector<LossCurve>& curves);
 
 // The last finite value of a series, NaN if none (a run whose every step was skipped).

@@ -89,10 +89,10 @@ std::vector<double> lfilter(const IirFilter& f, std::span<const double> x, std::
   return y;
 }
 
-std::vector<double> filtfilt(const IirFilter& f, std::span<const double> x) {
+std::vector<double> filtfilt(const IirFilter& f, std::span<const double> x, size_t pad_wanted) {
   const size_t len = x.size();
   if (len < 2) return {x.begin(), x.end()};
-  const size_t pad = std::min(3 * std::max(f.a.size(), f.b.size()), len - 1);
+  const size_t pad = std::min(pad_wanted > 0 ? pad_wanted : 3 * std::max(f.a.size(), f.b.size()), len - 1);
   // Odd extension: 2 x[0] - x[pad..1], x, 2 x[-1] - x[-2..-pad-1].
   std::vector<double> ext;
   ext.reserve(len + 2 * pad);
@@ -110,6 +110,18 @@ std::vector<double> filtfilt(const IirFilter& f, std::span<const double> x) {
   y = lfilter(f, y, scaled(y.front()));
   std::reverse(y.begin(), y.end());
   return {y.begin() + static_cast<std::ptrdiff_t>(pad), y.begin() + static_cast<std::ptrdiff_t>(pad + len)};
+}
+
+double loss_filter_cutoff(size_t steps) {
+  constexpr double paper = 0.05;
+  return steps >= kPaperFilterMinSteps ? paper : paper * static_cast<double>(kPaperFilterMinSteps) / static_cast<double>(std::max<size_t>(steps, 1));
+}
+
+std::vector<double> smooth_loss(std::span<const double> x) {
+  if (x.size() >= kPaperFilterMinSteps) return filtfilt(paper_loss_filter(), x);
+  const double cutoff = loss_filter_cutoff(x.size());
+  if (cutoff >= 1) return {x.begin(), x.end()};
+  return filtfilt(butterworth_lowpass(3, cutoff), x, x.size() - 1);
 }
 
 }  // namespace pf

@@ -100,6 +100,27 @@ TEST(ReportCli, BadInputExitsTwoNamingIt) {
   EXPECT_NE(labels.out.find("--label"), std::string::npos) << labels.out;
 }
 
+// A run too short for the paper's filter (5 steps, as the default job's): report warns and
+// smooths it with a faster filter, whose line ends near the raw loss (a line falling 0.8 here),
+// not flat above it; --json names the cutoff.
+TEST(ReportCli, AShortRunIsSmoothedFasterAndSaysSo) {
+  const fs::path a = fake_run("five", 5, 0.2, 1);
+  const pf_test::Launch r = report(a.string() + " --out " + (dir() / "five.svg").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: 5 finite steps, fewer than the 80 the paper's filter needs: smoothed with "
+                       "cutoff 0.8 of the Nyquist frequency"),
+            std::string::npos)
+      << r.out;
+  const pf_test::Launch js = report(a.string() + " --json --out " + (dir() / "five.svg").string());
+  ASSERT_EQ(js.status, 0) << js.out;
+  const nlohmann::json run = nlohmann::json::parse(js.out)["runs"][0];
+  EXPECT_DOUBLE_EQ(run["smoothing_cutoff"].get<double>(), 0.8);
+  EXPECT_NEAR(run["final_smoothed_loss"].get<double>(), 9.0, 0.02) << run;
+  const pf_test::Launch long_run = report(fake_run("long", 100, 0.01, 1).string() + " --out " + (dir() / "long.svg").string());
+  ASSERT_EQ(long_run.status, 0) << long_run.out;
+  EXPECT_EQ(long_run.out.find("warning"), std::string::npos) << long_run.out;
+}
+
 // The program's own log of a run with a skipped step (its loss non-finite, logged as null: the
 // test seam --test-poison poisons step 2's loss scale): report reads it, counts the step, and draws
 // it as a gap (the raw and smoothed lines each break there) without a NaN anywhere in the picture.
