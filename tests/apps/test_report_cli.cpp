@@ -121,6 +121,46 @@ TEST(ReportCli, AShortRunIsSmoothedFasterAndSaysSo) {
   EXPECT_EQ(long_run.out.find("warning"), std::string::npos) << long_run.out;
 }
 
+// A convergence study keeps a finished run as its small record (bench/convergence/record.py):
+// restored, the record reads in `report` as the run did (losses to 8 digits, times to 0.1 ms a
+// step) and carries the final weights' language-model loss as `pipefisher eval` gives it.
+TEST(ReportCli, AStudyRunsRecordReadsAsTheRun) {
+  const fs::path run = dir() / "study-run", restored = dir() / "study-restored", record = dir() / "study.json";
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const pf_test::Launch train = pf_test::run(
+      "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + std::string(PF_BINARY) +
+      " train --steps 6 --set model.layers=1 --set model.hidden=32 --set model.heads=2 --set model.ffn=64"
+      " --set model.seq_len=16 --set parallel.micro_batches=1 --set parallel.micro_batch_size=2 --set train.threads=1"
+      " --set train.eval_every=3 --set train.eval_batches=2 --set data.train_file=" + sample +
+      " --set data.valid_file=" + sample + " --set train.out_dir=" + run.string());
+  ASSERT_EQ(train.status, 0) << train.out;
+  std::ofstream(run / "args") << "the run's arguments\n";
+  std::ofstream(run / "status") << "0\n";
+  const std::string py = "/usr/bin/python3 " + std::string(PF_SOURCE_DIR) + "/bench/convergence/record.py ";
+  const pf_test::Launch save = pf_test::run(py + "save " + run.string() + " " + record.string() + " " + PF_BINARY);
+  ASSERT_EQ(save.status, 0) << save.out;
+  const pf_test::Launch back = pf_test::run(py + "restore " + record.string() + " " + restored.string());
+  ASSERT_EQ(back.status, 0) << back.out;
+
+  const pf_test::Launch r = report(run.string() + " " + restored.string() + " --json --out " + (dir() / "study.svg").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json runs = nlohmann::json::parse(r.out)["runs"];
+  for (const char* key : {"final_loss", "final_smoothed_loss", "final_valid_loss"})
+    EXPECT_NEAR(runs[1][key].get<double>(), runs[0][key].get<double>(), 1e-6) << key;
+  EXPECT_NEAR(runs[1]["time_s"].get<double>(), runs[0]["time_s"].get<double>(), 6 * 0.5e-4);
+  EXPECT_EQ(runs[1]["steps"], 6);
+  const pf_test::Launch eval = pf_test::run(std::string(PF_BINARY) + " eval --config " + (run / "config.toml").string() +
+                                            " --init " + (run / "model.safetensors").string() + " --batches 0 --json");
+  ASSERT_EQ(eval.status, 0) << eval.out;
+  const double lm = nlohmann::json::parse(eval.out.substr(eval.out.rfind("{\"")))["lm_loss"].get<double>();
+  double kept = 0;
+  std::ifstream(restored / "lm_loss") >> kept;
+  EXPECT_EQ(kept, lm);
+  std::string args;
+  std::getline(std::ifstream(restored / "args") >> std::ws, args);
+  EXPECT_EQ(args, "the run's arguments");
+}
+
 // The program's own log of a run with a skipped step (its loss non-finite, logged as null: the
 // test seam --test-poison poisons step 2's loss scale): report reads it, counts the step, and draws
 // it as a gap (the raw and smoothed lines each break there) without a NaN anywhere in the picture.
