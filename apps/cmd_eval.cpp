@@ -48,15 +48,17 @@ int run_eval(const EvalArgs& a) {
   const double ppl = std::exp(r.lm_loss);
   if (a.json) {
     nlohmann::json j{{"loss", r.loss},           {"lm_loss", r.lm_loss}, {"perplexity", ppl},
+                     {"lm_loss_se", std::isfinite(r.lm_loss_se) ? nlohmann::json(r.lm_loss_se) : nlohmann::json()},
                      {"positions", r.positions}, {"sequences", r.sequences},
                      {"valid_file", cfg.data.valid_file}, {"init", a.model.init},
                      {"arch", cfg.model.arch}};
     fmt::print("{}\n", j.dump());
   } else {
     const std::string nsp = cfg.data.nsp ? fmt::format(" (masked LM {:.4f} + NSP)", r.lm_loss) : "";
-    fmt::print("eval: {} on {}: validation loss {:.4f}{}, perplexity {:.2f} ({} sequences of {}, {} {} scored)\n",
+    const std::string se = std::isfinite(r.lm_loss_se) ? fmt::format(", standard error {:.4f}", r.lm_loss_se) : "";
+    fmt::print("eval: {} on {}: validation loss {:.4f}{}, perplexity {:.2f} ({} sequences of {}, {} {} scored{})\n",
                a.model.init, cfg.data.valid_file, r.loss, nsp, ppl, r.sequences, cfg.model.seq_len, r.positions,
-               cfg.model.arch == "bert" ? "masked tokens" : "tokens");
+               cfg.model.arch == "bert" ? "masked tokens" : "tokens", se);
   }
   return 0;
 }

@@ -7,9 +7,9 @@
 A run directory (weights, checkpoints, the whole log) is too large to commit; its record is what
 study.py and `pipefisher report` read from it: the arguments, the exit status, one row a step
 (step, training loss to 8 significant digits, step_time_s to 0.1 ms, validation loss where
-measured) and the language-model loss of the final weights over the whole held-out split (the
-number study.py compares with the unigram entropy; `pipefisher eval`, computed once here while the
-weights exist). Restoring writes status, args, log.jsonl and lm_loss into RUN_DIR, so a study that
+measured) and the language-model loss of the final weights over the whole held-out split with its
+standard error over the micro-batches (the number study.py compares with the unigram entropy;
+`pipefisher eval`, computed once here while the weights exist). Restoring writes status, args, log.jsonl and lm_loss into RUN_DIR, so a study that
 spans several machines or sessions resumes from its records: tune.sh keeps a restored run as done.
 """
 import json
@@ -24,10 +24,12 @@ def short(x, digits):
     return None if x is None else float(f"{x:.{digits}g}")
 
 
-def lm_loss(binary, run_dir):
+def final_eval(binary, run_dir):
+    """`pipefisher eval` of the final weights over the whole held-out split: lm_loss, lm_loss_se."""
     cmd = [binary, "eval", "--config", f"{run_dir}/config.toml", "--init", f"{run_dir}/model.safetensors",
            "--batches", "0", "--json"]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["lm_loss"]
+    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return j["lm_loss"], j["lm_loss_se"]
 
 
 def save(run_dir, record, binary):
@@ -35,8 +37,9 @@ def save(run_dir, record, binary):
     for line in open(f"{run_dir}/log.jsonl"):
         r = json.loads(line)
         rows.append([r["step"], short(r["loss"], 8), round(r["step_time_s"], 4), short(r.get("valid_loss"), 8)])
+    lm, se = final_eval(binary, run_dir)
     rec = {"format": "pipefisher-study-record", "args": open(f"{run_dir}/args").read().strip(),
-           "status": int(open(f"{run_dir}/status").read()), "lm_loss": lm_loss(binary, run_dir),
+           "status": int(open(f"{run_dir}/status").read()), "lm_loss": lm, "lm_loss_se": se,
            "columns": COLUMNS, "rows": rows}
     tmp = record + ".tmp"
     with open(tmp, "w") as f:
@@ -55,7 +58,7 @@ def restore(record, run_dir):
             if r["valid_loss"] is None:
                 del r["valid_loss"]
             f.write(json.dumps(r) + "\n")
-    open(f"{run_dir}/lm_loss", "w").write(f"{rec['lm_loss']!r}\n")
+    open(f"{run_dir}/lm_loss", "w").write(f"{rec['lm_loss']!r} {rec['lm_loss_se']!r}\n")
     open(f"{run_dir}/args", "w").write(rec["args"] + "\n")
     open(f"{run_dir}/status", "w").write(f"{rec['status']}\n")
 

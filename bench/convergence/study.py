@@ -138,21 +138,26 @@ def pct(v):
 
 
 def final_lm_loss(binary, run_dir):
-    """The language-model part of a run's final validation loss over the whole held-out split (a
-    restored record's lm_loss), or None without saved weights."""
+    """The language-model part of a run's final validation loss over the whole held-out split and
+    its standard error (a restored record's lm_loss), or (None, None) without saved weights."""
     if os.path.exists(f"{run_dir}/lm_loss"):
-        return float(open(f"{run_dir}/lm_loss").read())
+        lm, se = open(f"{run_dir}/lm_loss").read().split()
+        return float(lm), float(se)
     if not os.path.exists(f"{run_dir}/model.safetensors"):
-        return None
+        return None, None
     cmd = [binary, "eval", "--config", f"{run_dir}/config.toml", "--init", f"{run_dir}/model.safetensors",
            "--batches", "0", "--json"]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["lm_loss"]
+    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return j["lm_loss"], j["lm_loss_se"]
 
 
 def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     st = Study(out, steps, seeds, binary, model)
     per = st.per_seed()
-    nv_lm = mean_or_none([final_lm_loss(binary, d) for d in st.runs["nvlamb"]])
+    nv_evals = [final_lm_loss(binary, d) for d in st.runs["nvlamb"]]
+    nv_lm = mean_or_none([lm for lm, _ in nv_evals])
+    # The mean of independent seeds' losses: its standard error from theirs.
+    nv_lm_se = None if nv_lm is None else math.sqrt(sum(se * se for _, se in nv_evals)) / len(nv_evals)
     nv = per["nvlamb"]
     target_train = statistics.mean(x["smoothed"] for x in nv)
     target_valid = statistics.mean(x["valid"] for x in nv)
@@ -169,7 +174,8 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     write_seeds_csv(out, per)
     js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
           "best": st.best, "target_valid_loss": target_valid, "unigram_entropy": floor,
-          "nvlamb_final_lm_valid_loss": nv_lm, "target_smoothed_training_loss": target_train,
+          "nvlamb_final_lm_valid_loss": nv_lm, "nvlamb_final_lm_valid_loss_se": nv_lm_se,
+          "target_smoothed_training_loss": target_train,
           "steps_fraction": mean_or_none([r["vs"] for r in rows]),
           "time_fraction": mean_or_none([r["vt"] for r in rows]),
           "steps_fraction_per_seed": [r["vs"] for r in rows], "time_fraction_per_seed": [r["vt"] for r in rows],
@@ -178,7 +184,7 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     with open(f"{out}/summary.json.tmp", "w") as f:
         json.dump(js, f, indent=1)
     os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
-    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm), nv_time, ratio)
+    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm, nv_lm_se), nv_time, ratio)
 
 
 def write_seeds_csv(out, per):
@@ -191,9 +197,9 @@ def write_seeds_csv(out, per):
 
 
 def write_summary_md(st, per, rows, targets, nv_time, ratio):
-    target_train, target_valid, floor, nv_lm = targets
+    target_train, target_valid, floor, nv_lm, nv_lm_se = targets
     lm = ("not measured (the runs kept no weights)" if nv_lm is None else
-          f"{nv_lm:.4f}, {floor - nv_lm:+.4f} below it")
+          f"{nv_lm:.4f} (standard error {nv_lm_se:.4f} over the held-out micro-batches), {floor - nv_lm:+.4f} below it")
     best = ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" +
                      (f", damping {b['damping']}" if b.get("damping") else "") for o, b in st.best.items())
     time_note = (f"time = steps x PipeFisher's step time / NVLAMB's ({ratio:.3f}, bench/pipefisher.sh)" if ratio

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 namespace pf {
 
@@ -120,31 +121,51 @@ void Trainer::kfac_step(StepStats& s) {
   s.kfac_nu = kfac_->kl_clip(s.lr);
 }
 
+double batch_mean_standard_error(std::span<const double> share, std::span<const int64_t> positions) {
+  const size_t batches = share.size();
+  if (batches < 2) return std::numeric_limits<double>::quiet_NaN();
+  double mean = 0;
+  int64_t all = 0;
+  for (size_t b = 0; b < batches; ++b) {
+    mean += share[b];
+    all += positions[b];
+  }
+  double sum_sq = 0;
+  for (size_t b = 0; b < batches; ++b) {
+    const double d = share[b] - static_cast<double>(positions[b]) * mean / static_cast<double>(all);
+    sum_sq += d * d;
+  }
+  return std::sqrt(static_cast<double>(batches) / static_cast<double>(batches - 1) * sum_sq);
+}
+
 EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb) {
   EvalResult r;
   const EvalScales scale = eval_scales(valid, batches, rows, mb);
   const Tensor none;
   Tensor no_output;
-  // The summed forward losses with these scales: the mean LM loss (+ the mean NSP loss).
+  // Each micro-batch's forward loss with these scales: its share of the mean LM loss (+ the mean
+  // NSP loss); positions[b]: the positions it scores.
+  std::vector<int64_t> positions(batches);
   auto pass = [&](float nsp_scale) {
-    double loss = 0;
+    std::vector<double> share(batches);
     for (int b = 0; b < batches; ++b) {
       valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
       mb.index = 0;
       mb.loss_scale = scale.loss;
       mb.nsp_scale = nsp_scale;
-      loss += model.forward(mb, none, no_output, st);
+      share[b] = model.forward(mb, none, no_output, st);
+      positions[b] = mb.loss_positions();
     }
-    return loss;
+    return share;
   };
+  auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
   model.set_training(false);
-  r.loss = r.lm_loss = pass(scale.nsp);
-  if (scale.nsp > 0) r.lm_loss = pass(0.0f);  // NSP pairs: the LM part alone, for perplexity
+  std::vector<double> lm = pass(scale.nsp);
+  r.loss = r.lm_loss = sum(lm);
+  if (scale.nsp > 0) r.lm_loss = sum(lm = pass(0.0f));  // NSP pairs: the LM part alone, for perplexity
   model.set_training(true);
-  for (int b = 0; b < batches; ++b) {
-    valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
-    r.positions += mb.loss_positions();
-  }
+  r.positions = std::accumulate(positions.begin(), positions.end(), int64_t{0});
+  r.lm_loss_se = batch_mean_standard_error(lm, positions);
   r.sequences = static_cast<int64_t>(batches) * rows;
   return r;
 }

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace pf {
@@ -74,8 +75,16 @@ struct EvalResult {
   double lm_loss = 0;       // mean over the scored positions (GPT: every next token; BERT: masked ones)
   int64_t positions = 0;    // tokens scored
   int64_t sequences = 0;
+  double lm_loss_se = 0;    // standard error of lm_loss over the micro-batches (batch_mean_standard_error); NaN for one
 };
 EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb);
+
+// The standard error of a mean over B micro-batches whose scored positions differ (n_b of N in
+// all): batch b adds share[b] = n_b m_b / N to the mean m = sum(share), and the micro-batches, not
+// the positions, are the independent draws (positions within a sequence are correlated), so
+// Var(m) = B / (B - 1) * sum_b (share[b] - n_b m / N)^2. NaN for fewer than 2 micro-batches.
+// Example: shares {1, 3} of positions {1, 1}: m = 4, means 2 and 6, SE = sqrt(2 * (1 + 1)) = 2.
+double batch_mean_standard_error(std::span<const double> share, std::span<const int64_t> positions);
 
 class Trainer {
  public:

@@ -82,6 +82,25 @@ TEST_P(EvalCli, LossEqualsTheTrainersEvaluate) {
 
 INSTANTIATE_TEST_SUITE_P(Arch, EvalCli, ::testing::Values("gpt", "bert"));
 
+// eval's standard error of the LM loss, against the two micro-batches' own means: `--batches 1`
+// scores the first alone, `--batches 2` both, so the second's mean and both position counts follow,
+// and batch_mean_standard_error's formula is evaluated here from them. One micro-batch: null.
+TEST_P(EvalCli, StandardErrorOfTheLossFromTheMicroBatchesMeans) {
+  const auto sets = tiny_sets(GetParam());
+  const fs::path w = pf_test::scratch_dir("infer_cli") / ("se-" + GetParam() + ".safetensors");
+  train_and_save(sets, w, 2);
+  const std::string eval = std::string(PF_BINARY) + " eval" + set_flags(sets) + " --init " + w.string() + " --json";
+  const auto one = json_of(run(eval + " --batches 1")), two = json_of(run(eval + " --batches 2"));
+  EXPECT_TRUE(one.at("lm_loss_se").is_null()) << one.dump();
+  const double m1 = one.at("lm_loss").get<double>(), m = two.at("lm_loss").get<double>();
+  const double n1 = one.at("positions").get<double>(), n = two.at("positions").get<double>(), n2 = n - n1;
+  const double m2 = (m * n - m1 * n1) / n2;
+  const double want = std::sqrt(2.0 * (std::pow(n1 * (m1 - m) / n, 2) + std::pow(n2 * (m2 - m) / n, 2)));
+  ASSERT_GT(want, 0);
+  // Both sides from float32 forwards summed in double: equal to float32 rounding of the losses.
+  EXPECT_NEAR(two.at("lm_loss_se").get<double>(), want, 1e-5 * m) << two.dump();
+}
+
 std::string generate_cmd(const std::vector<std::string>& sets, const fs::path& w, const std::string& extra) {
   return std::string(PF_BINARY) + " generate" + set_flags(sets) + " --init " + w.string() + " --vocab-dir " +
          PF_SOURCE_DIR + "/data/vocab --prompt 'Call me Ishmael. Some years ago' --json " + extra;

@@ -70,3 +70,17 @@ TEST(Trainer, PlainStepsMatchTheirRecordedValues) {
   EXPECT_NEAR(r.weight_sum, 0x1.b5ff580b2dbb2p+9, tol * r.weight_magnitude);
   EXPECT_NEAR(r.valid, 0x1.4b7fc6p+3, tol * r.valid);
 }
+
+// The standard error of a mean over micro-batches, by hand: means 2 and 6 of one position each
+// (shares 1 and 3 of the mean 4) give sqrt(2 * (1 + 1)) = 2; weighted by positions 1 and 3, means
+// 2 and 6 have shares 0.5 and 4.5 of the mean 5, deviations 0.5 - 1.25 and 4.5 - 3.75, so
+// sqrt(2 * 2 * 0.75^2) = 1.5. A single micro-batch has none.
+TEST(Evaluate, BatchMeanStandardErrorByHand) {
+  const std::vector<double> equal = {1, 3}, weighted = {0.5, 4.5};
+  const std::vector<int64_t> ones = {1, 1}, one_three = {1, 3};
+  EXPECT_DOUBLE_EQ(batch_mean_standard_error(equal, ones), 2.0);
+  EXPECT_DOUBLE_EQ(batch_mean_standard_error(weighted, one_three), 1.5);
+  const std::vector<double> single = {4};
+  const std::vector<int64_t> n = {7};
+  EXPECT_TRUE(std::isnan(batch_mean_standard_error(single, n)));
+}
