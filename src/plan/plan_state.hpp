@@ -1,10 +1,10 @@
 #pragma once
 // The planner's internal state (planner.cpp runs the passes; plan_units.cpp, plan_pack.cpp and
-// plan_emit.cpp hold them). Not part of the planner's interface: sim/planner.hpp is.
+// plan_emit.cpp hold them). Not part of the planner's interface: plan/planner.hpp is.
 //
 // One PlanState flows through the passes; each reads what earlier passes wrote and adds its
 // own fields (the comment of each field names the pass that writes it).
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include <climits>
 #include <map>

@@ -1,7 +1,7 @@
 // What a KfacPlan hands out: the action list of any training step, whole-step schedules, and
 // the steady-state timeline of a refresh period for drawing and tracing.
 #include "core/error.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include <algorithm>
 

@@ -2,7 +2,7 @@
 // among its holders (PrecSplit), then every PREC placed into the step, which gives the base step
 // that every other K-FAC unit is placed around.
 #include "core/error.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -3,7 +3,7 @@
 // group (SPD-KFAC's Algorithm 1), and cycle step 0 with the inline work.
 #include "core/error.hpp"
 #include "core/triangle.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 

@@ -2,7 +2,7 @@
 // cycle step, then every device's gap units packed into the bubbles of consecutive steps by the
 // best of several strategies (the paper's greedy first fit first).
 #include "core/error.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <cmath>

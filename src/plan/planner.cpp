@@ -1,5 +1,5 @@
 // The PipeFisher planner (see planner.hpp for the rules) as a pipeline of passes over one
-// PlanState (sim/plan_state.hpp), each reading what the earlier ones wrote:
+// PlanState (plan/plan_state.hpp), each reading what the earlier ones wrote:
 //
 //   set_aside_optimizer   the OPTs leave the step; they end every emitted list     plan_units.cpp
 //   split_precondition    a stage's precondition by layer over its holders         plan_prec.cpp
@@ -26,10 +26,10 @@
 // its gaps (Timeline::gaps of `base`/`step0`) and each unit's gap (PlacedUnit); a pass after
 // pack_by_strategy that marks units "deferred" would emit them as a per-gap queue instead of a
 // fixed list position, and the runtime would drain that queue when it reaches the gap.
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include "core/error.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <numeric>

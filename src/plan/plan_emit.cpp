@@ -1,7 +1,7 @@
 // The planner's last passes (see planner.cpp): cycle lengths, the placed units and the per-step
 // action lists of every replica's device (optimizer included), and the plan's measures.
 #include "core/error.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <cmath>
