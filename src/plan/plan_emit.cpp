@@ -11,24 +11,25 @@ namespace pf::plan {
 
 // Cycle lengths: per device (max over replicas; Chimera's group: over the twins), or one for all
 // when inline work exists (or Chimera without the group).
-void set_cycle_lengths(PlanState& st) {
-  KfacPlan& plan = st.plan;
-  const int D = st.devices();
-  plan.common_cycle = st.any_inline || (st.chimera() && !st.per_pair());
-  plan.sync_steps = st.sync_steps;
-  plan.sync_step = *std::max_element(st.sync_steps.begin(), st.sync_steps.end());
+void set_cycle_lengths(PlanState& state) {
+  KfacPlan& plan = state.plan;
+  const int D = state.devices();
+  plan.common_cycle = state.any_inline || (state.chimera() && !state.per_pair());
+  plan.sync_steps.clear();
+  for (const CollectivePin& pin : state.pins) plan.sync_steps.push_back(pin.sync_step);
+  plan.sync_step = *std::max_element(plan.sync_steps.begin(), plan.sync_steps.end());
   plan.refresh_steps.assign(D, 1);
   for (int d = 0; d < D; ++d)
-    for (const ReplicaState& r : st.rs) plan.refresh_steps[d] = std::max(plan.refresh_steps[d], r.needed[d]);
-  if (st.per_pair()) {
+    for (const DevicePlacement& placed : state.packed[d].replicas)
+      plan.refresh_steps[d] = std::max(plan.refresh_steps[d], placed.needed);
+  if (state.per_pair()) {
     const std::vector<int> r = plan.refresh_steps;
     for (int d = 0; d < D; ++d) plan.refresh_steps[d] = std::max(r[d], r[D - 1 - d]);
   }
   if (plan.common_cycle) plan.refresh_steps.assign(D, *std::max_element(plan.refresh_steps.begin(), plan.refresh_steps.end()));
-  plan.step0 = st.rs[0].tl0;
+  plan.step0 = state.cycle_step0[0].timeline;
   plan.step0_time = 0;
-  for (const ReplicaState& r : st.rs) plan.step0_time = std::max(plan.step0_time, r.tl0.step_time);
-  plan.inline_time = plan.step0_time - plan.base_step_time;
+  for (const CycleStep0& step0 : state.cycle_step0) plan.step0_time = std::max(plan.step0_time, step0.timeline.step_time);
 }
 
 namespace {
@@ -44,88 +45,88 @@ struct Insertion {
 
 // One replica's device during emission: its insertions and K-FAC time per cycle.
 struct DeviceEmit {
-  std::vector<Insertion> ins;
-  double work = 0, inl = 0, busy_kfac = 0, pinned_time = 0;
+  std::vector<Insertion> insertions;
+  double work = 0, inline_work = 0, busy_kfac = 0, pinned_time = 0;
 };
 
 // Inline units (cycle step 0, timed in its schedule) and gap units (where the packing put them).
-void emit_placed_units(PlanState& st, int w, int d, DeviceEmit& e) {
-  KfacPlan& plan = st.plan;
-  const ReplicaState& r = st.rs[w];
-  const auto& u = st.du[d].units;
+void emit_placed_units(PlanState& state, int w, int d, DeviceEmit& e) {
+  KfacPlan& plan = state.plan;
+  const CycleStep0& step0 = state.cycle_step0[w];
+  const DevicePlacement& placed = state.packed[d].replicas[w];
+  const CollectivePin pin = state.pins[d];
+  const auto& units = state.packed[d].units.units;
   const int R = plan.refresh_steps[d];
-  for (auto [i, idx] : r.inline_at[d]) {
-    const TimedAction& t = r.tl0.per_device[d][idx];
-    plan.units.push_back({u[i].a, w, d, 0, t.start, t.end, true, false});
-    e.inl += u[i].dur;
+  for (auto [i, index] : step0.inline_at[d]) {
+    const TimedAction& t = step0.timeline.per_device[d][index];
+    plan.units.push_back({units[i].action, w, d, 0, t.start, t.end, true, false});
+    e.inline_work += units[i].duration;
   }
-  for (size_t i = 0; i < u.size(); ++i) {
-    if (!runs_on(u[i], w)) continue;
-    e.work += u[i].dur;
-    if (is_compute(u[i].a.kind)) e.busy_kfac += u[i].dur;
-    if (r.gap_of[d][i] < 0) continue;
-    const auto& G = r.placers[d].gaps[r.gap_of[d][i]];
-    // Wrapped: in the next cycle's step G.step - R (its leading gap of step 0, or with a period
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (!runs_on(units[i], w)) continue;
+    e.work += units[i].duration;
+    if (is_compute(units[i].action.kind)) e.busy_kfac += units[i].duration;
+    if (placed.gap_of[i] < 0) continue;
+    const Placer::StepGap& g = placed.placer.gaps[placed.gap_of[i]];
+    // Wrapped: in the next cycle's step g.step - R (its leading gap of step 0, or with a period
     // up to its step K), listed in this cycle step from the second cycle on.
-    const bool wrapped = G.step >= R;
-    PF_CHECK(G.step < R || (st.period_of[d] > 0 ? G.step <= R + st.sync_steps[d] : G.step == R && G.g.leading),
+    const bool wrapped = g.step >= R;
+    PF_CHECK(g.step < R || (pin.period > 0 ? g.step <= R + pin.sync_step : g.step == R && g.gap.leading),
              "unit beyond its cycle");
-    const int step = wrapped ? G.step - R : G.step;
-    const double start = r.start[d][i] - r.placers[d].offset(G.step);
-    e.ins.push_back({step, G.g.insert_at, start, static_cast<int>(i), wrapped});
-    plan.units.push_back({u[i].a, w, d, step, start, start + u[i].dur, false, wrapped});
+    const int step = wrapped ? g.step - R : g.step;
+    const double start = placed.start[i] - placed.placer.offset(g.step);
+    e.insertions.push_back({step, g.gap.insert_at, start, static_cast<int>(i), wrapped});
+    plan.units.push_back({units[i].action, w, d, step, start, start + units[i].duration, false, wrapped});
   }
 }
 
 // Pinned units (Chimera): after everything of cycle step K, per stage (stage order) its
 // broadcasts (chain order) and its sync; then the inversions that could not go into any gap.
-void emit_pinned_units(PlanState& st, int w, int d, DeviceEmit& e) {
-  KfacPlan& plan = st.plan;
-  const ReplicaState& r = st.rs[w];
-  const auto& u = st.du[d].units;
+void emit_pinned_units(PlanState& state, int w, int d, DeviceEmit& e) {
+  KfacPlan& plan = state.plan;
+  const CycleStep0& step0 = state.cycle_step0[w];
+  const auto& units = state.packed[d].units.units;
   std::vector<int> pinned;
-  for (size_t i = 0; i < u.size(); ++i)
-    if (u[i].pinned && runs_on(u[i], w)) pinned.push_back(static_cast<int>(i));
+  for (size_t i = 0; i < units.size(); ++i)
+    if (units[i].pinned && runs_on(units[i], w)) pinned.push_back(static_cast<int>(i));
   std::stable_sort(pinned.begin(), pinned.end(), [&](int a, int b) {
-    const bool ia = !is_collective(u[a].a.kind), ib = !is_collective(u[b].a.kind);
-    return std::tuple(ia, u[a].a.stage, u[a].a.pipeline, u[a].a.kind == Kind::SYNC_CURV) <
-           std::tuple(ib, u[b].a.stage, u[b].a.pipeline, u[b].a.kind == Kind::SYNC_CURV);
+    const bool ia = !is_collective(units[a].action.kind), ib = !is_collective(units[b].action.kind);
+    return std::tuple(ia, units[a].action.stage, units[a].action.pipeline, units[a].action.kind == Kind::SYNC_CURV) <
+           std::tuple(ib, units[b].action.stage, units[b].action.pipeline, units[b].action.kind == Kind::SYNC_CURV);
   });
-  const int K = st.sync_steps[d];
-  const int at = static_cast<int>((K == 0 ? r.step0.s : st.base.s).per_device[d].size());
-  double t = K == 0 ? r.tl0.step_time : plan.base.step_time;
+  const int K = state.pins[d].sync_step;
+  const int at = static_cast<int>((K == 0 ? step0.step.schedule : state.base.schedule).per_device[d].size());
+  double t = K == 0 ? step0.timeline.step_time : plan.base.step_time;
   for (int i : pinned) {
-    e.ins.push_back({K, at, t, i, false});
-    PlacedUnit pu{u[i].a, w, d, K, t, t + u[i].dur, true, false};
+    e.insertions.push_back({K, at, t, i, false});
+    PlacedUnit pu{units[i].action, w, d, K, t, t + units[i].duration, true, false};
     pu.at_step_end = true;
     plan.units.push_back(pu);
-    t += u[i].dur;
-    e.inl += u[i].dur;
-    e.pinned_time += u[i].dur;
+    t += units[i].duration;
+    e.inline_work += units[i].duration;
+    e.pinned_time += units[i].duration;
   }
 }
 
 // The lists of cycle steps 0..R-1 (steady state, and the first cycle without wrapped units),
 // the wrapped units per step, and the optimizer steps at the end of every list.
-void build_lists(PlanState& st, int w, int d, DeviceEmit& e) {
-  KfacPlan& plan = st.plan;
-  const ReplicaState& r = st.rs[w];
-  const auto& u = st.du[d].units;
+void build_lists(PlanState& state, int w, int d, DeviceEmit& e) {
+  KfacPlan& plan = state.plan;
+  const auto& units = state.packed[d].units.units;
   const int R = plan.refresh_steps[d];
   // Insert back to front (by position, then start) into each step's list.
-  std::stable_sort(e.ins.begin(), e.ins.end(), [](const Insertion& a, const Insertion& b) {
+  std::stable_sort(e.insertions.begin(), e.insertions.end(), [](const Insertion& a, const Insertion& b) {
     return a.step != b.step ? a.step < b.step : a.at != b.at ? a.at > b.at : a.start > b.start;
   });
-  auto& cyc = plan.cycle[w][d];
-  for (int k = 0; k < R; ++k) cyc.push_back(k == 0 ? r.step0.s.per_device[d] : st.base.s.per_device[d]);
-  // Inline syncs were timed as PREC; give them back their kind.
-  for (auto [i, idx] : r.inline_at[d]) cyc[0][idx] = u[i].a;
-  for (const Insertion& x : e.ins) cyc[x.step].insert(cyc[x.step].begin() + x.at, u[x.unit].a);
+  auto& lists = plan.cycle[w][d];
+  for (int k = 0; k < R; ++k)
+    lists.push_back(k == 0 ? state.cycle_step0[w].step.schedule.per_device[d] : state.base.schedule.per_device[d]);
+  for (const Insertion& x : e.insertions) lists[x.step].insert(lists[x.step].begin() + x.at, units[x.unit].action);
   for (int k = 0; k < R; ++k) {
     std::vector<Action> wrapped_actions, list, wrapped_in_order;
-    for (const Insertion& x : e.ins)
-      if (x.wrapped && x.step == k) wrapped_actions.push_back(u[x.unit].a);
-    for (const Action& a : cyc[k]) {
+    for (const Insertion& x : e.insertions)
+      if (x.wrapped && x.step == k) wrapped_actions.push_back(units[x.unit].action);
+    for (const Action& a : lists[k]) {
       auto it = std::find(wrapped_actions.begin(), wrapped_actions.end(), a);
       if (it != wrapped_actions.end()) wrapped_actions.erase(it), wrapped_in_order.push_back(a);
       else list.push_back(a);
@@ -133,17 +134,35 @@ void build_lists(PlanState& st, int w, int d, DeviceEmit& e) {
     plan.first_cycle[w][d].push_back(std::move(list));
     plan.wrapped_units[w][d].push_back(std::move(wrapped_in_order));
   }
-  const auto& opt = st.optimizer[d];
-  for (auto* lists : {&plan.cycle[w][d], &plan.first_cycle[w][d]})
-    for (auto& list : *lists) list.insert(list.end(), opt.begin(), opt.end());
+  const auto& opt = state.optimizer[d];
+  for (auto* step_lists : {&plan.cycle[w][d], &plan.first_cycle[w][d]})
+    for (auto& list : *step_lists) list.insert(list.end(), opt.begin(), opt.end());
   plan.first[w][d] = plan.first_cycle[w][d][0];
+}
+
+// The factors run as diagonal blocks (those split to shorten the refresh period after the
+// others, each group in device order) and every hosted stage's inversion placement.
+void emit_splits_and_placements(PlanState& state) {
+  KfacPlan& plan = state.plan;
+  plan.splits.clear();
+  for (bool shortened : {false, true})
+    for (const PackedDevice& packed : state.packed)
+      if (packed.split_to_shorten == shortened)
+        plan.splits.insert(plan.splits.end(), packed.units.splits.begin(), packed.units.splits.end());
+  plan.placements.clear();
+  for (int d = 0; d < state.devices(); ++d)
+    for (StagePlacement placement : state.packed[d].units.placements) {
+      placement.device = d;
+      plan.placements.push_back(std::move(placement));
+    }
 }
 
 }  // namespace
 
-void emit_lists(PlanState& st) {
-  KfacPlan& plan = st.plan;
-  const int D = st.devices(), W = st.replicas();
+void emit_lists(PlanState& state) {
+  KfacPlan& plan = state.plan;
+  emit_splits_and_placements(state);
+  const int D = state.devices(), W = state.replicas();
   plan.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
   plan.first.assign(W, std::vector<std::vector<Action>>(D));
   plan.first_cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
@@ -154,11 +173,11 @@ void emit_lists(PlanState& st) {
   for (int w = 0; w < W; ++w)
     for (int d = 0; d < D; ++d) {
       DeviceEmit e;
-      emit_placed_units(st, w, d, e);
-      emit_pinned_units(st, w, d, e);
+      emit_placed_units(state, w, d, e);
+      emit_pinned_units(state, w, d, e);
       plan.kfac_work[d] = std::max(plan.kfac_work[d], e.work);
-      plan.device_inline[d] = std::max(plan.device_inline[d], e.inl);
-      build_lists(st, w, d, e);
+      plan.device_inline[d] = std::max(plan.device_inline[d], e.inline_work);
+      build_lists(state, w, d, e);
       // Utilization over the device's cycle: F/B/PREC each step plus one cycle of K-FAC work.
       const int R = plan.refresh_steps[d];
       const double time = plan.step0_time + (R - 1) * plan.base_step_time + e.pinned_time;
@@ -171,9 +190,9 @@ void emit_lists(PlanState& st) {
 // units (they lengthen cycle step K: the busiest device's, as a bound). With one cycle for all,
 // once per period; with a cycle per pair of twins, each pair's once per its cycle, and the
 // pairs' lengthened steps may fall apart: their sum bounds the mean.
-void measure(PlanState& st) {
-  KfacPlan& plan = st.plan;
-  const int D = st.devices();
+void measure(PlanState& state) {
+  KfacPlan& plan = state.plan;
+  const int D = state.devices();
   plan.bubble.assign(D, 0);
   plan.precondition.assign(D, 0);
   plan.lower_bound_refresh_steps.assign(D, -1);
@@ -195,7 +214,7 @@ void measure(PlanState& st) {
     pinned = std::max(pinned, pinned_of[d]);
     if (d <= D - 1 - d) pinned_per_step += std::max(pinned_of[d], pinned_of[D - 1 - d]) / plan.refresh_steps[d];
   }
-  plan.inline_time += pinned;
+  plan.inline_time = plan.step0_time - plan.base_step_time + pinned;
   plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time + pinned) / P
                                      : plan.base_step_time + pinned_per_step;
 }
