@@ -8,7 +8,7 @@
 //   pipefisher plan --sweep --schedule chimera --profile bert_base.csv --csv sweep.csv --svg sweep.svg
 //   pipefisher plan --kfac --schedule 1f1b --stages 8 --micro-batches 8 --tf 31.17 --tb 48.84
 //                   --tcurv 82.35 --tinv 242.55 --tprec 26.7 --model bert-large --layers-per-stage 3
-//     PipeFisher: K-FAC work placed into the bubbles (sim/planner.hpp); costs per stage per
+//     PipeFisher: K-FAC work placed into the bubbles (plan/planner.hpp); costs per stage per
 //     micro-batch, split per factor by the preset's Linear shapes (d^2 curvature, d^3 inversion)
 //     over --layers-per-stage blocks (default 1; with the paper's CSV it also scales the costs).
 //     --data-parallel W > 1: inversions placed over the replicas by SPD-KFAC's Algorithm 1 with
@@ -28,7 +28,7 @@
 #include "schedule/validate.hpp"
 #include "sim/limits.hpp"
 #include "sim/memory.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
 #include "sim/sweep.hpp"

@@ -106,7 +106,7 @@ struct KfacConfig {
   // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/pipefisher.hpp)
   bool replan_on_drift = true;
   // bubbles: true lets the planner split an inversion into diagonal blocks (a block-diagonal
-  // factor) when that shortens a device's refresh period (sim/planner.hpp). Off by default: the
+  // factor) when that shortens a device's refresh period (plan/planner.hpp). Off by default: the
   // paper keeps exact factors and splits only an inversion larger than every bubble (its
   // appendix A.2), which happens either way.
   bool split_inversions = false;

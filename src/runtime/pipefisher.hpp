@@ -12,7 +12,7 @@
 //   bubbles  PipeFisher. Steps 0 .. kProfileSteps-1 run inline K-FAC (refresh every step) with
 //            every unit timed on the rank where it runs (steady clock): curvature per layer per
 //            micro-batch, inversion per factor, precondition per stage, plus F/B/OPT. Then every
-//            rank feeds the same all-reduced means to the planner (sim/planner.hpp) and runs its
+//            rank feeds the same all-reduced means to the planner (plan/planner.hpp) and runs its
 //            static multi-step schedule: step t runs plan.actions(w, d, t - kProfileSteps).
 //            Re-planning: when a rank's forward/backward time per step exceeds 1.3x its profile for
 //            3 steps (decided collectively at step end), each device finishes its current cycle
@@ -47,7 +47,7 @@
 // bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below). Chimera's
 // twins (devices i and D-1-i) and their replicas form each stage's group: they share a cycle
 // (each pair of twins its own), their syncs are pinned at the end of one cycle step, in stage
-// order (sim/planner.hpp), so all sum the same micro-batches and switch inverses at the same
+// order (plan/planner.hpp), so all sum the same micro-batches and switch inverses at the same
 // step; each inversion piece is inverted by its owner in the group (or by all: NCT) and
 // broadcast to the others, as with replicas. A cycle's inversions may run while the next cycle's
 // curvature accumulates, so Chimera's factors sum into buffers of their own (memory: one more
@@ -66,7 +66,7 @@
 #include "io/checkpoint.hpp"
 #include "kfac/preconditioner.hpp"
 #include "nn/model.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 

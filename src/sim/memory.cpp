@@ -1,6 +1,6 @@
 #include "sim/memory.hpp"
 
-#include "sim/planner.hpp"
+#include "sim/kfac_cost.hpp"
 
 #include <algorithm>
 #include <map>

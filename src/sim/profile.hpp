@@ -37,8 +37,8 @@
 //    is finite and >= 0, times at most 2^53 us (in ms), the others at most 2^53; micro_batch_size
 //    and layers are integers >= 1 (sim/limits.hpp).
 #include "sim/cost.hpp"
+#include "sim/kfac_cost.hpp"
 #include "sim/memory.hpp"
-#include "sim/planner.hpp"
 
 #include <optional>
 #include <string>

@@ -3,7 +3,7 @@
 #include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
 #include "schedule/validate.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 #include "sim/profile.hpp"
 #include "planner_fixtures.hpp"
 

@@ -1,7 +1,7 @@
 // What a KfacPlan hands out: the action list of any training step, whole-step schedules, and
 // the steady-state timeline of a refresh period for drawing and tracing.
 #include "core/error.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include <algorithm>
 
@@ -79,28 +79,19 @@ Timeline KfacPlan::period_timeline(int replica, int steps, std::vector<double>* 
     if (step_starts) step_starts->push_back(offset);
     // Cycle step 0 of replica 0 carries the inline work (the others' timing differs only there).
     const bool first_of_cycle = common_cycle && t % period() == 0;
-    const Timeline& st = first_of_cycle ? step0 : base;
+    const Timeline& step = first_of_cycle ? step0 : base;
     for (int d = 0; d < devices; ++d) {
-      for (const TimedAction& a : st.per_device[d]) {
+      for (const TimedAction& a : step.per_device[d]) {
         TimedAction x = a;
         x.start += offset;
         x.end += offset;
         tl.per_device[d].push_back(x);
       }
-      // Inline units are already in step0's rows (timed as PREC when syncs or broadcasts): fix their kinds.
+      // Inline units are already in step0's rows.
       const int k = t % refresh_steps[d];
-      for (const PlacedUnit& u : units) {
-        if (u.replica != replica || u.device != d || u.step != k) continue;
-        if (u.inline_work) {
-          if (!first_of_cycle) continue;
-          for (TimedAction& x : tl.per_device[d])
-            if (x.start == u.start + offset && x.end == u.end + offset && x.action.kind == Kind::PREC &&
-                is_collective(u.action.kind))
-              x.action = u.action;
-          continue;
-        }
-        tl.per_device[d].push_back({u.action, u.start + offset, u.end + offset});
-      }
+      for (const PlacedUnit& u : units)
+        if (u.replica == replica && u.device == d && u.step == k && !u.inline_work)
+          tl.per_device[d].push_back({u.action, u.start + offset, u.end + offset});
     }
     offset += first_of_cycle ? step0_time : base_step_time;
   }

@@ -99,6 +99,7 @@
 #include "kfac/placement.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/cost.hpp"
+#include "sim/kfac_cost.hpp"
 #include "sim/sim.hpp"
 
 #include <cstdint>
@@ -109,31 +110,6 @@
 
 namespace pf {
 
-// A K-FAC Linear layer's shape: A is d_in x d_in, B is d_out x d_out.
-struct LinearShape {
-  int d_in = 0, d_out = 0;
-};
-// The K-FAC Linears of one transformer block. bert: q, k, v, attn-out (d x d), intermediate
-// (d -> ffn), output (ffn -> d); gpt: c_attn (d -> 3d), c_proj, c_fc (d -> ffn), mlp c_proj.
-// UsageError naming --model for another arch.
-std::vector<LinearShape> block_linears(const std::string& arch, int hidden, int ffn);
-
-// Durations of one stage's K-FAC work units (per pipeline copy; Chimera's two copies of a stage
-// each have their own factors and units). Layer index = position in these vectors.
-struct StageKfacCost {
-  std::vector<double> curv_a, curv_b;  // [layer] one micro-batch
-  std::vector<double> inv_a, inv_b;    // [layer] the whole factor
-  std::vector<int> dim_a, dim_b;       // [layer] factor sizes (block splits)
-  std::vector<int> diag_b;             // [layer] 1: B kept diagonal (d floats to broadcast); empty: none
-  double precondition = 0;             // PREC of the stage, every step
-  double sync = 0;                     // SYNC_CURV of the stage (used only when replicas > 1)
-  int layers() const { return static_cast<int>(curv_a.size()); }
-};
-
-// The stage's precondition per layer, in proportion to each layer's flops: d_out d_in (d_in +
-// d_out) for B^-1 G A^-1 (a diagonal B: d_out d_in (d_in + 1)).
-std::vector<double> precondition_by_layer(const StageKfacCost& c);
-
 // Where PREC goes in the step (PlanInput::precondition).
 enum class PrecPlacement {
   gaps,  // in the first gap after the stage's gradients that holds it, else at the device's end
@@ -141,15 +117,6 @@ enum class PrecPlacement {
          // (the paper's accounting, T_pipe + T_prec with the whole T_bubble for curvature and inversion)
   best,  // both planned; kept: the fewer refresh steps (the longest, then their sum), then the shorter step
 };
-
-// Block-level costs split into per-factor units in proportion to the Linear shapes: curvature
-// by d^2 (A: d_in^2, B: d_out^2; per token), inversion by d^3. `layers` lists the Linears of all
-// blocks of the stage.
-StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double curvature, double inversion,
-                               double precondition, double sync = 0);
-
-// Cost of diagonal block j of a factor of size d split into k blocks, the whole costing `whole`.
-double block_cost(double whole, int d, int k, int j);
 
 struct PlanInput {
   // One step, without K-FAC actions. Its optimizer steps (OPT) are set aside and end every list

@@ -1,7 +1,7 @@
-// The planner's cost inputs: K-FAC Linears of a transformer block and the split of block-level
-// costs into per-factor units (curvature ~ d^2 per token, inversion ~ d^3).
+// K-FAC unit costs (sim/kfac_cost.hpp): the K-FAC Linears of a transformer block and the split
+// of block-level costs into per-factor units (curvature ~ d^2 per token, inversion ~ d^3).
 #include "core/error.hpp"
-#include "sim/planner.hpp"
+#include "sim/kfac_cost.hpp"
 
 #include <cmath>
 

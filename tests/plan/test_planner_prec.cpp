@@ -1,4 +1,4 @@
-// The PipeFisher planner's precondition (sim/planner.hpp): split by layer among a stage's holders
+// The PipeFisher planner's precondition (plan/planner.hpp): split by layer among a stage's holders
 // (PrecSplit), placed in the tail gap or after the pipeline (PrecPlacement), reported as its
 // share of the step; and the paper's settings (Figures 3, 4 and 7) on its published profiles.
 #include "kfac/placement.hpp"

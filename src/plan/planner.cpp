@@ -1,20 +1,22 @@
 // The PipeFisher planner (see planner.hpp for the rules) as a pipeline of passes over one
-// PlanState (sim/plan_state.hpp), each reading what the earlier ones wrote:
+// PlanState (plan/plan_state.hpp), each reading what the earlier ones wrote:
 //
 //   set_aside_optimizer   the OPTs leave the step; they end every emitted list     plan_units.cpp
 //   split_precondition    a stage's precondition by layer over its holders         plan_prec.cpp
 //   place_precondition    PREC per stage in the step's gaps or at its end: the
 //                         base step                                                 plan_prec.cpp
-//   make_units            curvature, curvature sync, inversion units per device    plan_units.cpp
-//   place_inversions      a stage's inversions over its group (SPD-KFAC Alg. 1),
-//                         Chimera's twins x replicas; BCAST_INV units              plan_units.cpp
+//   make_units            curvature, curvature sync, inversion units per device;
+//                         a stage's inversions over its group (SPD-KFAC Alg. 1),
+//                         Chimera's twins x replicas, with BCAST_INV units          plan_units.cpp
 //   build_cycle_step0     cycle step 0 per replica with its inline work            plan_units.cpp
-//   pin_collectives       Chimera: the cycle step whose end holds the syncs        plan_pack.cpp
+//   pin_collectives       Chimera: the cycle step whose end holds the syncs (and
+//                         with the group each pair's overlapped cycle)             plan_pack.cpp
 //   pack_by_strategy      units into the bubbles of consecutive steps, the best
-//                         of the strategies per device (and overlapped cycles)     plan_pack.cpp
+//                         of the strategies per device (split to shorten)          plan_pack.cpp
 //   set_cycle_lengths     refresh period per device (or one for all)               plan_emit.cpp
-//   emit_lists            placed units; per replica, device and cycle step the
-//                         full action list (wrapped units, OPT last)               plan_emit.cpp
+//   emit_lists            placed units, splits, placements; per replica, device
+//                         and cycle step the full action list (wrapped units,
+//                         OPT last)                                                plan_emit.cpp
 //   measure               bubble, lower bound, utilization, step time              plan_emit.cpp
 //
 // Where the next capabilities slot in. Zero-bubble W (the weight-gradient half of a backward)
@@ -26,10 +28,10 @@
 // its gaps (Timeline::gaps of `base`/`step0`) and each unit's gap (PlacedUnit); a pass after
 // pack_by_strategy that marks units "deferred" would emit them as a per-gap queue instead of a
 // fixed list position, and the runtime would drain that queue when it reaches the gap.
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include "core/error.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -67,6 +69,12 @@ void check_input(const PlanInput& in) {
 
 }  // namespace
 
+plan::PlanState::PlanState(const PlanInput& input) : in(input) {
+  plan.devices = input.schedule.devices;
+  plan.replicas = input.replicas;
+  plan.step_template = input.schedule;
+}
+
 int StagePlacement::owner_of(const Action& a) const {
   const Kind inv = a.kind == Kind::BCAST_INV_A ? Kind::INV_A : a.kind == Kind::BCAST_INV_B ? Kind::INV_B : a.kind;
   for (size_t k = 0; k < pieces.size(); ++k)
@@ -79,32 +87,23 @@ namespace {
 
 // The passes up to the base step (the step with PREC).
 plan::PlanState base_step(const PlanInput& in) {
-  plan::PlanState st(in);
-  st.plan.devices = in.schedule.devices;
-  st.plan.replicas = in.replicas;
-  st.plan.step_template = in.schedule;
-  plan::set_aside_optimizer(st);
-  plan::split_precondition(st);
-  plan::place_precondition(st);
-  return st;
+  plan::PlanState state(in);
+  plan::set_aside_optimizer(state);
+  plan::split_precondition(state);
+  plan::place_precondition(state);
+  return state;
 }
 
 // The other passes.
-KfacPlan finish(plan::PlanState& st) {
-  plan::make_units(st);
-  plan::place_inversions(st);
-  plan::build_cycle_step0(st);
-  plan::pin_collectives(st);
-  plan::pack_by_strategy(st);
-  plan::set_cycle_lengths(st);
-  plan::emit_lists(st);
-  plan::measure(st);
-  for (int d = 0; d < st.devices(); ++d)
-    for (StagePlacement& sp : st.du[d].placements) {
-      sp.device = d;
-      st.plan.placements.push_back(sp);
-    }
-  return std::move(st.plan);
+KfacPlan finish(plan::PlanState& state) {
+  plan::make_units(state);
+  plan::build_cycle_step0(state);
+  plan::pin_collectives(state);
+  plan::pack_by_strategy(state);
+  plan::set_cycle_lengths(state);
+  plan::emit_lists(state);
+  plan::measure(state);
+  return std::move(state.plan);
 }
 
 // PrecPlacement::best's order: the longest refresh, the refresh steps' sum, the step.
@@ -121,15 +120,15 @@ bool better(const KfacPlan& a, const KfacPlan& b) {
 KfacPlan plan_kfac(const PlanInput& in) {
   check_input(in);
   if (in.precondition != PrecPlacement::best) {
-    plan::PlanState st = base_step(in);
-    return finish(st);
+    plan::PlanState state = base_step(in);
+    return finish(state);
   }
   PlanInput gaps = in, end = in;
   gaps.precondition = PrecPlacement::gaps;
   end.precondition = PrecPlacement::end;
   plan::PlanState a = base_step(gaps), b = base_step(end);
   KfacPlan pa = finish(a);
-  if (a.base.s.per_device == b.base.s.per_device) return pa;  // every PREC at its device's end anyway
+  if (a.base.schedule.per_device == b.base.schedule.per_device) return pa;  // every PREC at its device's end anyway
   KfacPlan pb = finish(b);
   return better(pb, pa) ? std::move(pb) : std::move(pa);
 }

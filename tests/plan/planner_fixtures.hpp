@@ -1,7 +1,7 @@
 #pragma once
 // The planner tests' inputs and the property check every plan must pass (test_planner*.cpp).
 #include "schedule/generators.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 #include "sim/profile.hpp"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // among its holders (PrecSplit), then every PREC placed into the step, which gives the base step
 // that every other K-FAC unit is placed around.
 #include "core/error.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -78,16 +78,16 @@ std::vector<PrecReady> precondition_order(const Timeline& tl, int d) {
 
 // Device d's PRECs into the step `tl` times (ts, its schedule): `gaps`, the first gap after the
 // stage's gradients where it fits with margin, else at the device's end; `end`, at the end.
-void insert_preconditions(const PlanState& st, const Timeline& tl, int d, TimedSchedule& ts) {
+void insert_preconditions(const PlanState& state, const Timeline& tl, int d, TimedSchedule& ts) {
   std::vector<Gap> gaps = tl.gaps(d);
   std::vector<std::pair<int, PrecReady>> inserts;  // (position in the original list, what)
   for (const PrecReady& p : precondition_order(tl, d)) {
-    const double t = precondition_time(st, d, p.p, p.s);
+    const double t = precondition_time(state, d, p.p, p.s);
     int at = static_cast<int>(tl.per_device[d].size());
     for (Gap& g : gaps) {
-      if (st.in.precondition == PrecPlacement::end) break;
+      if (state.in.precondition == PrecPlacement::end) break;
       const double s0 = std::max(g.start, p.ready);
-      if (g.insert_at > p.after && s0 + t * (1 + st.in.margin) <= g.end + kEps) {
+      if (g.insert_at > p.after && s0 + t * (1 + state.in.margin) <= g.end + kEps) {
         at = g.insert_at;
         g.start = s0 + t;
         break;
@@ -98,15 +98,15 @@ void insert_preconditions(const PlanState& st, const Timeline& tl, int d, TimedS
   // Insert back to front; equal positions keep their readiness order.
   for (size_t k = inserts.size(); k-- > 0;) {
     const PrecReady& p = inserts[k].second;
-    ts.insert(d, inserts[k].first, Action{Kind::PREC, p.s, p.p, -1, -1}, precondition_time(st, d, p.p, p.s));
+    ts.insert(d, inserts[k].first, Action{Kind::PREC, p.s, p.p, -1, -1}, precondition_time(state, d, p.p, p.s));
   }
 }
 
 }  // namespace
 
-double precondition_time(const PlanState& st, int d, int p, int s) {
-  const PrecSplit* ps = st.plan.prec_split(p, s);
-  if (!ps) return stage_cost(st.in, s).precondition;
+double precondition_time(const PlanState& state, int d, int p, int s) {
+  const PrecSplit* ps = state.plan.prec_split(p, s);
+  if (!ps) return stage_cost(state.in, s).precondition;
   double t = 0;
   for (size_t m = 0; m < ps->members.size(); ++m)
     if (ps->members[m].first == d) t = std::max(t, ps->time[m]);
@@ -115,48 +115,48 @@ double precondition_time(const PlanState& st, int d, int p, int s) {
 
 // Every (pipeline, stage) with several holders: its layers placed over them (PrecSplit). Without
 // Chimera's group the twins are no holders of each other's copy (each preconditions all of it).
-void split_precondition(PlanState& st) {
-  st.plan.prec_splits.clear();
-  if (holder_count(st.in) <= 1) return;
-  const Schedule& sch = st.in.schedule;
+void split_precondition(PlanState& state) {
+  state.plan.prec_splits.clear();
+  if (holder_count(state.in) <= 1) return;
+  const Schedule& sch = state.in.schedule;
   for (int p = 0; p < sch.pipelines; ++p)
-    for (int s = 0; s < sch.stages; ++s) st.plan.prec_splits.push_back(place_layers(st.in, p, s));
+    for (int s = 0; s < sch.stages; ++s) state.plan.prec_splits.push_back(place_layers(state.in, p, s));
 }
 
 // PREC(p,s) for each hosted stage (insert_preconditions, as PlanInput::precondition says). Then
 // the step with PREC is the base every K-FAC unit is placed around; its largest gaps decide
 // splits and inline work.
-void place_precondition(PlanState& st) {
-  const PlanInput& in = st.in;
+void place_precondition(PlanState& state) {
+  const PlanInput& in = state.in;
   const int D = in.schedule.devices;
   PF_CHECK(in.precondition != PrecPlacement::best, "plan_kfac decides PrecPlacement::best");
-  TimedSchedule& ts = st.base;
-  ts = {in.schedule, {}};
+  TimedSchedule& ts = state.base;
+  ts = TimedSchedule{.schedule = in.schedule};
   for (int d = 0; d < D; ++d) {
-    ts.dur.emplace_back();
+    ts.durations.emplace_back();
     for (size_t i = 0; i < in.schedule.per_device[d].size(); ++i)
-      ts.dur[d].push_back(in.durations.empty() ? in.cost.duration(in.schedule.per_device[d][i]) : in.durations[d][i]);
+      ts.durations[d].push_back(in.durations.empty() ? in.cost.duration(in.schedule.per_device[d][i]) : in.durations[d][i]);
   }
   const Timeline tl = ts.simulate();
-  st.plan.plain_step_time = tl.step_time;
-  for (int d = 0; d < D; ++d) insert_preconditions(st, tl, d, ts);
-  st.plan.base = ts.simulate();
-  st.plan.base_step_time = st.plan.base.step_time;
+  state.plan.plain_step_time = tl.step_time;
+  for (int d = 0; d < D; ++d) insert_preconditions(state, tl, d, ts);
+  state.plan.base = ts.simulate();
+  state.plan.base_step_time = state.plan.base.step_time;
 
   std::vector<double> max_gap(D, 0.0);
   for (int d = 0; d < D; ++d)
-    for (const Gap& g : st.plan.base.gaps(d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
+    for (const Gap& g : state.plan.base.gaps(d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
   // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
   // preconditioning): the split and inline decisions use the smallest largest gap among the
   // devices hosting any of the device's stages.
   const Schedule& sch = in.schedule;
-  st.decide_gap = max_gap;
+  state.largest_shared_gap = max_gap;
   for (int d = 0; d < D; ++d)
     for (int e = 0; e < D; ++e)
       for (int p = 0; p < sch.pipelines; ++p)
         for (int q = 0; q < sch.pipelines; ++q)
           for (int s = 0; s < sch.stages; ++s)
-            if (sch.device_of(p, s) == d && sch.device_of(q, s) == e) st.decide_gap[d] = std::min(st.decide_gap[d], max_gap[e]);
+            if (sch.device_of(p, s) == d && sch.device_of(q, s) == e) state.largest_shared_gap[d] = std::min(state.largest_shared_gap[d], max_gap[e]);
 }
 
 }  // namespace pf::plan

@@ -3,17 +3,34 @@
 // group (SPD-KFAC's Algorithm 1), and cycle step 0 with the inline work.
 #include "core/error.hpp"
 #include "core/triangle.hpp"
-#include "sim/plan_state.hpp"
+#include "plan/plan_state.hpp"
 
 #include <algorithm>
 
 namespace pf::plan {
 
-void TimedSchedule::insert(int d, int at, const Action& a, double t) {
-  s.per_device[d].insert(s.per_device[d].begin() + at, a);
-  dur[d].insert(dur[d].begin() + at, t);
+void TimedSchedule::insert(int device, int at, const Action& action, double duration, bool replica_local) {
+  local.resize(schedule.per_device.size());
+  local[device].resize(schedule.per_device[device].size(), 0);
+  schedule.per_device[device].insert(schedule.per_device[device].begin() + at, action);
+  durations[device].insert(durations[device].begin() + at, duration);
+  local[device].insert(local[device].begin() + at, replica_local);
 }
-Timeline TimedSchedule::simulate() const { return pf::simulate(s, CostModel{}, &dur); }
+
+// The simulator groups collectives of equal (kind, stage) across devices (Chimera's twins) and
+// times them together; a replica-local one is handed to it as what it is timed as, the stage's
+// device work after its gradients (PREC), and gets its kind back in the timeline.
+Timeline TimedSchedule::simulate() const {
+  Schedule timed = schedule;
+  for (size_t d = 0; d < local.size(); ++d)
+    for (size_t i = 0; i < local[d].size(); ++i)
+      if (local[d][i]) timed.per_device[d][i].kind = Kind::PREC;
+  Timeline timeline = pf::simulate(timed, CostModel{}, &durations);
+  for (size_t d = 0; d < local.size(); ++d)
+    for (size_t i = 0; i < local[d].size(); ++i)
+      if (local[d][i]) timeline.per_device[d][i].action = schedule.per_device[d][i];
+  return timeline;
+}
 
 bool runs_on(const Unit& x, int w) { return x.owner == kEveryRank || x.owner == w; }
 
@@ -45,16 +62,16 @@ bool larger_than_every_gap(const PlanInput& in, double dur, double max_gap) {
 // The optimizer steps end each device's list after every K-FAC unit of the step (lowering puts
 // them last; only Chimera's second ALLREDUCE may follow the first OPT, and the first OPT waits
 // for every all-reduce anyway): planned without them, appended to every list by emit_lists.
-void set_aside_optimizer(PlanState& st) {
-  PlanInput& in = st.in;
-  st.optimizer.assign(in.schedule.devices, {});
+void set_aside_optimizer(PlanState& state) {
+  PlanInput& in = state.in;
+  state.optimizer.assign(in.schedule.devices, {});
   for (int d = 0; d < in.schedule.devices; ++d) {
     auto& list = in.schedule.per_device[d];
     std::vector<Action> kept;
     std::vector<double> dur;
     for (size_t i = 0; i < list.size(); ++i) {
       if (list[i].kind == Kind::OPT) {
-        st.optimizer[d].push_back(list[i]);
+        state.optimizer[d].push_back(list[i]);
         continue;
       }
       kept.push_back(list[i]);
@@ -71,11 +88,11 @@ using UnitsOf = std::map<std::tuple<int, int, int, int>, std::vector<int>>;  // 
 
 // CURV_A / CURV_B of every layer after the F (A; with recomputation after the backward) or the
 // input-gradient backward (B, or I) of each micro-batch, A first.
-void add_curvature_units(const PlanInput& in, const Timeline& step, DeviceUnits& du, UnitsOf& curv_of_factor,
+void add_curvature_units(const PlanInput& in, const Timeline& step, DeviceUnits& dev_units, UnitsOf& curv_of_factor,
                          std::map<std::pair<int, int>, std::vector<int>>& curv_of_stage) {
-  auto& u = du.units;
+  auto& u = dev_units.units;
   for (int side = 0; side < 2; ++side)
-    for (const TimedAction& t : step.per_device[du.device]) {
+    for (const TimedAction& t : step.per_device[dev_units.device]) {
       const Action& a = t.action;
       const bool backward = a.kind == Kind::B || a.kind == Kind::I;
       const bool src = side == 0 && !in.recompute ? a.kind == Kind::F : backward;
@@ -83,8 +100,8 @@ void add_curvature_units(const PlanInput& in, const Timeline& step, DeviceUnits&
       const StageKfacCost& c = stage_cost(in, a.stage);
       for (int l = 0; l < c.layers(); ++l) {
         Unit x;
-        x.a = Action{side == 0 ? Kind::CURV_A : Kind::CURV_B, a.stage, a.pipeline, a.micro_batch, l};
-        x.dur = side == 0 ? c.curv_a[l] : c.curv_b[l];
+        x.action = Action{side == 0 ? Kind::CURV_A : Kind::CURV_B, a.stage, a.pipeline, a.micro_batch, l};
+        x.duration = side == 0 ? c.curv_a[l] : c.curv_b[l];
         x.ready = t.end;
         curv_of_stage[{a.pipeline, a.stage}].push_back(static_cast<int>(u.size()));
         curv_of_factor[{a.pipeline, a.stage, side, l}].push_back(static_cast<int>(u.size()));
@@ -111,12 +128,11 @@ int inversion_blocks(const PlanInput& in, double whole, int dim, double max_gap,
 }
 
 // INV_A, then INV_B, of every layer of every hosted stage: whole, or its diagonal blocks.
-void add_inversion_units(const PlanInput& in, DeviceUnits& du, double max_gap, UnitsOf& curv_of_factor,
-                         std::map<std::pair<int, int>, int>& sync_of, std::vector<FactorSplit>& splits,
-                         const ForcedSplits& force) {
-  auto& u = du.units;
+void add_inversion_units(const PlanInput& in, DeviceUnits& dev_units, double max_gap, UnitsOf& curv_of_factor,
+                         std::map<std::pair<int, int>, int>& sync_of, const ForcedSplits& force) {
+  auto& u = dev_units.units;
   for (int side = 0; side < 2; ++side)
-    for (auto [p, s] : du.stages) {
+    for (auto [p, s] : dev_units.stages) {
       const StageKfacCost& c = stage_cost(in, s);
       const Kind kind = side == 0 ? Kind::INV_A : Kind::INV_B;
       for (int l = 0; l < c.layers(); ++l) {
@@ -129,20 +145,20 @@ void add_inversion_units(const PlanInput& in, DeviceUnits& du, double max_gap, U
           FactorSplit f{p, s, l, kind, k, whole, 0};
           for (int j = 0; j < k; ++j) {
             Unit x;
-            x.a = Action{kind, s, p, -1, l, j};
-            x.dur = block_cost(whole, dim, k, j);
-            f.pieces += x.dur;
+            x.action = Action{kind, s, p, -1, l, j};
+            x.duration = block_cost(whole, dim, k, j);
+            f.pieces += x.duration;
             x.deps = deps;
             u.push_back(x);
           }
-          splits.push_back(f);
+          dev_units.splits.push_back(f);
           continue;
         }
         Unit x;
-        x.a = Action{kind, s, p, -1, l};
-        x.dur = whole;
+        x.action = Action{kind, s, p, -1, l};
+        x.duration = whole;
         x.deps = deps;
-        x.inl = k == 0;
+        x.runs_inline = k == 0;
         u.push_back(x);
       }
     }
@@ -153,53 +169,49 @@ void add_inversion_units(const PlanInput& in, DeviceUnits& du, double max_gap, U
 // waits for its (pinned) sync: it runs right after it, at the end of cycle step K.
 void mark_inline(const PlanInput& in, std::vector<Unit>& u, double max_gap, bool chimera) {
   for (Unit& x : u)
-    if (!x.pinned && larger_than_every_gap(in, x.dur, max_gap)) x.inl = true;
+    if (!x.pinned && larger_than_every_gap(in, x.duration, max_gap)) x.runs_inline = true;
   for (size_t i = u.size(); i-- > 0;)  // back to front: deps come first
-    if (u[i].inl)
+    if (u[i].runs_inline)
       for (int dep : u[i].deps)
-        if (!u[dep].pinned) u[dep].inl = true;
+        if (!u[dep].pinned) u[dep].runs_inline = true;
   if (chimera)
     for (Unit& x : u)
-      if (x.inl && is_inversion(x.a.kind)) x.inl = false, x.pinned = true;
+      if (x.runs_inline && is_inversion(x.action.kind)) x.runs_inline = false, x.pinned = true;
 }
 
 }  // namespace
 
 // The units of device d in priority order: CURV_A, CURV_B, SYNC, INV_A, INV_B.
 DeviceUnits make_device_units(const PlanInput& in, const Timeline& step, int d, double max_gap,
-                              std::vector<FactorSplit>& splits, const ForcedSplits& force) {
-  DeviceUnits du;
-  du.device = d;
+                              const ForcedSplits& force) {
+  DeviceUnits dev_units;
+  dev_units.device = d;
   for (const TimedAction& t : step.per_device[d])
     if (t.action.kind == Kind::F &&
-        std::find(du.stages.begin(), du.stages.end(), std::pair{t.action.pipeline, t.action.stage}) == du.stages.end())
-      du.stages.push_back({t.action.pipeline, t.action.stage});
+        std::find(dev_units.stages.begin(), dev_units.stages.end(), std::pair{t.action.pipeline, t.action.stage}) == dev_units.stages.end())
+      dev_units.stages.push_back({t.action.pipeline, t.action.stage});
   std::map<std::pair<int, int>, std::vector<int>> curv_of_stage;
   UnitsOf curv_of_factor;
-  add_curvature_units(in, step, du, curv_of_factor, curv_of_stage);
+  add_curvature_units(in, step, dev_units, curv_of_factor, curv_of_stage);
   // SYNC_CURV per stage with several holders (replicas, or Chimera's twins: pinned).
   std::map<std::pair<int, int>, int> sync_of;
   const bool chimera = in.schedule.pipelines > 1;
   if (in.replicas > 1 || chimera)
-    for (auto [p, s] : du.stages) {
+    for (auto [p, s] : dev_units.stages) {
       Unit x;
-      x.a = Action{Kind::SYNC_CURV, s, p, -1, -1};
+      x.action = Action{Kind::SYNC_CURV, s, p, -1, -1};
       // Never zero (as a broadcast): list order breaks ties in start time by start only.
-      x.dur = std::max(stage_cost(in, s).sync, kMinCollective);
+      x.duration = std::max(stage_cost(in, s).sync, kMinCollective);
       x.deps = curv_of_stage[{p, s}];
       x.pinned = chimera;
-      sync_of[{p, s}] = static_cast<int>(du.units.size());
-      du.units.push_back(x);
+      sync_of[{p, s}] = static_cast<int>(dev_units.units.size());
+      dev_units.units.push_back(x);
     }
-  add_inversion_units(in, du, max_gap, curv_of_factor, sync_of, splits, force);
-  mark_inline(in, du.units, max_gap, chimera);
-  return du;
+  add_inversion_units(in, dev_units, max_gap, curv_of_factor, sync_of, force);
+  mark_inline(in, dev_units.units, max_gap, chimera);
+  return dev_units;
 }
 
-void make_units(PlanState& st) {
-  st.du.assign(st.devices(), {});
-  for (int d = 0; d < st.devices(); ++d) st.du[d] = make_device_units(st.in, st.plan.base, d, st.decide_gap[d], st.plan.splits);
-}
 
 namespace {
 
@@ -211,28 +223,28 @@ double bcast_time(const PlanInput& in, int64_t n, bool diagonal) {
 }
 
 // The pieces of stage (p, s) among the device's units, for Algorithm 1: idx[k] is piece k's unit.
-StagePlacement stage_pieces(const PlanInput& in, const DeviceUnits& du, int p, int s, std::vector<int>& idx) {
-  const auto& u = du.units;
+StagePlacement stage_pieces(const PlanInput& in, const DeviceUnits& dev_units, int p, int s, std::vector<int>& idx) {
+  const auto& u = dev_units.units;
   const StageKfacCost& c = stage_cost(in, s);
   StagePlacement sp;
   sp.pipeline = p, sp.stage = s;
   sp.members = stage_members(in, p, s);
   for (int i = 0; i < static_cast<int>(u.size()); ++i) {
-    const Action& a = u[i].a;
+    const Action& a = u[i].action;
     if (a.pipeline != p || a.stage != s || !is_inversion(a.kind)) continue;
     const bool is_a = a.kind == Kind::INV_A;
     const int d = is_a ? c.dim_a[a.layer] : c.dim_b[a.layer];
     int64_t n = d;
     if (a.block >= 0) {  // sizes as kfac's split_blocks: the first d % k blocks get one more row
       int k = 0;
-      for (const Unit& x : u) k += x.a.kind == a.kind && x.a.pipeline == p && x.a.stage == s && x.a.layer == a.layer;
+      for (const Unit& x : u) k += x.action.kind == a.kind && x.action.pipeline == p && x.action.stage == s && x.action.layer == a.layer;
       n = d / k + (a.block < d % k ? 1 : 0);
     }
     const bool diag = !is_a && !c.diag_b.empty() && c.diag_b[a.layer] != 0;
     idx.push_back(i);
     sp.pieces.push_back(a);
     sp.dims.push_back(n);
-    sp.inv_time.push_back(u[i].dur);
+    sp.inv_time.push_back(u[i].duration);
     sp.bcast_time.push_back(bcast_time(in, n, diag));
   }
   return sp;
@@ -246,18 +258,18 @@ StagePlacement stage_pieces(const PlanInput& in, const DeviceUnits& du, int p, i
 // on every holder (the previous cycle's inverse, before the stage's SYNC_CURV: chained in
 // placement order, the sync after the last). Inline and pinned as the sync is. Every holder
 // computes the same placement (same pieces: holders split alike, see place_precondition).
-void place_device_inversions(const PlanInput& in, DeviceUnits& du, double max_gap) {
+void place_device_inversions(const PlanInput& in, DeviceUnits& dev_units, double max_gap) {
   const bool chimera = in.schedule.pipelines > 1;
   const int G = holder_count(in);
-  du.placements.clear();
+  dev_units.placements.clear();
   if (G <= 1) return;
-  auto& u = du.units;
-  for (auto [p, s] : du.stages) {
+  auto& u = dev_units.units;
+  for (auto [p, s] : dev_units.stages) {
     std::vector<int> idx;  // [piece] unit index
-    StagePlacement sp = stage_pieces(in, du, p, s, idx);
+    StagePlacement sp = stage_pieces(in, dev_units, p, s, idx);
     int sync = -1;
     for (int i = 0; i < static_cast<int>(u.size()); ++i)
-      if (u[i].a.pipeline == p && u[i].a.stage == s && u[i].a.kind == Kind::SYNC_CURV) sync = i;
+      if (u[i].action.pipeline == p && u[i].action.stage == s && u[i].action.kind == Kind::SYNC_CURV) sync = i;
     PF_CHECK(sync >= 0, "no SYNC_CURV for stage {} of pipeline {}", s, p);
     sp.placement = place_load_balanced(sp.dims, G, sp.inv_time, sp.bcast_time);
     std::vector<int> chain;  // the stage's broadcasts, in placement order
@@ -265,88 +277,94 @@ void place_device_inversions(const PlanInput& in, DeviceUnits& du, double max_ga
       const int m = sp.placement.owner[k];
       // The replica of this device that inverts the piece: every one (NCT), its owner, or none
       // (the owner is the other pipeline's copy).
-      u[idx[k]].owner = m == kEveryRank ? kEveryRank : sp.members[m].first == du.device ? sp.members[m].second : kNoReplica;
+      u[idx[k]].owner = m == kEveryRank ? kEveryRank : sp.members[m].first == dev_units.device ? sp.members[m].second : kNoReplica;
       if (m == kEveryRank) continue;
-      const Action& inv = u[idx[k]].a;
+      const Action& inv = u[idx[k]].action;
       Unit b;
-      b.a = Action{inv.kind == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, s, p, -1, inv.layer, inv.block};
+      b.action = Action{inv.kind == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, s, p, -1, inv.layer, inv.block};
       // Never zero: a zero-length unit would tie in start time with the next one, and list
       // order breaks ties by start only.
-      b.dur = std::max(sp.bcast_time[k], kMinCollective);
+      b.duration = std::max(sp.bcast_time[k], kMinCollective);
       if (!chain.empty()) b.deps.push_back(chain.back());
       b.pinned = chimera;
-      b.inl = !chimera && larger_than_every_gap(in, b.dur, max_gap);
+      b.runs_inline = !chimera && larger_than_every_gap(in, b.duration, max_gap);
       chain.push_back(static_cast<int>(u.size()));
       u.push_back(b);
     }
     if (!chain.empty()) u[sync].deps.push_back(chain.back());
     // An inline sync needs its broadcasts inline before it; an inline broadcast the earlier ones.
     for (size_t j = chain.size(); j-- > 0;)
-      if (!chimera && (u[sync].inl || (j + 1 < chain.size() && u[chain[j + 1]].inl))) u[chain[j]].inl = true;
-    du.placements.push_back(std::move(sp));
+      if (!chimera && (u[sync].runs_inline || (j + 1 < chain.size() && u[chain[j + 1]].runs_inline))) u[chain[j]].runs_inline = true;
+    dev_units.placements.push_back(std::move(sp));
   }
 }
 
-void place_inversions(PlanState& st) {
-  for (int d = 0; d < st.devices(); ++d) place_device_inversions(st.in, st.du[d], st.decide_gap[d]);
+DeviceUnits device_units(const PlanInput& in, const Timeline& step, int device, double max_gap,
+                         const ForcedSplits& force) {
+  DeviceUnits made = make_device_units(in, step, device, max_gap, force);
+  place_device_inversions(in, made, max_gap);
+  return made;
+}
+
+void make_units(PlanState& state) {
+  state.device_units.clear();
+  for (int d = 0; d < state.devices(); ++d)
+    state.device_units.push_back(device_units(state.in, state.plan.base, d, state.largest_shared_gap[d]));
 }
 
 namespace {
 
+// A device's units in inline order: unit order, but a stage's broadcasts right before its sync
+// (they chain into it).
+std::vector<size_t> inline_order(const std::vector<Unit>& units) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Action& a = units[i].action;
+    if (is_bcast_inv(a.kind)) continue;
+    if (a.kind == Kind::SYNC_CURV)
+      for (size_t j = 0; j < units.size(); ++j)
+        if (is_bcast_inv(units[j].action.kind) && units[j].action.stage == a.stage && units[j].action.pipeline == a.pipeline)
+          order.push_back(j);
+    order.push_back(i);
+  }
+  return order;
+}
+
 // Cycle step 0 of replica w: the step with PREC plus the inline units, each stage's just before
-// its PREC. Returns the schedule and, per inline unit, its index in the device list.
-TimedSchedule with_inline(const TimedSchedule& base, const std::vector<DeviceUnits>& du, int w,
-                          std::vector<std::vector<std::pair<int, int>>>& where) {
-  TimedSchedule ts = base;
-  where.assign(du.size(), {});
-  for (size_t d = 0; d < du.size(); ++d) {
-    // Unit order, but a stage's broadcasts right before its sync (they chain into it).
-    const auto& units = du[d].units;
-    std::vector<size_t> order;
-    for (size_t i = 0; i < units.size(); ++i) {
-      if (is_bcast_inv(units[i].a.kind)) continue;
-      if (units[i].a.kind == Kind::SYNC_CURV)
-        for (size_t j = 0; j < units.size(); ++j)
-          if (is_bcast_inv(units[j].a.kind) && units[j].a.stage == units[i].a.stage &&
-              units[j].a.pipeline == units[i].a.pipeline)
-            order.push_back(j);
-      order.push_back(i);
-    }
-    for (size_t i : order) {
-      const Unit& x = units[i];
-      if (!x.inl || x.pinned || !runs_on(x, w)) continue;
-      auto& list = ts.s.per_device[d];
+// its PREC (collectives run by the replica alone: TimedSchedule::local), and per inline unit its
+// index in the device list.
+CycleStep0 with_inline(const TimedSchedule& base, const std::vector<DeviceUnits>& dev_units, int w) {
+  CycleStep0 step0{base, {}, std::vector<std::vector<std::pair<int, int>>>(dev_units.size())};
+  for (size_t d = 0; d < dev_units.size(); ++d) {
+    const auto& units = dev_units[d].units;
+    auto& where = step0.inline_at[d];
+    for (size_t i : inline_order(units)) {
+      const Unit& unit = units[i];
+      if (!unit.runs_inline || unit.pinned || !runs_on(unit, w)) continue;
+      const auto& list = step0.step.schedule.per_device[d];
       int at = static_cast<int>(list.size());
       for (size_t j = 0; j < list.size(); ++j)
-        if (list[j].kind == Kind::PREC && list[j].pipeline == x.a.pipeline && list[j].stage == x.a.stage)
+        if (list[j].kind == Kind::PREC && list[j].pipeline == unit.action.pipeline && list[j].stage == unit.action.stage)
           at = static_cast<int>(j);
-      // The simulator groups collectives of equal (kind, stage) across devices (Chimera twins);
-      // a replica-local sync is timed as plain device work.
-      Action timed = x.a;
-      if (is_collective(timed.kind)) timed.kind = Kind::PREC;
-      ts.insert(static_cast<int>(d), at, timed, x.dur);
-      for (auto& [unit, idx] : where[d])
-        if (idx >= at) ++idx;
-      where[d].push_back({static_cast<int>(i), at});
+      step0.step.insert(static_cast<int>(d), at, unit.action, unit.duration, is_collective(unit.action.kind));
+      for (auto& [placed, index] : where)
+        if (index >= at) ++index;
+      where.push_back({static_cast<int>(i), at});
     }
   }
-  return ts;
+  step0.timeline = step0.step.simulate();
+  return step0;
 }
 
 }  // namespace
 
-void build_cycle_step0(PlanState& st) {
-  st.rs.clear();
-  for (int w = 0; w < st.replicas(); ++w) {
-    ReplicaState r;
-    r.step0 = with_inline(st.base, st.du, w, r.inline_at);
-    r.tl0 = r.step0.simulate();
-    st.rs.push_back(std::move(r));
-  }
-  st.any_inline = false;
-  for (const ReplicaState& r : st.rs)
-    for (const auto& at : r.inline_at)
-      if (!at.empty()) st.any_inline = true;
+void build_cycle_step0(PlanState& state) {
+  state.cycle_step0.clear();
+  for (int w = 0; w < state.replicas(); ++w) state.cycle_step0.push_back(with_inline(state.base, state.device_units, w));
+  state.any_inline = false;
+  for (const CycleStep0& step0 : state.cycle_step0)
+    for (const auto& at : step0.inline_at)
+      if (!at.empty()) state.any_inline = true;
 }
 
 }  // namespace pf::plan

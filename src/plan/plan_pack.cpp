@@ -1,0 +1,439 @@
+// The planner's packing passes (see planner.cpp): Chimera's collectives pinned to the end of a
+// cycle step, then every device's gap units packed into the bubbles of consecutive steps by the
+// best of several strategies (the paper's greedy first fit first).
+#include "core/error.hpp"
+#include "plan/plan_state.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace pf::plan {
+
+void Placer::add_step() {
+  const int k = steps++;
+  if (period > 0 && k >= period) {
+    for (size_t i = 0, n = gaps.size(); i < n; ++i)
+      if (gaps[i].step == k - period) {
+        const double shift = offset(k) - offset(k - period);
+        const Gap& g = gaps[i].gap;
+        gaps.push_back({{g.start + shift, g.end + shift, g.insert_at, g.leading}, k, gaps[i].cursor_gap, 0});
+      }
+    return;
+  }
+  for (const Gap& g : (k == 0 ? step0 : base).gaps(device)) {
+    if (k == 0 && g.leading && period == 0) continue;  // only the previous cycle's work can run there
+    const int self = static_cast<int>(gaps.size());
+    gaps.push_back({{g.start + offset(k), g.end + offset(k), g.insert_at, g.leading}, k, self, g.start});
+  }
+}
+
+void Placer::keep_room(int n_steps, double size, int count, int per_gap) {
+  while (steps < n_steps && steps <= max_step) add_step();
+  std::vector<int> order;  // physical gaps of those steps, the latest first
+  for (int i = static_cast<int>(gaps.size()); i-- > 0;)
+    if (gaps[i].cursor_gap == i && gaps[i].step < n_steps) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return gaps[a].step > gaps[b].step; });
+  for (int round = 0, kept_any = 1; round < per_gap && count > 0 && kept_any; ++round) {
+    kept_any = 0;
+    for (int i : order)
+      if (count > 0 && gaps[i].gap.end - gaps[i].gap.start + kEps >= gaps[i].kept + size)
+        gaps[i].kept += size, --count, kept_any = 1;
+  }
+}
+
+std::pair<int, double> Placer::place(double ready, double dur, bool best_fit, bool keep) {
+  int found = -1;
+  for (size_t i = 0;; ++i) {
+    while (i >= gaps.size() && steps <= max_step) {
+      PF_CHECK(steps < 10000, "placement does not terminate (unit of {})", dur);
+      add_step();
+    }
+    if (i >= gaps.size()) {
+      if (found < 0) return {-1, 0.0};
+      break;
+    }
+    const StepGap& g = gaps[i];
+    if (found >= 0 && g.step != gaps[found].step) break;
+    if (g.step > max_step) {
+      if (found < 0) return {-1, 0.0};
+      break;
+    }
+    if (g.gap.end <= ready) continue;
+    double s0 = std::max(cursor(g), ready);
+    if (s0 + dur * (1 + margin) > g.gap.end - (keep ? gaps[g.cursor_gap].kept : 0.0) + kEps) continue;
+    if (found < 0 || g.gap.end - s0 < gaps[found].gap.end - std::max(cursor(gaps[found]), ready))
+      found = static_cast<int>(i);
+    if (!best_fit) break;
+  }
+  const StepGap& g = gaps[found];
+  const double s0 = std::max(cursor(g), ready);
+  gaps[g.cursor_gap].cursor = s0 + dur - offset(g.step);
+  return {found, s0};
+}
+
+// Broadcasts keep their chain order (placement order, the same on every replica).
+bool Strategy::largest_first(Kind k) const {
+  return is_inversion(k) ? inv_largest_first : !is_bcast_inv(k) && curv_largest_first;
+}
+bool Strategy::best_fit(Kind k) const { return is_inversion(k) ? inv_best_fit : curv_best_fit; }
+std::string Strategy::name() const {
+  if (gap_first) return std::string("gap by gap, the largest unit that fits") + (reserve ? ", room kept for the largest inversions" : "");
+  auto part = [](bool largest, bool best) {
+    return std::string(largest ? "largest-first " : "ready-order ") + (best ? "best-fit" : "first-fit");
+  };
+  return "curvature " + part(curv_largest_first, curv_best_fit) + ", inversion " + part(inv_largest_first, inv_best_fit) +
+         (reserve == 1 ? ", room kept for the largest inversions" : reserve == 2 ? ", room kept for one in every gap" : "");
+}
+
+namespace {
+
+// All 48 combinations of the unit-by-unit packing, the paper's (ready order, first fit, no room
+// kept) first, then gap by gap with and without room kept. The one needing the fewest steps wins
+// (the earlier on a tie). Deterministic.
+std::vector<Strategy> strategies() {
+  std::vector<Strategy> out;
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 16; ++i) out.push_back({(i & 1) != 0, (i & 2) != 0, (i & 4) != 0, (i & 8) != 0, r});
+  for (int r = 0; r < 2; ++r) out.push_back({false, false, false, false, r, true});
+  return out;
+}
+
+bool is_curvature(Kind k) { return k == Kind::CURV_A || k == Kind::CURV_B; }
+
+// A unit the gaps take (not inline, not pinned) that replica w runs.
+bool gap_unit(const Unit& unit, int replica) { return !unit.runs_inline && !unit.pinned && runs_on(unit, replica); }
+
+// Strategy::reserve for replica w's units of device d: room for the largest inversion (with
+// margin), for every inversion over half its length, in the steps the work needs at least
+// (the period with Chimera's group).
+void keep_room_for_inversions(const PlanState& state, const std::vector<Unit>& units, int replica, int device,
+                              const Strategy& strategy, Placer& placer) {
+  if (strategy.reserve == 0) return;
+  const double margin = 1 + state.in.margin;
+  double big = 0, work = 0, bubble = 0;
+  for (const Unit& unit : units)
+    if (gap_unit(unit, replica)) {
+      work += unit.duration;
+      if (is_inversion(unit.action.kind)) big = std::max(big, unit.duration * margin);
+    }
+  int count = 0;
+  for (const Unit& unit : units)
+    count += is_inversion(unit.action.kind) && gap_unit(unit, replica) && 2 * unit.duration * margin > big;
+  for (const Gap& g : state.plan.base.gaps(device)) bubble += g.end - g.start;
+  if (big <= kEps || bubble <= kEps) return;
+  const int steps = placer.period > 0 ? placer.period : static_cast<int>(std::ceil(work / bubble - 1e-12));
+  const bool each = strategy.reserve == 1;
+  placer.keep_room(steps, big, each ? count : INT_MAX, each ? INT_MAX : 1);
+}
+
+// Placement order of the units: class by class (CURV_A, CURV_B, BCAST_INV, SYNC, INV_A, INV_B),
+// within a class as the strategy says.
+std::vector<int> placement_order(const std::vector<Unit>& units, const Strategy& strategy) {
+  std::vector<int> order(units.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto placement_class = [&](int i) {
+    switch (units[i].action.kind) {
+      case Kind::CURV_A: return 0;
+      case Kind::CURV_B: return 1;
+      case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return 2;
+      case Kind::SYNC_CURV: return 3;
+      case Kind::INV_A: return 4;
+      default: return 5;
+    }
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (placement_class(a) != placement_class(b)) return placement_class(a) < placement_class(b);
+    return strategy.largest_first(units[a].action.kind) && units[a].duration > units[b].duration + kEps;
+  });
+  return order;
+}
+
+// Pinned collectives of a device (Chimera): per stage (stage order) its broadcasts (chain
+// order), then its sync.
+std::vector<int> pinned_collectives(const std::vector<Unit>& units) {
+  std::vector<int> syncs;
+  for (size_t i = 0; i < units.size(); ++i)
+    if (units[i].pinned && is_collective(units[i].action.kind)) syncs.push_back(static_cast<int>(i));
+  auto key = [&](int i) {
+    const Action& a = units[i].action;
+    return std::tuple(a.stage, a.pipeline, a.kind == Kind::SYNC_CURV);
+  };
+  std::stable_sort(syncs.begin(), syncs.end(), [&](int a, int b) { return key(a) < key(b); });
+  return syncs;
+}
+
+// One packing of replica w's units of device d in progress: the placement and every unit's
+// end (inline units and Chimera's pinned collectives known from the start).
+struct Packing {
+  const std::vector<Unit>& units;
+  int replica, device;
+  CollectivePin pin;
+  bool curv_only;
+  DevicePlacement result;
+  std::vector<double> end;
+  std::vector<char> done;  // end known
+
+  Packing(const PlanState& state, const std::vector<Unit>& device_units, int w, int d, CollectivePin p, bool curv)
+      : units(device_units), replica(w), device(d), pin(p), curv_only(curv),
+        result{Placer{.step0 = state.cycle_step0[w].timeline,
+                      .base = state.plan.base,
+                      .device = d,
+                      .margin = state.in.margin,
+                      .period = p.period,
+                      .max_step = p.period > 0 ? p.period + p.sync_step : INT_MAX},
+               std::vector<int>(units.size(), -1), std::vector<double>(units.size(), 0.0), 1},
+        end(units.size(), 0.0), done(units.size(), 0) {
+    const CycleStep0& step0 = state.cycle_step0[w];
+    for (auto [i, index] : step0.inline_at[d]) {
+      result.start[i] = step0.timeline.per_device[d][index].start;
+      end[i] = step0.timeline.per_device[d][index].end;
+      done[i] = 1;
+    }
+    // Pinned syncs: one after the other from the end of cycle step K; what follows waits for the
+    // device's last sync.
+    if (pin.sync_step >= 0) {
+      double t = result.placer.offset(pin.sync_step + 1);
+      const std::vector<int> syncs = pinned_collectives(units);
+      for (int i : syncs) t += units[i].duration;
+      for (int i : syncs) end[i] = t, done[i] = 1;
+    }
+  }
+  bool placed_here(int i) const { return gap_unit(units[i], replica) && (!curv_only || is_curvature(units[i].action.kind)); }
+  double ready(int i) const {
+    double t = units[i].ready;
+    for (int dep : units[i].deps) t = std::max(t, end[dep]);
+    return t;
+  }
+  bool deps_done(int i) const {
+    return std::all_of(units[i].deps.begin(), units[i].deps.end(), [&](int x) { return done[x] != 0; });
+  }
+  void put(int i, int gap, double start) {
+    result.gap_of[i] = gap;
+    result.start[i] = start;
+    end[i] = start + units[i].duration;
+    done[i] = 1;
+  }
+};
+
+// Unit by unit in the strategy's order, each into its first (or best) gap.
+bool pack_unit_by_unit(Packing& packing, const Strategy& strategy) {
+  for (int i : placement_order(packing.units, strategy)) {
+    if (!packing.placed_here(i)) continue;
+    const Unit& unit = packing.units[i];
+    const Kind kind = unit.action.kind;
+    auto [gap, start] = packing.result.placer.place(packing.ready(i), unit.duration, strategy.best_fit(kind), !is_inversion(kind));
+    if (gap < 0) return false;  // beyond the period's window
+    packing.put(i, gap, start);
+  }
+  return true;
+}
+
+// Into gap `gap_index`, while one fits, the largest of `todo` whose dependencies are placed and
+// that is ready at the gap's cursor (else the one that can start first).
+void fill_gap(Packing& packing, int gap_index, std::vector<int>& todo) {
+  Placer& placer = packing.result.placer;
+  const auto& units = packing.units;
+  for (;;) {
+    const Placer::StepGap& g = placer.gaps[gap_index];
+    const double cursor = placer.cursor(g);
+    int best = -1;
+    double best_start = 0;
+    for (int i : todo) {
+      if (!packing.deps_done(i)) continue;
+      const double start = std::max(cursor, packing.ready(i));
+      const double room = g.gap.end - (is_inversion(units[i].action.kind) ? 0.0 : placer.gaps[g.cursor_gap].kept);
+      if (start + units[i].duration * (1 + placer.margin) > room + kEps) continue;
+      const bool now = start <= cursor + kEps, best_now = best >= 0 && best_start <= cursor + kEps;
+      if (best < 0 || (now && !best_now) ||
+          (now == best_now && (now ? units[i].duration > units[best].duration + kEps : start < best_start - kEps)))
+        best = i, best_start = start;
+    }
+    if (best < 0) return;
+    placer.gaps[g.cursor_gap].cursor = best_start + units[best].duration - placer.offset(g.step);
+    packing.put(best, gap_index, best_start);
+    todo.erase(std::find(todo.begin(), todo.end(), best));
+  }
+}
+
+// Gap by gap in time order, each filled by fill_gap.
+bool pack_gap_by_gap(Packing& packing, const Strategy& strategy) {
+  Placer& placer = packing.result.placer;
+  std::vector<int> todo;
+  for (int i : placement_order(packing.units, strategy))
+    if (packing.placed_here(i)) todo.push_back(i);
+  // Chimera: curvature only up to the step whose end has the syncs (the cycle's own).
+  const int sync_step = packing.pin.sync_step;
+  for (size_t gi = 0; !todo.empty(); ++gi) {
+    while (gi >= placer.gaps.size()) {
+      if (placer.steps > placer.max_step) return false;
+      PF_CHECK(placer.steps < 10000, "placement does not terminate ({} units left)", todo.size());
+      placer.add_step();
+    }
+    const bool curvature_too = sync_step < 0 || placer.gaps[gi].step <= sync_step;
+    if (!curvature_too &&
+        std::any_of(todo.begin(), todo.end(), [&](int i) { return is_curvature(packing.units[i].action.kind); }))
+      return false;
+    fill_gap(packing, static_cast<int>(gi), todo);
+  }
+  return true;
+}
+
+// The steps a complete packing needs. With a period R > 0 (Chimera's group) units may run in the
+// next cycle's steps up to its step K (the gaps shared with it): R if everything fits.
+int steps_needed(const Packing& packing) {
+  int last_step = 0, curv_last = 0;
+  bool last_leading_only = false;
+  for (size_t i = 0; i < packing.units.size(); ++i) {
+    if (packing.result.gap_of[i] < 0) continue;
+    const Placer::StepGap& g = packing.result.placer.gaps[packing.result.gap_of[i]];
+    if (is_curvature(packing.units[i].action.kind)) curv_last = std::max(curv_last, g.step);
+    if (g.step > last_step) {
+      last_step = g.step;
+      last_leading_only = g.gap.leading;
+    } else if (g.step == last_step) {
+      last_leading_only = last_leading_only && g.gap.leading;
+    }
+  }
+  // Units only in the leading gap of the last step wrap into the next cycle's step 0.
+  int needed = last_step >= 1 && last_leading_only ? last_step : last_step + 1;
+  if (packing.curv_only) needed = curv_last;
+  // The pinned syncs end cycle step sync_step: the cycle includes it, and curvature must not
+  // come later (such a packing is not usable).
+  const int sync_step = packing.pin.sync_step;
+  if (sync_step >= 0) needed = curv_last > sync_step ? INT_MAX : std::max(needed, sync_step + 1);
+  if (packing.pin.period > 0 && needed != INT_MAX) needed = packing.pin.period;
+  return needed;
+}
+
+// Greedy packing of replica w's units of device d with a strategy. Chimera: units that wait for
+// a pinned sync start no earlier than the step after pin.sync_step; curv_only: curvature only
+// (to find the sync step, needed = the last step with curvature). With a period R > 0 (Chimera's
+// group) units may run in the next cycle's steps up to its step K: needed = R if everything fits,
+// else INT_MAX.
+DevicePlacement place_device(const PlanState& state, const std::vector<Unit>& units, int replica, int device,
+                             const Strategy& strategy, CollectivePin pin, bool curv_only = false) {
+  Packing packing(state, units, replica, device, pin, curv_only);
+  keep_room_for_inversions(state, units, replica, device, strategy, packing.result.placer);
+  const bool complete = strategy.gap_first ? pack_gap_by_gap(packing, strategy) : pack_unit_by_unit(packing, strategy);
+  packing.result.needed = complete ? steps_needed(packing) : INT_MAX;
+  return std::move(packing.result);
+}
+
+// The best strategy for a device's units (fewest steps over its replicas; replicas of a device
+// use one strategy, so their curvature and syncs line up).
+struct BestPacking {
+  std::vector<DevicePlacement> replicas;  // [replica]
+  int needed = 0;
+  std::string strategy;
+};
+BestPacking place_best(const PlanState& state, const std::vector<Unit>& units, int device, CollectivePin pin) {
+  BestPacking best;
+  for (const Strategy& strategy : strategies()) {
+    std::vector<DevicePlacement> candidate;
+    int needed = 0;
+    for (int w = 0; w < state.replicas(); ++w) {
+      candidate.push_back(place_device(state, units, w, device, strategy, pin));
+      needed = std::max(needed, candidate.back().needed);
+    }
+    if (best.replicas.empty() || needed < best.needed) best = {std::move(candidate), needed, strategy.name()};
+  }
+  return best;
+}
+
+int steps_needed_by_best(const PlanState& state, int device, CollectivePin pin) {
+  return place_best(state, state.device_units[device].units, device, pin).needed;
+}
+
+// Chimera's group: a pair of twins switches to cycle c's inverses only at cycle c + 1's syncs
+// (end of its step K), so cycle c's inversions may run until then, in the gaps of the next
+// cycle's steps 0..K that its own curvature leaves free: a shorter cycle R for the same
+// freshness of the inverses in use. For the pair (device, twin) synced at K0: the shortest R
+// (from K0 + 1) that both twins fit, with the earliest sync step K that allows it; else K0 and
+// the cycle of the plain placement.
+CollectivePin overlapped_pin(const PlanState& state, int device, int twin, int K0) {
+  const int plain = std::max(steps_needed_by_best(state, device, {K0, 0}), steps_needed_by_best(state, twin, {K0, 0}));
+  // A later sync step leaves the curvature more room (and the inversions of the previous
+  // cycle more of the shared steps): try K0..R-1 for each R.
+  for (int R = K0 + 1; R < plain; ++R)
+    for (int K = K0; K < R; ++K)
+      if (steps_needed_by_best(state, device, {K, R}) == R && steps_needed_by_best(state, twin, {K, R}) == R)
+        return {K, R};
+  return {K0, 0};
+}
+
+}  // namespace
+
+// Chimera: every holder of a stage (twins on devices i and D-1-i, and their replicas) sums its
+// curvature at one point, pinned at the end of cycle step K (K = the latest step the twins need
+// for their curvature, each with its best curvature packing; with the group per pair of twins,
+// else the latest of all devices), in stage order: blocking collectives there cannot deadlock
+// (every rank has posted all its sends of the step), where syncs in gaps at different points of
+// the twins' lists could. With the group, each pair's overlapped cycle (overlapped_pin).
+void pin_collectives(PlanState& state) {
+  const int D = state.devices();
+  state.pins.assign(D, {});
+  if (!state.chimera()) return;
+  std::vector<int> need(D, INT_MAX);
+  for (int d = 0; d < D; ++d)
+    for (const Strategy& s : strategies())
+      need[d] = std::min(need[d], place_device(state, state.device_units[d].units, 0, d, s, {}, true).needed);
+  const int K = *std::max_element(need.begin(), need.end());
+  for (int d = 0; d < D; ++d) state.pins[d].sync_step = state.per_pair() ? std::max(need[d], need[D - 1 - d]) : K;
+  if (!state.per_pair() || state.any_inline) return;
+  for (int d = 0; d < D / 2; ++d) state.pins[d] = state.pins[D - 1 - d] = overlapped_pin(state, d, D - 1 - d, state.pins[d].sync_step);
+}
+
+namespace {
+
+// Split when it shortens the refresh period: the largest whole inversions of the device, one
+// more at a time, into 2 diagonal blocks (then 3, 4), until the device needs fewer steps than
+// `needed`; the first such set is kept (`packed`, `strategy`), else none. A block-diagonal factor
+// is cheaper to invert (k blocks: 1/k^2 of the work) but approximates the factor (paper
+// appendix A.2).
+void split_to_shorten(const PlanState& state, int device, int needed, PackedDevice& packed, std::string& strategy) {
+  const auto& units = state.device_units[device].units;
+  std::vector<int> large;  // whole inversions, largest first
+  for (int i = 0; i < static_cast<int>(units.size()); ++i)
+    if (is_inversion(units[i].action.kind) && units[i].action.block < 0 && !units[i].runs_inline) large.push_back(i);
+  std::stable_sort(large.begin(), large.end(), [&](int a, int b) { return units[a].duration > units[b].duration + kEps; });
+  for (int k = 2; k <= 4; ++k) {
+    ForcedSplits force;
+    for (int i : large) {
+      const Action& a = units[i].action;
+      force[{a.pipeline, a.stage, a.kind == Kind::INV_A ? 0 : 1, a.layer}] = k;
+      DeviceUnits trial = device_units(state.in, state.plan.base, device, state.largest_shared_gap[device], force);
+      BestPacking best = place_best(state, trial.units, device, state.pins[device]);
+      if (best.needed < needed) {
+        packed = {std::move(trial), std::move(best.replicas), true};
+        strategy = best.strategy + ", split to shorten the refresh period";
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Per device the best strategy (Chimera's group: with the pairs' overlapped cycles), optionally
+// split to shorten; each replica keeps its packing.
+void pack_by_strategy(PlanState& state) {
+  const int D = state.devices();
+  state.plan.strategy.assign(D, "");
+  state.packed.clear();
+  for (int d = 0; d < D; ++d) {
+    const CollectivePin pin = state.pins[d];
+    BestPacking best = place_best(state, state.device_units[d].units, d, pin);
+    std::string& strategy = state.plan.strategy[d];
+    strategy = best.strategy;
+    if (pin.period > 0) strategy += fmt::format(", inversions overlap the next cycle's steps 0-{}", pin.sync_step);
+    PackedDevice packed{state.device_units[d], std::move(best.replicas), false};
+    // Only while every device's cycle is its own (no inline work, one pipeline): the others'
+    // plans stay.
+    if (state.in.split_to_shorten && !state.any_inline && !state.chimera() && best.needed > 1)
+      split_to_shorten(state, d, best.needed, packed, strategy);
+    state.packed.push_back(std::move(packed));
+  }
+}
+
+}  // namespace pf::plan
