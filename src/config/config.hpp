@@ -103,7 +103,7 @@ struct KfacConfig {
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
   int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
   // bubbles: re-profile and re-plan when step durations drift (timing-driven, so a run that
-  // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/pipefisher.hpp)
+  // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/chunk_kfac.hpp)
   bool replan_on_drift = true;
   // bubbles: true lets the planner split an inversion into diagonal blocks (a block-diagonal
   // factor) when that shortens a device's refresh period (plan/planner.hpp). Off by default: the

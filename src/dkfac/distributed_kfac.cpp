@@ -1,6 +1,8 @@
 #include "dkfac/distributed_kfac.hpp"
 
+#include "comm/clock.hpp"
 #include "comm/wait.hpp"
+#include "dkfac/factor_sum.hpp"
 #include "core/error.hpp"
 #include "core/triangle.hpp"
 
@@ -8,15 +10,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 
 namespace pf {
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return static_cast<double>(comm::steady_now_ns()) / 1e9; }
 
 int side_of(Side s) { return s == Side::A ? 0 : 1; }
 
@@ -190,7 +189,7 @@ void DistributedKfac::post(Group& g) {
     p += factors_[f].elems;
   }
   for (int f : g.factors)  // the local row counts, exact in float below 2^24
-    *p++ = static_cast<float>(kfac_.pending_rows(factors_[f].layer, factors_[f].side));
+    *p++ = factor_rows(kfac_, factors_[f].layer, factors_[f].side);
   comm::check(MPI_Iallreduce(MPI_IN_PLACE, g.buf.data(), static_cast<int>(g.buf.size()), MPI_FLOAT, MPI_SUM,
                              factor_comm_, &g.req),
               "MPI_Iallreduce(K-FAC factors)");
@@ -249,45 +248,49 @@ std::vector<std::pair<size_t, Side>> DistributedKfac::finish_curvature(double lo
     for (int f : g->factors) unpack_sum(factors_[f], p), p += factors_[f].elems;
     for (int f : g->factors) {
       const Factor& fa = factors_[f];
-      if (kfac_.finish_curvature(fa.layer, fa.side, loss_scale, static_cast<int64_t>(*p++)))
+      if (commit_summed(kfac_, fa.layer, fa.side, loss_scale, *p++))
         committed.emplace_back(fa.layer, fa.side);
     }
   }
   ++curvature_steps_;
   // Profile steps: remember when each factor was ready (rank 0's order is the plan's).
-  if (use_pipelining_ && size_ > 1 && curvature_steps_ <= opt_.profile_steps) {
-    if (seq_[0].order.empty()) {
-      for (int side = 0; side < 2; ++side) {
-        Sequence& q = seq_[side];
-        std::vector<int> order = first_seen_[side];
-        int n = static_cast<int>(order.size());
-        MPI_Bcast(&n, 1, MPI_INT, 0, factor_comm_);
-        order.resize(static_cast<size_t>(n));
-        MPI_Bcast(order.data(), n, MPI_INT, 0, factor_comm_);
-        std::vector<bool> seen(factors_.size(), false);
-        for (int f : order) seen[f] = true;
-        for (size_t f = 0; f < factors_.size(); ++f)  // never seen on rank 0: last (posted at the end)
-          if (factors_[f].side == (side == 0 ? Side::A : Side::B) && !seen[f]) order.push_back(static_cast<int>(f));
-        q.order = order;
-        for (size_t p = 0; p < order.size(); ++p) q.pos[order[p]] = static_cast<int>(p);
-        q.ready_sum.assign(order.size(), 0.0);
+  if (use_pipelining_ && size_ > 1 && curvature_steps_ <= opt_.profile_steps) profile_readiness();
+  return committed;
+}
+
+// A profile step's readiness: the order factors became ready in (rank 0's, broadcast on the
+// first step), and their ready times summed by position; the fusion plan at the last step.
+void DistributedKfac::profile_readiness() {
+  if (seq_[0].order.empty()) {
+    for (int side = 0; side < 2; ++side) {
+      Sequence& q = seq_[side];
+      std::vector<int> order = first_seen_[side];
+      int n = static_cast<int>(order.size());
+      MPI_Bcast(&n, 1, MPI_INT, 0, factor_comm_);
+      order.resize(static_cast<size_t>(n));
+      MPI_Bcast(order.data(), n, MPI_INT, 0, factor_comm_);
+      std::vector<bool> seen(factors_.size(), false);
+      for (int f : order) seen[f] = true;
+      for (size_t f = 0; f < factors_.size(); ++f)  // never seen on rank 0: last (posted at the end)
+        if (factors_[f].side == (side == 0 ? Side::A : Side::B) && !seen[f]) order.push_back(static_cast<int>(f));
+      q.order = order;
+      for (size_t p = 0; p < order.size(); ++p) q.pos[order[p]] = static_cast<int>(p);
+      q.ready_sum.assign(order.size(), 0.0);
+    }
+  }
+  // Step 0 pays first-touch costs: skip it when later profile steps exist.
+  if (curvature_steps_ > 1 || opt_.profile_steps == 1)
+    for (Sequence& q : seq_) {
+      double origin = -1, last = 0;
+      for (size_t p = 0; p < q.order.size(); ++p) {
+        double t = ready_now_[q.order[p]];
+        if (t < 0) t = last;  // not seen here: as ready as its predecessor
+        if (origin < 0) origin = t;
+        q.ready_sum[p] += t - origin;
+        last = t;
       }
     }
-    // Step 0 pays first-touch costs: skip it when later profile steps exist.
-    if (curvature_steps_ > 1 || opt_.profile_steps == 1)
-      for (Sequence& q : seq_) {
-        double origin = -1, last = 0;
-        for (size_t p = 0; p < q.order.size(); ++p) {
-          double t = ready_now_[q.order[p]];
-          if (t < 0) t = last;  // not seen here: as ready as its predecessor
-          if (origin < 0) origin = t;
-          q.ready_sum[p] += t - origin;
-          last = t;
-        }
-      }
-    if (curvature_steps_ == opt_.profile_steps) make_plan();
-  }
-  return committed;
+  if (curvature_steps_ == opt_.profile_steps) make_plan();
 }
 
 void DistributedKfac::make_plan() {
@@ -361,6 +364,21 @@ void DistributedKfac::discard_step() {
   if (!snapshot_.empty()) load_state(nlohmann::json::parse(snapshot_));
 }
 
+// The inverses other ranks inverted and broadcast, from the staging buffer into the factors.
+void DistributedKfac::install_received(const std::vector<int>& received) {
+  for (int f : received) {
+    const Factor& fa = factors_[f];
+    KfacFactor& kf = kfac_.layer(fa.layer).factor(fa.side);
+    float* v = kf.received_inverse().data();
+    const float* in = bcast_buf_.data() + bcast_offset_[f];
+    if (fa.diagonal) {
+      std::copy(in, in + fa.dim, v);
+      continue;
+    }
+    for (const FactorBlock& b : kf.blocks()) in = unpack_triangle(in, v, fa.dim, b.offset, b.size, true);
+  }
+}
+
 InversionSummary DistributedKfac::invert_all() {
   InversionSummary sum;
   std::vector<MPI_Request> reqs;
@@ -405,17 +423,7 @@ InversionSummary DistributedKfac::invert_all() {
   times_.inverse_wait += now_s() - w0;
   times_.inversion += inv_time;
   ++times_.inversion_steps;
-  for (int f : received) {
-    const Factor& fa = factors_[f];
-    KfacFactor& kf = kfac_.layer(fa.layer).factor(fa.side);
-    float* v = kf.received_inverse().data();
-    const float* in = bcast_buf_.data() + bcast_offset_[f];
-    if (fa.diagonal) {
-      std::copy(in, in + fa.dim, v);
-      continue;
-    }
-    for (const FactorBlock& b : kf.blocks()) in = unpack_triangle(in, v, fa.dim, b.offset, b.size, true);
-  }
+  install_received(received);
   if (sum.raised + sum.kept > 0)
     spdlog::warn("kfac: {} of the {} factors rank {} inverted were not positive definite with damping {:g}: {} "
                  "inverted with raised damping, {} kept their previous inverse",

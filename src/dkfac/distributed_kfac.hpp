@@ -2,7 +2,7 @@
 // Data-parallel K-FAC over the holders of one model chunk (a pipeline stage's data-parallel
 // replicas and Chimera's twin; the whole model with parallel.stages = 1): the factor sums across
 // holders and the placement of inversions. The executor uses it for kfac.placement = inline and
-// skip wherever a stage has several holders (runtime/pipefisher.hpp: ChunkKfac forwards its taps
+// skip wherever a stage has several holders (runtime/chunk_kfac.hpp: ChunkKfac forwards its taps
 // here and calls finish_curvature / invert_all at PREC). kfac.distributed chooses the strategy:
 //
 //   d-kfac    after the backward, every factor is all-reduced (threshold-fused into messages of
@@ -134,6 +134,8 @@ class DistributedKfac final : public LinearTap {
   int factor_index(size_t layer, Side s) const { return static_cast<int>(2 * layer + (s == Side::A ? 0 : 1)); }
   void tap(const Linear& l, Side s, int micro_batch, const float* x, int64_t rows);
   void make_plan();
+  void profile_readiness();  // finish_curvature in a profile step (pipelining)
+  void install_received(const std::vector<int>& received);  // invert_all's broadcast inverses
   void rebuild_groups();  // groups_ (message buffers) from seq_'s plans
   void post_ready(Sequence& q, int seq_index);
   void post(Group& g);

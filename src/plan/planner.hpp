@@ -14,8 +14,9 @@
 //   for each step t:  run plan.actions(replica, device, t)   // F/B/comm + K-FAC + OPT, in order
 //   and call set_blocks(k) once for every plan.splits entry (block-diagonal factor).
 // The plan answers the runtime's other questions: inverter(piece) (who inverts and broadcasts
-// it), wrapped(replica, device, k) (the previous cycle's units of cycle step k). The runtime
-// never edits its lists.
+// it), wrapped(replica, device, k) (the previous cycle's units of cycle step k), cycle starts,
+// a drain's plain list, split_blocks, and profiling_actions (the inline list before any plan).
+// The runtime never edits or filters its lists.
 //
 // How the planner is built: a pipeline of passes over one state (planner.cpp lists them and
 // says where zero-bubble W actions and run-time gap filling would slot in).
@@ -250,12 +251,36 @@ struct KfacPlan {
   std::string precondition_line() const;
   // The previous cycle's units that cycle step k of device `device` runs (wrapped), in list order.
   std::vector<Action> wrapped(int replica, int device, int k) const;
+  // The steady-state list of cycle step k (wrapped units included), the optimizer steps last.
+  const std::vector<Action>& cycle_actions(int replica, int device, int k) const;
+  // Cycles, in plan steps (t = the training step minus the plan's first): device d starts a
+  // refresh cycle at every multiple of refresh_steps[d].
+  bool is_cycle_start(int device, int64_t t) const;
+  int64_t next_cycle_start(int device, int64_t t) const;  // the first cycle start at or after t
+  // The first plan step at or after t by which every device has reached a cycle start (a drain
+  // before re-planning ends there).
+  int64_t all_cycles_start(int64_t t) const;
+  // A step without K-FAC units but PREC (a drain: F/B, communication, PREC, optimizer steps).
+  std::vector<Action> plain_actions(int replica, int device) const;
+  // The diagonal blocks of the factor INV_A / INV_B (`inv`) of (pipeline, stage, layer) inverts
+  // (`splits`): 1 when it is inverted whole.
+  int split_blocks(int pipeline, int stage, int layer, Kind inv) const;
   // The whole step t of one replica as a Schedule (header of the input schedule).
   Schedule schedule_for(int replica, int64_t t) const;
   // Steady-state timeline of `steps` consecutive steps from a cycle start (step boundaries at
   // step_starts), K-FAC units included; for drawing and tracing.
   Timeline period_timeline(int replica, int steps, std::vector<double>* step_starts) const;
 };
+
+// A step with inline K-FAC, before any plan (PipeFisher's profiling steps; kfac.placement inline
+// and skip always): device `device`'s list of `step` with a PREC for each stage it hosts, in
+// stage order, just before its first OPT (at the end without one). step_index[i] is the index in
+// step.per_device[device] of actions[i], -1 for an added PREC.
+struct InlineStep {
+  std::vector<Action> actions;
+  std::vector<int> step_index;
+};
+InlineStep profiling_actions(const Schedule& step, int device);
 
 // Throws UsageError (naming the flag) for inconsistent input, e.g. a schedule that already has
 // K-FAC actions or a cost table whose stage count does not match.

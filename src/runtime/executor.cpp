@@ -1,5 +1,6 @@
 #include "runtime/executor.hpp"
 
+#include "comm/clock.hpp"
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
@@ -22,23 +23,30 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
       device_(groups.stage),
       actions_(layout.schedule.per_device.at(groups.stage)),
       tags_(layout.chunks(), layout.micro_batches) {
-  const ModelConfig& mc = cfg.model;
-  const int rows = cfg.parallel.micro_batch_size, N = layout.micro_batches;
-  const Schedule& s = layout.schedule;
   recompute_ = cfg.parallel.recompute && layout.stages() > 1;
+  make_chunks();
+  for (auto& c : chunks_) build_chunk(*c);
   int messages = 0;
-  // The chunks this device hosts, in (pipeline, stage) order, with a slot per micro-batch they run.
+  for (const Action& a : actions_) messages += is_p2p(a.kind);
+  p2p_ = std::make_unique<comm::P2P>(groups.pipeline.get(), messages + 8);
+  if (layout.grad_sync)
+    for (auto& c : chunks_) make_gradient_sync(*c);
+  make_embedding_sync();
+  if (cfg.kfac.enabled) kfac_setup();
+}
+
+// The chunks this device hosts, in (pipeline, stage) order, with a slot per micro-batch they run.
+void Executor::make_chunks() {
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& a = actions_[i];
-    messages += is_p2p(a.kind);
     if (a.kind != Kind::F && a.kind != Kind::B && a.kind != Kind::I && a.kind != Kind::W) continue;
     Chunk* c = find_chunk(a.pipeline, a.stage);
     if (!c) {
       auto n = std::make_unique<Chunk>();
       n->pipeline = a.pipeline;
       n->stage = a.stage;
-      n->id = layout.chunk_id(a.pipeline, a.stage);
-      n->slot.assign(N, -1);
+      n->id = layout_.chunk_id(a.pipeline, a.stage);
+      n->slot.assign(layout_.micro_batches, -1);
       chunks_.push_back(std::move(n));
       std::sort(chunks_.begin(), chunks_.end(), [](auto& x, auto& y) {
         return std::pair(x->pipeline, x->stage) < std::pair(y->pipeline, y->stage);
@@ -48,70 +56,74 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
     if (a.kind == Kind::F) c->slot.at(a.micro_batch) = c->slots++;
     if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i, c->last_backward_mb = a.micro_batch;
   }
-  for (auto& c : chunks_) {
-    const BlockRange r = layout.stage_blocks.at(c->stage);
-    c->model = build_model(mc, r.first, r.last);
-    c->model->init(cfg.train.seed);  // each block from (seed, its names): the same bits as one process
-    c->params = c->model->params();
-    c->optim = make_optimizer(cfg.optim);
-    c->optim->init(c->params);
-    const size_t slots = static_cast<size_t>(c->slots);
-    for (size_t k = 0; k < (recompute_ ? 1 : slots); ++k) c->states.push_back(c->model->make_state(rows, mc.seq_len));
-    const Shape act{rows, mc.seq_len, mc.hidden};
-    c->state_bytes = c->states.front().activation_bytes();
-    c->input_bytes = c->model->has_embedding() ? 0 : shape_numel(act) * static_cast<int64_t>(sizeof(float));
-    if (recompute_ && !c->model->has_head()) c->recompute_out = Tensor(act);
-    if (!c->model->has_head()) c->x_out.assign(slots, Tensor(act));
-    if (!c->model->has_embedding()) c->dx_in.assign(slots, Tensor(act));
-    c->recv_f.resize(slots);
-    c->recv_b.resize(slots);
-    if (c->stage > 0) {
-      const int d = s.device_of(c->pipeline, c->stage - 1);
-      if (d == device_) c->prev = find_chunk(c->pipeline, c->stage - 1);
-      else c->prev_device = d, c->x_in.assign(slots, Tensor(act));
-      PF_CHECK(d != device_ || c->prev, "stage {} has no local predecessor chunk", c->stage);
-    }
-    if (c->stage + 1 < s.stages) {
-      const int d = s.device_of(c->pipeline, c->stage + 1);
-      if (d == device_) c->next = find_chunk(c->pipeline, c->stage + 1);
-      else c->next_device = d, c->dx_out.assign(slots, Tensor(act));
-      PF_CHECK(d != device_ || c->next, "stage {} has no local successor chunk", c->stage);
-    }
-    // Copies of the tied word embedding: the embedding's own, or the head's mirror.
-    if (c->model->has_embedding())
-      word_copies_.push_back(&static_cast<EmbeddingBlock&>(*c->model->blocks().front()).word());
-    else if (c->model->has_head())
-      word_copies_.push_back(static_cast<HeadBlock&>(*c->model->blocks().back()).mirror());
-  }
-  p2p_ = std::make_unique<comm::P2P>(groups.pipeline.get(), messages + 8);
+}
 
-  // Gradient all-reduce per chunk among the stage's copies, its buffers in the order backward
-  // finishes them (last block first), the word embedding left to its own group.
-  if (layout.grad_sync) {
-    for (auto& c : chunks_) {
-      std::vector<std::span<float>> buffers;
-      const auto& blocks = c->model->blocks();
-      c->ready_after_block.resize(blocks.size());
-      for (size_t j = blocks.size(); j-- > 0;)
-        for (Param* p : blocks[j]->params()) {
-          if (std::find(word_copies_.begin(), word_copies_.end(), p) != word_copies_.end()) continue;
-          c->ready_after_block[j].push_back(buffers.size());
-          buffers.push_back(p->grad.span());
-        }
-      MPI_Comm comm = layout.pipelines() > 1 ? groups.holders_comm(c->stage) : groups.data_parallel.get();
-      c->grad_sync = std::make_unique<comm::BucketedAllReduce>(comm, std::move(buffers));
-    }
+// One chunk's model, optimizer, states and buffers, its neighbours, its copy of the word embedding.
+void Executor::build_chunk(Chunk& c) {
+  const ModelConfig& mc = cfg_.model;
+  const int rows = cfg_.parallel.micro_batch_size;
+  const Schedule& s = layout_.schedule;
+  const BlockRange r = layout_.stage_blocks.at(c.stage);
+  c.model = build_model(mc, r.first, r.last);
+  c.model->init(cfg_.train.seed);  // each block from (seed, its names): the same bits as one process
+  c.params = c.model->params();
+  c.optim = make_optimizer(cfg_.optim);
+  c.optim->init(c.params);
+  const size_t slots = static_cast<size_t>(c.slots);
+  for (size_t k = 0; k < (recompute_ ? 1 : slots); ++k) c.states.push_back(c.model->make_state(rows, mc.seq_len));
+  const Shape act{rows, mc.seq_len, mc.hidden};
+  c.state_bytes = c.states.front().activation_bytes();
+  c.input_bytes = c.model->has_embedding() ? 0 : shape_numel(act) * static_cast<int64_t>(sizeof(float));
+  if (recompute_ && !c.model->has_head()) c.recompute_out = Tensor(act);
+  if (!c.model->has_head()) c.x_out.assign(slots, Tensor(act));
+  if (!c.model->has_embedding()) c.dx_in.assign(slots, Tensor(act));
+  c.recv_f.resize(slots);
+  c.recv_b.resize(slots);
+  if (c.stage > 0) {
+    const int d = s.device_of(c.pipeline, c.stage - 1);
+    if (d == device_) c.prev = find_chunk(c.pipeline, c.stage - 1);
+    else c.prev_device = d, c.x_in.assign(slots, Tensor(act));
+    PF_CHECK(d != device_ || c.prev, "stage {} has no local predecessor chunk", c.stage);
   }
-  // The ranks holding a copy of the word embedding sum them (Megatron's embedding group,
-  // extended to every replica and Chimera's two pipelines). Collective over the world.
+  if (c.stage + 1 < s.stages) {
+    const int d = s.device_of(c.pipeline, c.stage + 1);
+    if (d == device_) c.next = find_chunk(c.pipeline, c.stage + 1);
+    else c.next_device = d, c.dx_out.assign(slots, Tensor(act));
+    PF_CHECK(d != device_ || c.next, "stage {} has no local successor chunk", c.stage);
+  }
+  // Copies of the tied word embedding: the embedding's own, or the head's mirror.
+  if (c.model->has_embedding())
+    word_copies_.push_back(&static_cast<EmbeddingBlock&>(*c.model->blocks().front()).word());
+  else if (c.model->has_head())
+    word_copies_.push_back(static_cast<HeadBlock&>(*c.model->blocks().back()).mirror());
+}
+
+// Gradient all-reduce of a chunk among the stage's copies, its buffers in the order backward
+// finishes them (last block first), the word embedding left to its own group.
+void Executor::make_gradient_sync(Chunk& c) {
+  std::vector<std::span<float>> buffers;
+  const auto& blocks = c.model->blocks();
+  c.ready_after_block.resize(blocks.size());
+  for (size_t j = blocks.size(); j-- > 0;)
+    for (Param* p : blocks[j]->params()) {
+      if (std::find(word_copies_.begin(), word_copies_.end(), p) != word_copies_.end()) continue;
+      c.ready_after_block[j].push_back(buffers.size());
+      buffers.push_back(p->grad.span());
+    }
+  MPI_Comm comm = layout_.pipelines() > 1 ? groups_.holders_comm(c.stage) : groups_.data_parallel.get();
+  c.grad_sync = std::make_unique<comm::BucketedAllReduce>(comm, std::move(buffers));
+}
+
+// The ranks holding a copy of the word embedding sum them (Megatron's embedding group,
+// extended to every replica and Chimera's two pipelines). Collective over the world.
+void Executor::make_embedding_sync() {
   MPI_Comm emb = MPI_COMM_NULL;
-  comm::check(MPI_Comm_split(MPI_COMM_WORLD, word_copies_.empty() ? MPI_UNDEFINED : 0, groups.rank, &emb),
+  comm::check(MPI_Comm_split(MPI_COMM_WORLD, word_copies_.empty() ? MPI_UNDEFINED : 0, groups_.rank, &emb),
               "MPI_Comm_split(embedding)");
   embedding_comm_ = comm::Comm(emb);
   if (!word_copies_.empty() && embedding_comm_.size() > 1)
     word_sync_ = std::make_unique<comm::BucketedAllReduce>(embedding_comm_.get(),
                                                            std::vector{word_copies_.front()->grad.span()});
-  if (cfg.kfac.enabled) kfac_setup();
 }
 
 Executor::Chunk* Executor::find_chunk(int pipeline, int stage) {
@@ -183,18 +195,19 @@ StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, dou
   if (times) times->assign(list.size(), {});
   kfac_curv_ = kfac_inv_ = 0;
   kfac_ns_ = 0;
-  const int64_t step_t0 = now_ns();
+  const StepInputs in{mbs, lr};
+  const int64_t step_t0 = comm::steady_now_ns();
   for (size_t i = 0; i < list.size(); ++i) {
     const bool kf = kfac_ && is_kfac(list[i].kind);
-    const int64_t t0 = times || kf ? now_ns() : 0;
+    const int64_t t0 = times || kf ? comm::steady_now_ns() : 0;
     finish_ns_ = 0;
-    run_action(i, list[i], mbs, lr);
-    const int64_t t1 = times || kf ? now_ns() : 0;
+    run_action(list[i], in);
+    const int64_t t1 = times || kf ? comm::steady_now_ns() : 0;
     if (times) (*times)[i] = {t0, t1, finish_ns_};
     if (kf) kfac_ns_ += t1 - t0;
   }
   p2p_->wait_all();  // sends done: the next step may write their buffers
-  step_ns_ = now_ns() - step_t0;
+  step_ns_ = comm::steady_now_ns() - step_t0;
   if (kfac_) kfac_end_step(step, list, times ? *times : kfac_times_);
   // One reduction for the loss and the K-FAC counts.
   double sums[4] = {loss_, static_cast<double>(kfac_curv_), static_cast<double>(kfac_inv_), kfac_ns_ * 1e-9};
@@ -206,60 +219,87 @@ StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, dou
   return o;
 }
 
-void Executor::run_action(size_t index, const Action& a, const std::vector<MicroBatch>& mbs, double lr) {
+// The one dispatch table: every action kind to its handler (executor.hpp lists them; K-FAC's are
+// in kfac_units.cpp). A kind without a handler, or out of range, is refused naming it.
+const std::array<Executor::Handler, kNumKinds>& Executor::handlers() {
+  static const std::array<Handler, kNumKinds> table = [] {
+    std::array<Handler, kNumKinds> t{};
+    auto set = [&t](Kind k, Handler h) { t[static_cast<size_t>(k)] = h; };
+    set(Kind::RECV_F, &Executor::on_receive);
+    set(Kind::RECV_B, &Executor::on_receive);
+    set(Kind::F, &Executor::on_forward);
+    set(Kind::B, &Executor::on_backward);
+    set(Kind::I, &Executor::on_backward);
+    set(Kind::W, &Executor::on_weight_gradient);
+    set(Kind::SEND_F, &Executor::on_send);
+    set(Kind::SEND_B, &Executor::on_send);
+    set(Kind::ALLREDUCE, &Executor::on_allreduce);
+    set(Kind::OPT, &Executor::on_optimizer);
+    set(Kind::CURV_A, &Executor::on_curvature);
+    set(Kind::CURV_B, &Executor::on_curvature);
+    set(Kind::SYNC_CURV, &Executor::on_curvature_sync);
+    set(Kind::INV_A, &Executor::on_inversion);
+    set(Kind::INV_B, &Executor::on_inversion);
+    set(Kind::PREC, &Executor::on_precondition);
+    set(Kind::BCAST_INV_A, &Executor::on_inverse_broadcast);
+    set(Kind::BCAST_INV_B, &Executor::on_inverse_broadcast);
+    return t;
+  }();
+  return table;
+}
+
+void Executor::run_action(const Action& a, const StepInputs& in) {
+  const auto k = static_cast<size_t>(a.kind);
+  const Handler h = k < handlers().size() && (kfac_ || !is_kfac(a.kind)) ? handlers()[k] : nullptr;
+  if (!h)
+    throw UsageError(fmt::format("schedule: action {} has kind {}, which the runtime has no handler for",
+                                 k < handlers().size() ? to_token(a) : "?",
+                                 k < handlers().size() ? std::string(kind_name(a.kind)) : fmt::format("#{}", k)));
+  (this->*h)(a, in);
+}
+
+const MicroBatch& Executor::global_micro_batch(const StepInputs& in, int m) const {
+  return in.mbs.at(static_cast<size_t>(groups_.replica) * layout_.micro_batches + m);
+}
+
+void Executor::on_receive(const Action& a, const StepInputs&) {
+  Chunk& c = chunk(a.pipeline, a.stage);
+  const int k = c.slot[a.micro_batch];
+  p2p_->wait(a.kind == Kind::RECV_F ? c.recv_f[k] : c.recv_b[k]);
+}
+
+void Executor::on_forward(const Action& a, const StepInputs& in) {
+  forward(chunk(a.pipeline, a.stage), global_micro_batch(in, a.micro_batch), a.micro_batch);
+}
+
+void Executor::on_backward(const Action& a, const StepInputs& in) {
+  Chunk& c = chunk(a.pipeline, a.stage);
+  backward(c, global_micro_batch(in, a.micro_batch), a.micro_batch, a.micro_batch == c.last_backward_mb);
+}
+
+void Executor::on_weight_gradient(const Action&, const StepInputs&) {}  // the full backward ran at I (executor.hpp)
+
+void Executor::on_send(const Action& a, const StepInputs&) {
+  Chunk& c = chunk(a.pipeline, a.stage);
   const int m = a.micro_batch;
-  auto global_mb = [&]() -> const MicroBatch& { return mbs.at(static_cast<size_t>(groups_.replica) * layout_.micro_batches + m); };
-  switch (a.kind) {
-    case Kind::RECV_F: {
-      Chunk& c = chunk(a.pipeline, a.stage);
-      p2p_->wait(c.recv_f[c.slot[m]]);
-      return;
-    }
-    case Kind::RECV_B: {
-      Chunk& c = chunk(a.pipeline, a.stage);
-      p2p_->wait(c.recv_b[c.slot[m]]);
-      return;
-    }
-    case Kind::F:
-      forward(chunk(a.pipeline, a.stage), global_mb(), m);
-      return;
-    case Kind::B:
-    case Kind::I: {
-      Chunk& c = chunk(a.pipeline, a.stage);
-      backward(c, global_mb(), m, m == c.last_backward_mb);
-      return;
-    }
-    case Kind::W:
-      return;  // the full backward ran at I (see executor.hpp)
-    case Kind::SEND_F: {
-      Chunk& c = chunk(a.pipeline, a.stage);
-      const int consumer = layout_.chunk_id(a.pipeline, a.stage + 1);
-      p2p_->isend(c.x_out[c.slot[m]].span(), c.next_device, tags_.tag(comm::MsgKind::Activation, consumer, m));
-      return;
-    }
-    case Kind::SEND_B: {
-      Chunk& c = chunk(a.pipeline, a.stage);
-      const int consumer = layout_.chunk_id(a.pipeline, a.stage - 1);
-      p2p_->isend(c.dx_in[c.slot[m]].span(), c.prev_device, tags_.tag(comm::MsgKind::ActivationGrad, consumer, m));
-      return;
-    }
-    case Kind::ALLREDUCE: {
-      Chunk& c = chunk(a.pipeline, a.stage);
-      if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;
-      return;
-    }
-    case Kind::OPT: {
-      if (!gradients_finished_) finish_gradients(lr);
-      Chunk& c = chunk(a.pipeline, a.stage);
-      // A non-finite norm skips the update (optim/optimizer.hpp): so does a non-finite loss anywhere.
-      c.optim->step(c.params, lr, step_finite_ ? grad_norm_ : std::numeric_limits<double>::quiet_NaN());
-      return;
-    }
-    default:
-      if (kfac_action(a)) return;
-      throw UsageError(fmt::format("schedule: action {} has kind {}, which the runtime has no handler for",
-                                   to_token(a), kind_name(a.kind)));
-  }
+  if (a.kind == Kind::SEND_F)
+    p2p_->isend(c.x_out[c.slot[m]].span(), c.next_device,
+                tags_.tag(comm::MsgKind::Activation, layout_.chunk_id(a.pipeline, a.stage + 1), m));
+  else
+    p2p_->isend(c.dx_in[c.slot[m]].span(), c.prev_device,
+                tags_.tag(comm::MsgKind::ActivationGrad, layout_.chunk_id(a.pipeline, a.stage - 1), m));
+}
+
+void Executor::on_allreduce(const Action& a, const StepInputs&) {
+  Chunk& c = chunk(a.pipeline, a.stage);
+  if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;
+}
+
+void Executor::on_optimizer(const Action& a, const StepInputs& in) {
+  if (!gradients_finished_) finish_gradients(in.lr);
+  Chunk& c = chunk(a.pipeline, a.stage);
+  // A non-finite norm skips the update (optim/optimizer.hpp): so does a non-finite loss anywhere.
+  c.optim->step(c.params, in.lr, step_finite_ ? grad_norm_ : std::numeric_limits<double>::quiet_NaN());
 }
 
 // The chunk's input of micro-batch m: kept until step end (receive buffers and outputs are per slot).
@@ -310,7 +350,7 @@ void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
 }
 
 void Executor::finish_gradients(double lr) {
-  const int64_t t0 = now_ns();
+  const int64_t t0 = comm::steady_now_ns();
   for (auto& c : chunks_)
     if (c->grad_sync && !c->synced) c->grad_sync->wait(), c->synced = true;
   // The norm needs every stage's preconditioned gradients.
@@ -338,7 +378,7 @@ void Executor::finish_gradients(double lr) {
   // The curvature of a skipped step must not stay in the factors.
   if (!step_finite_ && kfac_) kfac_discard_step();
   gradients_finished_ = true;
-  finish_ns_ = now_ns() - t0;
+  finish_ns_ = comm::steady_now_ns() - t0;
 }
 
 double Executor::evaluate(Batcher& valid) {

@@ -18,7 +18,8 @@
 //                    embedding summed over every rank holding a copy, the global gradient norm
 //                    over the pipeline); every OPT steps its chunk's optimizer
 // K-FAC's kinds (CURV_A/B, SYNC_CURV, INV_A/B, BCAST_INV_A/B, PREC) are PipeFisher's, handled in
-// executor_kfac.cpp. Anything else is refused with a message naming the kind.
+// kfac_units.cpp. One table (Executor::handlers) maps every kind to its handler; anything else,
+// or a K-FAC kind without K-FAC, is refused with a message naming the kind.
 //
 // Every MPI layout runs here, one stage included (data-parallel training, with or without
 // K-FAC: the schedule is then F and B per micro-batch, the gradient all-reduce, OPT). With
@@ -52,6 +53,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <tuple>
@@ -115,7 +117,7 @@ class Executor {
   std::vector<ChunkState> chunk_states();
 
   const std::vector<Action>& actions() const { return actions_; }
-  // The action list of step `step` (the lowered schedule, or with K-FAC units: pipefisher.hpp).
+  // The action list of step `step` (the lowered schedule, or with K-FAC: kfac_step_lists.cpp).
   const std::vector<Action>& step_actions(int64_t step) const;
   // Checkpoints: this rank's K-FAC state (every hosted chunk's ChunkKfac, the PipeFisher plan's
   // inputs and position, the profile in progress) as `kfac-rank-R.safetensors` in step_dir; the
@@ -136,7 +138,7 @@ class Executor {
   void expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const;
   // This rank's K-FAC layers: (pipeline, stage, layer within the stage, the layer's name).
   std::vector<std::tuple<int, int, int, std::string>> kfac_layer_names() const;
-  // Collective: rank 0 writes the K-FAC refresh record (pipefisher.hpp) to `path`; no-op without K-FAC.
+  // Collective: rank 0 writes the K-FAC refresh record (chunk_kfac.hpp) to `path`; no-op without K-FAC.
   void write_kfac_record(const std::string& path);
   // With a DistributedKfac per stage (inline / skip, several copies per stage): one line for the
   // start of the run (strategy, factors, inverses broadcast, perf model measured or cached), on
@@ -159,18 +161,44 @@ class Executor {
   struct Chunk;
   Chunk& chunk(int pipeline, int stage);
   Chunk* find_chunk(int pipeline, int stage);
+  // Set-up, in the constructor's order.
+  void make_chunks();
+  void build_chunk(Chunk& c);
+  void make_gradient_sync(Chunk& c);
+  void make_embedding_sync();
   void post_receives();
-  void run_action(size_t index, const Action& a, const std::vector<MicroBatch>& mbs, double lr);
+  // What every handler may need of the step.
+  struct StepInputs {
+    const std::vector<MicroBatch>& mbs;
+    double lr;
+  };
+  using Handler = void (Executor::*)(const Action&, const StepInputs&);
+  static const std::array<Handler, kNumKinds>& handlers();  // [kind], null: no handler
+  void run_action(const Action& a, const StepInputs& in);
+  const MicroBatch& global_micro_batch(const StepInputs& in, int m) const;
+  // Handlers: the pipeline's (executor.cpp), K-FAC's units (kfac_units.cpp).
+  void on_receive(const Action& a, const StepInputs& in);
+  void on_forward(const Action& a, const StepInputs& in);
+  void on_backward(const Action& a, const StepInputs& in);
+  void on_weight_gradient(const Action& a, const StepInputs& in);
+  void on_send(const Action& a, const StepInputs& in);
+  void on_allreduce(const Action& a, const StepInputs& in);
+  void on_optimizer(const Action& a, const StepInputs& in);
+  void on_curvature(const Action& a, const StepInputs& in);
+  void on_curvature_sync(const Action& a, const StepInputs& in);
+  void on_inversion(const Action& a, const StepInputs& in);
+  void on_precondition(const Action& a, const StepInputs& in);
+  void on_inverse_broadcast(const Action& a, const StepInputs& in);
   const Tensor& stage_input(Chunk& c, int m);
   void hold(int64_t bytes);
   void forward(Chunk& c, const MicroBatch& mb, int m);
   void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
   void finish_gradients(double lr);
-  // K-FAC (runtime/pipefisher.hpp; executor_kfac.cpp).
+  // K-FAC (runtime/README.md: kfac_units, kfac_step_lists, kfac_replan, kfac_reports, kfac_checkpoint).
   struct KfacState;
   void kfac_setup();
   bool kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs);  // true: a profiling step
-  bool kfac_action(const Action& a);  // false: not a K-FAC kind
+  size_t kfac_chunk_index(const Action& a) const;  // the hosted chunk a K-FAC action names
   void kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
   void kfac_plan();
   std::pair<double, double> kfac_bcast_model();

@@ -1,13 +1,13 @@
 #pragma once
-// The executor's private parts, shared by its two source files: executor.cpp (the pipeline: the
-// schedule's actions, p2p, gradients, optimizer) and executor_kfac.cpp (PipeFisher: K-FAC units,
-// profiling, planning, drift, K-FAC checkpoints). Not for use outside src/runtime/executor*.cpp.
+// The executor's private parts, shared by its source files: executor.cpp (the pipeline: the
+// schedule's actions, p2p, gradients, optimizer, the dispatch table) and the K-FAC side
+// (runtime/README.md): kfac_units.cpp, kfac_step_lists.cpp, kfac_replan.cpp, kfac_reports.cpp,
+// kfac_checkpoint.cpp. Not for use outside those files.
 #include "comm/collectives.hpp"
 #include "dkfac/distributed_kfac.hpp"
 #include "runtime/executor.hpp"
-#include "runtime/pipefisher.hpp"
+#include "runtime/chunk_kfac.hpp"
 
-#include <chrono>
 #include <climits>
 #include <memory>
 #include <optional>
@@ -16,10 +16,14 @@
 
 namespace pf {
 
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
+// Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
+// paper's 5%. (20% measured no better on this shared 2-core machine: bench/RESULTS.md.)
+inline constexpr double kPlanMargin = 0.05;
+
+// The plan's lines on stdout (rank 0): refresh steps, splits, inline work, the precondition,
+// the inversion placement; `from` names the profile (kfac_reports.cpp).
+void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from);
 
 struct Executor::Chunk {
   int pipeline = 0, stage = 0, id = 0;

@@ -46,11 +46,11 @@ inline void check_plan(const PlanInput& in, const KfacPlan& plan) {
   // Every replica of a device posts its collectives (broadcasts, syncs) in the same order: blocking
   // collectives on the stage's communicator must not cross.
   for (int d = 0; d < D; ++d)
-    for (int k = 0; k < static_cast<int>(plan.cycle[0][d].size()); ++k) {
+    for (int k = 0; k < plan.refresh_steps[d]; ++k) {
       std::vector<std::string> first;
       for (int w = 0; w < W; ++w) {
         std::vector<std::string> coll;
-        for (const Action& a : plan.cycle[w][d][k])
+        for (const Action& a : plan.cycle_actions(w, d, k))
           if (a.kind == Kind::SYNC_CURV || is_bcast_inv(a.kind)) coll.push_back(to_token(a));
         if (w == 0) first = coll;
         EXPECT_EQ(coll, first) << "device " << d << " cycle step " << k << " replica " << w;
@@ -168,7 +168,7 @@ inline void check_plan(const PlanInput& in, const KfacPlan& plan) {
       // Action lists: the step's own actions in their order, plus this cycle step's gap units
       // in the order of their start times.
       for (int k = 0; k < R; ++k) {
-        const auto& list = plan.cycle[w][d][k];
+        const auto& list = plan.cycle_actions(w, d, k);
         std::map<std::string, double> unit_start;
         for (const PlacedUnit* u : mine)
           if (u->step == k && (!u->inline_work || u->at_step_end)) unit_start[to_token(u->action)] = u->start;

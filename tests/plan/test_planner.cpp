@@ -380,7 +380,7 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
     EXPECT_EQ(p.refresh_steps[d], p.refresh_steps[in.chimera_group ? D - 1 - d : 0]);
     EXPECT_GT(p.refresh_steps[d], K);
     for (int w = 0; w < p.replicas; ++w) {
-      const auto& list = p.cycle[w][d][K];
+      const auto& list = p.cycle_actions(w, d, K);
       // The list's tail: per stage (stage order) its broadcasts (W > 1) then its sync, then only
       // the inversions that fit no gap (pinned after them).
       size_t pinned_inv = 0, pinned_bcast = 0;
@@ -406,8 +406,8 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
       EXPECT_LT(sync_stages[0], sync_stages[1]);
       // No sync anywhere else in the cycle.
       int syncs = 0;
-      for (const auto& step : p.cycle[w][d])
-        for (const Action& x : step) syncs += x.kind == Kind::SYNC_CURV;
+      for (int k = 0; k < p.refresh_steps[d]; ++k)
+        for (const Action& x : p.cycle_actions(w, d, k)) syncs += x.kind == Kind::SYNC_CURV;
       EXPECT_EQ(syncs, 2);
       // Every inversion after the syncs: in a later cycle step (or wrapped into the next cycle).
       for (const PlacedUnit& u : p.units)

@@ -1,4 +1,4 @@
-// PipeFisher in the runtime (runtime/pipefisher.hpp) under real mpirun, 1 thread per rank: K-FAC
+// PipeFisher in the runtime (runtime/chunk_kfac.hpp) under real mpirun, 1 thread per rank: K-FAC
 // training of a tiny BERT with any schedule gives the weights of single-process K-FAC with the
 // same refresh pattern (same staleness), to 1e-5.
 //

@@ -1,24 +1,24 @@
-#include "runtime/pipefisher.hpp"
+#include "runtime/chunk_kfac.hpp"
 
+#include "comm/clock.hpp"
 #include "comm/collectives.hpp"
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "core/triangle.hpp"
 #include "dkfac/distributed_kfac.hpp"
+#include "dkfac/factor_sum.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 namespace pf {
 
 namespace {
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
+// Milliseconds from t0 (comm::steady_now_ns) to now.
+double ms_since(int64_t t0) { return static_cast<double>(comm::steady_now_ns() - t0) / 1e6; }
 int side_of(Side s) { return s == Side::A ? 0 : 1; }
 Side other(Side s) { return s == Side::A ? Side::B : Side::A; }
 }  // namespace
@@ -232,18 +232,13 @@ void ChunkKfac::finish_gather() {
 }
 
 // One inline K-FAC unit, as the profiler and trace show it: from t0 to now.
-void ChunkKfac::stamp(Kind k, int layer, std::chrono::steady_clock::time_point t0) {
-  auto ns = [](std::chrono::steady_clock::time_point x) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(x.time_since_epoch()).count();
-  };
-  inline_units_.push_back({k, layer, ns(t0), ns(std::chrono::steady_clock::now())});
-}
+void ChunkKfac::stamp(Kind k, int layer, int64_t t0) { inline_units_.push_back({k, layer, t0, comm::steady_now_ns()}); }
 
 // Several holders, inline / skip: the DistributedKfac sums the factors and inverts.
 void ChunkKfac::distributed_refresh(int64_t t, bool curvature, bool inversion) {
   attach(false);
   if (curvature) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = comm::steady_now_ns();
     for (const auto& [l, s] : dist_->finish_curvature(loss_scale_)) committed(static_cast<int>(l), s, t);
     stamp(Kind::SYNC_CURV, -1, t0);
   }
@@ -257,8 +252,59 @@ void ChunkKfac::distributed_refresh(int64_t t, bool curvature, bool inversion) {
   precondition(t);
 }
 
-void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times) {
+// Profiling: every factor's curvature from the saved buffers, unit by unit, each timed.
+void ChunkKfac::profiled_curvature(ChunkKfacTimes& times) {
   const int L = layers();
+  times.curv_a.resize(L, 0), times.curv_b.resize(L, 0);
+  for (int l = 0; l < L; ++l)
+    for (Side s : {Side::A, Side::B}) {
+      const int64_t t0 = comm::steady_now_ns();
+      Saved& sv = (s == Side::A ? saved_a_ : saved_b_)[l];
+      for (int k = 0; k < slots_; ++k) pre_->curvature(l, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
+      (s == Side::A ? times.curv_a : times.curv_b)[l] += ms_since(t0) / slots_;
+      stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
+    }
+  ++times.curv_samples;
+}
+
+// The step's factors committed, summed over the stage's copies (`holders`) when not null.
+void ChunkKfac::inline_commit(int64_t t, MPI_Comm holders, ChunkKfacTimes* times) {
+  const int L = layers();
+  std::vector<float> rows;
+  if (holders != MPI_COMM_NULL) {
+    const int64_t t0 = comm::steady_now_ns();
+    rows = sum_factors_over_copies(*pre_, holders, true);
+    if (times) times->sync += ms_since(t0);
+    stamp(Kind::SYNC_CURV, -1, t0);
+  } else {
+    for (int l = 0; l < L; ++l)
+      for (Side s : {Side::A, Side::B}) rows.push_back(factor_rows(*pre_, l, s));
+  }
+  for (int l = 0; l < L; ++l)
+    for (Side s : {Side::A, Side::B}) {
+      const int64_t t0 = comm::steady_now_ns();  // the running average's update: curvature work too
+      if (commit_summed(*pre_, l, s, loss_scale_, rows[2 * l + side_of(s)])) committed(l, s, t);
+      stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
+    }
+}
+
+// Every factor inverted whole, each timed with `times`.
+void ChunkKfac::inline_invert(ChunkKfacTimes* times) {
+  const int L = layers();
+  for (Side s : {Side::A, Side::B})
+    for (int l = 0; l < L; ++l) {
+      const int64_t t0 = comm::steady_now_ns();
+      invert(s, l, -1);
+      stamp(s == Side::A ? Kind::INV_A : Kind::INV_B, l, t0);
+      if (times) {
+        times->inv_a.resize(L, 0), times->inv_b.resize(L, 0);
+        (s == Side::A ? times->inv_a : times->inv_b)[l] += ms_since(t0);
+      }
+    }
+  if (times) ++times->inv_samples;
+}
+
+void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times) {
   inline_units_.clear();
   if (dist_) {
     PF_CHECK(!times, "a profiled inline refresh (bubbles) through the DistributedKfac");
@@ -267,55 +313,11 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
   }
   if (curvature) {
     attach(false);
-    if (times) {  // profiling: the units one by one from the saved buffers
-      times->curv_a.resize(L, 0), times->curv_b.resize(L, 0);
-      for (int l = 0; l < L; ++l)
-        for (Side s : {Side::A, Side::B}) {
-          const auto t0 = std::chrono::steady_clock::now();
-          Saved& sv = (s == Side::A ? saved_a_ : saved_b_)[l];
-          for (int k = 0; k < slots_; ++k) pre_->curvature(l, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
-          (s == Side::A ? times->curv_a : times->curv_b)[l] += ms_since(t0) / slots_;
-          stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
-        }
-      ++times->curv_samples;
-    }
-    // The stage's copies (replicas, Chimera's twin) sum their factors and row counts.
-    std::vector<Tensor> rows(1, Tensor(Shape{2 * L}));
-    for (int l = 0; l < L; ++l)
-      for (Side s : {Side::A, Side::B}) rows[0][2 * l + side_of(s)] = static_cast<float>(pre_->pending_rows(l, s));
-    if (holders != MPI_COMM_NULL) {
-      std::vector<std::span<float>> bufs;
-      for (int l = 0; l < L; ++l)
-        for (Side s : {Side::A, Side::B}) bufs.push_back(pre_->layer(l).factor(s).accumulator().span());
-      bufs.push_back(rows[0].span());
-      const auto t0 = std::chrono::steady_clock::now();
-      comm::BucketedAllReduce sum(holders, std::move(bufs));
-      sum.start();
-      sum.wait();
-      if (times) times->sync += ms_since(t0);
-      stamp(Kind::SYNC_CURV, -1, t0);
-    }
-    for (int l = 0; l < L; ++l)
-      for (Side s : {Side::A, Side::B}) {
-        const auto t0 = std::chrono::steady_clock::now();  // the running average's update: curvature work too
-        if (pre_->finish_curvature(l, s, loss_scale_, static_cast<int64_t>(rows[0][2 * l + side_of(s)])))
-          committed(l, s, t);
-        stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
-      }
+    if (times) profiled_curvature(*times);
+    inline_commit(t, holders, times);
   }
-  if (inversion)
-    for (Side s : {Side::A, Side::B})
-      for (int l = 0; l < L; ++l) {
-        const auto t0 = std::chrono::steady_clock::now();
-        invert(s, l, -1);
-        stamp(s == Side::A ? Kind::INV_A : Kind::INV_B, l, t0);
-        if (times) {
-          times->inv_a.resize(L, 0), times->inv_b.resize(L, 0);
-          (s == Side::A ? times->inv_a : times->inv_b)[l] += ms_since(t0);
-        }
-      }
-  if (times && inversion) ++times->inv_samples;
-  const auto t0 = std::chrono::steady_clock::now();
+  if (inversion) inline_invert(times);
+  const int64_t t0 = comm::steady_now_ns();
   precondition(t);
   if (times) times->prec += ms_since(t0), ++times->prec_samples;
 }
@@ -367,17 +369,8 @@ void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
 
 void ChunkKfac::sync(int64_t t) {
   const int L = layers();
-  Tensor rows(Shape{2 * static_cast<int64_t>(L)});
-  std::vector<std::span<float>> bufs;
-  for (int l = 0; l < L; ++l)
-    for (Side s : {Side::A, Side::B}) {
-      rows[2 * l + side_of(s)] = static_cast<float>(pre_->pending_rows(l, s));
-      if (!poisoned_) bufs.push_back(pre_->layer(l).factor(s).accumulator().span());  // every holder alike
-    }
-  bufs.push_back(rows.span());
-  comm::BucketedAllReduce sum(sync_comm_, std::move(bufs));
-  sum.start();
-  sum.wait();
+  // A poisoned cycle adds no factors (every holder alike); the row counts still meet.
+  const std::vector<float> rows = sum_factors_over_copies(*pre_, sync_comm_, !poisoned_);
   // The previous cycle's inverses (built from the factors committed now, before this commit):
   // NCT pieces this replica inverted itself, CT pieces inverted here or received by BCAST_INV.
   for (int l = 0; l < L; ++l)
@@ -402,42 +395,12 @@ void ChunkKfac::sync(int64_t t) {
   flags_.zero();
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B})
-      if (pre_->finish_curvature(l, s, loss_scale_, static_cast<int64_t>(rows[2 * l + side_of(s)]))) committed(l, s, cycle_step_);
+      if (commit_summed(*pre_, l, s, loss_scale_, rows[2 * l + side_of(s)])) committed(l, s, cycle_step_);
 }
 
 void ChunkKfac::split(int layer, Side s, int blocks, int64_t t) {
   pre_->layer(layer).factor(s).set_blocks(blocks);
   splits_.push_back({pre_->layer(layer).name(), side_of(s), blocks, t});
-}
-
-void write_refresh_record(const std::vector<const ChunkKfac*>& mine, const std::string& path, int rank) {
-  using nlohmann::json;
-  json ev = json::array(), sp = json::array();
-  for (const ChunkKfac* c : mine) {
-    for (const RefreshEvent& e : c->events())
-      ev.push_back({e.layer, e.side, e.block, e.use_step, e.id.curv_step, e.id.pi_step});
-    for (const SplitEvent& s : c->splits()) sp.push_back({s.layer, s.side, s.blocks, s.from_step});
-  }
-  const std::vector<std::string> all = comm::gather_bytes(json{ev, sp}.dump(), 0, MPI_COMM_WORLD);
-  if (rank != 0) return;
-  // Chimera's twins and data-parallel replicas record the same changes: keep one of each.
-  std::map<std::string, json> events, splits;
-  for (const std::string& s : all) {
-    const json j = json::parse(s);
-    for (const json& e : j[0]) events.emplace(e.dump(), e);
-    for (const json& e : j[1]) splits.emplace(e.dump(), e);
-  }
-  json out = {{"events", json::array()}, {"splits", json::array()}};
-  auto key = [](const json& e) { return std::tuple(e[3].get<int64_t>(), e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>()); };
-  std::vector<json> evs;
-  for (auto& [k, e] : events) evs.push_back(e);
-  std::sort(evs.begin(), evs.end(), [&](const json& a, const json& b) { return key(a) < key(b); });
-  for (const json& e : evs)
-    out["events"].push_back({{"layer", e[0]}, {"side", e[1]}, {"block", e[2]}, {"use_step", e[3]},
-                             {"curv_step", e[4]}, {"pi_step", e[5]}});
-  for (auto& [k, e] : splits)
-    out["splits"].push_back({{"layer", e[0]}, {"side", e[1]}, {"blocks", e[2]}, {"from_step", e[3]}});
-  write_file_atomic(path, out.dump(1) + "\n");
 }
 
 }  // namespace pf

@@ -1,6 +1,7 @@
 #pragma once
 // PipeFisher in the runtime: the K-FAC state of one model chunk (stage copy) on one rank and the
-// work units the executor's handlers call (CURV_A / CURV_B / INV_A / INV_B / PREC).
+// work units the executor's handlers call (CURV_A / CURV_B / SYNC_CURV / INV_A / INV_B /
+// BCAST_INV_A / BCAST_INV_B / PREC). runtime/README.md maps the path from action to unit.
 //
 // Placements (kfac.placement):
 //   inline   every step (or every kfac.inverse_every for inversion) on the critical path: the
@@ -71,7 +72,6 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <array>
-#include <chrono>
 #include <functional>
 #include <cstdint>
 #include <map>
@@ -83,11 +83,6 @@
 namespace pf {
 
 class DistributedKfac;
-
-inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
-// Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
-// paper's 5%. (20% measured no better on this shared 2-core machine: bench/RESULTS.md.)
-inline constexpr double kPlanMargin = 0.05;
 
 // Which inverse a precondition uses: built from the factor of step curv_step, pi from the other
 // side's factor of step pi_step (-1 = none committed: pi = 1).
@@ -180,7 +175,7 @@ class ChunkKfac final : public LinearTap {
   // Switch a factor to block-diagonal from step t on.
   void split(int layer, Side s, int blocks, int64_t t);
 
-  // Checkpoints (pipefisher_state.cpp): everything later steps read, so a resumed run continues
+  // Checkpoints (chunk_kfac_state.cpp): everything later steps read, so a resumed run continues
   // bit for bit: factors and their sums in progress, inverses in use and this replica's pending
   // ones, the cycle's saved micro-batch buffers and counters, the refresh record. Tensors are
   // named `prefix` + ...; the scalars are returned as JSON (doubles round-trip exactly).
@@ -221,7 +216,10 @@ class ChunkKfac final : public LinearTap {
                  MPI_Comm comm, bool buffers);
   void take_snapshot(bool cycle);
   void distributed_refresh(int64_t t, bool curvature, bool inversion);
-  void stamp(Kind k, int layer, std::chrono::steady_clock::time_point t0);
+  void profiled_curvature(ChunkKfacTimes& times);
+  void inline_commit(int64_t t, MPI_Comm holders, ChunkKfacTimes* times);
+  void inline_invert(ChunkKfacTimes* times);
+  void stamp(Kind k, int layer, int64_t t0);  // t0: comm::steady_now_ns
 
   const Config& cfg_;
   std::unique_ptr<KfacPreconditioner> pre_;
@@ -260,9 +258,5 @@ class ChunkKfac final : public LinearTap {
   int64_t gather_floats(int layer);  // a layer's part: weight and bias gradients, v.g
   void start_gather();
 };
-
-// Rank 0 writes every rank's refresh record (deduplicated by layer name) to `path` as JSON:
-// {"events": [{layer, side, block, use_step, curv_step, pi_step}], "splits": [...]}. Collective.
-void write_refresh_record(const std::vector<const ChunkKfac*>& mine, const std::string& path, int rank);
 
 }  // namespace pf

@@ -1,9 +1,9 @@
-// ChunkKfac's checkpoint state (runtime/pipefisher.hpp). The factors, inverses and counters go
+// ChunkKfac's checkpoint state (runtime/chunk_kfac.hpp). The factors, inverses and counters go
 // through KfacPreconditioner::state() (the single-process format, under this chunk's prefix);
 // what only a pipeline run has in flight is added: the sums in progress (a bubbles cycle spreads
 // its curvature over several steps), the saved micro-batch buffers its CURV units still read,
 // this replica's pending inverses, the cycle's counters and the refresh record.
-#include "runtime/pipefisher.hpp"
+#include "runtime/chunk_kfac.hpp"
 
 #include "core/error.hpp"
 #include "dkfac/distributed_kfac.hpp"
