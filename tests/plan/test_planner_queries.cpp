@@ -1,9 +1,9 @@
-// What the runtime asks a KfacPlan besides its lists (sim/planner_queries.cpp), on the hand-
+// What the runtime asks a KfacPlan besides its lists (plan/planner_queries.cpp), on the hand-
 // computed GPipe plan of test_planner.cpp (tiny(): refresh_steps {2, 2}; with split_to_shorten
 // {2, 1} and stage 1's two factors in 2 blocks each).
+#include "plan/planner.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
-#include "sim/planner.hpp"
 #include "planner_fixtures.hpp"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // What the runtime asks a KfacPlan besides its lists (planner.hpp): cycle starts, a drain's
 // plain list, factor splits, and the inline list of the steps before any plan.
 #include "core/error.hpp"
-#include "sim/planner.hpp"
+#include "plan/planner.hpp"
 
 #include <algorithm>
 #include <set>
