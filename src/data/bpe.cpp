@@ -58,13 +58,10 @@ Gpt2Tokenizer::Gpt2Tokenizer(Gpt2Tokenizer&& o) noexcept
 }
 Gpt2Tokenizer::~Gpt2Tokenizer() { pcre2_code_free(static_cast<pcre2_code*>(regex_)); }
 
-Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json, const std::string& vocab_bpe) {
-  Gpt2Tokenizer t;
-  const auto b2u = bytes_to_unicode();
-  std::unordered_map<int32_t, int> u2b;
-  for (int b = 0; b < 256; ++b) u2b[b2u[b]] = b;
+namespace {
 
-  // encoder.json: {"token in bytes_to_unicode spelling": id, ...} with ids 0..n-1.
+// encoder.json: {"token in bytes_to_unicode spelling": id, ...} with ids 0..n-1.
+nlohmann::json parse_encoder(const std::string& encoder_json) {
   nlohmann::json enc;
   try {
     enc = nlohmann::json::parse(read_text_file(encoder_json, "the GPT-2 encoder (run scripts/fetch-data.sh)"));
@@ -72,7 +69,35 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json, const std::st
     usage_error(encoder_json, "malformed JSON ({})", e.what());
   }
   if (!enc.is_object() || enc.empty()) usage_error(encoder_json, "malformed encoder: expected a non-empty JSON object");
-  t.token_bytes_.assign(enc.size(), std::string());
+  return enc;
+}
+
+pcre2_code* compile_pattern() {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+  PF_CHECK(re != nullptr, "GPT-2 pattern does not compile (PCRE2 error {} at {})", err, off);
+  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+  return re;
+}
+
+}  // namespace
+
+Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json, const std::string& vocab_bpe) {
+  Gpt2Tokenizer t;
+  t.read_encoder(encoder_json);
+  t.read_merges(vocab_bpe, encoder_json);
+  t.regex_ = compile_pattern();
+  return t;
+}
+
+void Gpt2Tokenizer::read_encoder(const std::string& encoder_json) {
+  const auto b2u = bytes_to_unicode();
+  std::unordered_map<int32_t, int> u2b;
+  for (int b = 0; b < 256; ++b) u2b[b2u[b]] = b;
+  const nlohmann::json enc = parse_encoder(encoder_json);
+  token_bytes_.assign(enc.size(), std::string());
   std::vector<bool> seen(enc.size(), false);
   for (auto& [tok, v] : enc.items()) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= static_cast<int64_t>(enc.size()))
@@ -88,19 +113,21 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json, const std::st
       else bytes.push_back(static_cast<char>(it->second));
     });
     if (!ok) usage_error(encoder_json, "malformed encoder: '{}' is not in byte-level spelling", tok);
-    t.token_bytes_[id] = std::move(bytes);
-    t.encoder_.emplace(tok, id);
+    token_bytes_[id] = std::move(bytes);
+    encoder_.emplace(tok, id);
   }
   for (int b = 0; b < 256; ++b) {
     std::string u;
     append_utf8(u, b2u[b]);
-    int id = t.id(u);
+    int id = this->id(u);
     if (id < 0) usage_error(encoder_json, "malformed encoder: no token for byte {}", b);
-    t.byte_id_[b] = id;
+    byte_id_[b] = id;
   }
-  t.eot_ = t.id("<|endoftext|>");
+  eot_ = id("<|endoftext|>");
+}
 
-  // vocab.bpe: "#version" line, then one merge "left right" per line; rank = order.
+// vocab.bpe: "#version" line, then one merge "left right" per line; rank = order.
+void Gpt2Tokenizer::read_merges(const std::string& vocab_bpe, const std::string& encoder_json) {
   auto lines = split_lines(read_text_file(vocab_bpe, "the GPT-2 merges (run scripts/fetch-data.sh)"));
   std::unordered_set<int32_t> produced;
   int rank = 0;
@@ -111,29 +138,20 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json, const std::st
     if (sp == std::string::npos || sp == 0 || sp + 1 == l.size() || l.find(' ', sp + 1) != std::string::npos)
       usage_error(vocab_bpe, "malformed merge on line {}: '{}' is not two tokens", i + 1, l);
     std::string a = l.substr(0, sp), b = l.substr(sp + 1);
-    int ia = t.id(a), ib = t.id(b), im = t.id(a + b);
+    int ia = id(a), ib = id(b), im = id(a + b);
     if (ia < 0 || ib < 0 || im < 0)
       usage_error(vocab_bpe, "merge on line {} ('{}') uses or makes a token missing from {}", i + 1, l, encoder_json);
-    t.merges_[(static_cast<uint64_t>(ia) << 32) | static_cast<uint32_t>(ib)] = {rank++, im};
+    merges_[(static_cast<uint64_t>(ia) << 32) | static_cast<uint32_t>(ib)] = {rank++, im};
     produced.insert(im);
   }
-  if (t.merges_.empty()) usage_error(vocab_bpe, "malformed merges: the file has no merge lines");
+  if (merges_.empty()) usage_error(vocab_bpe, "malformed merges: the file has no merge lines");
   // Every multi-byte token must come from a merge, except special tokens such as <|endoftext|>.
-  for (const auto& [tok, id] : t.encoder_) {
+  for (const auto& [tok, id] : encoder_) {
     bool special = tok.size() > 4 && tok.rfind("<|", 0) == 0 && tok.compare(tok.size() - 2, 2, "|>") == 0;
-    if (t.token_bytes_[id].size() > 1 && !special && !produced.count(id))
+    if (token_bytes_[id].size() > 1 && !special && !produced.count(id))
       usage_error(vocab_bpe, "no merge produces token '{}' (id {}): truncated, or not the merges of {}", tok, id,
                   encoder_json);
   }
-
-  int err = 0;
-  PCRE2_SIZE off = 0;
-  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                                 PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
-  PF_CHECK(re != nullptr, "GPT-2 pattern does not compile (PCRE2 error {} at {})", err, off);
-  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
-  t.regex_ = re;
-  return t;
 }
 
 int Gpt2Tokenizer::id(const std::string& token) const {

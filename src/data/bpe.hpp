@@ -49,6 +49,9 @@ class Gpt2Tokenizer final : public Tokenizer {
   void* regex_ = nullptr;  // pcre2_code* (JIT-compiled)
 
   void bpe(std::string_view chunk, std::vector<int32_t>& out) const;
+  // The parts of load(): encoder.json's tokens and the single bytes' ids, then vocab.bpe's merges.
+  void read_encoder(const std::string& encoder_json);
+  void read_merges(const std::string& vocab_bpe, const std::string& encoder_json);
 };
 
 }  // namespace pf

@@ -145,21 +145,13 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept 
   return *this;
 }
 
-void SafetensorsReader::parse() {
-  using nlohmann::json;
-  const std::string& f = path_;
-  if (size_ < 8) usage_error(f, "file is {} bytes, too short for the 8-byte header length", size_);
-  uint64_t n = load_at<uint64_t>(map_, 0);
-  if (n > size_ - 8)
-    usage_error(f, "header length {} exceeds the {} bytes after the length field (truncated or not safetensors)",
-                n, size_ - 8);
-  if (n > kMaxHeaderBytes) usage_error(f, "header length {} exceeds the format's limit of {}", n, kMaxHeaderBytes);
-  std::string_view text(reinterpret_cast<const char*>(map_ + 8), n);
-  const uint64_t data_size = size_ - 8 - n;
-  const std::byte* data = map_ + 8 + n;
+namespace {
 
-  // nlohmann keeps the last of duplicate keys silently; track the keys of every open object to
-  // refuse duplicates instead.
+using nlohmann::json;
+
+// The header's JSON. nlohmann keeps the last of duplicate keys silently; track the keys of every
+// open object to refuse duplicates instead.
+json parse_header(const std::string& f, std::string_view text) {
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
@@ -178,59 +170,51 @@ void SafetensorsReader::parse() {
   }
   if (!duplicate.empty()) usage_error(f, "duplicate name '{}' in the header", duplicate);
   if (!header.is_object()) usage_error(f, "header is not a JSON object");
+  return header;
+}
 
-  for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") {
-      if (!info.is_object()) usage_error(f, "__metadata__ is not an object");
-      for (auto& [k, v] : info.items()) {
-        if (!v.is_string()) usage_error(f, "__metadata__ value of '{}' is not a string", k);
-        metadata_[k] = v.get<std::string>();
-      }
-      continue;
-    }
-    const std::string& tensor = name;  // clang 14 (the fuzz build) cannot capture a structured binding
-    auto bad = [&](const char* what) { usage_error(f, "tensor '{}': {}", tensor, what); };
-    if (!info.is_object()) bad("entry is not an object");
-    if (!info.contains("dtype") || !info["dtype"].is_string()) bad("missing or non-string \"dtype\"");
-    if (!info.contains("shape") || !info["shape"].is_array()) bad("missing or non-array \"shape\"");
-    if (!info.contains("data_offsets") || !info["data_offsets"].is_array() || info["data_offsets"].size() != 2 ||
-        !info["data_offsets"][0].is_number_unsigned() || !info["data_offsets"][1].is_number_unsigned())
-      bad("\"data_offsets\" is not a pair of non-negative integers");
-
-    SafetensorsEntry e;
-    e.name = name;
-    e.dtype = info["dtype"].get<std::string>();
-    size_t elem = safetensors_dtype_size(e.dtype);
-    if (elem == 0) usage_error(f, "tensor '{}': unknown dtype '{}'", name, e.dtype);
-    // Element count with overflow refused: anything above the file size is inconsistent anyway.
-    uint64_t numel = 1;
-    for (const json& d : info["shape"]) {
-      if (!d.is_number_unsigned()) bad("shape has a non-integer or negative dimension");
-      uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > size_ / dim) numel = size_ + 1;  // saturate: cannot fit the file
-      else numel *= dim;
-      e.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, INT64_MAX)));
-    }
-    e.begin = info["data_offsets"][0].get<uint64_t>();
-    e.end = info["data_offsets"][1].get<uint64_t>();
-    if (e.begin > e.end) usage_error(f, "tensor '{}': data_offsets [{}, {}] are reversed", name, e.begin, e.end);
-    if (numel > size_ || e.end - e.begin != numel * elem)
-      usage_error(f, "tensor '{}': data_offsets [{}, {}] span {} bytes, but shape {} of {} needs {}", name,
-                  e.begin, e.end, e.end - e.begin, shape_str(e.shape), e.dtype,
-                  numel > size_ ? std::string("more than the file") : std::to_string(numel * elem));
-    entries_.push_back(std::move(e));
+// One tensor's header entry, its offsets checked against its shape and dtype (not yet against the
+// data buffer). file_size bounds the element count.
+SafetensorsEntry parse_entry(const std::string& f, const std::string& tensor, const json& info, uint64_t file_size) {
+  auto bad = [&](const char* what) { usage_error(f, "tensor '{}': {}", tensor, what); };
+  if (!info.is_object()) bad("entry is not an object");
+  if (!info.contains("dtype") || !info["dtype"].is_string()) bad("missing or non-string \"dtype\"");
+  if (!info.contains("shape") || !info["shape"].is_array()) bad("missing or non-array \"shape\"");
+  if (!info.contains("data_offsets") || !info["data_offsets"].is_array() || info["data_offsets"].size() != 2 ||
+      !info["data_offsets"][0].is_number_unsigned() || !info["data_offsets"][1].is_number_unsigned())
+    bad("\"data_offsets\" is not a pair of non-negative integers");
+  SafetensorsEntry e;
+  e.name = tensor;
+  e.dtype = info["dtype"].get<std::string>();
+  size_t elem = safetensors_dtype_size(e.dtype);
+  if (elem == 0) usage_error(f, "tensor '{}': unknown dtype '{}'", tensor, e.dtype);
+  // Element count with overflow refused: anything above the file size is inconsistent anyway.
+  uint64_t numel = 1;
+  for (const json& d : info["shape"]) {
+    if (!d.is_number_unsigned()) bad("shape has a non-integer or negative dimension");
+    uint64_t dim = d.get<uint64_t>();
+    if (dim != 0 && numel > file_size / dim) numel = file_size + 1;  // saturate: cannot fit the file
+    else numel *= dim;
+    e.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, INT64_MAX)));
   }
+  e.begin = info["data_offsets"][0].get<uint64_t>();
+  e.end = info["data_offsets"][1].get<uint64_t>();
+  if (e.begin > e.end) usage_error(f, "tensor '{}': data_offsets [{}, {}] are reversed", tensor, e.begin, e.end);
+  if (numel > file_size || e.end - e.begin != numel * elem)
+    usage_error(f, "tensor '{}': data_offsets [{}, {}] span {} bytes, but shape {} of {} needs {}", tensor, e.begin,
+                e.end, e.end - e.begin, shape_str(e.shape), e.dtype,
+                numel > file_size ? std::string("more than the file") : std::to_string(numel * elem));
+  return e;
+}
 
-  // Tensors must tile [0, data_size) exactly, in offset order (as the reference validates).
-  std::sort(entries_.begin(), entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
-  for (const auto& e : entries_)
+// Tensors (sorted by offset) must tile [0, data_size) exactly, as the reference validates.
+void check_tiling(const std::string& f, const std::vector<SafetensorsEntry>& entries, uint64_t data_size) {
+  for (const auto& e : entries)
     if (e.end > data_size)
       usage_error(f, "tensor '{}': data_offsets [{}, {}] overrun the data buffer of {} bytes (truncated file?)",
                   e.name, e.begin, e.end, data_size);
   uint64_t expected = 0;
-  for (const auto& e : entries_) {
+  for (const auto& e : entries) {
     if (e.begin < expected)
       usage_error(f, "tensor '{}': data_offsets [{}, {}] overlap the previous tensor, which ends at {}", e.name,
                   e.begin, e.end, expected);
@@ -241,7 +225,36 @@ void SafetensorsReader::parse() {
   }
   if (expected != data_size)
     usage_error(f, "data buffer has {} bytes but the tensors cover {}", data_size, expected);
+}
 
+}  // namespace
+
+void SafetensorsReader::parse() {
+  const std::string& f = path_;
+  if (size_ < 8) usage_error(f, "file is {} bytes, too short for the 8-byte header length", size_);
+  uint64_t n = load_at<uint64_t>(map_, 0);
+  if (n > size_ - 8)
+    usage_error(f, "header length {} exceeds the {} bytes after the length field (truncated or not safetensors)",
+                n, size_ - 8);
+  if (n > kMaxHeaderBytes) usage_error(f, "header length {} exceeds the format's limit of {}", n, kMaxHeaderBytes);
+  const uint64_t data_size = size_ - 8 - n;
+  const std::byte* data = map_ + 8 + n;
+  const json header = parse_header(f, std::string_view(reinterpret_cast<const char*>(map_ + 8), n));
+  for (auto& [name, info] : header.items()) {
+    if (name != "__metadata__") {
+      entries_.push_back(parse_entry(f, name, info, size_));
+      continue;
+    }
+    if (!info.is_object()) usage_error(f, "__metadata__ is not an object");
+    for (auto& [k, v] : info.items()) {
+      if (!v.is_string()) usage_error(f, "__metadata__ value of '{}' is not a string", k);
+      metadata_[k] = v.get<std::string>();
+    }
+  }
+  std::sort(entries_.begin(), entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  check_tiling(f, entries_, data_size);
   for (size_t i = 0; i < entries_.size(); ++i) {
     auto& e = entries_[i];
     e.bytes = {data + e.begin, static_cast<size_t>(e.end - e.begin)};

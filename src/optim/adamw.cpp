@@ -1,4 +1,5 @@
 #include "optim/chunked.hpp"
+#include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
 
 #include <cmath>
@@ -22,22 +23,17 @@ void adamw_range(int64_t b, int64_t e, float* __restrict w, const float* __restr
 }  // namespace
 
 void AdamW::update(Slot& slot, double lr, int64_t t, float grad_scale) {
-  Param& p = *slot.param;
-  float* w = p.value.data();
-  const float* g = p.grad.data();
-  float* m = slot.state[0].data();
-  float* v = slot.state[1].data();
-  // 1 - beta in double: 1.0f - 0.999f is 1.3e-5 (relative) away from 0.001.
-  const float b1 = static_cast<float>(beta1_), c1 = static_cast<float>(1.0 - beta1_);
-  const float b2 = static_cast<float>(beta2_), c2 = static_cast<float>(1.0 - beta2_);
+  const Param& p = *slot.param;
+  const optim_detail::MomentTensors x = optim_detail::moment_tensors(*slot.param, slot.state);
+  const optim_detail::Betas k = optim_detail::moment_betas(beta1_, beta2_);
   const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(t));
   const float shrink = p.decay ? static_cast<float>(1.0 - lr * weight_decay_) : 1.0f;
   const float step = static_cast<float>(lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float eps = static_cast<float>(eps_);
-  optim_detail::for_chunks(p.value.numel(), [&](int64_t b, int64_t e) {
-    adamw_range(b, e, w, g, m, v, b1, c1, b2, c2, shrink, step, inv_sqrt_bc2, eps, grad_scale);
+  optim_detail::for_chunks(x.n, [&](int64_t b, int64_t e) {
+    adamw_range(b, e, x.w, x.g, x.m, x.v, k.b1, k.c1, k.b2, k.c2, shrink, step, inv_sqrt_bc2, eps, grad_scale);
   });
 }
 

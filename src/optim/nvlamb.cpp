@@ -1,4 +1,5 @@
 #include "optim/chunked.hpp"
+#include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
 
 #include <cmath>
@@ -46,30 +47,26 @@ void apply(LambStep k, float step, int64_t b, int64_t e, float* __restrict w, co
 }  // namespace
 
 void NvLamb::update(Slot& slot, double lr, int64_t t, float grad_scale) {
-  Param& p = *slot.param;
-  float* w = p.value.data();
-  const float* g = p.grad.data();
-  float* m = slot.state[0].data();
-  float* v = slot.state[1].data();
-  const int64_t n = p.value.numel();
-  // 1 - beta in double: 1.0f - 0.999f is 1.3e-5 (relative) away from 0.001.
-  const LambStep k{static_cast<float>(beta1_),
-                   static_cast<float>(1.0 - beta1_),
-                   static_cast<float>(beta2_),
-                   static_cast<float>(1.0 - beta2_),
+  const Param& p = *slot.param;
+  const MomentTensors x = moment_tensors(*slot.param, slot.state);
+  const Betas beta = moment_betas(beta1_, beta2_);
+  const LambStep k{beta.b1,
+                   beta.c1,
+                   beta.b2,
+                   beta.c2,
                    static_cast<float>(1.0 / (1.0 - std::pow(beta1_, static_cast<double>(t)))),
                    static_cast<float>(1.0 / (1.0 - std::pow(beta2_, static_cast<double>(t)))),
                    static_cast<float>(eps_),
                    p.decay ? static_cast<float>(weight_decay_) : 0.0f,
                    grad_scale};
 
-  auto norms = chunked_sums<2>(n, slot.partial,
-                               [&](int64_t b, int64_t e, auto& s) { moments(k, b, e, w, g, m, v, s); });
+  auto norms = chunked_sums<2>(x.n, slot.partial,
+                               [&](int64_t b, int64_t e, auto& s) { moments(k, b, e, x.w, x.g, x.m, x.v, s); });
   // The layer-wise trust ratio ||p|| / ||u|| scales the step (1 if either norm is 0).
   const double p_norm = std::sqrt(norms[0]), u_norm = std::sqrt(norms[1]);
   const double ratio = p_norm > 0 && u_norm > 0 ? p_norm / u_norm : 1.0;
   const float step = static_cast<float>(lr * ratio);
-  for_chunks(n, [&](int64_t b, int64_t e) { apply(k, step, b, e, w, m, v); });
+  for_chunks(x.n, [&](int64_t b, int64_t e) { apply(k, step, b, e, x.w, x.m, x.v); });
 }
 
 }  // namespace pf

@@ -158,163 +158,243 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   raw_.push_back(std::move(per_rank));
 }
 
-void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
-  if (!enabled() || groups_.rank != 0 || measured_.empty()) return;
-  const int S = layout_.stages(), D = layout_.devices;
-  std::vector<std::vector<double>> f(S), b(S), i_(S), w(S), opt(S), ar(S);
-  std::vector<double> p2p;
-  for (const MeasuredStep& m : measured_) {
-    const Timeline& tl = m.timeline;
-    // When each message was sent: (kind, pipeline, consumer stage, micro-batch, replica) -> ms.
-    std::map<std::tuple<int, int, int, int, int>, double> sent;
-    for (size_t r = 0; r < tl.per_device.size(); ++r)
-      for (const TimedAction& t : tl.per_device[r]) {
-        const Action& a = t.action;
-        const double d = t.end - t.start;
-        const int rep = static_cast<int>(r) / D;
-        switch (a.kind) {
-          case Kind::F: f[a.stage].push_back(d); break;
-          case Kind::B: b[a.stage].push_back(d); break;
-          case Kind::I: i_[a.stage].push_back(d); break;
-          case Kind::W: w[a.stage].push_back(d); break;
-          case Kind::OPT: opt[a.stage].push_back(d); break;
-          case Kind::ALLREDUCE: ar[a.stage].push_back(d); break;
-          case Kind::SEND_F: sent[{0, a.pipeline, a.stage + 1, a.micro_batch, rep}] = t.start; break;
-          case Kind::SEND_B: sent[{1, a.pipeline, a.stage - 1, a.micro_batch, rep}] = t.start; break;
-          default: break;
-        }
+// Step times, and utilization and communication wait per rank averaged over the profiled steps.
+struct StepSummary {
+  std::vector<double> step_ms, utilization, comm_wait;
+  nlohmann::json steps = nlohmann::json::array();  // their 1-based numbers
+};
+
+namespace {
+
+// One stage's measured action durations (ms), over every profiled step and micro-batch.
+struct StageSamples {
+  std::vector<double> forward, backward, input_grad, weight_grad, optimizer, allreduce;
+};
+
+struct Samples {
+  std::vector<StageSamples> stage;  // [stage]
+  std::vector<double> p2p;          // message delays (ms)
+};
+
+// A message: (0 forward / 1 backward, pipeline, consumer stage, micro-batch, replica).
+using MessageKey = std::tuple<int, int, int, int, int>;
+
+// Files each compute action's duration under its stage; returns when each message was sent (ms).
+std::map<MessageKey, double> sort_durations(const Timeline& tl, int devices, Samples& out) {
+  std::map<MessageKey, double> sent;
+  for (size_t r = 0; r < tl.per_device.size(); ++r)
+    for (const TimedAction& t : tl.per_device[r]) {
+      const Action& a = t.action;
+      const double d = t.end - t.start;
+      const int rep = static_cast<int>(r) / devices;
+      StageSamples& st = out.stage[a.stage];
+      switch (a.kind) {
+        case Kind::F: st.forward.push_back(d); break;
+        case Kind::B: st.backward.push_back(d); break;
+        case Kind::I: st.input_grad.push_back(d); break;
+        case Kind::W: st.weight_grad.push_back(d); break;
+        case Kind::OPT: st.optimizer.push_back(d); break;
+        case Kind::ALLREDUCE: st.allreduce.push_back(d); break;
+        case Kind::SEND_F: sent[{0, a.pipeline, a.stage + 1, a.micro_batch, rep}] = t.start; break;
+        case Kind::SEND_B: sent[{1, a.pipeline, a.stage - 1, a.micro_batch, rep}] = t.start; break;
+        default: break;
       }
-    // Transfer latency: a receive that was already waiting when the send started ends one
-    // message delay after it.
-    for (size_t r = 0; r < tl.per_device.size(); ++r)
-      for (const TimedAction& t : tl.per_device[r]) {
-        const Action& a = t.action;
-        if (a.kind != Kind::RECV_F && a.kind != Kind::RECV_B) continue;
-        auto it = sent.find({a.kind == Kind::RECV_F ? 0 : 1, a.pipeline, a.stage, a.micro_batch,
-                             static_cast<int>(r) / D});
-        if (it != sent.end() && t.start <= it->second) p2p.push_back(std::max(0.0, t.end - it->second));
-      }
-  }
-  // Finishing the gradients (first OPT of a device: all-reduces, word-embedding sum, norm) is
-  // drawn as a wait; its own cost is what the last rank to arrive waited (it waited for no one),
-  // and it is charged to the stage of each device's first OPT.
-  std::vector<double> finish;
-  std::vector<bool> first_opt_stage(S, false);
-  for (int d = 0; d < D; ++d)
-    for (const Action& a : layout_.schedule.per_device[d])
+    }
+  return sent;
+}
+
+// Transfer latency: a receive that was already waiting when the send started ends one message
+// delay after it.
+void add_p2p_latencies(const Timeline& tl, int devices, const std::map<MessageKey, double>& sent, Samples& out) {
+  for (size_t r = 0; r < tl.per_device.size(); ++r)
+    for (const TimedAction& t : tl.per_device[r]) {
+      const Action& a = t.action;
+      if (a.kind != Kind::RECV_F && a.kind != Kind::RECV_B) continue;
+      auto it = sent.find({a.kind == Kind::RECV_F ? 0 : 1, a.pipeline, a.stage, a.micro_batch,
+                           static_cast<int>(r) / devices});
+      if (it != sent.end() && t.start <= it->second) out.p2p.push_back(std::max(0.0, t.end - it->second));
+    }
+}
+
+Samples collect_samples(const std::vector<MeasuredStep>& measured, int stages, int devices) {
+  Samples out;
+  out.stage.resize(stages);
+  for (const MeasuredStep& m : measured)
+    add_p2p_latencies(m.timeline, devices, sort_durations(m.timeline, devices, out), out);
+  return out;
+}
+
+// Finishing the gradients (first OPT of a device: all-reduces, word-embedding sum, norm) is drawn
+// as a wait; its own cost is what the last rank to arrive waited (it waited for no one), and it is
+// charged to the stage of each device's first OPT.
+std::vector<bool> first_opt_stages(const Schedule& schedule, int stages, int devices) {
+  std::vector<bool> first(stages, false);
+  for (int d = 0; d < devices; ++d)
+    for (const Action& a : schedule.per_device[d])
       if (a.kind == Kind::OPT) {
-        first_opt_stage[a.stage] = true;
+        first[a.stage] = true;
         break;
       }
-  for (const auto& step : raw_) {
+  return first;
+}
+
+// [profiled step] the least wait any rank's action had in that step (ms); steps without waits
+// are left out.
+std::vector<double> finishing_times(const std::vector<std::vector<std::vector<ActionTime>>>& raw) {
+  std::vector<double> finish;
+  for (const auto& step : raw) {
     double least = -1;
     for (size_t r = 0; r < step.size(); ++r)
       for (const ActionTime& t : step[r])
         if (t.wait > 0) least = least < 0 ? t.wait / 1e6 : std::min(least, t.wait / 1e6);
     if (least >= 0) finish.push_back(least);
   }
+  return finish;
+}
+
+StageCost stage_cost(const StageSamples& m, double finishing, double activation_bytes, double grad_bytes) {
+  StageCost c;
+  c.forward = mean(m.forward);
+  c.backward = m.backward.empty() ? mean(m.input_grad) + mean(m.weight_grad) : mean(m.backward);
+  c.optimizer = mean(m.optimizer) + finishing;
+  c.activation_bytes = activation_bytes;
+  c.grad_bytes = grad_bytes;
+  if (!m.input_grad.empty()) {
+    c.input_grad = mean(m.input_grad);
+    c.weight_grad = mean(m.weight_grad);
+  }
+  return c;
+}
+
+StepSummary summarize(const std::vector<MeasuredStep>& measured) {
+  StepSummary out;
+  out.utilization.assign(measured.front().timeline.utilization.size(), 0);
+  out.comm_wait.assign(measured.front().comm_wait.size(), 0);
+  for (const MeasuredStep& m : measured) {
+    out.step_ms.push_back(m.timeline.step_time);
+    out.steps.push_back(m.step);
+    for (size_t r = 0; r < out.utilization.size(); ++r) {
+      out.utilization[r] += m.timeline.utilization[r] / static_cast<double>(measured.size());
+      out.comm_wait[r] += m.comm_wait[r] / static_cast<double>(measured.size());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json Profiler::stage_json(int s, const StageCost& c, bool split_backward, const nlohmann::json& kfac) const {
   using nlohmann::json;
+  const BlockRange& blocks = layout_.stage_blocks[s];
+  const StageMemory mem = block_memory(cfg_.model, blocks.last - blocks.first + 1, cfg_.parallel.micro_batch_size);
+  json j = {{"forward", c.forward}, {"backward", c.backward}, {"optimizer", c.optimizer},
+            {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes},
+            {"mem_param", mem.param}, {"mem_act", mem.act}, {"mem_peak_err", mem.err_peak},
+            {"mem_save_err", mem.err_save}, {"mem_kron", mem.kron}};
+  if (kfac.is_array() && s < static_cast<int>(kfac.size())) {  // the units the plan was made from
+    json units = kfac[s]["kfac_layers"];
+    double curv = 0, inv = 0;
+    for (size_t l = 0; l < units.size(); ++l) {
+      auto it = layer_names_.find({0, s, static_cast<int>(l)});
+      if (it != layer_names_.end()) units[l]["name"] = it->second;
+      curv += units[l]["curvature_a"].get<double>() + units[l]["curvature_b"].get<double>();
+      inv += units[l]["inversion_a"].get<double>() + units[l]["inversion_b"].get<double>();
+    }
+    j["kfac_layers"] = units;
+    j["layers"] = std::max<size_t>(1, units.size());
+    j["curvature"] = curv;
+    j["inversion"] = inv;
+    j["precondition"] = kfac[s]["precondition"];
+    j["sync"] = kfac[s]["sync"];
+  }
+  if (split_backward) {
+    j["input_grad"] = c.input_grad;
+    j["weight_grad"] = c.weight_grad;
+  }
+  return j;
+}
+
+void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
+  if (!enabled() || groups_.rank != 0 || measured_.empty()) return;
+  const int S = layout_.stages(), D = layout_.devices;
+  const Samples samples = collect_samples(measured_, S, D);
+  const std::vector<bool> first_opt = first_opt_stages(layout_.schedule, S, D);
+  const std::vector<double> finishing = finishing_times(raw_);
   const ModelConfig& mc = cfg_.model;
   const double act_bytes = 4.0 * cfg_.parallel.micro_batch_size * mc.seq_len * mc.hidden;
-  json stages = json::array();
+  nlohmann::json stages = nlohmann::json::array();
   CostModel cost;
   cost.stages.clear();
-  for (int s = 0; s < S; ++s) {
-    StageCost c;
-    c.forward = mean(f[s]);
-    c.backward = b[s].empty() ? mean(i_[s]) + mean(w[s]) : mean(b[s]);
-    c.optimizer = mean(opt[s]) + (first_opt_stage[s] ? mean(finish) : 0.0);
-    c.activation_bytes = act_bytes;
-    c.grad_bytes = static_cast<double>(param_bytes_[s]);
-    const BlockRange& blocks = layout_.stage_blocks[s];
-    const StageMemory mem = block_memory(mc, blocks.last - blocks.first + 1, cfg_.parallel.micro_batch_size);
-    json j = {{"forward", c.forward}, {"backward", c.backward}, {"optimizer", c.optimizer},
-              {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes},
-              {"mem_param", mem.param}, {"mem_act", mem.act}, {"mem_peak_err", mem.err_peak},
-              {"mem_save_err", mem.err_save}, {"mem_kron", mem.kron}};
-    if (kfac.is_array() && s < static_cast<int>(kfac.size())) {  // the units the plan was made from
-      json units = kfac[s]["kfac_layers"];
-      double curv = 0, inv = 0;
-      for (size_t l = 0; l < units.size(); ++l) {
-        auto it = layer_names_.find({0, s, static_cast<int>(l)});
-        if (it != layer_names_.end()) units[l]["name"] = it->second;
-        curv += units[l]["curvature_a"].get<double>() + units[l]["curvature_b"].get<double>();
-        inv += units[l]["inversion_a"].get<double>() + units[l]["inversion_b"].get<double>();
-      }
-      j["kfac_layers"] = units;
-      j["layers"] = std::max<size_t>(1, units.size());
-      j["curvature"] = curv;
-      j["inversion"] = inv;
-      j["precondition"] = kfac[s]["precondition"];
-      j["sync"] = kfac[s]["sync"];
-    }
-    if (!i_[s].empty()) {
-      c.input_grad = mean(i_[s]);
-      c.weight_grad = mean(w[s]);
-      j["input_grad"] = c.input_grad;
-      j["weight_grad"] = c.weight_grad;
-    }
-    cost.stages.push_back(c);
-    stages.push_back(j);
-  }
   std::vector<double> all_ar;
-  for (auto& v : ar) all_ar.insert(all_ar.end(), v.begin(), v.end());
-  cost.p2p_latency = median(p2p);
+  for (int s = 0; s < S; ++s) {
+    const StageSamples& m = samples.stage[s];
+    const StageCost c = stage_cost(m, first_opt[s] ? mean(finishing) : 0.0, act_bytes,
+                                   static_cast<double>(param_bytes_[s]));
+    cost.stages.push_back(c);
+    stages.push_back(stage_json(s, c, !m.input_grad.empty(), kfac));
+    all_ar.insert(all_ar.end(), m.allreduce.begin(), m.allreduce.end());
+  }
+  cost.p2p_latency = median(samples.p2p);
   cost.allreduce_alpha = mean(all_ar);
   const Timeline predicted = simulate(layout_.schedule, cost);
-
-  std::vector<double> step_ms, util(measured_.front().timeline.utilization.size(), 0),
-      wait(measured_.front().comm_wait.size(), 0);
-  json steps = json::array();
-  for (const MeasuredStep& m : measured_) {
-    step_ms.push_back(m.timeline.step_time);
-    steps.push_back(m.step);
-    for (size_t r = 0; r < util.size(); ++r) {
-      util[r] += m.timeline.utilization[r] / static_cast<double>(measured_.size());
-      wait[r] += m.comm_wait[r] / static_cast<double>(measured_.size());
-    }
-  }
-  const double measured_step = mean(step_ms);
-  json j = {{"format", "pipefisher-profile"},
-            {"version", 1},
-            {"micro_batch_size", cfg_.parallel.micro_batch_size},
-            {"stages", stages},
-            {"p2p", {{"latency", cost.p2p_latency}, {"bandwidth", 0}}},
-            {"allreduce", {{"alpha", cost.allreduce_alpha}, {"beta", 0}}},
-            {"measured",
-             {{"schedule", layout_.schedule.name}, {"devices", D}, {"replicas", layout_.replicas},
-              {"micro_batches", layout_.micro_batches}, {"steps", steps}, {"time_unit", "ms"},
-              {"step_time", measured_step}, {"step_times", step_ms}, {"utilization", util},
-              {"comm_wait", wait}, {"p2p_samples", p2p.size()},
-              {"predicted_step_time", predicted.step_time},
-              {"predicted_utilization", predicted.utilization}}}};
-  const Schedule& sched = layout_.schedule;
-  j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
-              {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", mc.preset},
-              {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")},
-              {"recompute", cfg_.parallel.recompute && S > 1}};  // as the executor: pipelines only
-  if (plan.is_object()) {
-    j["pipefisher_plan"] = plan.at("pipefisher_plan");
-    // The broadcast model the plan used, summed over the D W ranks (runtime/plan_record.hpp).
-    if (layout_.replicas > 1) {
-      const PlanProfile in = ProfileLayout(layout_).unflatten(plan["pipefisher_plan"]["input"].get<std::vector<double>>());
-      j["broadcast"] = {{"alpha", in.bcast_alpha / (D * layout_.replicas)}, {"beta", in.bcast_beta / (D * layout_.replicas)}};
-    }
-  }
+  const StepSummary summary = summarize(measured_);
+  const double measured_step = mean(summary.step_ms);
+  nlohmann::json j = profile_json(stages, cost, summary, samples.p2p.size(), predicted);
+  if (plan.is_object()) add_plan(j, plan);
   write_output({opt_.dir + "/profile.json", "--profile-dir"}, j.dump(1) + "\n");
-  std::vector<TraceStep> trace;
-  for (const MeasuredStep& m : measured_) trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline});
-  write_output({opt_.dir + "/trace.json", "--profile-dir"},
-               chrome_trace(trace, fmt::format("measured {} D={} W={} N={}", sched.name, D, layout_.replicas,
-                                               sched.micro_batches), layer_names_));
+  write_trace();
   std::string u;
-  for (double x : util) u += fmt::format("{}{:.0f}%", u.empty() ? "" : " ", 100 * x);
+  for (double x : summary.utilization) u += fmt::format("{}{:.0f}%", u.empty() ? "" : " ", 100 * x);
   std::printf("profile: measured step %.2f ms (utilization per rank %s, mean comm wait %.2f ms), simulator with "
               "this profile predicts %.2f ms; %s/{profile.json, timeline-step*.svg, trace.json}\n",
-              measured_step, u.c_str(), mean(wait), predicted.step_time, opt_.dir.c_str());
+              measured_step, u.c_str(), mean(summary.comm_wait), predicted.step_time, opt_.dir.c_str());
   const std::string note = chimera_order_note(cfg_, D, layout_.micro_batches, cost);
   if (!note.empty()) std::printf("profile: %s\n", note.c_str());
   std::fflush(stdout);
+}
+
+nlohmann::json Profiler::profile_json(const nlohmann::json& stages, const CostModel& cost, const StepSummary& summary,
+                                      size_t p2p_samples, const Timeline& predicted) const {
+  const int S = layout_.stages(), D = layout_.devices;
+  const Schedule& sched = layout_.schedule;
+  nlohmann::json j = {
+      {"format", "pipefisher-profile"},
+      {"version", 1},
+      {"micro_batch_size", cfg_.parallel.micro_batch_size},
+      {"stages", stages},
+      {"p2p", {{"latency", cost.p2p_latency}, {"bandwidth", 0}}},
+      {"allreduce", {{"alpha", cost.allreduce_alpha}, {"beta", 0}}},
+      {"measured",
+       {{"schedule", sched.name}, {"devices", D}, {"replicas", layout_.replicas},
+        {"micro_batches", layout_.micro_batches}, {"steps", summary.steps}, {"time_unit", "ms"},
+        {"step_time", mean(summary.step_ms)}, {"step_times", summary.step_ms}, {"utilization", summary.utilization},
+        {"comm_wait", summary.comm_wait}, {"p2p_samples", p2p_samples},
+        {"predicted_step_time", predicted.step_time},
+        {"predicted_utilization", predicted.utilization}}}};
+  j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
+              {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", cfg_.model.preset},
+              {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")},
+              {"recompute", cfg_.parallel.recompute && S > 1}};  // as the executor: pipelines only
+  return j;
+}
+
+void Profiler::add_plan(nlohmann::json& j, const nlohmann::json& plan) const {
+  j["pipefisher_plan"] = plan.at("pipefisher_plan");
+  // The broadcast model the plan used, summed over the D W ranks (runtime/plan_record.hpp).
+  if (layout_.replicas > 1) {
+    const int ranks = layout_.devices * layout_.replicas;
+    const PlanProfile in = ProfileLayout(layout_).unflatten(plan["pipefisher_plan"]["input"].get<std::vector<double>>());
+    j["broadcast"] = {{"alpha", in.bcast_alpha / ranks}, {"beta", in.bcast_beta / ranks}};
+  }
+}
+
+void Profiler::write_trace() const {
+  const Schedule& sched = layout_.schedule;
+  std::vector<TraceStep> trace;
+  for (const MeasuredStep& m : measured_) trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline});
+  write_output({opt_.dir + "/trace.json", "--profile-dir"},
+               chrome_trace(trace, fmt::format("measured {} D={} W={} N={}", sched.name, layout_.devices,
+                                               layout_.replicas, sched.micro_batches), layer_names_));
 }
 
 std::string chimera_order_note(const Config& cfg, int devices, int micro_batches, const CostModel& cost) {

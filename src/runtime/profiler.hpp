@@ -57,6 +57,8 @@ struct MeasuredStep {
   std::vector<double> comm_wait;    // [rank] ms spent waiting for messages and collectives
 };
 
+struct StepSummary;  // the profiled steps' times, averaged (profiler.cpp)
+
 class Profiler {
  public:
   // Collective (estimates the clock offsets) when profiling is on.
@@ -75,7 +77,13 @@ class Profiler {
   void finish(const nlohmann::json& plan, const nlohmann::json& kfac);
 
  private:
-  MeasuredStep assemble(int64_t step, const std::vector<std::string>& per_rank) const;
+  // The parts of finish(): one stage's profile.json entry, the whole file's fields, the
+  // PipeFisher plan it carries, and trace.json.
+  nlohmann::json stage_json(int s, const StageCost& c, bool split_backward, const nlohmann::json& kfac) const;
+  nlohmann::json profile_json(const nlohmann::json& stages, const CostModel& cost, const StepSummary& summary,
+                              size_t p2p_samples, const Timeline& predicted) const;
+  void add_plan(nlohmann::json& j, const nlohmann::json& plan) const;
+  void write_trace() const;
 
   Config cfg_;
   const Layout& layout_;

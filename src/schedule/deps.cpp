@@ -32,9 +32,7 @@ struct Index {
   }
 };
 
-}  // namespace
-
-Dependencies build_dependencies(const Schedule& s) {
+Index build_index(const Schedule& s) {
   Index ix;
   ix.at.reserve(s.num_actions() * 2);
   for (int d = 0; d < s.devices; ++d)
@@ -47,76 +45,85 @@ Dependencies build_dependencies(const Schedule& s) {
         ix.any_curvature[{a.pipeline, a.stage}].push_back({d, i});
       }
     }
+  return ix;
+}
 
+// What action `a` waits for (the table in deps.hpp), appended to w.
+void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<ActionRef>& w) {
+  auto need = [&](const ActionRef* r) {
+    if (r) w.push_back(*r);
+  };
+  auto need_all = [&](const auto& map, const auto& k) {
+    auto it = map.find(k);
+    if (it != map.end()) w.insert(w.end(), it->second.begin(), it->second.end());
+  };
+  auto backward = [&](int st) {  // B or I of (pipeline, st, mb)
+    const ActionRef* r = ix.find(Kind::B, a.pipeline, st, a.micro_batch);
+    return r ? r : ix.find(Kind::I, a.pipeline, st, a.micro_batch);
+  };
+  const int p = a.pipeline, st = a.stage, m = a.micro_batch;
+  switch (a.kind) {
+    case Kind::F:
+      if (const ActionRef* r = ix.find(Kind::RECV_F, p, st, m)) need(r);
+      else if (st > 0) need(ix.find(Kind::F, p, st - 1, m));
+      break;
+    case Kind::B:
+    case Kind::I:
+      need(ix.find(Kind::F, p, st, m));
+      if (const ActionRef* r = ix.find(Kind::RECV_B, p, st, m)) need(r);
+      else if (st + 1 < s.stages) need(backward(st + 1));
+      break;
+    case Kind::W: need(ix.find(Kind::I, p, st, m)); break;
+    case Kind::SEND_F: need(ix.find(Kind::F, p, st, m)); break;
+    case Kind::RECV_F: need(ix.find(Kind::SEND_F, p, st - 1, m)); break;
+    case Kind::SEND_B: need(backward(st)); break;
+    case Kind::RECV_B: need(ix.find(Kind::SEND_B, p, st + 1, m)); break;
+    case Kind::CURV_A: need(ix.find(Kind::F, p, st, m)); break;
+    case Kind::CURV_B: need(backward(st)); break;
+    case Kind::SYNC_CURV: need_all(ix.any_curvature, std::pair{p, st}); break;
+    case Kind::INV_A:
+    case Kind::INV_B: {
+      Kind c = a.kind == Kind::INV_A ? Kind::CURV_A : Kind::CURV_B;
+      need_all(ix.curvature, std::tuple{p, st, static_cast<int>(c) * 65536 + a.layer});
+      need(ix.find(Kind::SYNC_CURV, p, st, -1));
+      break;
+    }
+    case Kind::ALLREDUCE: need_all(ix.final_backward, std::pair{p, st}); break;
+    case Kind::PREC:
+      need_all(ix.final_backward, std::pair{p, st});
+      need(ix.find(Kind::ALLREDUCE, p, st, -1));
+      break;
+    case Kind::BCAST_INV_A:
+    case Kind::BCAST_INV_B: break;  // the previous refresh cycle's inverse: nothing of this step
+    case Kind::OPT:
+      need_all(ix.final_backward, std::pair{p, st});
+      need(ix.find(Kind::ALLREDUCE, p, st, -1));
+      need(ix.find(Kind::PREC, p, st, -1));
+      break;
+  }
+}
+
+}  // namespace
+
+Dependencies build_dependencies(const Schedule& s) {
+  const Index ix = build_index(s);
   Dependencies deps;
   deps.waits_for.resize(s.devices);
   deps.group_of.resize(s.devices);
-  std::map<std::tuple<int, int, int, int>, int> group_ids;
+  std::map<std::tuple<int, int, int, int>, int> group_ids;  // (kind, stage, layer, block) -> group
   for (int d = 0; d < s.devices; ++d) {
     const auto& order = s.per_device[d];
     deps.waits_for[d].resize(order.size());
     deps.group_of[d].assign(order.size(), -1);
     for (size_t i = 0; i < order.size(); ++i) {
       const Action& a = order[i];
-      auto& w = deps.waits_for[d][i];
-      auto need = [&](const ActionRef* r) {
-        if (r) w.push_back(*r);
-      };
-      auto need_all = [&](const auto& map, const auto& k) {
-        auto it = map.find(k);
-        if (it != map.end()) w.insert(w.end(), it->second.begin(), it->second.end());
-      };
-      auto backward = [&](int st) {  // B or I of (pipeline, st, mb)
-        const ActionRef* r = ix.find(Kind::B, a.pipeline, st, a.micro_batch);
-        return r ? r : ix.find(Kind::I, a.pipeline, st, a.micro_batch);
-      };
-      const int p = a.pipeline, st = a.stage, m = a.micro_batch;
-      switch (a.kind) {
-        case Kind::F:
-          if (const ActionRef* r = ix.find(Kind::RECV_F, p, st, m)) need(r);
-          else if (st > 0) need(ix.find(Kind::F, p, st - 1, m));
-          break;
-        case Kind::B:
-        case Kind::I:
-          need(ix.find(Kind::F, p, st, m));
-          if (const ActionRef* r = ix.find(Kind::RECV_B, p, st, m)) need(r);
-          else if (st + 1 < s.stages) need(backward(st + 1));
-          break;
-        case Kind::W: need(ix.find(Kind::I, p, st, m)); break;
-        case Kind::SEND_F: need(ix.find(Kind::F, p, st, m)); break;
-        case Kind::RECV_F: need(ix.find(Kind::SEND_F, p, st - 1, m)); break;
-        case Kind::SEND_B: need(backward(st)); break;
-        case Kind::RECV_B: need(ix.find(Kind::SEND_B, p, st + 1, m)); break;
-        case Kind::CURV_A: need(ix.find(Kind::F, p, st, m)); break;
-        case Kind::CURV_B: need(backward(st)); break;
-        case Kind::SYNC_CURV: need_all(ix.any_curvature, std::pair{p, st}); break;
-        case Kind::INV_A:
-        case Kind::INV_B: {
-          Kind c = a.kind == Kind::INV_A ? Kind::CURV_A : Kind::CURV_B;
-          need_all(ix.curvature, std::tuple{p, st, static_cast<int>(c) * 65536 + a.layer});
-          need(ix.find(Kind::SYNC_CURV, p, st, -1));
-          break;
-        }
-        case Kind::ALLREDUCE: need_all(ix.final_backward, std::pair{p, st}); break;
-        case Kind::PREC:
-          need_all(ix.final_backward, std::pair{p, st});
-          need(ix.find(Kind::ALLREDUCE, p, st, -1));
-          break;
-        case Kind::BCAST_INV_A:
-        case Kind::BCAST_INV_B: break;  // the previous refresh cycle's inverse: nothing of this step
-        case Kind::OPT:
-          need_all(ix.final_backward, std::pair{p, st});
-          need(ix.find(Kind::ALLREDUCE, p, st, -1));
-          need(ix.find(Kind::PREC, p, st, -1));
-          break;
-      }
-      if (is_collective(a.kind)) {
-        auto [it, fresh] = group_ids.emplace(std::tuple{static_cast<int>(a.kind), st, a.layer, a.block},
-                                             static_cast<int>(deps.groups.size()));
-        if (fresh) deps.groups.emplace_back();
-        deps.group_of[d][i] = it->second;
-        deps.groups[it->second].push_back({d, static_cast<int>(i)});
-      }
+      add_waits(s, ix, a, deps.waits_for[d][i]);
+      if (!is_collective(a.kind)) continue;
+      auto [it, fresh] = group_ids.emplace(std::tuple{static_cast<int>(a.kind), a.stage, a.layer, a.block},
+                                           static_cast<int>(deps.groups.size()));
+      if (fresh) deps.groups.emplace_back();
+      deps.group_of[d][i] = it->second;
+      deps.groups[it->second].push_back({d, static_cast<int>(i)});
     }
   }
   return deps;

@@ -9,24 +9,32 @@ Schedule lower_communication(const Schedule& s, LowerOptions opt) {
   for (int d = 0; d < s.devices; ++d) {
     auto& o = out.per_device[d];
     o.clear();
-    std::set<std::pair<int, int>> hosted;  // (stage, pipeline), ordered by stage
     auto remote = [&](int p, int st) { return st >= 0 && st < s.stages && s.device_of(p, st) != d; };
     for (const Action& a : s.per_device[d]) {
       const int p = a.pipeline, st = a.stage, m = a.micro_batch;
       const bool fwd = a.kind == Kind::F, bwd = a.kind == Kind::B || a.kind == Kind::I;
-      if (fwd || bwd || a.kind == Kind::W) hosted.insert({st, p});
       if (fwd && remote(p, st - 1)) o.push_back(act(Kind::RECV_F, st, m, p));
       if (bwd && remote(p, st + 1)) o.push_back(act(Kind::RECV_B, st, m, p));
       o.push_back(a);
       if (fwd && remote(p, st + 1)) o.push_back(act(Kind::SEND_F, st, m, p));
       if (bwd && remote(p, st - 1)) o.push_back(act(Kind::SEND_B, st, m, p));
     }
+  }
+  append_step_end(out, opt);
+  return out;
+}
+
+void append_step_end(Schedule& s, LowerOptions opt) {
+  for (auto& list : s.per_device) {
+    std::set<std::pair<int, int>> hosted;  // (stage, pipeline), ordered by stage
+    for (const Action& a : list)
+      if (a.kind == Kind::F || a.kind == Kind::B || a.kind == Kind::I || a.kind == Kind::W)
+        hosted.insert({a.stage, a.pipeline});
     for (auto [st, p] : hosted) {
-      if (opt.grad_sync) o.push_back(act(Kind::ALLREDUCE, st, -1, p));
-      if (opt.optimizer) o.push_back(act(Kind::OPT, st, -1, p));
+      if (opt.grad_sync) list.push_back(act(Kind::ALLREDUCE, st, -1, p));
+      if (opt.optimizer) list.push_back(act(Kind::OPT, st, -1, p));
     }
   }
-  return out;
 }
 
 }  // namespace pf

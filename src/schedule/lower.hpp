@@ -19,4 +19,9 @@ struct LowerOptions {
 
 Schedule lower_communication(const Schedule& s, LowerOptions opt = {});
 
+// The end of the step alone, appended to every device's list: per hosted stage (one with F, B, I
+// or W on the device), in stage order, its ALLREDUCE then its OPT, as `opt` asks. The one
+// definition the runtime's lowered step and `pipefisher plan`'s simulated step share.
+void append_step_end(Schedule& s, LowerOptions opt);
+
 }  // namespace pf

@@ -77,7 +77,9 @@ std::string render_grid(const Schedule& s, Cell marked, const std::vector<Cell>&
   return out;
 }
 
-void validate(const Schedule& s) {
+namespace {
+
+void check_shape(const Schedule& s) {
   if (s.devices < 1 || static_cast<int>(s.per_device.size()) != s.devices)
     throw ScheduleError(fmt::format("devices={} but {} device rows", s.devices, s.per_device.size()), "");
   if (s.stages < 1 || s.pipelines < 1 || s.micro_batches < 1 ||
@@ -87,55 +89,77 @@ void validate(const Schedule& s) {
     for (int d : m)
       if (static_cast<int>(m.size()) != s.stages || d < 0 || d >= s.devices)
         throw ScheduleError("stage map must give one device in range per stage", "");
+}
 
-  // Each action in range and on its stage's device; count the compute kinds.
-  struct Count {
-    int f = 0, b = 0, i = 0, w = 0;
-    Cell first;
-  };
-  std::map<std::tuple<int, int, int>, Count> count;       // (micro-batch, pipeline, stage)
-  std::map<int, std::map<int, Cell>> pipelines_of;        // micro-batch -> pipeline -> a cell
+// The action at c in range and on its stage's device.
+void check_placement(const Schedule& s, Cell c) {
+  const Action& a = s.per_device[c.device][c.index];
+  if (a.pipeline < 0 || a.pipeline >= s.pipelines)
+    refuse(s, c, fmt::format("{}: pipeline {} out of range (pipelines={})", where(s, c), a.pipeline, s.pipelines));
+  if (a.stage < 0 || a.stage >= s.stages)
+    refuse(s, c, fmt::format("{}: stage {} out of range (stages={})", where(s, c), a.stage, s.stages));
+  if (has_micro_batch(a.kind) && (a.micro_batch < 0 || a.micro_batch >= s.micro_batches))
+    refuse(s, c, fmt::format("{}: micro-batch {} out of range (micro_batches={})", where(s, c), a.micro_batch, s.micro_batches));
+  if (s.device_of(a.pipeline, a.stage) != c.device && !is_p2p(a.kind))
+    refuse(s, c, fmt::format("{}: stage {} of pipeline {} lives on device {}", where(s, c), a.stage,
+                             a.pipeline, s.device_of(a.pipeline, a.stage)));
+}
+
+// The compute actions of one (micro-batch, pipeline, stage), and where the first of them is.
+struct ComputeCount {
+  int f = 0, b = 0, i = 0, w = 0;
+  Cell first;
+};
+
+struct ComputeCounts {
+  std::map<std::tuple<int, int, int>, ComputeCount> of;  // (micro-batch, pipeline, stage)
+  std::map<int, std::map<int, Cell>> pipelines_of;       // micro-batch -> pipeline -> a cell
+};
+
+// Every action checked in place, its compute kinds counted (a duplicate refused).
+ComputeCounts count_compute(const Schedule& s) {
+  ComputeCounts counts;
   for (int d = 0; d < s.devices; ++d)
     for (int i = 0; i < static_cast<int>(s.per_device[d].size()); ++i) {
       const Action& a = s.per_device[d][i];
       Cell c{d, i};
-      if (a.pipeline < 0 || a.pipeline >= s.pipelines)
-        refuse(s, c, fmt::format("{}: pipeline {} out of range (pipelines={})", where(s, c), a.pipeline, s.pipelines));
-      if (a.stage < 0 || a.stage >= s.stages)
-        refuse(s, c, fmt::format("{}: stage {} out of range (stages={})", where(s, c), a.stage, s.stages));
-      if (has_micro_batch(a.kind) && (a.micro_batch < 0 || a.micro_batch >= s.micro_batches))
-        refuse(s, c, fmt::format("{}: micro-batch {} out of range (micro_batches={})", where(s, c), a.micro_batch, s.micro_batches));
-      if (s.device_of(a.pipeline, a.stage) != d && !is_p2p(a.kind))
-        refuse(s, c, fmt::format("{}: stage {} of pipeline {} lives on device {}", where(s, c), a.stage,
-                                 a.pipeline, s.device_of(a.pipeline, a.stage)));
+      check_placement(s, c);
       if (a.kind != Kind::F && a.kind != Kind::B && a.kind != Kind::I && a.kind != Kind::W) continue;
-      Count& n = count[{a.micro_batch, a.pipeline, a.stage}];
+      ComputeCount& n = counts.of[{a.micro_batch, a.pipeline, a.stage}];
       int& k = a.kind == Kind::F ? n.f : a.kind == Kind::B ? n.b : a.kind == Kind::I ? n.i : n.w;
       if (++k > 1) refuse(s, c, fmt::format("{}: duplicate {}", where(s, c), kind_name(a.kind)));
       if (n.first.device < 0) n.first = c;
-      pipelines_of[a.micro_batch].emplace(a.pipeline, c);
+      counts.pipelines_of[a.micro_batch].emplace(a.pipeline, c);
     }
+  return counts;
+}
+
+// Every micro-batch runs in one pipeline, with F and (B, or I and W) at every stage.
+void check_micro_batches(const Schedule& s, const ComputeCounts& counts) {
   for (int m = 0; m < s.micro_batches; ++m) {
-    auto it = pipelines_of.find(m);
-    if (it == pipelines_of.end()) throw ScheduleError(fmt::format("micro-batch {} never runs", m), render_grid(s));
+    auto it = counts.pipelines_of.find(m);
+    if (it == counts.pipelines_of.end())
+      throw ScheduleError(fmt::format("micro-batch {} never runs", m), render_grid(s));
     if (it->second.size() > 1)
       refuse(s, std::next(it->second.begin())->second,
              fmt::format("micro-batch {} runs in more than one pipeline", m));
     const int p = it->second.begin()->first;
     for (int st = 0; st < s.stages; ++st) {
-      auto c = count.find({m, p, st});
-      Cell at = c == count.end() ? it->second.begin()->second : c->second.first;
+      auto c = counts.of.find({m, p, st});
+      Cell at = c == counts.of.end() ? it->second.begin()->second : c->second.first;
       std::string what = fmt::format("stage {} micro-batch {}{} (device {})", st, m,
                                      p ? fmt::format(" pipeline {}", p) : "", s.device_of(p, st));
-      if (c == count.end() || c->second.f == 0) refuse(s, at, "missing F for " + what);
-      const Count& n = c->second;
+      if (c == counts.of.end() || c->second.f == 0) refuse(s, at, "missing F for " + what);
+      const ComputeCount& n = c->second;
       bool full = n.b == 1 && n.i == 0 && n.w == 0, split = n.b == 0 && n.i == 1 && n.w == 1;
       if (!full && !split)
         refuse(s, at, fmt::format("{} needs one B or one I and one W (has B={} I={} W={})", what, n.b, n.i, n.w));
     }
   }
+}
 
-  // Play with blocking communication: a swapped dependency or a cycle leaves actions unrun.
+// Play with blocking communication: a swapped dependency or a cycle leaves actions unrun.
+void check_playable(const Schedule& s) {
   Dependencies deps = build_dependencies(s);
   UnitSteps st = unit_steps(s, deps);
   if (st.complete) return;
@@ -159,6 +183,14 @@ void validate(const Schedule& s) {
     }
   refuse(s, first, fmt::format("deadlock with blocking communication at step {}: {} cannot run{}",
                                st.num_steps, where(s, first), why), blocked);
+}
+
+}  // namespace
+
+void validate(const Schedule& s) {
+  check_shape(s);
+  check_micro_batches(s, count_compute(s));
+  check_playable(s);
 }
 
 }  // namespace pf

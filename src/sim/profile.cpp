@@ -111,55 +111,58 @@ Profile profile_from_row(const ProfileRow& row, int L) {
   return p;
 }
 
-Profile read_profile_json(const std::string& path, const std::string& flag) {
-  using nlohmann::json;
-  json j;
+namespace {
+
+using nlohmann::json;
+
+json parse_profile(const std::string& path, const std::string& flag) {
   const std::string text = slurp(path, flag);
   try {
-    j = json::parse(text);
+    return json::parse(text);
   } catch (const json::out_of_range& e) {
     // A number beyond double (1e999): name the field it belongs to.
     usage_error(flag, "profile '{}': {}", path, overflow_field(text, e.what()));
   } catch (const json::exception& e) {
     usage_error(flag, "profile '{}' is not valid JSON: {}", path, e.what());
   }
-  const std::string where = fmt::format("{} ({})", flag, path);
+}
+
+// Keys whose values are times (ms); every other number is bytes, MB or a count.
+bool is_time_key(const std::string& k) {
+  return k == "forward" || k == "backward" || k == "input_grad" || k == "weight_grad" || k == "curvature" ||
+         k == "inversion" || k == "precondition" || k == "optimizer" || k == "latency" || k == "alpha" ||
+         k == "beta" || k == "curvature_a" || k == "curvature_b" || k == "inversion_a" || k == "inversion_b" ||
+         k == "sync" || k == "step_time";
+}
+
+// Reads the fields of one profile file; every error names the file (`where`) and the field's path
+// (`ctx` + key).
+struct ProfileReader {
+  std::string where;
+
   // Times (ms) up to kMaxDuration, everything else (bytes, MB, counts) up to kMaxBytes.
-  auto num = [&](const json& o, const char* key, double dflt, bool required, const std::string& ctx) {
+  double num(const json& o, const char* key, double dflt, bool required, const std::string& ctx) const {
     if (!o.contains(key)) {
       if (required) usage_error(where, "missing '{}{}'", ctx, key);
       return dflt;
     }
-    const std::string k(key);
-    const bool time = k == "forward" || k == "backward" || k == "input_grad" || k == "weight_grad" ||
-                      k == "curvature" || k == "inversion" || k == "precondition" || k == "optimizer" ||
-                      k == "latency" || k == "alpha" || k == "beta" || k == "curvature_a" || k == "curvature_b" ||
-                      k == "inversion_a" || k == "inversion_b" || k == "sync" || k == "step_time";
+    const bool time = is_time_key(key);
     const double limit = time ? kMaxDuration : kMaxBytes;
     if (!o[key].is_number() || !std::isfinite(o[key].get<double>()) || o[key].get<double>() < 0 ||
         o[key].get<double>() > limit)
       usage_error(where, "'{}{}' must be a finite number in [0, {:.4g}]{}", ctx, key, limit,
                   time ? " (ms: 2^53 us)" : " (2^53)");
     return o[key].get<double>();
-  };
-  auto count = [&](const json& o, const char* key, double dflt, bool required, const std::string& ctx) {
+  }
+
+  int count(const json& o, const char* key, double dflt, bool required, const std::string& ctx) const {
     const double v = num(o, key, dflt, required, ctx);
     if (v < 1 || v > std::numeric_limits<int>::max() || v != std::floor(v))
       usage_error(where, "'{}{}' must be an integer in [1, {}]", ctx, key, std::numeric_limits<int>::max());
     return static_cast<int>(v);
-  };
-  if (!j.is_object() || j.value("format", "") != "pipefisher-profile")
-    usage_error(where, "missing \"format\": \"pipefisher-profile\"");
-  if (!j.contains("version") || j["version"] != 1) usage_error(where, "unsupported or missing 'version' (expected 1)");
-  Profile p;
-  p.micro_batch_size = count(j, "micro_batch_size", 0, true, "");
-  if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
-    usage_error(where, "'stages' must be a non-empty array");
-  p.cost.stages.clear();
-  for (size_t i = 0; i < j["stages"].size(); ++i) {
-    const json& s = j["stages"][i];
-    std::string ctx = fmt::format("stages[{}].", i);
-    if (!s.is_object()) usage_error(where, "'stages[{}]' must be an object", i);
+  }
+
+  StageCost stage_cost(const json& s, const std::string& ctx) const {
     StageCost c;
     c.forward = num(s, "forward", 0, true, ctx);
     c.backward = num(s, "backward", 0, true, ctx);
@@ -173,58 +176,79 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     c.activation_bytes = num(s, "activation_bytes", 0, false, ctx);
     c.grad_bytes = num(s, "grad_bytes", 0, false, ctx);
     c.curvature_bytes = num(s, "curvature_bytes", 0, false, ctx);
-    p.cost.stages.push_back(c);
-    p.memory.push_back({num(s, "mem_param", 0, false, ctx), num(s, "mem_act", 0, false, ctx),
-                        num(s, "mem_peak_err", 0, false, ctx), num(s, "mem_save_err", 0, false, ctx),
-                        num(s, "mem_kron", 0, false, ctx)});
-    if (s.contains("kfac_layers")) {
-      if (!s["kfac_layers"].is_array() || s["kfac_layers"].empty())
-        usage_error(where, "'{}kfac_layers' must be a non-empty array", ctx);
-      StageKfacCost k;
-      std::vector<std::string> names;
-      for (size_t l = 0; l < s["kfac_layers"].size(); ++l) {
-        const json& u = s["kfac_layers"][l];
-        const std::string lc = fmt::format("{}kfac_layers[{}].", ctx, l);
-        if (!u.is_object()) usage_error(where, "'{}' must be an object", lc.substr(0, lc.size() - 1));
-        names.push_back(u.contains("name") && u["name"].is_string() ? u["name"].get<std::string>() : "");
-        k.curv_a.push_back(num(u, "curvature_a", 0, true, lc));
-        k.curv_b.push_back(num(u, "curvature_b", 0, true, lc));
-        k.inv_a.push_back(num(u, "inversion_a", 0, true, lc));
-        k.inv_b.push_back(num(u, "inversion_b", 0, true, lc));
-        k.dim_a.push_back(count(u, "d_in", 1, true, lc));
-        k.dim_b.push_back(count(u, "d_out", 1, true, lc));
-        if (u.contains("diagonal_b") && !u["diagonal_b"].is_boolean())
-          usage_error(where, "'{}diagonal_b' must be true or false", lc);
-        k.diag_b.push_back(u.contains("diagonal_b") && u["diagonal_b"].get<bool>() ? 1 : 0);
-      }
-      k.precondition = c.precondition;
-      k.sync = num(s, "sync", 0, false, ctx);
-      p.kfac.push_back(std::move(k));
-      p.layer_names.push_back(std::move(names));
+    return c;
+  }
+
+  StageMemory stage_memory(const json& s, const std::string& ctx) const {
+    return {num(s, "mem_param", 0, false, ctx), num(s, "mem_act", 0, false, ctx),
+            num(s, "mem_peak_err", 0, false, ctx), num(s, "mem_save_err", 0, false, ctx),
+            num(s, "mem_kron", 0, false, ctx)};
+  }
+
+  // One K-FAC unit of "kfac_layers" appended to `k`; returns its name ("" for none).
+  std::string kfac_layer(const json& u, const std::string& lc, StageKfacCost& k) const {
+    if (!u.is_object()) usage_error(where, "'{}' must be an object", lc.substr(0, lc.size() - 1));
+    k.curv_a.push_back(num(u, "curvature_a", 0, true, lc));
+    k.curv_b.push_back(num(u, "curvature_b", 0, true, lc));
+    k.inv_a.push_back(num(u, "inversion_a", 0, true, lc));
+    k.inv_b.push_back(num(u, "inversion_b", 0, true, lc));
+    k.dim_a.push_back(count(u, "d_in", 1, true, lc));
+    k.dim_b.push_back(count(u, "d_out", 1, true, lc));
+    if (u.contains("diagonal_b") && !u["diagonal_b"].is_boolean())
+      usage_error(where, "'{}diagonal_b' must be true or false", lc);
+    k.diag_b.push_back(u.contains("diagonal_b") && u["diagonal_b"].get<bool>() ? 1 : 0);
+    return u.contains("name") && u["name"].is_string() ? u["name"].get<std::string>() : "";
+  }
+
+  // A stage's "kfac_layers", appended to p.kfac and p.layer_names.
+  void stage_kfac(const json& s, const std::string& ctx, const StageCost& c, Profile& p) const {
+    if (!s["kfac_layers"].is_array() || s["kfac_layers"].empty())
+      usage_error(where, "'{}kfac_layers' must be a non-empty array", ctx);
+    StageKfacCost k;
+    std::vector<std::string> names;
+    for (size_t l = 0; l < s["kfac_layers"].size(); ++l)
+      names.push_back(kfac_layer(s["kfac_layers"][l], fmt::format("{}kfac_layers[{}].", ctx, l), k));
+    k.precondition = c.precondition;
+    k.sync = num(s, "sync", 0, false, ctx);
+    p.kfac.push_back(std::move(k));
+    p.layer_names.push_back(std::move(names));
+  }
+
+  void stages(const json& j, Profile& p) const {
+    if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
+      usage_error(where, "'stages' must be a non-empty array");
+    p.cost.stages.clear();
+    for (size_t i = 0; i < j["stages"].size(); ++i) {
+      const json& s = j["stages"][i];
+      std::string ctx = fmt::format("stages[{}].", i);
+      if (!s.is_object()) usage_error(where, "'stages[{}]' must be an object", i);
+      const StageCost c = stage_cost(s, ctx);
+      p.cost.stages.push_back(c);
+      p.memory.push_back(stage_memory(s, ctx));
+      if (s.contains("kfac_layers")) stage_kfac(s, ctx, c, p);
+    }
+    if (!p.kfac.empty() && p.kfac.size() != p.cost.stages.size())
+      usage_error(where, "'kfac_layers' given for {} of {} stages: every stage or none", p.kfac.size(),
+                  p.cost.stages.size());
+  }
+
+  void links(const json& j, Profile& p) const {
+    if (j.contains("p2p")) {
+      p.cost.p2p_latency = num(j["p2p"], "latency", 0, false, "p2p.");
+      p.cost.p2p_bandwidth = num(j["p2p"], "bandwidth", 0, false, "p2p.");
+    }
+    if (j.contains("allreduce")) {
+      p.cost.allreduce_alpha = num(j["allreduce"], "alpha", 0, false, "allreduce.");
+      p.cost.allreduce_beta = num(j["allreduce"], "beta", 0, false, "allreduce.");
+    }
+    if (j.contains("broadcast")) {
+      p.bcast_alpha = num(j["broadcast"], "alpha", 0, true, "broadcast.");
+      p.bcast_beta = num(j["broadcast"], "beta", 0, true, "broadcast.");
     }
   }
-  if (!p.kfac.empty() && p.kfac.size() != p.cost.stages.size())
-    usage_error(where, "'kfac_layers' given for {} of {} stages: every stage or none", p.kfac.size(),
-                p.cost.stages.size());
-  if (j.contains("p2p")) {
-    p.cost.p2p_latency = num(j["p2p"], "latency", 0, false, "p2p.");
-    p.cost.p2p_bandwidth = num(j["p2p"], "bandwidth", 0, false, "p2p.");
-  }
-  if (j.contains("allreduce")) {
-    p.cost.allreduce_alpha = num(j["allreduce"], "alpha", 0, false, "allreduce.");
-    p.cost.allreduce_beta = num(j["allreduce"], "beta", 0, false, "allreduce.");
-  }
-  if (j.contains("broadcast")) {
-    p.bcast_alpha = num(j["broadcast"], "alpha", 0, true, "broadcast.");
-    p.bcast_beta = num(j["broadcast"], "beta", 0, true, "broadcast.");
-  }
-  // The run's shape: "run", else what older files kept in "measured".
-  // (An older file's "measured" without them gives no shape: flags as before.)
-  const char* key = j.contains("run") ? "run" : j.contains("measured") ? "measured" : nullptr;
-  if (key && std::string(key) == "measured" &&
-      !(j[key].is_object() && j[key].contains("schedule") && j[key].contains("devices") && j[key].contains("micro_batches")))
-    key = nullptr;
-  if (key) {
+
+  // The run's shape from j[key] ("run", or "measured" in older files).
+  ProfileRun run(const json& j, const char* key) const {
     const json& r = j[key];
     const std::string ctx = std::string(key) + ".";
     if (!r.is_object()) usage_error(where, "'{}' must be an object", key);
@@ -237,14 +261,42 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
     run.virtual_stages = count(r, "virtual_stages", 1, false, ctx);
     if (r.contains("model") && r["model"].is_string()) run.model = r["model"].get<std::string>();
     if (r.contains("kfac") && r["kfac"].is_string()) run.kfac = r["kfac"].get<std::string>();
-    if (r.contains("recompute") && !r["recompute"].is_boolean()) usage_error(where, "'{}recompute' must be true or false", ctx);
+    if (r.contains("recompute") && !r["recompute"].is_boolean())
+      usage_error(where, "'{}recompute' must be true or false", ctx);
     run.recompute = r.value("recompute", false);
     if (run.kfac != "off" && run.kfac != "inline" && run.kfac != "skip" && run.kfac != "bubbles")
       usage_error(where, "'{}kfac' must be off, inline, skip or bubbles, got '{}'", ctx, run.kfac);
     if (j.contains("measured") && j["measured"].is_object() && j["measured"].contains("step_time"))
       run.step_time = num(j["measured"], "step_time", 0, false, "measured.");
-    p.run = run;
+    return run;
   }
+};
+
+// Where the run's shape is: "run", else what older files kept in "measured"; nullptr when
+// neither has it (an older file's "measured" without them gives no shape: flags as before).
+const char* run_key(const json& j) {
+  const char* key = j.contains("run") ? "run" : j.contains("measured") ? "measured" : nullptr;
+  if (key && std::string(key) == "measured" &&
+      !(j[key].is_object() && j[key].contains("schedule") && j[key].contains("devices") &&
+        j[key].contains("micro_batches")))
+    return nullptr;
+  return key;
+}
+
+}  // namespace
+
+Profile read_profile_json(const std::string& path, const std::string& flag) {
+  const json j = parse_profile(path, flag);
+  const ProfileReader read{fmt::format("{} ({})", flag, path)};
+  if (!j.is_object() || j.value("format", "") != "pipefisher-profile")
+    usage_error(read.where, "missing \"format\": \"pipefisher-profile\"");
+  if (!j.contains("version") || j["version"] != 1)
+    usage_error(read.where, "unsupported or missing 'version' (expected 1)");
+  Profile p;
+  p.micro_batch_size = read.count(j, "micro_batch_size", 0, true, "");
+  read.stages(j, p);
+  read.links(j, p);
+  if (const char* key = run_key(j)) p.run = read.run(j, key);
   return p;
 }
 

@@ -54,117 +54,157 @@ int timeline_width(const Timeline& tl, const SvgOptions& opt) {
   return static_cast<int>(std::clamp(std::ceil(span / d[mid] * 24), 1200.0, 16000.0));
 }
 
-std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
-  const int devices = static_cast<int>(tl.per_device.size());
-  const int axis_w = timeline_width(tl, opt);
+namespace {
+
+// Where everything of a timeline SVG goes (px), worked out once from the timeline and options.
+struct TimelineGeometry {
+  double left = 70, top = 58, row_h = 26, lane_h = 0, gap = 6, right = 20;
+  double pitch = 0;        // one device row with its send/receive lane and the gap under it
+  int axis_w = 0;          // the time axis
+  int copies = 1;          // the step drawn this many times (no step_starts)
+  double span = 0;         // time on the axis
+  double scale = 1;        // px per time unit
+  double rows_bottom = 0;  // under the last device row: the time axis
+  double width = 0;
+  double x(double t) const { return left + t * scale; }
+  double row_y(int device) const { return top + device * pitch; }
+};
+
+// What the legend lists: the kinds drawn, and whether any box is of the up pipeline.
+struct DrawnKinds {
+  std::set<int> kinds;
+  bool up = false;
+};
+
+std::string timeline_summary(const Timeline& tl, const SvgOptions& opt) {
+  if (!opt.summary.empty()) return opt.summary;
+  return fmt::format("step {:.2f} {}, utilization {:.1f}%, bubble {:.2f} {} per device", tl.step_time, opt.unit,
+                     100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
+}
+
+TimelineGeometry timeline_geometry(const Timeline& tl, const SvgOptions& opt, const std::string& summary) {
+  TimelineGeometry g;
   bool p2p_seen = false;  // a lane under each row for sends and receives, when any has a duration
   for (const auto& row : tl.per_device)
     for (const TimedAction& t : row) p2p_seen = p2p_seen || (is_p2p(t.action.kind) && t.end > t.start);
-  const double left = 70, top = 58, row_h = 26, lane_h = p2p_seen ? 9 : 0, gap = 6, right = 20;
-  const double pitch = row_h + lane_h + gap;
-  const bool multi = !opt.step_starts.empty();
-  const int copies = multi ? 1 : opt.steps;
-  const double span = tl.step_time * copies;
-  const double scale = span > 0 ? axis_w / span : 1;
-  const double rows_bottom = top + devices * pitch;
-  const double legend_y = rows_bottom + 42;
-  const std::string summary =
-      !opt.summary.empty() ? opt.summary
-                           : fmt::format("step {:.2f} {}, utilization {:.1f}%, bubble {:.2f} {} per device", tl.step_time,
-                                         opt.unit, 100 * tl.mean_utilization(), tl.mean_bubble(), opt.unit);
+  g.lane_h = p2p_seen ? 9 : 0;
+  g.pitch = g.row_h + g.lane_h + g.gap;
+  g.axis_w = timeline_width(tl, opt);
+  g.copies = opt.step_starts.empty() ? opt.steps : 1;
+  g.span = tl.step_time * g.copies;
+  g.scale = g.span > 0 ? g.axis_w / g.span : 1;
+  g.rows_bottom = g.top + static_cast<double>(tl.per_device.size()) * g.pitch;
   // Wide enough for the title too (16 px bold DejaVu Sans: about 9.6 px a character).
-  const double title_w = left + 9.6 * static_cast<double>(opt.title.size() + summary.size() + 3) + right;
-  const double width = std::max(left + axis_w + right, title_w);
+  const double title_w = g.left + 9.6 * static_cast<double>(opt.title.size() + summary.size() + 3) + g.right;
+  g.width = std::max(g.left + g.axis_w + g.right, title_w);
+  return g;
+}
 
-  // The header (size, background) is written last: the legend's rows set the height.
-  std::string o = fmt::format("<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — {}</text>\n", left,
-                   xml_escape(opt.title), xml_escape(summary));
+// One action's box (a send or receive wait: in the lane under the row, at least 1 px wide), its
+// up-pipeline hatching and its micro-batch number; `x0` and `w` in px.
+void draw_action(std::string& o, const TimelineGeometry& g, const TimedAction& t, double x0, double w, double y,
+                 DrawnKinds& drawn) {
+  const Action& a = t.action;
+  const KindStyle& st = kind_style(a.kind);
+  drawn.kinds.insert(static_cast<int>(a.kind));
+  if (is_p2p(a.kind)) {
+    o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} "
+                     "[{:.3f}, {:.3f}]</title></rect>\n",
+                     x0, y + g.row_h + 1, std::max(w, 1.0), g.lane_h - 2, st.color, to_token(a), t.start, t.end);
+    return;
+  }
+  o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
+                   "stroke=\"#ffffff\" stroke-width=\"0.6\"><title>{} [{:.3f}, {:.3f}]</title></rect>\n",
+                   x0, y, w, g.row_h, st.color, to_token(a), t.start, t.end);
+  if (a.pipeline == 1) {
+    drawn.up = true;
+    o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"url(#up)\"/>\n", x0,
+                     y, w, g.row_h);
+  }
+  if (a.micro_batch >= 0) {
+    const std::string label = std::to_string(a.micro_batch);
+    if (const double font = label_font(w, label.size()); font > 0)
+      o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" "
+                       "fill=\"#ffffff\">{}</text>\n", x0 + w / 2, y + g.row_h / 2 + font * 0.36, font, label);
+  }
+}
 
-  // Device rows and boxes.
-  std::set<int> kinds_seen;
-  bool up_seen = false;
-  for (int d = 0; d < devices; ++d) {
-    const double y = top + d * pitch;
+// Device rows and their boxes.
+DrawnKinds draw_rows(std::string& o, const TimelineGeometry& g, const Timeline& tl) {
+  DrawnKinds drawn;
+  for (int d = 0; d < static_cast<int>(tl.per_device.size()); ++d) {
+    const double y = g.row_y(d);
     o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"end\">device {}</text>\n",
-                     left - 8, y + row_h / 2 + 4, d);
-    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", left, y,
-                     axis_w, row_h + lane_h);
-    for (int k = 0; k < copies; ++k)
+                     g.left - 8, y + g.row_h / 2 + 4, d);
+    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", g.left, y,
+                     g.axis_w, g.row_h + g.lane_h);
+    for (int k = 0; k < g.copies; ++k)
       for (const TimedAction& t : tl.per_device[d]) {
-        const Action& a = t.action;
-        const double x0 = left + (k * tl.step_time + t.start) * scale, w = (t.end - t.start) * scale;
-        if (w <= 0) continue;
-        const KindStyle& st = kind_style(a.kind);
-        kinds_seen.insert(static_cast<int>(a.kind));
-        if (is_p2p(a.kind)) {  // sends and receive waits in the lane under the row, at least 1 px wide
-          o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} "
-                           "[{:.3f}, {:.3f}]</title></rect>\n",
-                           x0, y + row_h + 1, std::max(w, 1.0), lane_h - 2, st.color, to_token(a), t.start, t.end);
-          continue;
-        }
-        o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
-                         "stroke=\"#ffffff\" stroke-width=\"0.6\"><title>{} [{:.3f}, {:.3f}]</title></rect>\n",
-                         x0, y, w, row_h, st.color, to_token(a), t.start, t.end);
-        if (a.pipeline == 1) {
-          up_seen = true;
-          o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"url(#up)\"/>\n",
-                           x0, y, w, row_h);
-        }
-        if (a.micro_batch >= 0) {
-          const std::string label = std::to_string(a.micro_batch);
-          if (const double font = label_font(w, label.size()); font > 0)
-            o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" "
-                             "fill=\"#ffffff\">{}</text>\n", x0 + w / 2, y + row_h / 2 + font * 0.36, font, label);
-        }
+        const double x0 = g.x(k * tl.step_time + t.start), w = (t.end - t.start) * g.scale;
+        if (w > 0) draw_action(o, g, t, x0, w, y, drawn);
       }
   }
-  // Step boundaries and labels.
+  return drawn;
+}
+
+// Step boundaries and labels.
+void draw_steps(std::string& o, const TimelineGeometry& g, const Timeline& tl, const SvgOptions& opt) {
   std::vector<double> bounds = opt.step_starts;
-  if (!multi)
+  if (opt.step_starts.empty())
     for (int k = 0; k < opt.steps; ++k) bounds.push_back(k * tl.step_time);
-  bounds.push_back(span);
+  bounds.push_back(g.span);
   for (size_t k = 0; k < bounds.size(); ++k) {
-    double x = left + bounds[k] * scale;
+    double x = g.x(bounds[k]);
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\" "
-                     "stroke-dasharray=\"4 3\"/>\n", x, top - 14, x, rows_bottom);
+                     "stroke-dasharray=\"4 3\"/>\n", x, g.top - 14, x, g.rows_bottom);
     if (k + 1 < bounds.size())
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"11\" fill=\"#333\">step {}</text>\n", x + 4,
-                       top - 4, static_cast<int>(k) + opt.first_step);
+                       g.top - 4, static_cast<int>(k) + opt.first_step);
   }
-  // Time axis: about one tick per 120 px.
-  const double tick = nice_tick(span, std::max(2, axis_w / 120));
-  o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"#333\"/>\n", left,
-                   rows_bottom, left + axis_w, rows_bottom);
+}
+
+// Time axis: about one tick per 120 px.
+void draw_time_axis(std::string& o, const TimelineGeometry& g, const std::string& unit) {
+  const double tick = nice_tick(g.span, std::max(2, g.axis_w / 120));
+  o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"#333\"/>\n", g.left,
+                   g.rows_bottom, g.left + g.axis_w, g.rows_bottom);
   // Counted, not accumulated: a tick of 0 (an empty step) or below the resolution of huge times
   // must not loop forever.
-  const int ticks = tick > 0 ? static_cast<int>(std::min(1000.0, std::floor(span * (1 + 1e-9) / tick))) : -1;
+  const int ticks = tick > 0 ? static_cast<int>(std::min(1000.0, std::floor(g.span * (1 + 1e-9) / tick))) : -1;
   for (int k = 0; k <= ticks; ++k) {
     const double t = k * tick;
-    double x = left + t * scale;
+    double x = g.x(t);
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#333\"/>"
                      "<text x=\"{:.1f}\" y=\"{:.0f}\" font-size=\"10\" text-anchor=\"middle\">{}</text>\n",
-                     x, rows_bottom, x, rows_bottom + 4, x, rows_bottom + 15, tick_text(t, tick));
+                     x, g.rows_bottom, x, g.rows_bottom + 4, x, g.rows_bottom + 15, tick_text(t, tick));
   }
   o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"end\">time ({})</text>\n",
-                   left + axis_w, rows_bottom + 28, opt.unit);
-  // Legend: the kinds present, in table order, one entry per label, wrapped to the picture's width.
-  double x = left, y = legend_y;
+                   g.left + g.axis_w, g.rows_bottom + 28, unit);
+}
+
+// Legend: the kinds present, in table order, one entry per label, wrapped to the picture's width.
+// Returns the y of its last row.
+double draw_legend(std::string& o, const TimelineGeometry& g, const DrawnKinds& drawn) {
+  double x = g.left, y = g.rows_bottom + 42;
   std::set<std::string_view> labels;
   auto entry = [&](std::string_view color, std::string_view label, bool hatched) {
     const double w = 19 + 7.2 * static_cast<double>(label.size()) + 18;
-    if (x > left && x + w > width - right) x = left, y += 22;
+    if (x > g.left && x + w > g.width - g.right) x = g.left, y += 22;
     o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"{}\"/>", x, y, color);
     if (hatched) o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"url(#up)\"/>", x, y);
     o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">{}</text>\n", x + 19, y + 11, label);
     x += w;
   };
-  for (int k : kinds_seen) {
+  for (int k : drawn.kinds) {
     const KindStyle& st = kind_style(static_cast<Kind>(k));
     if (labels.insert(st.label).second) entry(st.color, st.label, false);
   }
-  if (up_seen) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
-  o += "</svg>\n";
-  const double height = y + 30;
+  if (drawn.up) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
+  return y;
+}
+
+// The header (size, hatching pattern, background).
+std::string svg_head(double width, double height) {
   std::string head = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
       "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
@@ -173,7 +213,23 @@ std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
           "patternTransform=\"rotate(45)\"><rect width=\"2\" height=\"6\" fill=\"#ffffff\" fill-opacity=\"0.45\"/>"
           "</pattern></defs>\n";
   head += fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
-  return head + o;
+  return head;
+}
+
+}  // namespace
+
+std::string timeline_svg(const Timeline& tl, const SvgOptions& opt) {
+  const std::string summary = timeline_summary(tl, opt);
+  const TimelineGeometry g = timeline_geometry(tl, opt, summary);
+  // The header is written last: the legend's rows set the height.
+  std::string o = fmt::format("<text x=\"{:.0f}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{} — {}</text>\n",
+                              g.left, xml_escape(opt.title), xml_escape(summary));
+  const DrawnKinds drawn = draw_rows(o, g, tl);
+  draw_steps(o, g, tl, opt);
+  draw_time_axis(o, g, opt.unit);
+  const double legend_bottom = draw_legend(o, g, drawn);
+  o += "</svg>\n";
+  return svg_head(g.width, legend_bottom + 30) + o;
 }
 
 std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit) {

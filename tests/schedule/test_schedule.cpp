@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 namespace pf {
@@ -247,6 +248,37 @@ TEST(Lowering, AddsMatchingSendsAndReceives) {
     EXPECT_EQ(allreduce, s.stages * s.pipelines) << name;
     UnitSteps st = unit_steps(l, build_dependencies(l));
     EXPECT_TRUE(st.complete) << name;
+  }
+}
+
+// The step end is one definition: lowering's tail is append_step_end's, per hosted stage in stage
+// order ALLREDUCE then OPT (what `pipefisher plan` simulates for a run's profile with W > 1).
+TEST(Lowering, StepEndIsAppendStepEnd) {
+  for (const std::string name : {"1f1b", "chimera", "interleaved"}) {
+    const Schedule s = make_schedule(name, 4, 8, 2);
+    Schedule ended = s;
+    append_step_end(ended, {.grad_sync = true, .optimizer = true});
+    const Schedule lowered = lower_communication(s, {.grad_sync = true, .optimizer = true});
+    for (int d = 0; d < s.devices; ++d) {
+      const auto& e = ended.per_device[d];
+      const auto& l = lowered.per_device[d];
+      const size_t added = e.size() - s.per_device[d].size();
+      ASSERT_GE(l.size(), added) << name;
+      EXPECT_TRUE(std::equal(e.end() - static_cast<std::ptrdiff_t>(added), e.end(),
+                             l.end() - static_cast<std::ptrdiff_t>(added)))
+          << name << " device " << d;
+      std::vector<Kind> kinds;
+      std::vector<int> stages;
+      for (auto it = e.end() - static_cast<std::ptrdiff_t>(added); it != e.end(); ++it)
+        kinds.push_back(it->kind), stages.push_back(it->stage);
+      ASSERT_EQ(added % 2, 0u) << name;
+      for (size_t k = 0; k < added; k += 2) {
+        EXPECT_EQ(kinds[k], Kind::ALLREDUCE) << name;
+        EXPECT_EQ(kinds[k + 1], Kind::OPT) << name;
+        EXPECT_EQ(stages[k], stages[k + 1]) << name;
+        if (k > 0) EXPECT_LE(stages[k - 2], stages[k]) << name;
+      }
+    }
   }
 }
 

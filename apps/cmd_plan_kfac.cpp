@@ -1,0 +1,207 @@
+// pipefisher plan --kfac: PipeFisher planned on the simulated step (sim/planner.hpp), with its
+// JSON `kfac` object, text summary, SVG and trace of the whole refresh period.
+#include "cmd_plan.hpp"
+#include "core/files.hpp"
+#include "nn/names.hpp"
+#include "sim/limits.hpp"
+#include "sim/planner.hpp"
+#include "sim/sim.hpp"
+#include "viz/render.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace pf::app {
+namespace {
+
+using nlohmann::json;
+
+// The model whose Linear shapes split each stage's costs into K-FAC units.
+struct KfacModel {
+  bool measured = false;            // units measured per layer (a run's profile): no shapes needed
+  ModelConfig config;
+  std::string name;                 // "measured", or the preset
+  int blocks = 1;                   // transformer blocks per stage
+  std::vector<LinearShape> layers;  // the Linears of one stage
+};
+
+KfacModel kfac_model(const PlanArgs& a, const Profile& prof) {
+  KfacModel k;
+  k.measured = !prof.kfac.empty() && !a.given("--layers-per-stage");
+  k.config = k.measured && !a.has("--model") ? ModelConfig{} : model_preset(a.model);
+  k.name = k.measured && !a.has("--model") ? std::string("measured") : a.model;
+  k.blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
+  for (int b = 0; b < k.blocks; ++b)
+    for (const LinearShape& l : block_linears(k.config.arch, k.config.hidden, k.config.ffn)) k.layers.push_back(l);
+  return k;
+}
+
+// K-FAC units per step: per device, per Linear of its blocks, curvature per micro-batch (A and B),
+// two inversions and a precondition, on top of the schedule's own actions.
+void check_kfac_size(const PlanArgs& a, const Schedule& s, const Profile& prof, const KfacModel& m) {
+  int64_t linears = static_cast<int64_t>(m.layers.size());
+  for (const StageKfacCost& k : prof.kfac) linears = std::max<int64_t>(linears, k.layers());
+  check_schedule_size(s.devices,
+                      static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
+                      true, a.given("--layers-per-stage") ? "--layers-per-stage" : "--micro-batches");
+}
+
+PlanInput kfac_input(const PlanArgs& a, const Schedule& s, const Profile& prof, const KfacModel& m) {
+  PlanInput in;
+  in.schedule = s;
+  in.cost = prof.cost;
+  in.replicas = a.data_parallel;
+  in.margin = a.margin;
+  in.split_to_shorten = a.split_to_shorten;
+  in.chimera_group = !a.no_stage_group;
+  in.recompute = a.recompute;
+  // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
+  // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
+  // A run's profile carries the broadcast model its plan used.
+  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.bcast_alpha >= 0 ? prof.bcast_alpha : prof.cost.allreduce_alpha;
+  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.bcast_beta >= 0 ? prof.bcast_beta : prof.cost.allreduce_beta;
+  if (m.measured) {
+    in.kfac = prof.kfac;  // measured per layer by the run that wrote the profile
+    for (StageKfacCost& k : in.kfac) k.sync = std::max(k.sync, 1e-3);  // as the runtime: never a zero-length sync
+    return in;
+  }
+  for (const StageCost& c : prof.cost.stages) {
+    // Curvature sync: all-reduce of the stage's factors (the inverses travel in their own
+    // BCAST_INV units), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
+    double floats = 0;
+    for (const LinearShape& l : m.layers) floats += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
+    double bytes = c.curvature_bytes > 0 ? c.curvature_bytes : 4 * floats;
+    in.kfac.push_back(split_stage_cost(m.layers, c.curvature, c.inversion, c.precondition,
+                                       prof.cost.allreduce_alpha + prof.cost.allreduce_beta * bytes));
+  }
+  return in;
+}
+
+// K-FAC units named by their layer: the profile's names, else the model's for uniform stages of
+// `blocks` blocks (stage s holds blocks s*blocks ..).
+LayerNames kfac_layer_names(const Schedule& s, const Profile& prof, const KfacModel& m) {
+  LayerNames names;
+  for (int st = 0; st < s.stages; ++st)
+    for (int pl = 0; pl < s.pipelines; ++pl) {
+      if (m.measured && st < static_cast<int>(prof.layer_names.size())) {
+        for (size_t l = 0; l < prof.layer_names[st].size(); ++l)
+          if (!prof.layer_names[st][l].empty()) names[{pl, st, static_cast<int>(l)}] = prof.layer_names[st][l];
+        continue;
+      }
+      int l = 0;
+      for (int b = 0; b < m.blocks; ++b)
+        for (const std::string& n : block_linear_names(m.config.arch, st * m.blocks + b)) names[{pl, st, l++}] = n;
+    }
+  return names;
+}
+
+// The refresh period as SVG, with the numbers of the text and JSON reports.
+void write_kfac_svg(const PlanArgs& a, const KfacPlan& p, const Timeline& tl, const std::vector<double>& starts,
+                    const std::string& title, double base_bubble) {
+  SvgOptions o;
+  o.title = title;
+  o.step_starts = starts;
+  o.summary = fmt::format("refresh period {} steps, step {:.2f} ms, utilization {:.1f}%, bubble {:.2f} ms per "
+                          "device per step before K-FAC", p.period(), p.step_time, 100 * p.utilization, base_bubble);
+  write_output({a.svg, "--svg", true}, timeline_svg(tl, o));
+}
+
+json lower_bounds_json(const KfacPlan& p, int devices) {
+  json lb = json::array();
+  for (int d = 0; d < devices; ++d)
+    lb.push_back(p.lower_bound_refresh_steps[d] < 0 ? json(nullptr) : json(p.lower_bound_refresh_steps[d]));
+  return lb;
+}
+
+json per_device_json(const KfacPlan& p, const json& lower_bounds) {
+  json per = json::array();
+  for (size_t d = 0; d < lower_bounds.size(); ++d)
+    per.push_back({{"device", d}, {"refresh_steps", p.refresh_steps[d]}, {"lower_bound_refresh_steps", lower_bounds[d]},
+                   {"bubble", p.bubble[d]}, {"kfac_work", p.kfac_work[d]}, {"inline_work", p.device_inline[d]},
+                   {"precondition", p.precondition[d]},
+                   {"utilization", p.utilization_per_device[d]}, {"strategy", p.strategy[d]}});
+  return per;
+}
+
+// W > 1: Algorithm 1 per stage (which pieces are broadcast, by whom, the modelled loads).
+json placement_json(const KfacPlan& p) {
+  json placement = json::array();
+  for (const StagePlacement& sp : p.placements) {
+    json pieces = json::array();
+    for (int k : sp.placement.order) {
+      const int o = sp.placement.owner[k];
+      pieces.push_back({{"piece", to_token(sp.pieces[k])}, {"dim", sp.dims[k]}, {"inversion", sp.inv_time[k]},
+                        {"broadcast", sp.bcast_time[k]}, {"communicated", o != kEveryRank},
+                        {"owner", o == kEveryRank ? json("every") : json(o)}});
+    }
+    json members = json::array();  // owner m is members[m]: {device, replica}
+    for (auto [dev, rep] : sp.members) members.push_back({{"device", dev}, {"replica", rep}});
+    placement.push_back({{"pipeline", sp.pipeline}, {"stage", sp.stage}, {"device", sp.device}, {"members", members},
+                         {"communicated", sp.placement.communicated()},
+                         {"non_communicated", static_cast<int>(sp.pieces.size()) - sp.placement.communicated()},
+                         {"load", sp.placement.load}, {"makespan", sp.placement.makespan()}, {"pieces", pieces}});
+  }
+  return placement;
+}
+
+json splits_json(const KfacPlan& p) {
+  json splits = json::array();
+  for (const FactorSplit& f : p.splits)
+    splits.push_back({{"pipeline", f.pipeline}, {"stage", f.stage}, {"layer", f.layer},
+                      {"factor", f.kind == Kind::INV_A ? "A" : "B"}, {"blocks", f.blocks}, {"whole", f.whole},
+                      {"pieces", f.pieces}});
+  return splits;
+}
+
+json kfac_json(const PlanArgs& a, const KfacPlan& p, const PlanInput& in, const KfacModel& m, const Timeline& tl) {
+  const json lb = lower_bounds_json(p, in.schedule.devices);
+  return {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
+          {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
+          {"period", p.period()}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
+          {"model", m.name}, {"layers_per_stage", m.blocks}, {"splits", splits_json(p)}, {"per_device", per_device_json(p, lb)},
+          {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement_json(p)},
+          {"plain_step_time", p.plain_step_time}, {"precondition_share", p.precondition_share()},
+          {"precondition_line", p.precondition_line()}, {"timeline_text", timeline_text(tl)}};
+}
+
+}  // namespace
+
+json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const std::string& title, double base_bubble) {
+  const KfacModel m = kfac_model(a, prof);
+  check_kfac_size(a, s, prof, m);
+  const PlanInput in = kfac_input(a, s, prof, m);
+  KfacPlan p = plan_kfac(in);
+  for (double t : {p.step_time, p.base_step_time, p.inline_time}) check_step_time(t, "--kfac");
+  const int P = p.period();
+  std::vector<double> starts;
+  Timeline tl = p.period_timeline(0, P, &starts);
+  const std::string kt = fmt::format("{} + PipeFisher ({} steps{})", title, P,
+                                     a.data_parallel > 1 ? fmt::format(", replica 0 of {}", a.data_parallel) : "");
+  if (!a.svg.empty()) write_kfac_svg(a, p, tl, starts, kt, base_bubble);
+  if (!a.trace.empty())
+    write_output({a.trace, "--trace", true},
+                 chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, kt, kfac_layer_names(s, prof, m)));
+  return kfac_json(a, p, in, m, tl);
+}
+
+void print_kfac(const nlohmann::json& k) {
+  fmt::print("PipeFisher ({} model shapes, margin {:g}, W={}): refresh steps per device {} (lower bound {}), "
+             "step time {:.3f} incl. precondition, inline work on the critical path {:.3f} per refresh, "
+             "utilization {:.1f}% over the refresh period\n",
+             k["model"].get<std::string>(), k["margin"].get<double>(), k["data_parallel"].get<int>(),
+             k["refresh_steps"].dump(), k["lower_bound_refresh_steps"].dump(), k["step_time"].get<double>(),
+             k["inline_time"].get<double>(), 100 * k["utilization"].get<double>());
+  if (!k["splits"].empty())
+    fmt::print("{} inversions split into diagonal blocks (block-diagonal factor: larger than every bubble, or "
+               "shortening the refresh period)\n",
+               k["splits"].size());
+  for (const auto& sp : k["placement"])
+    fmt::print("stage {}{}: {} inversion pieces broadcast from their owner, {} inverted on every replica; "
+               "modelled loads {}\n",
+               sp["stage"].get<int>(), sp["pipeline"].get<int>() ? fmt::format(" (pipeline {})", sp["pipeline"].get<int>()) : "",
+               sp["communicated"].get<int>(), sp["non_communicated"].get<int>(), sp["load"].dump());
+  fmt::print("{}\n\n{}", k["precondition_line"].get<std::string>(), k["timeline_text"].get<std::string>());
+}
+
+}  // namespace pf::app

@@ -1,0 +1,266 @@
+// TransformerBlock: BERT's post-LN and GPT-2's pre-LN encoder/decoder layer (nn/blocks.hpp).
+#include "nn/block_helpers.hpp"
+#include "nn/blocks.hpp"
+#include "nn/names.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pf {
+
+using namespace block_helpers;
+
+namespace {
+
+// The gradient a residual branch with dropout sees: d itself without dropout, else Drop'(d),
+// written to scratch.
+const float* dropout_grad(const float* d, float* scratch, const std::vector<uint8_t>& keep, int64_t n, float p) {
+  if (!(p > 0)) return d;
+  copy(scratch, d, n);
+  dropout_backward(scratch, keep.data(), n, p);
+  return scratch;
+}
+
+}  // namespace
+
+struct TransformerState : BlockState {
+  Tensor x;               // (N, C) the block's input, kept for the backward
+  Tensor q, k, v;         // bert: (N, C) each
+  Tensor qkv;             // gpt: (N, 3C)
+  Tensor probs;           // (B, H, T, T) attention softmax
+  Tensor a;               // (N, C) attention output, input of the output projection
+  Tensor h1, r1, h2r2;    // bert: h1 = LN1(r1), r1 = x + attn, h2r2 = r2 = h1 + mlp
+                          // gpt:  h1 = LN1(x),  r1 = x + attn, h2r2 = h2 = LN2(r1)
+  Tensor mean1, rstd1, mean2, rstd2;  // (N)
+  Tensor f, g;            // (N, F) MLP pre- and post-GELU
+  std::vector<uint8_t> keep1, keep2;  // dropout masks after the attention and MLP projections
+  int64_t bytes() const override {
+    return bytes_of({&x, &q, &k, &v, &qkv, &probs, &a, &h1, &r1, &h2r2, &mean1, &rstd1, &mean2, &rstd2, &f, &g}) +
+           static_cast<int64_t>(keep1.size() + keep2.size());
+  }
+};
+
+std::vector<std::string> block_linear_names(const std::string& arch, int layer) {
+  std::vector<std::string> names;
+  if (arch == "bert")
+    for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                          "intermediate.dense", "output.dense"})
+      names.push_back("bert.encoder.layer." + std::to_string(layer) + "." + n);
+  if (arch == "gpt")
+    for (const char* n : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
+      names.push_back("transformer.h." + std::to_string(layer) + "." + n);
+  return names;
+}
+
+TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
+    : cfg_(cfg), layer_(layer), bert_(cfg.arch == "bert"), gelu_(gelu_of(cfg)) {
+  PF_CHECK(cfg.hidden % cfg.heads == 0, "hidden {} not divisible by heads {}", cfg.hidden, cfg.heads);
+  const int64_t C = cfg.hidden, F = cfg.ffn;
+  const float eps = cfg.layer_norm_eps;
+  if (bert_) {
+    name_ = "bert.encoder.layer." + std::to_string(layer);
+    const std::string p = name_ + ".";
+    const std::vector<std::string> n = block_linear_names("bert", layer);
+    for (int k = 0; k < 4; ++k) lin_.push_back(std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", C, C));
+    lin_.push_back(std::make_unique<Linear>(n[4] + ".weight", n[4] + ".bias", C, F));
+    lin_.push_back(std::make_unique<Linear>(n[5] + ".weight", n[5] + ".bias", F, C));
+    ln1_ = std::make_unique<LayerNorm>(p + "attention.output.LayerNorm", C, eps);
+    ln2_ = std::make_unique<LayerNorm>(p + "output.LayerNorm", C, eps);
+    drop_attn_key_ = stream_key(0, p + "attention.output.dropout");
+    drop_mlp_key_ = stream_key(0, p + "output.dropout");
+  } else {
+    name_ = "transformer.h." + std::to_string(layer);
+    const std::string p = name_ + ".";
+    const std::vector<std::string> n = block_linear_names("gpt", layer);
+    lin_.push_back(std::make_unique<Linear>(n[0] + ".weight", n[0] + ".bias", C, 3 * C, true));
+    lin_.push_back(std::make_unique<Linear>(n[1] + ".weight", n[1] + ".bias", C, C, true));
+    lin_.push_back(std::make_unique<Linear>(n[2] + ".weight", n[2] + ".bias", C, F, true));
+    lin_.push_back(std::make_unique<Linear>(n[3] + ".weight", n[3] + ".bias", F, C, true));
+    ln1_ = std::make_unique<LayerNorm>(p + "ln_1", C, eps);
+    ln2_ = std::make_unique<LayerNorm>(p + "ln_2", C, eps);
+    drop_attn_key_ = stream_key(0, p + "attn.resid_dropout");
+    drop_mlp_key_ = stream_key(0, p + "mlp.dropout");
+  }
+}
+
+std::vector<Param*> TransformerBlock::params() {
+  std::vector<Param*> ps;
+  auto add_ln = [&](LayerNorm& ln) { ps.push_back(&ln.weight), ps.push_back(&ln.bias); };
+  if (!bert_) add_ln(*ln1_);
+  for (size_t i = 0; i < lin_.size(); ++i) {
+    ps.push_back(&lin_[i]->weight());
+    ps.push_back(lin_[i]->bias());
+    if (bert_ && i == 3) add_ln(*ln1_);   // HF order: attention.output.{dense, LayerNorm}
+    if (!bert_ && i == 1) add_ln(*ln2_);  // ln_2 before the MLP
+  }
+  if (bert_) add_ln(*ln2_);
+  return ps;
+}
+
+std::vector<Linear*> TransformerBlock::linears() {
+  std::vector<Linear*> ls;
+  for (auto& l : lin_) ls.push_back(l.get());
+  return ls;
+}
+
+void TransformerBlock::init(uint64_t seed) {
+  for (size_t i = 0; i < lin_.size(); ++i) {
+    float std = cfg_.init_std;
+    // GPT-2 scales the residual projections by 1/sqrt(2 * layers) (as Hugging Face's _init_weights).
+    if (!bert_ && (i == 1 || i == 3)) std /= std::sqrt(2.0f * cfg_.layers);
+    init_normal(lin_[i]->weight(), seed, std);
+    lin_[i]->bias()->value.zero();
+  }
+  init_layernorm(*ln1_);
+  init_layernorm(*ln2_);
+}
+
+std::unique_ptr<BlockState> TransformerBlock::make_state(int max_rows, int seq) const {
+  auto st = std::make_unique<TransformerState>();
+  const int64_t N = static_cast<int64_t>(max_rows) * seq, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
+  for (Tensor* t : {&st->x, &st->a, &st->h1, &st->r1, &st->h2r2}) *t = Tensor({N, C});
+  if (bert_)
+    for (Tensor* t : {&st->q, &st->k, &st->v}) *t = Tensor({N, C});
+  else
+    st->qkv = Tensor({N, 3 * C});
+  st->probs = Tensor({static_cast<int64_t>(max_rows), H, seq, seq});
+  for (Tensor* t : {&st->mean1, &st->rstd1, &st->mean2, &st->rstd2}) *t = Tensor({N});
+  st->f = Tensor({N, F});
+  st->g = Tensor({N, F});
+  if (cfg_.dropout > 0) {
+    st->keep1.resize(N * C);
+    st->keep2.resize(N * C);
+  }
+  for (Tensor* t : {&d_a_, &d_b_, &d_c_}) reserve(*t, N * C);
+  reserve(d_f_, N * F);
+  reserve(d_qkv_, N * 3 * C);
+  // One (T, T) matrix per thread; sized for every core so a later set_threads() cannot outgrow it.
+  reserve(attn_scratch_, attention_scratch_floats(seq, std::max(omp_get_max_threads(), omp_get_num_procs())));
+  return st;
+}
+
+float TransformerBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
+  PF_CHECK(st.x.numel() >= N * C, "{}: micro-batch of {} tokens in a state made for {}", name_, N, st.x.numel() / C);
+  check_holds(x_in, N * C, "x_in");
+  check_holds(x_out, N * C, "x_out");
+  copy(st.x.data(), x_in.data(), N * C);
+  return bert_ ? forward_bert(mb, x_out.data(), st) : forward_gpt(mb, x_out.data(), st);
+}
+
+void TransformerBlock::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
+  check_holds(dx_out, N * C, "dx_out");
+  check_holds(dx_in, N * C, "dx_in");
+  PF_CHECK(d_a_.capacity() >= N * C, "{}: backward scratch smaller than the micro-batch", name_);
+  if (bert_)
+    backward_bert(mb, dx_out.data(), dx_in.data(), st);
+  else
+    backward_gpt(mb, dx_out.data(), dx_in.data(), st);
+}
+
+// BERT, post-LN:  r1 = x + Drop(Attn(x) Wo);  h1 = LN1(r1);  r2 = h1 + Drop(GELU(h1 Wfc) Wout);  out = LN2(r2)
+float TransformerBlock::forward_bert(const MicroBatch& mb, float* out, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
+  const int i = mb.index;
+  Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
+  wq.forward(i, st.x.data(), N, st.q.data());
+  wk.forward(i, st.x.data(), N, st.k.data());
+  wv.forward(i, st.x.data(), N, st.v.data());
+  const uint8_t* mask = mb.attn_mask.empty() ? nullptr : mb.attn_mask.data();
+  attention_forward(st.a.data(), st.probs.data(), st.q.data(), st.k.data(), st.v.data(), C, B, T, H, C / H,
+                    /*causal=*/false, mask);
+  wo.forward(i, st.a.data(), N, st.r1.data());
+  if (training_ && cfg_.dropout > 0) dropout_forward(st.r1.data(), st.keep1.data(), N * C, cfg_.dropout, dropout_rng(drop_attn_key_, i));
+  add_inplace(st.r1.data(), st.x.data(), N * C);
+  ln1_->forward(st.h1.data(), st.mean1.data(), st.rstd1.data(), st.r1.data(), N);
+  wfc.forward(i, st.h1.data(), N, st.f.data());
+  gelu_forward(st.g.data(), st.f.data(), N * F, gelu_);
+  wout.forward(i, st.g.data(), N, st.h2r2.data());
+  if (training_ && cfg_.dropout > 0) dropout_forward(st.h2r2.data(), st.keep2.data(), N * C, cfg_.dropout, dropout_rng(drop_mlp_key_, i));
+  add_inplace(st.h2r2.data(), st.h1.data(), N * C);
+  ln2_->forward(out, st.mean2.data(), st.rstd2.data(), st.h2r2.data(), N);
+  return 0.0f;
+}
+
+void TransformerBlock::backward_bert(const MicroBatch& mb, const float* dout, float* dx, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
+  const int i = mb.index;
+  const float p = cfg_.dropout;
+  Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
+  float *dA = d_a_.data(), *dB = d_b_.data(), *dC = d_c_.data(), *dF = d_f_.data();
+  // out = LN2(r2): dB = dr2
+  ln2_->backward(dB, dout, st.h2r2.data(), st.mean2.data(), st.rstd2.data(), N, false);
+  // r2 = h1 + Drop(mlp): the MLP branch sees Drop'(dr2)
+  const float* dm = dropout_grad(dB, dA, st.keep2, N * C, p);
+  wout.backward(i, dm, st.g.data(), N, dF);                 // dF = dg
+  gelu_backward(dF, st.f.data(), dF, N * F, gelu_);         // dF = df
+  wfc.backward(i, dF, st.h1.data(), N, dB, /*accumulate=*/true);  // dB = dh1 = dr2 + df Wfc
+  // h1 = LN1(r1): dA = dr1
+  ln1_->backward(dA, dB, st.r1.data(), st.mean1.data(), st.rstd1.data(), N, false);
+  const float* dproj = dropout_grad(dA, dC, st.keep1, N * C, p);
+  wo.backward(i, dproj, st.a.data(), N, dB);  // dB = da
+  float *dq = d_qkv_.data(), *dk = dq + N * C, *dv = dk + N * C;
+  attention_backward(dq, dk, dv, C, attn_scratch_.data(), attn_scratch_.capacity(), dB, st.probs.data(), st.q.data(),
+                     st.k.data(), st.v.data(), C, B, T, H, C / H);
+  // r1 = x + ...: dx = dr1 + dq Wq + dk Wk + dv Wv
+  copy(dx, dA, N * C);
+  wq.backward(i, dq, st.x.data(), N, dx, true);
+  wk.backward(i, dk, st.x.data(), N, dx, true);
+  wv.backward(i, dv, st.x.data(), N, dx, true);
+}
+
+// GPT-2, pre-LN:  r1 = x + Drop(Attn(LN1(x)) Wproj);  out = r1 + Drop(GELU(LN2(r1) Wfc) Wproj2)
+float TransformerBlock::forward_gpt(const MicroBatch& mb, float* out, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
+  const int i = mb.index;
+  Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
+  ln1_->forward(st.h1.data(), st.mean1.data(), st.rstd1.data(), st.x.data(), N);
+  wqkv.forward(i, st.h1.data(), N, st.qkv.data());
+  const float* qkv = st.qkv.data();
+  attention_forward(st.a.data(), st.probs.data(), qkv, qkv + C, qkv + 2 * C, 3 * C, B, T, H, C / H,
+                    /*causal=*/true, nullptr);
+  wproj.forward(i, st.a.data(), N, st.r1.data());
+  if (training_ && cfg_.dropout > 0) dropout_forward(st.r1.data(), st.keep1.data(), N * C, cfg_.dropout, dropout_rng(drop_attn_key_, i));
+  add_inplace(st.r1.data(), st.x.data(), N * C);
+  ln2_->forward(st.h2r2.data(), st.mean2.data(), st.rstd2.data(), st.r1.data(), N);
+  wfc.forward(i, st.h2r2.data(), N, st.f.data());
+  gelu_forward(st.g.data(), st.f.data(), N * F, gelu_);
+  wproj2.forward(i, st.g.data(), N, out);
+  if (training_ && cfg_.dropout > 0) dropout_forward(out, st.keep2.data(), N * C, cfg_.dropout, dropout_rng(drop_mlp_key_, i));
+  add_inplace(out, st.r1.data(), N * C);
+  return 0.0f;
+}
+
+void TransformerBlock::backward_gpt(const MicroBatch& mb, const float* dout, float* dx, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
+  const int i = mb.index;
+  const float p = cfg_.dropout;
+  Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
+  float *dA = d_a_.data(), *dB = d_b_.data(), *dC = d_c_.data(), *dF = d_f_.data(), *dqkv = d_qkv_.data();
+  // out = r1 + Drop(mlp): the MLP branch sees Drop'(dout)
+  const float* dm = dropout_grad(dout, dA, st.keep2, N * C, p);
+  wproj2.backward(i, dm, st.g.data(), N, dF);          // dF = dg
+  gelu_backward(dF, st.f.data(), dF, N * F, gelu_);    // dF = df
+  wfc.backward(i, dF, st.h2r2.data(), N, dB);          // dB = dh2
+  copy(dx, dout, N * C);                               // dx accumulates dr1 = dout + LN2'(dh2)
+  ln2_->backward(dx, dB, st.r1.data(), st.mean2.data(), st.rstd2.data(), N, true);
+  const float* dproj = dropout_grad(dx, dA, st.keep1, N * C, p);
+  wproj.backward(i, dproj, st.a.data(), N, dC);        // dC = da
+  const float* qkv = st.qkv.data();
+  attention_backward(dqkv, dqkv + C, dqkv + 2 * C, 3 * C, attn_scratch_.data(), attn_scratch_.capacity(), dC,
+                     st.probs.data(), qkv, qkv + C, qkv + 2 * C, 3 * C, B, T, H, C / H);
+  wqkv.backward(i, dqkv, st.h1.data(), N, dB);         // dB = dh1
+  // r1 = x + ...: dx = dr1 + LN1'(dh1)
+  ln1_->backward(dx, dB, st.x.data(), st.mean1.data(), st.rstd1.data(), N, true);
+}
+
+}  // namespace pf
