@@ -56,7 +56,7 @@ int run_eval(const EvalArgs& a) {
     const std::string nsp = cfg.data.nsp ? fmt::format(" (masked LM {:.4f} + NSP)", r.lm_loss) : "";
     fmt::print("eval: {} on {}: validation loss {:.4f}{}, perplexity {:.2f} ({} sequences of {}, {} {} scored)\n",
                a.model.init, cfg.data.valid_file, r.loss, nsp, ppl, r.sequences, cfg.model.seq_len, r.positions,
-               cfg.model.arch == "bert" ? "masked tokens" : "tokens");
+               cfg.model.arch == Arch::Bert ? "masked tokens" : "tokens");
   }
   return 0;
 }

@@ -216,14 +216,14 @@ nlohmann::json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& pro
   const int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
   // K-FAC units per step: per device, per Linear of its blocks, curvature per micro-batch (A and
   // B), two inversions and a precondition, on top of the schedule's own actions.
-  int64_t linears = int64_t{blocks} * static_cast<int64_t>(block_linears(m.arch, m.hidden, m.ffn).size());
+  int64_t linears = int64_t{blocks} * static_cast<int64_t>(block_linears(name_of(m.arch), m.hidden, m.ffn).size());
   for (const StageKfacCost& k : prof.kfac) linears = std::max<int64_t>(linears, k.layers());
   check_schedule_size(s.devices,
                       static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
                       true, a.given("--layers-per-stage") ? "--layers-per-stage" : "--micro-batches");
   std::vector<LinearShape> layers;
   for (int b = 0; b < blocks; ++b)
-    for (const LinearShape& l : block_linears(m.arch, m.hidden, m.ffn)) layers.push_back(l);
+    for (const LinearShape& l : block_linears(name_of(m.arch), m.hidden, m.ffn)) layers.push_back(l);
   PlanInput in;
   in.schedule = s;
   in.cost = prof.cost;
@@ -381,7 +381,7 @@ std::vector<StageMemory> stage_memory(const PlanArgs& a, const Profile& prof) {
   int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
   const ModelConfig m = model_preset(a.model);
   if (!prof.kfac.empty())  // the run's own blocks per stage
-    blocks = std::max<int>(1, prof.kfac.front().layers() / static_cast<int>(block_linears(m.arch, m.hidden, m.ffn).size()));
+    blocks = std::max<int>(1, prof.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
   return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
 }
 

@@ -29,11 +29,6 @@ void init_layernorm(LayerNorm& ln) {
   ln.bias.value.zero();
 }
 
-Gelu gelu_of(const ModelConfig& cfg) {
-  const std::string& g = cfg.gelu.empty() ? (cfg.arch == "gpt" ? std::string("tanh") : std::string("erf")) : cfg.gelu;
-  return g == "tanh" ? Gelu::Tanh : Gelu::Erf;
-}
-
 // Checks that a caller's activation tensor can hold n floats (no allocation on the way).
 void check_holds(const Tensor& t, int64_t n, const char* what) {
   PF_CHECK(t.numel() >= n, "{} holds {} floats, needs {}", what, t.numel(), n);
@@ -58,7 +53,7 @@ struct EmbeddingState : BlockState {
 
 EmbeddingBlock::EmbeddingBlock(const ModelConfig& cfg)
     : cfg_(cfg),
-      bert_(cfg.arch == "bert"),
+      bert_(cfg.arch == Arch::Bert),
       wte_(bert_ ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight", Shape{cfg.vocab, cfg.hidden}),
       wpe_(bert_ ? "bert.embeddings.position_embeddings.weight" : "transformer.wpe.weight",
            Shape{cfg.max_position, cfg.hidden}),
@@ -159,27 +154,27 @@ struct TransformerState : BlockState {
   }
 };
 
-std::vector<std::string> block_linear_names(const std::string& arch, int layer) {
+std::vector<std::string> block_linear_names(Arch arch, int layer) {
   std::vector<std::string> names;
-  if (arch == "bert")
+  if (arch == Arch::Bert)
     for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                           "intermediate.dense", "output.dense"})
       names.push_back("bert.encoder.layer." + std::to_string(layer) + "." + n);
-  if (arch == "gpt")
+  if (arch == Arch::Gpt)
     for (const char* n : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
       names.push_back("transformer.h." + std::to_string(layer) + "." + n);
   return names;
 }
 
 TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
-    : cfg_(cfg), layer_(layer), bert_(cfg.arch == "bert"), gelu_(gelu_of(cfg)) {
+    : cfg_(cfg), layer_(layer), bert_(cfg.arch == Arch::Bert), gelu_(gelu_of(cfg)) {
   PF_CHECK(cfg.hidden % cfg.heads == 0, "hidden {} not divisible by heads {}", cfg.hidden, cfg.heads);
   const int64_t C = cfg.hidden, F = cfg.ffn;
   const float eps = cfg.layer_norm_eps;
   if (bert_) {
     name_ = "bert.encoder.layer." + std::to_string(layer);
     const std::string p = name_ + ".";
-    const std::vector<std::string> n = block_linear_names("bert", layer);
+    const std::vector<std::string> n = block_linear_names(Arch::Bert, layer);
     for (int k = 0; k < 4; ++k) lin_.push_back(std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", C, C));
     lin_.push_back(std::make_unique<Linear>(n[4] + ".weight", n[4] + ".bias", C, F));
     lin_.push_back(std::make_unique<Linear>(n[5] + ".weight", n[5] + ".bias", F, C));
@@ -190,7 +185,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
   } else {
     name_ = "transformer.h." + std::to_string(layer);
     const std::string p = name_ + ".";
-    const std::vector<std::string> n = block_linear_names("gpt", layer);
+    const std::vector<std::string> n = block_linear_names(Arch::Gpt, layer);
     lin_.push_back(std::make_unique<Linear>(n[0] + ".weight", n[0] + ".bias", C, 3 * C, true));
     lin_.push_back(std::make_unique<Linear>(n[1] + ".weight", n[1] + ".bias", C, C, true));
     lin_.push_back(std::make_unique<Linear>(n[2] + ".weight", n[2] + ".bias", C, F, true));
@@ -421,7 +416,7 @@ struct HeadState : BlockState {
   }
 };
 
-HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == "bert") {
+HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == Arch::Bert) {
   const int64_t C = cfg.hidden;
   if (!tied_word) {
     mirror_ = std::make_unique<Param>(bert_ ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight",
