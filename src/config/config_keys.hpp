@@ -12,13 +12,13 @@ namespace pf::key_table {
 // The values validate() accepts for a number (or, with a string, "not empty"), and the sentence
 // refusing the others, with the value as {}. For a setting (an enum), `refusal` replaces the
 // usual "'x' is not one of a, b" and gets the text that was written.
+constexpr double kInf = std::numeric_limits<double>::infinity();
 struct Bounds {
-  double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
+  double lo = -kInf, hi = kInf;
   bool lo_open = false, hi_open = false;
   const char* refusal = nullptr;  // nullptr: any value
   bool accepts(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
 };
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr Bounds kAny{};
 constexpr Bounds kPositive{0, kInf, true, false, "must be positive (got {})"};
 constexpr Bounds kNonNegative{0, kInf, false, false, "must be >= 0 (got {})"};

@@ -17,7 +17,7 @@ namespace {
 Config kfac_config(const std::string& placement, int every, int rows = 4) {
   Config c = test::sample_config(32, 2, rows);
   c.kfac.enabled = true;
-  c.kfac.placement = placement;
+  c.kfac.placement = parse_name<Placement>(placement).value();
   c.kfac.inverse_every = every;
   return c;
 }
