@@ -58,7 +58,7 @@ int run_eval(const EvalArgs& a) {
     const std::string se = std::isfinite(r.lm_loss_se) ? fmt::format(", standard error {:.4f}", r.lm_loss_se) : "";
     fmt::print("eval: {} on {}: validation loss {:.4f}{}, perplexity {:.2f} ({} sequences of {}, {} {} scored{})\n",
                a.model.init, cfg.data.valid_file, r.loss, nsp, ppl, r.sequences, cfg.model.seq_len, r.positions,
-               cfg.model.arch == "bert" ? "masked tokens" : "tokens", se);
+               cfg.model.arch == Arch::Bert ? "masked tokens" : "tokens", se);
   }
   return 0;
 }

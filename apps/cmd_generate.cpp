@@ -34,7 +34,7 @@ int run_generate(const GenerateArgs& a) {
   if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
     usage_error("--temperature", "must be a finite number >= 0 (0 = greedy), got {}", a.temperature);
   const Config cfg = load_model_config(a.model, "generate");
-  if (cfg.model.arch != "gpt") usage_error("model.arch", "generate needs a causal LM (gpt); {} is a masked LM", cfg.model.arch);
+  if (cfg.model.arch != Arch::Gpt) usage_error("model.arch", "generate needs a causal LM (gpt); {} is a masked LM", cfg.model.arch);
   auto tok = load_tokenizer("gpt2", a.vocab_dir);
   LoadedModel m = load_model(a.model, cfg);
   std::vector<int32_t> prompt = tok->encode(a.prompt);

@@ -203,7 +203,7 @@ std::vector<StageMemory> stage_memory(const PlanArgs& a, const Profile& prof) {
   int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
   const ModelConfig m = model_preset(a.model);
   if (!prof.kfac.empty())  // the run's own blocks per stage
-    blocks = std::max<int>(1, prof.kfac.front().layers() / static_cast<int>(block_linears(m.arch, m.hidden, m.ffn).size()));
+    blocks = std::max<int>(1, prof.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
   return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
 }
 

@@ -33,7 +33,7 @@ KfacModel kfac_model(const PlanArgs& a, const Profile& prof) {
   k.name = k.measured && !a.has("--model") ? std::string("measured") : a.model;
   k.blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
   for (int b = 0; b < k.blocks; ++b)
-    for (const LinearShape& l : block_linears(k.config.arch, k.config.hidden, k.config.ffn)) k.layers.push_back(l);
+    for (const LinearShape& l : block_linears(name_of(k.config.arch), k.config.hidden, k.config.ffn)) k.layers.push_back(l);
   return k;
 }
 

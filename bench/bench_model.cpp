@@ -70,7 +70,7 @@ void BM_Sgemm(benchmark::State& state) {
 
 ModelConfig block_config(int shape) {
   ModelConfig c;
-  c.arch = "bert";
+  c.arch = Arch::Bert;
   c.seq_len = 128;
   if (shape == 0) c.hidden = 256, c.heads = 4, c.ffn = 1024;   // bert-mini
   else c.hidden = 768, c.heads = 12, c.ffn = 3072;             // bert-base

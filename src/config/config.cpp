@@ -1,5 +1,7 @@
 #include "config/config.hpp"
 
+#include "config/config_keys.hpp"
+
 #include "core/error.hpp"
 #include "core/suggest.hpp"
 
@@ -12,27 +14,31 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 namespace pf {
 
+
 namespace {
+
+using namespace key_table;
 
 struct Preset {
   const char* name;
-  const char* arch;
+  Arch arch;
   int layers, hidden, heads, ffn, vocab, max_position;
 };
 constexpr Preset kPresets[] = {
-    {"bert-tiny", "bert", 2, 128, 2, 512, 30522, 512},
-    {"bert-mini", "bert", 4, 256, 4, 1024, 30522, 512},
-    {"bert-small", "bert", 4, 512, 8, 2048, 30522, 512},
-    {"bert-medium", "bert", 8, 512, 8, 2048, 30522, 512},
-    {"bert-base", "bert", 12, 768, 12, 3072, 30522, 512},
-    {"bert-large", "bert", 24, 1024, 16, 4096, 30522, 512},
-    {"gpt2-tiny", "gpt", 2, 128, 2, 512, 50257, 1024},
-    {"gpt2-mini", "gpt", 4, 256, 4, 1024, 50257, 1024},
-    {"gpt2-small", "gpt", 12, 768, 12, 3072, 50257, 1024},
-    {"gpt2-medium", "gpt", 24, 1024, 16, 4096, 50257, 1024},
+    {"bert-tiny", Arch::Bert, 2, 128, 2, 512, 30522, 512},
+    {"bert-mini", Arch::Bert, 4, 256, 4, 1024, 30522, 512},
+    {"bert-small", Arch::Bert, 4, 512, 8, 2048, 30522, 512},
+    {"bert-medium", Arch::Bert, 8, 512, 8, 2048, 30522, 512},
+    {"bert-base", Arch::Bert, 12, 768, 12, 3072, 30522, 512},
+    {"bert-large", Arch::Bert, 24, 1024, 16, 4096, 30522, 512},
+    {"gpt2-tiny", Arch::Gpt, 2, 128, 2, 512, 50257, 1024},
+    {"gpt2-mini", Arch::Gpt, 4, 256, 4, 1024, 50257, 1024},
+    {"gpt2-small", Arch::Gpt, 12, 768, 12, 3072, 50257, 1024},
+    {"gpt2-medium", Arch::Gpt, 24, 1024, 16, 4096, 50257, 1024},
 };
 
 // Text a TOML file can hold and config.toml can print back: valid UTF-8 (no overlong forms or
@@ -56,6 +62,32 @@ bool printable_text(const std::string& s) {
   return true;
 }
 
+// A setting's refusal: the names it accepts, and the nearest one when the text looks like a typo.
+template <ConfigEnum E>
+[[noreturn]] void refuse_name(const std::string& key, const std::string& text, const Bounds& b) {
+  if (b.refusal) usage_error(key, fmt::runtime(b.refusal), text);
+  std::vector<std::string> names;
+  for (const auto& n : EnumNames<E>::table) names.push_back(n.name);
+  // (A text much longer than every name is no typo of one; edit_distance would take long.)
+  const std::string near = text.size() > 32 ? std::string() : closest_match(text, names);
+  usage_error(key, "'{}' is not one of {}{}", text, names_of<E>(), near.empty() ? "" : " (did you mean " + near + "?)");
+}
+
+// A key's value as config.toml holds it (a float as written: 0.15f -> 0.15).
+template <typename T>
+auto toml_value(const T& v) {
+  if constexpr (std::is_same_v<T, float>) return float_as_written(v);
+  else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, double> || std::is_same_v<T, std::string>) return v;
+  else if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(v);
+  else if constexpr (ConfigEnum<T>) return name_of(v);
+  else if constexpr (std::is_same_v<T, std::optional<Gelu>>) return v ? name_of(*v) : std::string();
+  else {
+    toml::array a;
+    for (int x : v) a.push_back(x);
+    return a;
+  }
+}
+
 // Reads typed values by dotted key and remembers which keys exist, so that anything left in the
 // file afterwards is an unknown key.
 class Reader {
@@ -63,7 +95,7 @@ class Reader {
   explicit Reader(const toml::table& t) : root_(t) {}
 
   template <typename T>
-  void get(const std::string& key, T& out) {
+  void get(const std::string& key, T& out, const Bounds& bounds = kAny) {
     known_.insert(key);
     toml::node_view<const toml::node> n = root_.at_path(key);
     if (!n) return;
@@ -89,6 +121,16 @@ class Reader {
       if (!n.is_string()) usage_error(key, "expected a string");
       out = *n.value<std::string>();
       if (!printable_text(out)) usage_error(key, "must be UTF-8 text without NUL characters");
+    } else if constexpr (ConfigEnum<T>) {
+      std::string text;
+      get(key, text);
+      const std::optional<T> v = parse_name<T>(text);
+      if (!v) refuse_name<T>(key, text, bounds);
+      out = *v;
+    } else if constexpr (std::is_same_v<T, std::optional<Gelu>>) {
+      std::string text;  // "" = the architecture's own
+      get(key, text);
+      if (!text.empty()) out.emplace(), get(key, *out, bounds);
     } else if constexpr (std::is_same_v<T, std::vector<int>>) {
       const toml::array* a = n.as_array();
       if (!a) usage_error(key, "expected an array of integers");
@@ -132,6 +174,7 @@ class Reader {
   std::set<std::string> known_;
 };
 
+
 // Applies one `key=value` override; the value is parsed as TOML (so 4, 1e-3, true, "x", [1,2]
 // work) and otherwise taken as a bare string.
 void apply_override(toml::table& root, const std::string& kv) {
@@ -164,107 +207,45 @@ void apply_override(toml::table& root, const std::string& kv) {
   else usage_error(key, "unsupported value '{}'", text);
 }
 
-Config from_table(toml::table& root, const std::vector<std::string>& overrides) {
-  for (const auto& kv : overrides) apply_override(root, kv);
+// The defaults that follow other keys, before the keys are read over them: a preset's sizes, and
+// an architecture's own vocabulary and tables (explicit keys win).
+Config defaults_for(Reader& r) {
   Config c;
-  Reader r(root);
-  r.get("model.preset", c.model.preset);
-  if (!c.model.preset.empty()) apply_model_preset(c.model, c.model.preset);
   auto& m = c.model;
+  r.get("model.preset", m.preset);
+  if (!m.preset.empty()) apply_model_preset(m, m.preset);
   r.get("model.arch", m.arch);
-  if (m.preset.empty() && m.arch == "gpt") {
+  if (m.preset.empty() && m.arch == Arch::Gpt) {
     // An architecture without a preset takes its own vocabulary and table sizes.
     m.layer_norm_eps = 1e-5f;
     m.vocab = 50257;
     m.max_position = 1024;
   }
-  r.get("model.layers", m.layers);
-  r.get("model.hidden", m.hidden);
-  r.get("model.heads", m.heads);
-  r.get("model.ffn", m.ffn);
-  r.get("model.seq_len", m.seq_len);
-  r.get("model.max_position", m.max_position);
-  r.get("model.vocab", m.vocab);
-  r.get("model.type_vocab", m.type_vocab);
-  r.get("model.dropout", m.dropout);
-  r.get("model.layer_norm_eps", m.layer_norm_eps);
-  r.get("model.init_std", m.init_std);
-  r.get("model.gelu", m.gelu);
-  if (m.gelu.empty()) m.gelu = m.arch == "gpt" ? "tanh" : "erf";
+  return c;
+}
 
+// The defaults that follow keys read: the architecture's activation and tokenizer, the
+// tokenizer's token files, K-FAC's placement with one stage.
+void fill_unset(Config& c, const Reader& r) {
+  auto& m = c.model;
   auto& d = c.data;
-  d.vocab = m.arch == "gpt" ? "gpt2" : "bert";
-  r.get("data.vocab", d.vocab);
-  r.get("data.train_file", d.train_file);
-  r.get("data.valid_file", d.valid_file);
-  if (d.train_file.empty()) d.train_file = "data/corpus/train." + d.vocab + ".bin";
-  if (d.valid_file.empty()) d.valid_file = "data/corpus/valid." + d.vocab + ".bin";
-  r.get("data.shuffle", d.shuffle);
-  r.get("data.mask_prob", d.mask_prob);
-  r.get("data.nsp", d.nsp);
+  m.gelu = gelu_of(m);
+  if (!r.has("data.vocab")) d.vocab = m.arch == Arch::Gpt ? Vocab::Gpt2 : Vocab::Bert;
+  if (d.train_file.empty()) d.train_file = "data/corpus/train." + name_of(d.vocab) + ".bin";
+  if (d.valid_file.empty()) d.valid_file = "data/corpus/valid." + name_of(d.vocab) + ".bin";
   m.nsp = d.nsp;
-  r.get("data.seed", d.seed);
-
-  auto& o = c.optim;
-  r.get("optim.name", o.name);
-  r.get("optim.lr", o.lr);
-  r.get("optim.warmup_steps", o.warmup_steps);
-  r.get("optim.decay_power", o.decay_power);
-  r.get("optim.decay_steps", o.decay_steps);
-  r.get("optim.weight_decay", o.weight_decay);
-  r.get("optim.beta1", o.beta1);
-  r.get("optim.beta2", o.beta2);
-  r.get("optim.eps", o.eps);
-  r.get("optim.momentum", o.momentum);
-  r.get("optim.grad_clip", o.grad_clip);
-
-  auto& t = c.train;
-  r.get("train.steps", t.steps);
-  r.get("train.seed", t.seed);
-  r.get("train.threads", t.threads);
-  r.get("train.deterministic", t.deterministic);
-  r.get("train.log_every", t.log_every);
-  r.get("train.eval_every", t.eval_every);
-  r.get("train.eval_batches", t.eval_batches);
-  r.get("train.out_dir", t.out_dir);
-  r.get("train.log_json", t.log_json);
-  r.get("train.checkpoint_dir", t.checkpoint_dir);
-  r.get("train.checkpoint_every", t.checkpoint_every);
-  r.get("train.keep_checkpoints", t.keep_checkpoints);
-  r.get("train.on_nonfinite", t.on_nonfinite);
-
-  auto& p = c.parallel;
-  r.get("parallel.stages", p.stages);
-  r.get("parallel.data_parallel", p.data_parallel);
-  r.get("parallel.schedule", p.schedule);
-  r.get("parallel.schedule_file", p.schedule_file);
-  r.get("parallel.micro_batches", p.micro_batches);
-  r.get("parallel.micro_batch_size", p.micro_batch_size);
-  r.get("parallel.virtual_stages", p.virtual_stages);
-  r.get("parallel.partition", p.partition);
-  r.get("parallel.recompute", p.recompute);
-  r.get("parallel.backward_forward_ratio", p.backward_forward_ratio);
-
-  auto& k = c.kfac;
-  r.get("kfac.enabled", k.enabled);
-  r.get("kfac.damping", k.damping);
-  r.get("kfac.ema", k.ema);
-  r.get("kfac.kl_clip", k.kl_clip);
-  r.get("kfac.inverse_every", k.inverse_every);
-  r.get("kfac.diag_limit", k.diag_limit);
   // One stage has no bubbles: there K-FAC's default placement is inline (a pipeline's is
   // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
   // change with the layout.
-  if (!r.has("kfac.placement") && p.stages == 1 && k.enabled) k.placement = "inline";
-  r.get("kfac.placement", k.placement);
-  r.get("kfac.distributed", k.distributed);
-  r.get("kfac.spd_pipelining", k.spd_pipelining);
-  r.get("kfac.spd_balance", k.spd_balance);
-  r.get("kfac.warmup_steps", k.warmup_steps);
-  r.get("kfac.replan_on_drift", k.replan_on_drift);
-  r.get("kfac.split_inversions", k.split_inversions);
-  r.get("kfac.plan_profile", k.plan_profile);
+  if (!r.has("kfac.placement") && c.parallel.stages == 1 && c.kfac.enabled) c.kfac.placement = Placement::Inline;
+}
 
+Config from_table(toml::table& root, const std::vector<std::string>& overrides) {
+  for (const auto& kv : overrides) apply_override(root, kv);
+  Reader r(root);
+  Config c = defaults_for(r);
+  for_each_key(c, [&](const char* key, auto& member, const Bounds& b) { r.get(key, member, b); });
+  fill_unset(c, r);
   r.refuse_unknown();
   c.validate();
   return c;
@@ -275,16 +256,60 @@ void require(bool ok, const char* key, fmt::format_string<T> msg, T v) {
   if (!ok) throw UsageError(std::string(key) + ": " + fmt::vformat(msg, fmt::make_format_args(v)));
 }
 
-void one_of(const std::string& v, std::initializer_list<const char*> allowed, const char* key) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (v == a) return;
-    list += (list.empty() ? "" : ", ") + std::string(a);
+// A key's bounds (kAny accepts anything); reals must be finite whatever their bounds.
+template <typename T>
+void check_bounds(const char* key, const T& v, const Bounds& b) {
+  if constexpr (std::is_floating_point_v<T>) require(std::isfinite(v), key, "must be a finite number (got {})", v);
+  if (!b.refusal) return;
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (v.empty()) throw UsageError(std::string(key) + ": " + b.refusal);
+  } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if (!b.accepts(static_cast<double>(v))) throw UsageError(std::string(key) + ": " + fmt::format(fmt::runtime(b.refusal), v));
   }
-  usage_error(key, "'{}' is not one of {}", v, list);
+}
+
+// What no single key's bounds can say: the model's shape, the tokenizer, next-sentence pairs.
+void check_model_relations(const Config& c) {
+  const auto& m = c.model;
+  if (m.hidden % m.heads != 0)
+    usage_error("model.hidden", "{} is not divisible by model.heads = {}", m.hidden, m.heads);
+  require(m.seq_len >= (m.arch == Arch::Bert ? 3 : 2), "model.seq_len",
+          "must be at least 3 for bert ([CLS] x [SEP]) and 2 for gpt (got {})", m.seq_len);
+  if (m.seq_len > m.max_position)
+    usage_error("model.seq_len", "{} exceeds model.max_position = {}", m.seq_len, m.max_position);
+  const int tok_vocab = c.data.vocab == Vocab::Bert ? 30522 : 50257;
+  if (m.vocab < tok_vocab)
+    usage_error("model.vocab", "{} is smaller than the {} tokenizer's vocabulary ({})", m.vocab, c.data.vocab,
+                tok_vocab);
+  if (c.data.nsp && m.arch != Arch::Bert)
+    usage_error("data.nsp", "next-sentence prediction is BERT's (model.arch = {})", m.arch);
+  if (c.data.nsp && m.seq_len < 5)
+    usage_error("data.nsp", "a sentence pair needs model.seq_len >= 5 ([CLS] A [SEP] B [SEP]), got {}", m.seq_len);
+}
+
+// The partition against the model, and K-FAC keys that only apply with others.
+void check_run_relations(const Config& c) {
+  if (!c.parallel.partition.empty()) {
+    int64_t sum = 0;
+    for (int b : c.parallel.partition) {
+      require(b >= 0, "parallel.partition", "entries must be >= 0 (got {})", b);
+      sum += b;
+    }
+    if (sum != c.model.layers)
+      usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}", sum, c.model.layers);
+  }
+  const auto& k = c.kfac;
+  if (!k.plan_profile.empty() && !(k.enabled && k.placement == Placement::Bubbles))
+    usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles");
+  if (k.distributed != KfacStrategy::SpdKfac) {
+    require(k.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
+            k.distributed);
+    require(k.spd_balance, "kfac.spd_balance", "only applies with kfac.distributed = spd-kfac (got {})", k.distributed);
+  }
 }
 
 }  // namespace
+
 
 void apply_model_preset(ModelConfig& m, const std::string& preset) {
   for (const Preset& p : kPresets) {
@@ -297,7 +322,7 @@ void apply_model_preset(ModelConfig& m, const std::string& preset) {
     m.ffn = p.ffn;
     m.vocab = p.vocab;
     m.max_position = p.max_position;
-    m.layer_norm_eps = m.arch == "gpt" ? 1e-5f : 1e-12f;
+    m.layer_norm_eps = m.arch == Arch::Gpt ? 1e-5f : 1e-12f;
     return;
   }
   std::string names;
@@ -338,113 +363,16 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   return from_table(root, overrides);
 }
 
+
 void Config::validate() const {
-  // Every real-valued key finite (the TOML reader refuses inf and nan already; this covers a
-  // Config built in code).
-  const std::pair<const char*, double> reals[] = {
-      {"model.dropout", model.dropout}, {"model.layer_norm_eps", model.layer_norm_eps},
-      {"model.init_std", model.init_std}, {"data.mask_prob", data.mask_prob}, {"optim.lr", optim.lr},
-      {"optim.decay_power", optim.decay_power}, {"optim.weight_decay", optim.weight_decay},
-      {"optim.beta1", optim.beta1}, {"optim.beta2", optim.beta2}, {"optim.eps", optim.eps},
-      {"optim.momentum", optim.momentum}, {"optim.grad_clip", optim.grad_clip}, {"kfac.damping", kfac.damping},
-      {"kfac.ema", kfac.ema}, {"kfac.kl_clip", kfac.kl_clip},
-      {"parallel.backward_forward_ratio", parallel.backward_forward_ratio}};
-  for (auto [key, v] : reals) require(std::isfinite(v), key, "must be a finite number (got {})", v);
-  const auto& m = model;
-  one_of(m.arch, {"bert", "gpt"}, "model.arch");
-  require(m.layers > 0, "model.layers", "must be positive (got {})", m.layers);
-  require(m.hidden > 0, "model.hidden", "must be positive (got {})", m.hidden);
-  require(m.heads > 0, "model.heads", "must be positive (got {})", m.heads);
-  require(m.ffn > 0, "model.ffn", "must be positive (got {})", m.ffn);
-  require(m.vocab > 0, "model.vocab", "must be positive (got {})", m.vocab);
-  require(m.max_position > 0, "model.max_position", "must be positive (got {})", m.max_position);
-  require(m.type_vocab > 0, "model.type_vocab", "must be positive (got {})", m.type_vocab);
-  if (m.hidden % m.heads != 0)
-    usage_error("model.hidden", "{} is not divisible by model.heads = {}", m.hidden, m.heads);
-  require(m.seq_len >= (m.arch == "bert" ? 3 : 2), "model.seq_len",
-          "must be at least 3 for bert ([CLS] x [SEP]) and 2 for gpt (got {})", m.seq_len);
-  if (m.seq_len > m.max_position)
-    usage_error("model.seq_len", "{} exceeds model.max_position = {}", m.seq_len, m.max_position);
-  require(m.dropout >= 0 && m.dropout < 1, "model.dropout", "must be in [0, 1) (got {})", m.dropout);
-  require(m.layer_norm_eps > 0, "model.layer_norm_eps", "must be positive (got {})", m.layer_norm_eps);
-  require(m.init_std > 0, "model.init_std", "must be positive (got {})", m.init_std);
-  one_of(m.gelu, {"erf", "tanh"}, "model.gelu");
-
-  one_of(data.vocab, {"bert", "gpt2"}, "data.vocab");
-  int tok_vocab = data.vocab == "bert" ? 30522 : 50257;
-  if (m.vocab < tok_vocab)
-    usage_error("model.vocab", "{} is smaller than the {} tokenizer's vocabulary ({})", m.vocab, data.vocab,
-                tok_vocab);
-  require(data.mask_prob > 0 && data.mask_prob < 1, "data.mask_prob", "must be in (0, 1) (got {})",
-          data.mask_prob);
-  if (data.nsp && m.arch != "bert") usage_error("data.nsp", "next-sentence prediction is BERT's (model.arch = {})", m.arch);
-  if (data.nsp && m.seq_len < 5)
-    usage_error("data.nsp", "a sentence pair needs model.seq_len >= 5 ([CLS] A [SEP] B [SEP]), got {}", m.seq_len);
-
-  one_of(optim.name, {"nvlamb", "adamw", "sgd"}, "optim.name");
-  require(optim.lr > 0, "optim.lr", "must be positive (got {})", optim.lr);
-  require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (got {})", optim.warmup_steps);
-  require(optim.decay_power >= 0, "optim.decay_power", "must be >= 0 (got {})", optim.decay_power);
-  require(optim.decay_steps >= 0, "optim.decay_steps", "must be >= 0 (got {})", optim.decay_steps);
-  require(optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0 (got {})", optim.weight_decay);
-  require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1) (got {})", optim.beta1);
-  require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "must be in [0, 1) (got {})", optim.beta2);
-  require(optim.eps > 0, "optim.eps", "must be positive (got {})", optim.eps);
-  require(optim.momentum >= 0 && optim.momentum < 1, "optim.momentum", "must be in [0, 1) (got {})",
-          optim.momentum);
-  require(optim.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (got {})", optim.grad_clip);
-
-  require(train.steps > 0, "train.steps", "must be positive (got {})", train.steps);
-  require(train.threads >= 0, "train.threads", "must be >= 0 (got {})", train.threads);
-  require(train.log_every > 0, "train.log_every", "must be positive (got {})", train.log_every);
-  require(train.eval_every >= 0, "train.eval_every", "must be >= 0 (got {})", train.eval_every);
-  require(train.eval_batches > 0, "train.eval_batches", "must be positive (got {})", train.eval_batches);
-  require(!train.out_dir.empty(), "train.out_dir", "must not be empty{}", std::string());
-  require(train.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0 (got {})",
-          train.checkpoint_every);
-  require(train.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1 (got {})", train.keep_checkpoints);
-  require(train.on_nonfinite == "skip" || train.on_nonfinite == "stop", "train.on_nonfinite",
-          "must be 'skip' or 'stop' (got '{}')", train.on_nonfinite);
-
-  const auto& p = parallel;
-  require(p.stages > 0, "parallel.stages", "must be positive (got {})", p.stages);
-  require(p.data_parallel > 0, "parallel.data_parallel", "must be positive (got {})", p.data_parallel);
-  require(p.micro_batches > 0, "parallel.micro_batches", "must be positive (got {})", p.micro_batches);
-  require(p.micro_batch_size > 0, "parallel.micro_batch_size", "must be positive (got {})",
-          p.micro_batch_size);
-  require(p.virtual_stages > 0, "parallel.virtual_stages", "must be positive (got {})", p.virtual_stages);
-  // Beyond 1e3 (or below 1e-3) one of the two is free next to the other; the order is then settled.
-  require(p.backward_forward_ratio >= 1e-3 && p.backward_forward_ratio <= 1e3, "parallel.backward_forward_ratio",
-          "must be between 0.001 and 1000 (got {})", p.backward_forward_ratio);
-  one_of(p.schedule, {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1"}, "parallel.schedule");
-  if (!p.partition.empty()) {
-    int64_t sum = 0;
-    for (int b : p.partition) {
-      require(b >= 0, "parallel.partition", "entries must be >= 0 (got {})", b);
-      sum += b;
-    }
-    if (sum != m.layers)
-      usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}", sum, m.layers);
-  }
-
-  require(kfac.warmup_steps >= -1, "kfac.warmup_steps", "must be >= 0, or -1 for optim.warmup_steps (got {})",
-          kfac.warmup_steps);
-  require(kfac.damping > 0, "kfac.damping", "must be positive (got {})", kfac.damping);
-  require(kfac.ema >= 0 && kfac.ema < 1, "kfac.ema", "must be in [0, 1) (got {})", kfac.ema);
-  require(kfac.kl_clip >= 0, "kfac.kl_clip", "must be >= 0 (got {})", kfac.kl_clip);
-  require(kfac.inverse_every > 0, "kfac.inverse_every", "must be positive (got {})", kfac.inverse_every);
-  require(kfac.diag_limit > 0, "kfac.diag_limit", "must be positive (got {})", kfac.diag_limit);
-  one_of(kfac.placement, {"bubbles", "inline", "skip"}, "kfac.placement");
-  one_of(kfac.distributed, {"d-kfac", "mpd-kfac", "spd-kfac"}, "kfac.distributed");
-  if (!kfac.plan_profile.empty() && !(kfac.enabled && kfac.placement == "bubbles"))
-    usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles");
-  if (kfac.distributed != "spd-kfac") {
-    require(kfac.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
-            kfac.distributed);
-    require(kfac.spd_balance, "kfac.spd_balance", "only applies with kfac.distributed = spd-kfac (got {})",
-            kfac.distributed);
-  }
+  // Every real finite first (the TOML reader refuses inf and nan already; this covers a Config
+  // built in code), then each key's bounds, then what keys say about each other.
+  for_each_key(*this, [](const char* key, const auto& v, const Bounds&) { check_bounds(key, v, kAny); });
+  for_each_key(*this, [](const char* key, const auto& v, const Bounds& b) { check_bounds(key, v, b); });
+  check_model_relations(*this);
+  check_run_relations(*this);
 }
+
 
 void Config::check_files() const {
   namespace fs = std::filesystem;
@@ -459,50 +387,14 @@ void Config::check_files() const {
                 kfac.plan_profile);
 }
 
+
 std::string Config::to_toml() const {
-  auto ints = [](const std::vector<int>& v) {
-    toml::array a;
-    for (int x : v) a.push_back(x);
-    return a;
-  };
-  toml::table t{
-      {"model", toml::table{{"preset", model.preset}, {"arch", model.arch}, {"layers", model.layers},
-                            {"hidden", model.hidden}, {"heads", model.heads}, {"ffn", model.ffn},
-                            {"seq_len", model.seq_len}, {"max_position", model.max_position},
-                            {"vocab", model.vocab}, {"type_vocab", model.type_vocab},
-                            {"dropout", float_as_written(model.dropout)}, {"layer_norm_eps", float_as_written(model.layer_norm_eps)},
-                            {"init_std", float_as_written(model.init_std)}, {"gelu", model.gelu}}},
-      {"data", toml::table{{"vocab", data.vocab}, {"train_file", data.train_file},
-                           {"valid_file", data.valid_file}, {"shuffle", data.shuffle},
-                           {"mask_prob", float_as_written(data.mask_prob)}, {"nsp", data.nsp}, {"seed", int64_t(data.seed)}}},
-      {"optim", toml::table{{"name", optim.name}, {"lr", optim.lr}, {"warmup_steps", optim.warmup_steps},
-                            {"decay_power", optim.decay_power}, {"decay_steps", optim.decay_steps},
-                            {"weight_decay", optim.weight_decay},
-                            {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
-                            {"momentum", optim.momentum}, {"grad_clip", optim.grad_clip}}},
-      {"train", toml::table{{"steps", train.steps}, {"seed", int64_t(train.seed)}, {"threads", train.threads},
-                            {"deterministic", train.deterministic}, {"log_every", train.log_every},
-                            {"eval_every", train.eval_every}, {"eval_batches", train.eval_batches},
-                            {"out_dir", train.out_dir}, {"log_json", train.log_json},
-                            {"checkpoint_dir", train.checkpoint_dir},
-                            {"checkpoint_every", train.checkpoint_every},
-                            {"keep_checkpoints", train.keep_checkpoints},
-                            {"on_nonfinite", train.on_nonfinite}}},
-      {"parallel", toml::table{{"stages", parallel.stages}, {"data_parallel", parallel.data_parallel},
-                               {"schedule", parallel.schedule}, {"schedule_file", parallel.schedule_file},
-                               {"micro_batches", parallel.micro_batches},
-                               {"micro_batch_size", parallel.micro_batch_size},
-                               {"virtual_stages", parallel.virtual_stages},
-                               {"partition", ints(parallel.partition)}, {"recompute", parallel.recompute},
-                               {"backward_forward_ratio", parallel.backward_forward_ratio}}},
-      {"kfac", toml::table{{"enabled", kfac.enabled}, {"damping", kfac.damping}, {"ema", kfac.ema},
-                           {"kl_clip", kfac.kl_clip}, {"inverse_every", kfac.inverse_every},
-                           {"diag_limit", kfac.diag_limit}, {"placement", kfac.placement},
-                           {"distributed", kfac.distributed}, {"spd_pipelining", kfac.spd_pipelining},
-                           {"spd_balance", kfac.spd_balance}, {"warmup_steps", kfac.warmup_steps},
-                           {"replan_on_drift", kfac.replan_on_drift}, {"split_inversions", kfac.split_inversions},
-                           {"plan_profile", kfac.plan_profile}}},
-  };
+  toml::table t;
+  for_each_key(*this, [&](const std::string& key, const auto& v, const Bounds&) {
+    const size_t dot = key.find('.');
+    toml::table* table = t.insert(key.substr(0, dot), toml::table{}).first->second.as_table();
+    table->insert(key.substr(dot + 1), toml_value(v));
+  });
   // toml++ prints doubles with 17 digits (0.10000000000000001): the tables are written here, the
   // doubles in their shortest exact form, everything else (quoting, arrays) by toml++.
   std::ostringstream ss;
@@ -517,6 +409,16 @@ std::string Config::to_toml() const {
   }
   return ss.str();
 }
+
+Gelu gelu_of(const ModelConfig& m) { return m.gelu.value_or(m.arch == Arch::Gpt ? Gelu::Tanh : Gelu::Erf); }
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  const Config defaults;
+  for_each_key(defaults, [&](const char* key, const auto&, const Bounds&) { keys.push_back(key); });
+  return keys;
+}
+
 
 double float_as_written(float f) { return std::stod(fmt::format("{}", f)); }
 
@@ -539,13 +441,14 @@ std::string preset_of(const ModelConfig& m) {
 }
 
 std::string optimizer_of(const Config& c) {
-  if (!c.kfac.enabled) return c.optim.name;
-  if (c.kfac.placement == "bubbles") return c.optim.name + " + K-FAC (in the pipeline bubbles: PipeFisher)";
-  const std::string where =
-      c.kfac.placement == "skip" ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every) : "inline";
+  if (!c.kfac.enabled) return name_of(c.optim.name);
+  if (c.kfac.placement == Placement::Bubbles) return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles: PipeFisher)";
+  const std::string where = c.kfac.placement == Placement::Skip
+                                ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every)
+                                : "inline";
   // Stages with several copies (replicas, Chimera's twins) share factors and inversions by kfac.distributed.
-  const bool copies = c.parallel.data_parallel > 1 || c.parallel.schedule == "chimera";
-  return fmt::format("{} + K-FAC ({}{})", c.optim.name, where, copies ? ", " + c.kfac.distributed : "");
+  const bool copies = c.parallel.data_parallel > 1 || c.parallel.schedule == ScheduleName::Chimera;
+  return fmt::format("{} + K-FAC ({}{})", c.optim.name, where, copies ? ", " + name_of(c.kfac.distributed) : "");
 }
 
 std::vector<std::string> config_warnings(const Config& c) {

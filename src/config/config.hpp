@@ -2,7 +2,12 @@
 // The run configuration: one struct per TOML table. Every key has a default; a TOML file and
 // `--set key=value` overrides change them; `validate()` refuses impossible values with a
 // UsageError naming the key. Unknown keys are refused too, so a typo never goes unnoticed.
+// Each key is declared once (config.cpp's key tables: name, member, bounds), and reading,
+// validating and printing all follow that declaration.
+#include "config/enums.hpp"
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,7 +16,7 @@ namespace pf {
 struct ModelConfig {
   // Defaults: bert-mini's shape (the built-in default job).
   std::string preset;          // bert-tiny, bert-mini, ..., gpt2-small: sets the sizes below
-  std::string arch = "bert";   // bert (post-LN, MLM head) | gpt (pre-LN, causal LM head)
+  Arch arch = Arch::Bert;      // bert (post-LN, MLM head) | gpt (pre-LN, causal LM head)
   int layers = 4;
   int hidden = 256;
   int heads = 4;
@@ -23,14 +28,16 @@ struct ModelConfig {
   float dropout = 0.0f;        // off by default
   float layer_norm_eps = 1e-12f;
   float init_std = 0.02f;
-  std::string gelu;            // erf (BERT) | tanh (GPT-2); empty = the architecture's own
+  std::optional<Gelu> gelu;    // erf (BERT) | tanh (GPT-2); unset ("") = the architecture's own
   // Not a key: data.nsp, copied here by the loader (BERT's head then trains its pooler and
   // next-sentence classifier; they exist, and are saved, either way).
   bool nsp = false;
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
-  std::string vocab = "bert";  // bert | gpt2
+  Vocab vocab = Vocab::Bert;   // bert | gpt2
   std::string train_file;      // token file (.bin, little-endian uint16)
   std::string valid_file;
   bool shuffle = true;
@@ -40,10 +47,12 @@ struct DataConfig {
   // token file's document index (X.docs). Off by default: MLM alone, as every earlier result.
   bool nsp = false;
   uint64_t seed = 1234;
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct OptimConfig {
-  std::string name = "nvlamb";  // nvlamb | adamw | sgd
+  OptimName name = OptimName::NvLamb;  // nvlamb | adamw | sgd
   double lr = 1e-2;
   int warmup_steps = 10;
   double decay_power = 0.5;     // polynomial decay after warm-up
@@ -54,6 +63,8 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-6;
   double momentum = 0.9;        // sgd
   double grad_clip = 1.0;       // global-norm pre-normalisation (nvlamb) / clipping; 0 = off
+
+  bool operator==(const OptimConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -69,13 +80,15 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int checkpoint_every = 0;     // steps between checkpoints in checkpoint_dir (0 = only on SIGINT/SIGTERM)
   int keep_checkpoints = 2;     // the newest K complete checkpoints are kept
-  std::string on_nonfinite = "skip";  // NaN/Inf loss or gradient: skip the step's update | stop the run
+  OnNonfinite on_nonfinite = OnNonfinite::Skip;  // NaN/Inf loss or gradient: skip the step's update | stop the run
+
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct ParallelConfig {
   int stages = 1;
   int data_parallel = 1;
-  std::string schedule = "1f1b";
+  ScheduleName schedule = ScheduleName::OneFOneB;
   std::string schedule_file;
   int micro_batches = 4;        // per step per replica
   int micro_batch_size = 8;     // sequences per micro-batch
@@ -88,6 +101,8 @@ struct ParallelConfig {
   // chosen for it (schedule/generators.hpp). The paper's 2 by default; a run's profile.json
   // gives the measured one.
   double backward_forward_ratio = 2;
+
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct KfacConfig {
@@ -97,8 +112,8 @@ struct KfacConfig {
   double kl_clip = 0.0;         // 0 = off
   int inverse_every = 1;        // refresh interval for placement = inline/skip
   int diag_limit = 10000;       // layers with more outputs keep only diag(B)
-  std::string placement = "bubbles";  // bubbles | inline | skip (unset with one stage and K-FAC on: inline)
-  std::string distributed = "spd-kfac";  // inline / skip, a stage with copies: d-kfac | mpd-kfac | spd-kfac
+  Placement placement = Placement::Bubbles;  // bubbles | inline | skip (unset with one stage and K-FAC on: inline)
+  KfacStrategy distributed = KfacStrategy::SpdKfac;  // inline / skip, a stage with copies: d-kfac | mpd-kfac | spd-kfac
   bool spd_pipelining = true;   // spd-kfac: factor all-reduces overlapped with compute, fused (Table IV)
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
   int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
@@ -115,6 +130,8 @@ struct KfacConfig {
   // so every run of the same config refreshes the same way and gives the same losses. Empty =
   // profile online (the default). Set, it also turns re-planning on drift off.
   std::string plan_profile;
+
+  bool operator==(const KfacConfig&) const = default;
 };
 
 struct Config {
@@ -132,8 +149,13 @@ struct Config {
   void validate() const;
   // Checks that data files named by the config exist, naming the key of the first that does not.
   void check_files() const;
+  // Every key in declaration order, as config.toml and --print-config show it.
   std::string to_toml() const;
+  bool operator==(const Config&) const = default;
 };
+
+// Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
+std::vector<std::string> config_keys();
 
 // A float as the user wrote it: 0.15f -> 0.15 (its shortest decimal form, read as a double), not
 // 0.15000000596046448. Files we write (config.toml, config.json) hold these.
@@ -149,6 +171,9 @@ std::string optimizer_of(const Config& c);
 // Settings that work but are probably not what was meant (warm-up longer than the run, ...): one
 // sentence each, naming the keys.
 std::vector<std::string> config_warnings(const Config& c);
+
+// The GELU a model computes: model.gelu, else its architecture's own (gpt: tanh, bert: erf).
+Gelu gelu_of(const ModelConfig& m);
 
 // Fills model sizes for a named preset; throws UsageError("model.preset: ...") for an unknown one.
 void apply_model_preset(ModelConfig& m, const std::string& preset);

@@ -67,13 +67,12 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
   const ModelConfig& m = cfg.model;
   const double C = m.hidden, F = m.ffn, V = m.vocab, P = m.max_position, T = m.type_vocab, L = m.layers,
                H = m.heads, S = m.seq_len, B = cfg.parallel.micro_batch_size, N = B * S;
-  const bool bert = m.arch == "bert";
+  const bool bert = m.arch == Arch::Bert;
   // Parameters (nn/blocks.cpp): embeddings and their LayerNorm; per block Q, K, V, O, two FFN
   // Linears with biases and two LayerNorms; BERT's head transform, its LayerNorm and decoder bias.
   const double params = (V + P + T) * C + 2 * C + L * (4 * C * C + 2 * C * F + 9 * C + F) +
                         (bert ? C * C + 3 * C + V : 2 * C);
-  const std::string& o = cfg.optim.name;
-  const double slots = o == "sgd" ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;  // momentum / Adam's moments
+  const double slots = cfg.optim.name == OptimName::Sgd ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;  // momentum / Adam's moments
   const double W = cfg.parallel.data_parallel;
   Terms t;
   t.state = W * 4 * params * (2 + slots);  // value and gradient, plus the optimizer's slots

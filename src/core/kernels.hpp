@@ -3,6 +3,8 @@
 // vectorizes; OpenMP across rows with a static schedule). Every row's result is computed by one
 // thread in a fixed order, and reductions across rows run per column in row order, so results are
 // the same bits for any thread count. Pointers are raw: callers own fp32 row-major buffers.
+#include "core/gelu.hpp"
+
 #include <bit>
 #include <cstdint>
 
@@ -81,8 +83,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C,
                         bool accumulate);
 
-// --- GELU: erf form (BERT) and tanh form (GPT-2) ---
-enum class Gelu { Erf, Tanh };
+// --- GELU: erf form (BERT) and tanh form (GPT-2), core/gelu.hpp ---
 void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind);
 // dinp = dout * gelu'(inp)
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, Gelu kind);

@@ -40,11 +40,7 @@ void mask_positions(int32_t* tok, int32_t* labels, int* candidates, int count, i
   }
 }
 
-const VocabInfo& vocab_info(const std::string& name) {
-  if (name == "bert") return kBertVocab;
-  if (name == "gpt2") return kGpt2Vocab;
-  usage_error("data.vocab", "unknown vocabulary '{}' (expected bert or gpt2)", name);
-}
+const VocabInfo& vocab_info(Vocab v) { return v == Vocab::Gpt2 ? kGpt2Vocab : kBertVocab; }
 
 WindowOrder::WindowOrder(int64_t n_tokens, int64_t stride, int64_t extra, bool shuffle, uint64_t seed,
                          const std::string& source, int64_t stored_limit)
@@ -155,13 +151,13 @@ std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig
     usage_error("model.vocab", "{} is smaller than the {} vocabulary ({})", model.vocab, vocab.name, vocab.size);
   Tokens tokens = map_token_file(file, vocab.size, key);
   const bool shuffle = data.shuffle && !validation;
-  if (model.arch == "gpt") return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
-  if (model.arch == "bert" && data.nsp) {
+  if (model.arch == Arch::Gpt) return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
+  if (model.arch == Arch::Bert && data.nsp) {
     auto docs = read_doc_index(doc_index_path(file), tokens.size(), key);
     return std::make_unique<BertNspBatcher>(std::move(tokens), std::move(docs), model.seq_len, shuffle, data.seed,
                                             data.mask_prob, vocab, file);
   }
-  if (model.arch == "bert")
+  if (model.arch == Arch::Bert)
     return std::make_unique<BertMlmBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, data.mask_prob,
                                             vocab, file);
   usage_error("model.arch", "unknown architecture '{}' (expected bert or gpt)", model.arch);

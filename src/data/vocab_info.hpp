@@ -1,6 +1,8 @@
 #pragma once
 // What the batchers need to know about a vocabulary without loading it: its size and the ids of
 // its special tokens (test_data checks these against the real vocabulary files).
+#include "config/enums.hpp"
+
 #include <string>
 
 namespace pf {
@@ -15,7 +17,7 @@ struct VocabInfo {
 inline constexpr VocabInfo kBertVocab{"bert", 30522, 0, 100, 101, 102, 103, -1};
 inline constexpr VocabInfo kGpt2Vocab{"gpt2", 50257, -1, -1, -1, -1, -1, 50256};
 
-// "bert" | "gpt2"; UsageError("data.vocab: ...") otherwise.
-const VocabInfo& vocab_info(const std::string& name);
+// data.vocab's sizes and special tokens.
+const VocabInfo& vocab_info(Vocab v);
 
 }  // namespace pf

@@ -40,8 +40,8 @@ double union_length(std::vector<std::pair<double, double>> v) {
 DkfacOptions dkfac_options(const KfacConfig& cfg) {
   DkfacOptions o;
   o.strategy = cfg.distributed;
-  o.pipelining = cfg.distributed == "spd-kfac" && cfg.spd_pipelining;
-  o.balance = cfg.distributed == "spd-kfac" && cfg.spd_balance;
+  o.pipelining = cfg.distributed == KfacStrategy::SpdKfac && cfg.spd_pipelining;
+  o.balance = cfg.distributed == KfacStrategy::SpdKfac && cfg.spd_balance;
   return o;
 }
 
@@ -50,8 +50,8 @@ DistributedKfac::DistributedKfac(KfacPreconditioner& kfac, MPI_Comm factor_comm,
     : kfac_(kfac), factor_comm_(factor_comm), inverse_comm_(inverse_comm), model_(model), opt_(opt) {
   MPI_Comm_rank(factor_comm, &rank_);
   MPI_Comm_size(factor_comm, &size_);
-  use_pipelining_ = opt.strategy == "spd-kfac" && opt.pipelining;
-  use_balance_ = opt.strategy == "spd-kfac" && opt.balance;
+  use_pipelining_ = opt.strategy == KfacStrategy::SpdKfac && opt.pipelining;
+  use_balance_ = opt.strategy == KfacStrategy::SpdKfac && opt.balance;
   // Factors: A then B of each layer (index 2 * layer + side).
   std::vector<int64_t> cost_dims;
   for (size_t i = 0; i < kfac.size(); ++i)
@@ -72,7 +72,7 @@ DistributedKfac::DistributedKfac(KfacPreconditioner& kfac, MPI_Comm factor_comm,
     }
   const auto inv = [&](int64_t d) { return model_.invert(d); };
   const auto bcast = [&](int64_t d) { return model_.broadcast_sym(d); };
-  if (opt.strategy == "d-kfac" || size_ == 1) {
+  if (opt.strategy == KfacStrategy::DKfac || size_ == 1) {
     placement_ = place_load_balanced(cost_dims, 1, inv, bcast);  // everything on "every rank"
     placement_.load.assign(static_cast<size_t>(size_), placement_.load.empty() ? 0.0 : placement_.load[0]);
   } else if (use_balance_) {

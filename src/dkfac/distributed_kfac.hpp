@@ -48,7 +48,7 @@
 namespace pf {
 
 struct DkfacOptions {
-  std::string strategy = "spd-kfac";  // d-kfac | mpd-kfac | spd-kfac
+  KfacStrategy strategy = KfacStrategy::SpdKfac;  // d-kfac | mpd-kfac | spd-kfac
   bool pipelining = true;             // spd-kfac only
   bool balance = true;                // spd-kfac only
   int profile_steps = 2;              // curvature steps measured before the fusion plan is made

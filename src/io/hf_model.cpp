@@ -12,7 +12,7 @@ namespace pf {
 namespace {
 
 // transformers' names of the two GELUs (ACT2FN): "gelu" is erf's, "gelu_new" GPT-2's tanh form.
-const char* hf_activation(const ModelConfig& m) { return m.gelu == "tanh" ? "gelu_new" : "gelu"; }
+const char* hf_activation(const ModelConfig& m) { return m.gelu == Gelu::Tanh ? "gelu_new" : "gelu"; }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -22,7 +22,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 std::string hf_config_json(const ModelConfig& m) {
   nlohmann::ordered_json j;
-  if (m.arch == "bert") {
+  if (m.arch == Arch::Bert) {
     j = {{"architectures", {"BertForPreTraining"}},
          {"model_type", "bert"},
          {"vocab_size", m.vocab},

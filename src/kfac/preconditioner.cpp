@@ -39,7 +39,7 @@ int KfacPreconditioner::index_of(const Linear& l) const {
 
 bool KfacPreconditioner::curvature_step(int64_t step) const {
   // bubbles: the pipeline runtime's plan decides; a single process answers as for skip.
-  return cfg_.placement == "inline" || step % cfg_.inverse_every == 0;
+  return cfg_.placement == Placement::Inline || step % cfg_.inverse_every == 0;
 }
 
 bool KfacPreconditioner::inversion_step(int64_t step) const { return step % cfg_.inverse_every == 0; }

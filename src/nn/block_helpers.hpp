@@ -29,11 +29,6 @@ inline void init_layernorm(LayerNorm& ln) {
   ln.bias.value.zero();
 }
 
-inline Gelu gelu_of(const ModelConfig& cfg) {
-  const std::string& g = cfg.gelu.empty() ? (cfg.arch == "gpt" ? std::string("tanh") : std::string("erf")) : cfg.gelu;
-  return g == "tanh" ? Gelu::Tanh : Gelu::Erf;
-}
-
 // Checks that a caller's activation tensor can hold n floats (no allocation on the way).
 inline void check_holds(const Tensor& t, int64_t n, const char* what) {
   PF_CHECK(t.numel() >= n, "{} holds {} floats, needs {}", what, t.numel(), n);

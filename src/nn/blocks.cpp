@@ -31,7 +31,7 @@ struct EmbeddingState : BlockState {
 
 EmbeddingBlock::EmbeddingBlock(const ModelConfig& cfg)
     : cfg_(cfg),
-      bert_(cfg.arch == "bert"),
+      bert_(cfg.arch == Arch::Bert),
       wte_(bert_ ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight", Shape{cfg.vocab, cfg.hidden}),
       wpe_(bert_ ? "bert.embeddings.position_embeddings.weight" : "transformer.wpe.weight",
            Shape{cfg.max_position, cfg.hidden}),
@@ -135,7 +135,7 @@ struct HeadState : BlockState {
   }
 };
 
-HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == "bert") {
+HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == Arch::Bert) {
   const int64_t C = cfg.hidden;
   if (!tied_word) {
     mirror_ = std::make_unique<Param>(bert_ ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight",

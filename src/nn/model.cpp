@@ -7,7 +7,7 @@ namespace pf {
 int num_blocks(const ModelConfig& cfg) { return cfg.layers + 2; }
 
 Model::Model(const ModelConfig& cfg, int first_block, int last_block) : cfg_(cfg), first_(first_block), last_(last_block) {
-  PF_CHECK(cfg.arch == "bert" || cfg.arch == "gpt", "arch {}", cfg.arch);
+  PF_CHECK(cfg.arch == Arch::Bert || cfg.arch == Arch::Gpt, "arch {}", cfg.arch);
   PF_CHECK(0 <= first_ && first_ <= last_ && last_ < num_blocks(cfg), "block range {}..{} of {}", first_, last_,
            num_blocks(cfg));
   EmbeddingBlock* emb = nullptr;

@@ -42,27 +42,27 @@ struct TransformerState : BlockState {
   }
 };
 
-std::vector<std::string> block_linear_names(const std::string& arch, int layer) {
+std::vector<std::string> block_linear_names(Arch arch, int layer) {
   std::vector<std::string> names;
-  if (arch == "bert")
+  if (arch == Arch::Bert)
     for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                           "intermediate.dense", "output.dense"})
       names.push_back("bert.encoder.layer." + std::to_string(layer) + "." + n);
-  if (arch == "gpt")
+  if (arch == Arch::Gpt)
     for (const char* n : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
       names.push_back("transformer.h." + std::to_string(layer) + "." + n);
   return names;
 }
 
 TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
-    : cfg_(cfg), layer_(layer), bert_(cfg.arch == "bert"), gelu_(gelu_of(cfg)) {
+    : cfg_(cfg), layer_(layer), bert_(cfg.arch == Arch::Bert), gelu_(gelu_of(cfg)) {
   PF_CHECK(cfg.hidden % cfg.heads == 0, "hidden {} not divisible by heads {}", cfg.hidden, cfg.heads);
   const int64_t C = cfg.hidden, F = cfg.ffn;
   const float eps = cfg.layer_norm_eps;
   if (bert_) {
     name_ = "bert.encoder.layer." + std::to_string(layer);
     const std::string p = name_ + ".";
-    const std::vector<std::string> n = block_linear_names("bert", layer);
+    const std::vector<std::string> n = block_linear_names(Arch::Bert, layer);
     for (int k = 0; k < 4; ++k) lin_.push_back(std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", C, C));
     lin_.push_back(std::make_unique<Linear>(n[4] + ".weight", n[4] + ".bias", C, F));
     lin_.push_back(std::make_unique<Linear>(n[5] + ".weight", n[5] + ".bias", F, C));
@@ -73,7 +73,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
   } else {
     name_ = "transformer.h." + std::to_string(layer);
     const std::string p = name_ + ".";
-    const std::vector<std::string> n = block_linear_names("gpt", layer);
+    const std::vector<std::string> n = block_linear_names(Arch::Gpt, layer);
     lin_.push_back(std::make_unique<Linear>(n[0] + ".weight", n[0] + ".bias", C, 3 * C, true));
     lin_.push_back(std::make_unique<Linear>(n[1] + ".weight", n[1] + ".bias", C, C, true));
     lin_.push_back(std::make_unique<Linear>(n[2] + ".weight", n[2] + ".bias", C, F, true));

@@ -72,9 +72,11 @@ std::vector<std::pair<std::string, Tensor*>> Optimizer::state_tensors() {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& c) {
-  if (c.name == "nvlamb") return std::make_unique<NvLamb>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
-  if (c.name == "adamw") return std::make_unique<AdamW>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
-  if (c.name == "sgd") return std::make_unique<Sgd>(c.momentum, c.weight_decay, c.grad_clip);
+  switch (c.name) {
+    case OptimName::NvLamb: return std::make_unique<NvLamb>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
+    case OptimName::AdamW: return std::make_unique<AdamW>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
+    case OptimName::Sgd: return std::make_unique<Sgd>(c.momentum, c.weight_decay, c.grad_clip);
+  }
   usage_error("optim.name", "unknown optimizer '{}' (expected nvlamb, adamw or sgd)", c.name);
 }
 

@@ -32,7 +32,7 @@ ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_bat
   const int L = layers();
   curv_count_.assign(L, {0, 0});
   committed_.assign(L, {-1, -1});
-  if (cfg.kfac.placement == "bubbles")  // M_err^save: allocated once
+  if (cfg.kfac.placement == Placement::Bubbles)  // M_err^save: allocated once
     for (int l = 0; l < L; ++l) {
       saved_a_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_in()}), std::vector<int64_t>(slots_, 0)});
       saved_b_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_out()}), std::vector<int64_t>(slots_, 0)});

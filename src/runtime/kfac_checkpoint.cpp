@@ -73,7 +73,7 @@ void Executor::load_kfac_state(const CheckpointReader& r) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(it->second);
-    if (j.at("placement").get<std::string>() != cfg_.kfac.placement)
+    if (j.at("placement").get<std::string>() != name_of(cfg_.kfac.placement))
       usage_error("kfac.placement", "the checkpoint's K-FAC state was written with kfac.placement = {}, this configuration has {}",
                   j.at("placement").get<std::string>(), cfg_.kfac.placement);
     if (j.at("chunks").size() != chunks_.size())

@@ -145,7 +145,7 @@ std::string Executor::kfac_distributed_line() const {
   if (!kfac_ || kfac_->dist.empty()) return "";
   const DistributedKfac& d = *kfac_->dist.front();
   const KfacConfig& kc = cfg_.kfac;
-  const std::string ablation = kc.distributed != "spd-kfac" || (kc.spd_pipelining && kc.spd_balance) ? ""
+  const std::string ablation = kc.distributed != KfacStrategy::SpdKfac || (kc.spd_pipelining && kc.spd_balance) ? ""
                                : kc.spd_pipelining ? ", no balance" : kc.spd_balance ? ", no pipelining"
                                                                                      : ", no pipelining, no balance";
   return fmt::format("K-FAC factors and inversions shared by {}{} among {} copies of each stage; stage {}: {} factors, "
@@ -218,8 +218,8 @@ void Executor::write_dkfac_record(const std::string& path, double step_time_sum,
   const KfacConfig& kc = cfg_.kfac;
   json out = {
       {"strategy", kc.distributed},
-      {"pipelining", kc.distributed == "spd-kfac" && kc.spd_pipelining},
-      {"balance", kc.distributed == "spd-kfac" && kc.spd_balance},
+      {"pipelining", kc.distributed == KfacStrategy::SpdKfac && kc.spd_pipelining},
+      {"balance", kc.distributed == KfacStrategy::SpdKfac && kc.spd_balance},
       {"ranks", all.size()},
       {"holders_per_stage", k.holders.front().size()},
       {"factors", sum.factors},

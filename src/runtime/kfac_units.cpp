@@ -21,7 +21,7 @@ Executor::~Executor() = default;
 void Executor::kfac_setup() {
   kfac_ = std::make_unique<KfacState>();
   KfacState& k = *kfac_;
-  k.bubbles = cfg_.kfac.placement == "bubbles";
+  k.bubbles = cfg_.kfac.placement == Placement::Bubbles;
   if (k.bubbles && !cfg_.kfac.plan_profile.empty())
     k.recorded = read_plan_profile(cfg_, layout_, ProfileLayout(layout_).size);
   const int N = layout_.micro_batches;

@@ -35,10 +35,10 @@ bool runtime_handles(Kind k) {
 Schedule compute_schedule(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   if (p.backward_forward_ratio != ParallelConfig{}.backward_forward_ratio &&
-      (p.schedule != "chimera" || !p.schedule_file.empty()))
+      (p.schedule != ScheduleName::Chimera || !p.schedule_file.empty()))
     usage_error("parallel.backward_forward_ratio", "only orders parallel.schedule = \"chimera\" (got {} with {})",
                 p.backward_forward_ratio,
-                p.schedule_file.empty() ? "\"" + p.schedule + "\"" : "parallel.schedule_file");
+                p.schedule_file.empty() ? "\"" + name_of(p.schedule) + "\"" : "parallel.schedule_file");
   if (!p.schedule_file.empty()) {
     Schedule s = read_schedule_file(p.schedule_file, "parallel.schedule_file");
     if (s.devices != p.stages)
@@ -64,7 +64,7 @@ Schedule compute_schedule(const Config& cfg) {
     }
     return s;
   }
-  if (p.virtual_stages != 1 && p.schedule != "interleaved")
+  if (p.virtual_stages != 1 && p.schedule != ScheduleName::Interleaved)
     usage_error("parallel.virtual_stages", "only applies to parallel.schedule = \"interleaved\" (got {} with \"{}\")",
                 p.virtual_stages, p.schedule);
   // The simulator's bound (sim/limits.hpp): each micro-batch passes each model chunk as F and B
@@ -72,7 +72,7 @@ Schedule compute_schedule(const Config& cfg) {
   check_schedule_size(p.stages, int64_t{6} * p.stages * p.micro_batches * p.virtual_stages, false,
                       p.stages > kMaxDevices ? "parallel.stages" : "parallel.micro_batches");
   try {
-    return make_schedule(p.schedule, p.stages, p.micro_batches, p.virtual_stages, 1, p.backward_forward_ratio);
+    return make_schedule(name_of(p.schedule), p.stages, p.micro_batches, p.virtual_stages, 1, p.backward_forward_ratio);
   } catch (const UsageError& e) {
     rethrow_with_keys(e);
   }

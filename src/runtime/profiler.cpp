@@ -373,7 +373,7 @@ nlohmann::json Profiler::profile_json(const nlohmann::json& stages, const CostMo
         {"predicted_utilization", predicted.utilization}}}};
   j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
               {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", cfg_.model.preset},
-              {"kfac", cfg_.kfac.enabled ? cfg_.kfac.placement : std::string("off")},
+              {"kfac", cfg_.kfac.enabled ? name_of(cfg_.kfac.placement) : std::string("off")},
               {"recompute", cfg_.parallel.recompute && S > 1}};  // as the executor: pipelines only
   return j;
 }
@@ -398,7 +398,7 @@ void Profiler::write_trace() const {
 }
 
 std::string chimera_order_note(const Config& cfg, int devices, int micro_batches, const CostModel& cost) {
-  if (cfg.parallel.schedule != "chimera" || !cfg.parallel.schedule_file.empty()) return "";
+  if (cfg.parallel.schedule != ScheduleName::Chimera || !cfg.parallel.schedule_file.empty()) return "";
   const double used = cfg.parallel.backward_forward_ratio, measured = cost.backward_forward_ratio();
   if (to_text(make_chimera(devices, micro_batches, 1, used)) == to_text(make_chimera(devices, micro_batches, 1, measured)))
     return "";

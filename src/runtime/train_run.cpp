@@ -119,7 +119,7 @@ class MpiEngine final : public TrainEngine {
 
 MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams)
     : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), poison_(seams.poison), kfac_seams_(seams.kfac) {
-  if (cfg.kfac.enabled && cfg.kfac.placement == "bubbles" && cfg.parallel.stages == 1)
+  if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles && cfg.parallel.stages == 1)
     usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
                 "(the default with one stage) or 'skip'");
   try {

@@ -12,7 +12,7 @@ StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size)
   const double h = m.hidden, f = m.ffn, T = m.seq_len, B = micro_batch_size, n = B * T, H = m.heads;
   const double mb = 4.0 / (1024.0 * 1024.0) * blocks;  // floats of one block -> MB of the stage
   double d_out = 0, kron = 0;
-  for (const LinearShape& l : block_linears(m.arch, m.hidden, m.ffn)) {
+  for (const LinearShape& l : block_linears(name_of(m.arch), m.hidden, m.ffn)) {
     d_out += l.d_out;
     kron += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
   }

@@ -37,13 +37,13 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
       {"sequences_per_step", std::to_string(g)},
       {"data_position", std::to_string(step * g)},  // next sequence index the run reads
       {"dropout_rng", fmt::format("(train.seed, step) = ({}, {})", cfg.train.seed, step)},
-      {"optim.name", cfg.optim.name},
+      {"optim.name", name_of(cfg.optim.name)},
       {"kfac.enabled", cfg.kfac.enabled ? "true" : "false"},
       {"train.steps", std::to_string(cfg.train.steps)},
       {"lr_decay_steps", std::to_string(cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps)},
       {"layout", layout},
       // The model's shape: a resume into another one is refused naming the key.
-      {"model.arch", cfg.model.arch},
+      {"model.arch", name_of(cfg.model.arch)},
       {"model.layers", std::to_string(cfg.model.layers)},
       {"model.hidden", std::to_string(cfg.model.hidden)},
       {"model.heads", std::to_string(cfg.model.heads)},

@@ -34,7 +34,7 @@ int32_t sample_token(std::span<const float> logits, const SampleOptions& o, uint
 
 std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& o) {
   const ModelConfig& cfg = model.config();
-  PF_CHECK(cfg.arch == "gpt", "generation needs a causal LM, not {}", cfg.arch);
+  PF_CHECK(cfg.arch == Arch::Gpt, "generation needs a causal LM, not {}", cfg.arch);
   PF_CHECK(!prompt.empty(), "generation needs at least one prompt token");
   const int window = cfg.seq_len;
   ModelState st = model.make_state(1, window);

@@ -76,7 +76,7 @@ void print_banner(const Run& r) {
   const long long tokens = static_cast<long long>(p.data_parallel) * p.micro_batches * p.micro_batch_size * m.seq_len;
   std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%d x %d x %d sequences "
               "of %d), %s, %d steps%s\n",
-              preset_of(m).c_str(), m.arch.c_str(), m.layers, m.hidden, m.heads, tokens, p.data_parallel,
+              preset_of(m).c_str(), name_of(m.arch).c_str(), m.layers, m.hidden, m.heads, tokens, p.data_parallel,
               p.micro_batches, p.micro_batch_size, m.seq_len, optimizer_of(r.cfg).c_str(), r.cfg.train.steps,
               b.layout.c_str());
   for (const std::string& n : b.notes) std::printf("%s\n", n.c_str());
@@ -135,7 +135,7 @@ bool take_step(Run& r, int64_t s, StepStats& st) {
   if (r.write_error.empty()) r.write_error = o.write_error;
   st = o.stats;
   if (!st.nonfinite) return true;
-  const bool stop = r.cfg.train.on_nonfinite == "stop";
+  const bool stop = r.cfg.train.on_nonfinite == OnNonfinite::Stop;
   if (r.engine.root())
     std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
                  static_cast<long long>(s + 1), std::isfinite(st.loss) ? "gradient" : "loss", st.loss, st.grad_norm,

@@ -40,7 +40,7 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
 }
 
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
-  if (cfg.kfac.enabled && cfg.kfac.placement == "bubbles")
+  if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles)
     usage_error("kfac.placement", "'bubbles' places K-FAC work in pipeline bubbles: it needs a pipeline "
                 "(parallel.stages > 1); a single process runs 'inline' or 'skip'");
   set_threads(cfg.train.threads);

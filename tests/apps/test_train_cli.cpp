@@ -1,5 +1,7 @@
 // `pipefisher train` refuses bad configuration with exit status 2 and one line naming the key,
 // before writing anything.
+#include "config/config.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,6 +122,26 @@ TEST_F(TrainCli, PrintConfigShowsNumbersAsWritten) {
   for (const char* line : {"\nmask_prob = 0.15\n", "\nlr = 0.1\n", "\ndamping = 0.0003\n", "\nlayer_norm_eps = 1e-12\n",
                            "\ndropout = 0.0\n", "\nsteps = 80\n"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << " in\n" << r.out;
+}
+
+// --print-config shows every declared key exactly once, under its table, and reads back as the
+// configuration it printed.
+TEST_F(TrainCli, PrintConfigShowsEveryKeyOnce) {
+  const Output r = pipefisher("train --print-config --set kfac.enabled=true --set parallel.schedule=zb-h1", dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const std::string& key : pf::config_keys()) {
+    const size_t dot = key.find('.');
+    const std::string table = "[" + key.substr(0, dot) + "]\n", line = "\n" + key.substr(dot + 1) + " = ";
+    const size_t start = r.out.find(table), end = r.out.find("\n[", start + 1);
+    ASSERT_NE(start, std::string::npos) << table;
+    const std::string section = r.out.substr(start, end == std::string::npos ? std::string::npos : end - start + 1);
+    const size_t at = section.find(line);
+    EXPECT_NE(at, std::string::npos) << key << " in\n" << r.out;
+    EXPECT_EQ(section.find(line, at + 1), std::string::npos) << key << " twice in\n" << r.out;
+  }
+  const pf::Config printed = pf::Config::from_toml_string(r.out);
+  EXPECT_TRUE(printed == pf::Config::from_toml_string("", {"kfac.enabled=true", "parallel.schedule=zb-h1"}));
+  EXPECT_EQ(printed.to_toml(), r.out);
 }
 
 TEST_F(TrainCli, MisspeltFlagOrKeyGetsASuggestion) {

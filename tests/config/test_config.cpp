@@ -2,6 +2,11 @@
 #include "core/error.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <set>
+#include <sstream>
 
 using pf::Config;
 
@@ -19,13 +24,13 @@ std::string error_of(const std::string& toml, std::vector<std::string> sets = {}
 
 TEST(Config, DefaultsAreValid) {
   Config c = Config::from_toml_string("");
-  EXPECT_EQ(c.model.arch, "bert");
-  EXPECT_EQ(c.model.gelu, "erf");
+  EXPECT_EQ(c.model.arch, pf::Arch::Bert);
+  EXPECT_EQ(c.model.gelu, pf::Gelu::Erf);
   EXPECT_EQ(c.data.train_file, "data/corpus/train.bert.bin");
   EXPECT_EQ(c.model.hidden, 256);  // the default job is bert-mini-shaped
   Config g = Config::from_toml_string("", {"model.arch=gpt"});
   EXPECT_EQ(g.model.vocab, 50257);
-  EXPECT_EQ(g.data.vocab, "gpt2");
+  EXPECT_EQ(g.data.vocab, pf::Vocab::Gpt2);
   EXPECT_FLOAT_EQ(g.model.layer_norm_eps, 1e-5f);
 }
 
@@ -35,10 +40,10 @@ TEST(Config, PresetThenExplicitKeysWin) {
   EXPECT_EQ(c.model.ffn, 3072);
   EXPECT_EQ(c.model.layers, 3);
   Config g = Config::from_toml_string("", {"model.preset=gpt2-small"});
-  EXPECT_EQ(g.model.arch, "gpt");
-  EXPECT_EQ(g.model.gelu, "tanh");
+  EXPECT_EQ(g.model.arch, pf::Arch::Gpt);
+  EXPECT_EQ(g.model.gelu, pf::Gelu::Tanh);
   EXPECT_FLOAT_EQ(g.model.layer_norm_eps, 1e-5f);
-  EXPECT_EQ(g.data.vocab, "gpt2");
+  EXPECT_EQ(g.data.vocab, pf::Vocab::Gpt2);
   EXPECT_EQ(g.model.vocab, 50257);
 }
 
@@ -47,7 +52,7 @@ TEST(Config, OverridesParseTomlValues) {
                                            "parallel.partition=[3,1]", "train.out_dir=runs/x"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 2e-4);
   EXPECT_FALSE(c.data.shuffle);
-  EXPECT_EQ(c.optim.name, "adamw");
+  EXPECT_EQ(c.optim.name, pf::OptimName::AdamW);
   EXPECT_EQ(c.parallel.partition, (std::vector<int>{3, 1}));
   EXPECT_EQ(c.train.out_dir, "runs/x");
 }
@@ -59,7 +64,7 @@ TEST(Config, BadInputNamesTheKey) {
   EXPECT_EQ(error_of("", {"model.hidden=100", "model.heads=3"}),
             "model.hidden: 100 is not divisible by model.heads = 3");
   EXPECT_EQ(error_of("", {"model.layers=two"}), "model.layers: expected an integer");
-  EXPECT_EQ(error_of("", {"optim.name=adam"}), "optim.name: 'adam' is not one of nvlamb, adamw, sgd");
+  EXPECT_EQ(error_of("", {"optim.name=adam"}), "optim.name: 'adam' is not one of nvlamb, adamw, sgd (did you mean adamw?)");
   EXPECT_EQ(error_of("", {"model.preset=bert-huge"}).rfind("model.preset: unknown preset 'bert-huge'", 0), 0u);
   EXPECT_EQ(error_of("", {"parallel.partition=[1,2]"}),
             "parallel.partition: assigns 3 transformer blocks but model.layers = 4");
@@ -175,9 +180,9 @@ TEST(Config, BannerNamesThePresetAndTheOptimizer) {
                                                             "optim.name=\"adamw\""})),
             "adamw + K-FAC (inline, spd-kfac)");
   // One stage has no bubbles: its default placement is inline; a pipeline's stays bubbles.
-  EXPECT_EQ(Config::from_toml_string("", {"kfac.enabled=true"}).kfac.placement, "inline");
-  EXPECT_EQ(Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2"}).kfac.placement, "bubbles");
-  EXPECT_EQ(Config::from_toml_string("", {"kfac.placement=\"bubbles\""}).kfac.placement, "bubbles");
+  EXPECT_EQ(Config::from_toml_string("", {"kfac.enabled=true"}).kfac.placement, pf::Placement::Inline);
+  EXPECT_EQ(Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2"}).kfac.placement, pf::Placement::Bubbles);
+  EXPECT_EQ(Config::from_toml_string("", {"kfac.placement=\"bubbles\""}).kfac.placement, pf::Placement::Bubbles);
 }
 
 TEST(Config, MisspeltKeysGetASuggestion) {
@@ -196,4 +201,80 @@ TEST(Config, WarnsWhenWarmupOutlastsTheRun) {
                   "", {"train.steps=5", "optim.warmup_steps=10", "kfac.enabled=true", "kfac.placement=\"inline\"",
                        "kfac.warmup_steps=2"}))
                   .empty());
+}
+
+namespace {
+// parse_name(name_of(v)) == v for every value of a setting, and its names are listed in table order.
+template <typename E>
+void expect_names_round_trip(const std::string& listed) {
+  std::string list;
+  for (const auto& n : pf::EnumNames<E>::table) {
+    EXPECT_EQ(pf::parse_name<E>(pf::name_of(n.value)), n.value) << n.name;
+    EXPECT_EQ(pf::name_of(n.value), n.name);
+    EXPECT_EQ(fmt::format("{}", n.value), n.name);
+    list += (list.empty() ? "" : ", ") + std::string(n.name);
+  }
+  EXPECT_EQ(pf::names_of<E>(), listed);
+  EXPECT_EQ(list, listed);
+  EXPECT_FALSE(pf::parse_name<E>("no-such-name"));
+}
+}  // namespace
+
+TEST(Config, EachSettingsNamesRoundTrip) {
+  expect_names_round_trip<pf::Arch>("bert, gpt");
+  expect_names_round_trip<pf::Gelu>("erf, tanh");
+  expect_names_round_trip<pf::Vocab>("bert, gpt2");
+  expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd");
+  expect_names_round_trip<pf::OnNonfinite>("skip, stop");
+  expect_names_round_trip<pf::ScheduleName>("naive, gpipe, 1f1b, interleaved, chimera, zb-h1");
+  expect_names_round_trip<pf::Placement>("bubbles, inline, skip");
+  expect_names_round_trip<pf::KfacStrategy>("d-kfac, mpd-kfac, spd-kfac");
+  // JSON writes a setting by its name, not its integer.
+  EXPECT_EQ(nlohmann::json(pf::Placement::Skip).dump(), "\"skip\"");
+  EXPECT_EQ(nlohmann::json({{"arch", pf::Arch::Gpt}}).dump(), "{\"arch\":\"gpt\"}");
+}
+
+TEST(Config, AnUnknownSettingNameIsRefusedNamingTheKey) {
+  EXPECT_EQ(error_of("", {"kfac.placement=bubble"}),
+            "kfac.placement: 'bubble' is not one of bubbles, inline, skip (did you mean bubbles?)");
+  EXPECT_EQ(error_of("[parallel]\nschedule = \"pipedream\"\n"),
+            "parallel.schedule: 'pipedream' is not one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1");
+  EXPECT_EQ(error_of("", {"kfac.distributed=spd"}), "kfac.distributed: 'spd' is not one of d-kfac, mpd-kfac, spd-kfac");
+  EXPECT_EQ(error_of("", {"model.arch=t5"}), "model.arch: 't5' is not one of bert, gpt");
+  EXPECT_EQ(error_of("", {"model.gelu=relu"}), "model.gelu: 'relu' is not one of erf, tanh");
+  EXPECT_EQ(error_of("", {"data.vocab=gpt"}), "data.vocab: 'gpt' is not one of bert, gpt2 (did you mean gpt2?)");
+  EXPECT_EQ(error_of("", {"train.on_nonfinite=ignore"}), "train.on_nonfinite: must be 'skip' or 'stop' (got 'ignore')");
+  EXPECT_EQ(error_of("", {"kfac.placement=3"}), "kfac.placement: expected a string");
+  // An empty model.gelu is the architecture's own.
+  EXPECT_EQ(Config::from_toml_string("", {"model.arch=gpt", "model.gelu=\"\""}).model.gelu, pf::Gelu::Tanh);
+}
+
+// Each key is declared once: config.toml holds every one exactly once, in its table, and reads
+// back to the same Config.
+TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
+  const Config a = Config::from_toml_string(
+      "", {"model.preset=gpt2-tiny", "model.dropout=0.1", "data.nsp=false", "optim.name=sgd", "optim.lr=3e-4",
+           "train.on_nonfinite=stop", "train.seed=7", "parallel.stages=2", "parallel.schedule=chimera",
+           "parallel.partition=[1,1]", "kfac.enabled=true", "kfac.placement=skip", "kfac.distributed=d-kfac",
+           "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
+  const std::string toml = a.to_toml();
+  const std::vector<std::string> keys = pf::config_keys();
+  EXPECT_EQ(keys.size(), 69u);
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
+  std::map<std::string, int> printed;
+  std::string table;
+  std::istringstream in(toml);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    if (line.front() == '[') table = line.substr(1, line.size() - 2);
+    else ++printed[table + "." + line.substr(0, line.find(" = "))];
+  }
+  EXPECT_EQ(printed.size(), keys.size()) << toml;
+  for (const std::string& k : keys) EXPECT_EQ(printed[k], 1) << k << " in\n" << toml;
+  const Config b = Config::from_toml_string(toml);
+  EXPECT_TRUE(b == a) << b.to_toml();
+  EXPECT_EQ(b.parallel.schedule, pf::ScheduleName::Chimera);
+  EXPECT_EQ(b.kfac.distributed, pf::KfacStrategy::DKfac);
+  EXPECT_EQ(b.train.on_nonfinite, pf::OnNonfinite::Stop);
+  EXPECT_TRUE(Config::from_toml_string(Config::from_toml_string("").to_toml()) == Config::from_toml_string(""));
 }

@@ -260,10 +260,10 @@ TEST(Batches, FillDoesNotReallocate) {
 
 TEST(Batches, MakeBatcherFromConfig) {
   ModelConfig model;
-  model.arch = "bert";
+  model.arch = pf::Arch::Bert;
   model.seq_len = 128;
   DataConfig data;
-  data.vocab = "bert";
+  data.vocab = pf::Vocab::Bert;
   data.train_file = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
   data.valid_file = data.train_file;
   auto train = make_batcher(model, data, false);
@@ -276,10 +276,10 @@ TEST(Batches, MakeBatcherFromConfig) {
   auto ids = std::vector<int32_t>(mb.tokens.begin(), mb.tokens.end());
   EXPECT_EQ(ids[0], kBertVocab.cls);
 
-  data.vocab = "gpt2";
+  data.vocab = pf::Vocab::Gpt2;
   data.train_file = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.gpt2.bin";
   EXPECT_THROW(make_batcher(model, data, false), UsageError);  // BERT needs [CLS]/[SEP]/[MASK]
-  model.arch = "gpt";
+  model.arch = pf::Arch::Gpt;
   model.vocab = 50257;
   EXPECT_EQ(make_batcher(model, data, false)->sequences_per_epoch(), (49066 - 1) / 128);
   data.train_file.clear();

@@ -31,8 +31,8 @@ TEST(HfModel, BertConfigIsBertForPreTrainings) {
 
 TEST(HfModel, GptConfigIsGpt2LMHeadModels) {
   pf::ModelConfig m;
-  m.arch = "gpt";
-  m.gelu = "tanh";
+  m.arch = pf::Arch::Gpt;
+  m.gelu = pf::Gelu::Tanh;
   m.vocab = 50257;
   m.max_position = 1024;
   m.layer_norm_eps = 1e-5f;

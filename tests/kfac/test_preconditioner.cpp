@@ -17,7 +17,7 @@ namespace {
 
 ModelConfig tiny(const char* arch) {
   ModelConfig c;
-  c.arch = arch;
+  c.arch = parse_name<Arch>(arch).value();
   c.layers = 1;
   c.hidden = 16;
   c.heads = 2;
@@ -25,7 +25,7 @@ ModelConfig tiny(const char* arch) {
   c.seq_len = 6;
   c.max_position = 16;
   c.vocab = 40;
-  c.gelu = c.arch == "bert" ? "erf" : "tanh";
+  c.gelu = c.arch == pf::Arch::Bert ? pf::Gelu::Erf : pf::Gelu::Tanh;
   return c;
 }
 
@@ -39,7 +39,7 @@ MicroBatch batch(const ModelConfig& c, int rows, int j, uint32_t seed) {
     mb.tokens[n] = static_cast<int32_t>(gen() % c.vocab);
     mb.attn_mask[n] = 1;
     mb.token_types[n] = 0;
-    const bool labelled = c.arch == "gpt" || n % 3 == 1;
+    const bool labelled = c.arch == pf::Arch::Gpt || n % 3 == 1;
     mb.labels[n] = labelled ? static_cast<int32_t>(gen() % c.vocab) : -1;
   }
   return mb;
@@ -97,7 +97,7 @@ TEST_P(DriverTest, PreconditionedGradientsMatchADenseComputation) {
   model->init(3);
   KfacConfig kc;
   kc.enabled = true;
-  kc.placement = "inline";
+  kc.placement = pf::Placement::Inline;
   kc.damping = 1e-3;
   kc.diag_limit = cs.diag_limit;
   KfacPreconditioner kfac(model->linears(), kc, c.vocab);

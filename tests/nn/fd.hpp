@@ -65,7 +65,7 @@ void check_grad(const std::string& what, float* value, const float* grad, int64_
 
 inline ModelConfig tiny_config(const std::string& arch) {
   ModelConfig c;
-  c.arch = arch;
+  c.arch = parse_name<Arch>(arch).value();
   c.layers = 2;
   c.hidden = 16;
   c.heads = 2;
@@ -89,9 +89,9 @@ inline MicroBatch tiny_batch(const ModelConfig& c, int index = 0, uint64_t seed 
   const int n = 2 * c.seq_len;
   for (int i = 0; i < n; ++i) {
     mb.tokens[i] = int32_t(r.bits(4 * i) % c.vocab);
-    mb.token_types[i] = c.arch == "bert" ? (i % c.seq_len >= c.seq_len / 2) : 0;
-    mb.attn_mask[i] = !(c.arch == "bert" && i >= n - 2);
-    bool labelled = c.arch == "gpt" || (mb.attn_mask[i] && (r.bits(4 * i + 1) % 3 == 0 || i == 0));
+    mb.token_types[i] = c.arch == Arch::Bert ? (i % c.seq_len >= c.seq_len / 2) : 0;
+    mb.attn_mask[i] = !(c.arch == Arch::Bert && i >= n - 2);
+    bool labelled = c.arch == Arch::Gpt || (mb.attn_mask[i] && (r.bits(4 * i + 1) % 3 == 0 || i == 0));
     mb.labels[i] = labelled ? int32_t(r.bits(4 * i + 2) % c.vocab) : -1;
   }
   return mb;

@@ -57,7 +57,7 @@ TEST_P(ModelTest, WholeModelGradientsMatchFiniteDifferences) {
     check_grad(p->name, p->value.data(), p->grad.data(), p->value.numel(), loss, {.floor = 3e-4, .samples = 12});
   // The tied word matrix appears once, shared by the embedding and the decoder.
   int n = 0;
-  for (Param* p : m->params()) n += p->name == (c.arch == "bert" ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight");
+  for (Param* p : m->params()) n += p->name == (c.arch == pf::Arch::Bert ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight");
   EXPECT_EQ(n, 1);
 }
 
@@ -92,7 +92,7 @@ TEST_P(ModelTest, CutIntoTwoRangesGivesTheSameLossAndGradients) {
   full->backward(mb, none, none, fs);
   std::map<std::string, Param*> ref;
   for (Param* p : full->params()) ref[p->name] = p;
-  const std::string word = c.arch == "bert" ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight";
+  const std::string word = c.arch == pf::Arch::Bert ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight";
   for (int k = 0; k < last; ++k) {
     auto a = build_model(c, 0, k), b = build_model(c, k + 1, last);
     a->init(17);

@@ -257,7 +257,7 @@ void expect_bubbles_match(const std::string& name, int ranks, const std::string&
   EXPECT_GT(planned, 0) << r.out;
   EXPECT_GT(stale, 0) << rec.dump(1);
   pf::Config cfg = load_config(cfg_sets);
-  cfg.kfac.placement = "inline";  // the reference loop decides by the record, not the placement
+  cfg.kfac.placement = pf::Placement::Inline;  // the reference loop decides by the record, not the placement
   expect_close(saved_weights(dir() / (name + ".safetensors")), reference_following(cfg, rec), name);
 }
 
@@ -321,7 +321,7 @@ TEST(PipeFisherRuntime, BubblesWithTwoReplicasBroadcastAndLocalInversionsEqualSi
   std::ifstream f(dir() / "1f1b_2x2_place" / "kfac_refresh.json");
   const nlohmann::json rec = nlohmann::json::parse(f);
   pf::Config cfg = load_config({"parallel.data_parallel=2", "parallel.micro_batches=2", "model.ffn=128"});
-  cfg.kfac.placement = "inline";
+  cfg.kfac.placement = pf::Placement::Inline;
   expect_close(saved_weights(dir() / "1f1b_2x2_place.safetensors"), reference_following(cfg, rec), "1f1b_2x2_place");
 }
 
@@ -525,7 +525,7 @@ TEST(PipeFisherRuntime, DriftReplansAndStillEqualsSingleProcess) {
     std::vector<std::string> sets = c.cfg;
     sets.push_back("train.steps=14");
     pf::Config cfg = load_config(sets);
-    cfg.kfac.placement = "inline";
+    cfg.kfac.placement = pf::Placement::Inline;
     expect_close(saved_weights(dir() / (c.name + ".safetensors")), reference_following(cfg, rec), c.name);
   }
 }

@@ -17,7 +17,7 @@ namespace {
 Config kfac_config(const std::string& placement, int every, int rows = 4) {
   Config c = test::sample_config(32, 2, rows);
   c.kfac.enabled = true;
-  c.kfac.placement = placement;
+  c.kfac.placement = parse_name<Placement>(placement).value();
   c.kfac.inverse_every = every;
   return c;
 }
@@ -94,7 +94,7 @@ TEST(KfacTrainer, OwnWarmupAndPlacement) {
   EXPECT_DOUBLE_EQ(make_run_lr_schedule(c).at(0), c.optim.lr / 4);
   c.kfac.warmup_steps = -1;
   EXPECT_EQ(make_run_lr_schedule(c).warmup_steps, 10);
-  c.kfac.placement = "bubbles";  // needs a pipeline
+  c.kfac.placement = pf::Placement::Bubbles;  // needs a pipeline
   EXPECT_THROW(Trainer{c}, UsageError);
 }
 
@@ -110,7 +110,7 @@ TEST(KfacTrainer, LowersTheLossFasterPerStepThanNvlamb) {
     c.train.eval_batches = 8;
     const Curve base = run(c, c.train.steps);
     c.kfac.enabled = true;
-    c.kfac.placement = "inline";
+    c.kfac.placement = pf::Placement::Inline;
     const Curve kfac = run(c, c.train.steps);
     std::printf("lr %g  step: nvlamb kfac\n", lr);
     for (size_t s = 0; s < base.loss.size(); ++s) std::printf("  %2zu: %.4f %.4f\n", s, base.loss[s], kfac.loss[s]);
