@@ -1,10 +1,10 @@
-// pipefisher plan --kfac: PipeFisher planned on the simulated step (sim/planner.hpp), with its
+// pipefisher plan --kfac: PipeFisher planned on the simulated step (plan/planner.hpp), with its
 // JSON `kfac` object, text summary, SVG and trace of the whole refresh period.
 #include "cmd_plan.hpp"
 #include "core/files.hpp"
 #include "nn/names.hpp"
+#include "plan/planner.hpp"
 #include "sim/limits.hpp"
-#include "sim/planner.hpp"
 #include "sim/sim.hpp"
 #include "viz/render.hpp"
 

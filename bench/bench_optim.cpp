@@ -46,7 +46,7 @@ struct Params {
   }
 };
 
-void BM_step(benchmark::State& state, const char* name) {
+void BM_step(benchmark::State& state, pf::OptimName name) {
   Params ps;
   pf::OptimConfig cfg;
   cfg.name = name;
@@ -56,9 +56,9 @@ void BM_step(benchmark::State& state, const char* name) {
   state.SetItemsProcessed(state.iterations() * ps.count);
   state.counters["params"] = static_cast<double>(ps.count);
 }
-BENCHMARK_CAPTURE(BM_step, sgd, "sgd")->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_step, adamw, "adamw")->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_step, nvlamb, "nvlamb")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_step, sgd, pf::OptimName::Sgd)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_step, adamw, pf::OptimName::AdamW)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_step, nvlamb, pf::OptimName::NvLamb)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Bandwidth reference: the same 4 reads and 3 writes per parameter, trivial arithmetic.
 void BM_bandwidth_reference(benchmark::State& state) {
