@@ -23,7 +23,8 @@ struct KfacModel {
   ModelConfig config;
   std::string name;                 // "measured", or the preset
   int blocks = 1;                   // transformer blocks per stage
-  std::vector<LinearShape> layers;  // the Linears of one stage
+  std::vector<LinearShape> block;   // the Linears of one block
+  std::vector<LinearShape> layers;  // the Linears of one stage (stage_linears, after check_kfac_size)
 };
 
 KfacModel kfac_model(const PlanArgs& a, const Profile& prof) {
@@ -32,15 +33,21 @@ KfacModel kfac_model(const PlanArgs& a, const Profile& prof) {
   k.config = k.measured && !a.has("--model") ? ModelConfig{} : model_preset(a.model);
   k.name = k.measured && !a.has("--model") ? std::string("measured") : a.model;
   k.blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
-  for (int b = 0; b < k.blocks; ++b)
-    for (const LinearShape& l : block_linears(name_of(k.config.arch), k.config.hidden, k.config.ffn)) k.layers.push_back(l);
+  k.block = block_linears(name_of(k.config.arch), k.config.hidden, k.config.ffn);
   return k;
 }
 
+std::vector<LinearShape> stage_linears(const KfacModel& m) {
+  std::vector<LinearShape> layers;
+  for (int b = 0; b < m.blocks; ++b) layers.insert(layers.end(), m.block.begin(), m.block.end());
+  return layers;
+}
+
 // K-FAC units per step: per device, per Linear of its blocks, curvature per micro-batch (A and B),
-// two inversions and a precondition, on top of the schedule's own actions.
+// two inversions and a precondition, on top of the schedule's own actions. Checked before the
+// stage's Linears are listed (--layers-per-stage 2000000000 would list 12e9 of them).
 void check_kfac_size(const PlanArgs& a, const Schedule& s, const Profile& prof, const KfacModel& m) {
-  int64_t linears = static_cast<int64_t>(m.layers.size());
+  int64_t linears = int64_t{m.blocks} * static_cast<int64_t>(m.block.size());
   for (const StageKfacCost& k : prof.kfac) linears = std::max<int64_t>(linears, k.layers());
   check_schedule_size(s.devices,
                       static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
@@ -168,8 +175,9 @@ json kfac_json(const PlanArgs& a, const KfacPlan& p, const PlanInput& in, const 
 }  // namespace
 
 json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const std::string& title, double base_bubble) {
-  const KfacModel m = kfac_model(a, prof);
+  KfacModel m = kfac_model(a, prof);
   check_kfac_size(a, s, prof, m);
+  m.layers = stage_linears(m);
   const PlanInput in = kfac_input(a, s, prof, m);
   KfacPlan p = plan_kfac(in);
   for (double t : {p.step_time, p.base_step_time, p.inline_time}) check_step_time(t, "--kfac");
