@@ -226,6 +226,16 @@ fs::path made_up_profile(const fs::path& recorded, const std::string& sets, int 
   return out;
 }
 
+// A 4-step bubbles run of `sets` (its recorded profile gives the shape), then made_up_profile of
+// it: the plan of a test that must not depend on the machine's timings.
+fs::path made_up_plan_profile(const std::string& name, const std::string& sets, int ranks) {
+  Launched rec = launch(ranks, name + "_rec",
+                        sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false --set train.steps=4",
+                        "--test-bcast-model 0,0");
+  EXPECT_EQ(rec.status, 0) << rec.out;
+  return made_up_profile(dir() / (name + "_rec") / "kfac_profile.json", sets, ranks, dir() / (name + "_made_up.json"));
+}
+
 // out: the run's output, for further checks.
 void expect_bubbles_match(const std::string& name, int ranks, const std::string& sets,
                           const std::vector<std::string>& cfg_sets, const std::string& seams = "",
@@ -456,12 +466,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraTwinsShareInversions) {
   // piece and when, is the same on any machine; measured ones under load gave cycles too long
   // for every piece to be inverted within the run.
   const std::string sets = "--set parallel.stages=4 --set parallel.schedule=chimera --set train.steps=16";
-  Launched rec = launch(4, "chimera_4_share_rec",
-                        sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false --set train.steps=4",
-                        "--test-bcast-model 0,0");
-  ASSERT_EQ(rec.status, 0) << rec.out;
-  const fs::path made_up = made_up_profile(dir() / "chimera_4_share_rec" / "kfac_profile.json", sets, 4,
-                                           dir() / "chimera_4_share_made_up.json");
+  const fs::path made_up = made_up_plan_profile("chimera_4_share", sets, 4);
   std::string out;
   const fs::path prof = dir() / "chimera_4_share_profile";
   fs::remove_all(prof);
@@ -583,12 +588,7 @@ TEST(PipeFisherRuntime, BubblesWithChimeraAndReplicasEqualSingleProcessWithSameP
   // the plan's cycles was built within the run.
   const std::string sets =
       "--set parallel.stages=2 --set parallel.schedule=chimera --set parallel.data_parallel=2 --set train.steps=16";
-  Launched rec = launch(4, "chimera_2x2_rec",
-                        sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false --set train.steps=4",
-                        "--test-bcast-model 0,0");
-  ASSERT_EQ(rec.status, 0) << rec.out;
-  const fs::path made_up = made_up_profile(dir() / "chimera_2x2_rec" / "kfac_profile.json", sets, 4,
-                                           dir() / "chimera_2x2_made_up.json");
+  const fs::path made_up = made_up_plan_profile("chimera_2x2", sets, 4);
   std::string out;
   const fs::path prof = dir() / "chimera_2x2_profile";
   fs::remove_all(prof);
