@@ -38,6 +38,7 @@
 #include "viz/sweep_chart.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -135,6 +136,14 @@ Profile profile_of(const PlanArgs& a) {
   return p;
 }
 
+// The files --svg, --trace and --csv wrote (text mode: the JSON's reader named them).
+void print_outputs(const PlanArgs& a) {
+  std::vector<std::string> written;
+  for (const std::string* path : {&a.svg, &a.trace, &a.csv})
+    if (!path->empty()) written.push_back(*path);
+  if (!written.empty()) fmt::print("outputs: {}\n", fmt::join(written, ", "));
+}
+
 int run_sweep_mode(const PlanArgs& a) {
   if (!a.schedule_file.empty()) usage_error("--sweep", "sweeps generated schedules, not --schedule-file");
   if (a.given("--trace")) usage_error("--trace", "not available with --sweep");
@@ -174,8 +183,9 @@ int run_sweep_mode(const PlanArgs& a) {
                    {"throughput_kfac", r.throughput_kfac}, {"throughput_kfac_skip", r.throughput_kfac_skip},
                    {"m_pipe", r.m_pipe}, {"m_kfac", r.m_kfac}, {"recompute", r.recompute}});
     fmt::print("{}\n", j.dump(1));
-  } else if (a.csv.empty()) {
-    fmt::print("{}", csv);
+  } else {
+    if (a.csv.empty()) fmt::print("{}", csv);
+    print_outputs(a);
   }
   return 0;
 }
@@ -380,8 +390,12 @@ int run(PlanArgs& a) {
   if (a.sweep) return run_sweep_mode(a);
   SimulatedStep r = simulate_step(a, plan_schedule(a));
   write_files(a, r);
-  if (a.json) print_json(a, r);
-  else print_text(a, r);
+  if (a.json) {
+    print_json(a, r);
+  } else {
+    print_text(a, r);
+    print_outputs(a);
+  }
   return 0;
 }
 

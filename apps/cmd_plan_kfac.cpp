@@ -9,8 +9,10 @@
 #include "viz/render.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <set>
 
 namespace pf::app {
 namespace {
@@ -193,22 +195,48 @@ json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const s
   return kfac_json(a, p, in, m, tl);
 }
 
+// "[2,-]": a device without a bubble has no lower bound (its K-FAC work runs inline).
+std::string lower_bound_text(const nlohmann::json& bounds) {
+  std::vector<std::string> items;
+  for (const auto& b : bounds) items.push_back(b.is_null() ? "-" : std::to_string(b.get<int>()));
+  return fmt::format("[{}]", fmt::join(items, ","));
+}
+
+// One line per group of holders sharing a stage's inversions (Chimera lists a twin pair under
+// both pipelines' copies of the stage: printed once).
+void print_placements(const nlohmann::json& placements) {
+  std::set<std::pair<int, std::set<int>>> printed;  // (stage, holders' devices)
+  std::vector<nlohmann::json> by_stage(placements.begin(), placements.end());
+  std::stable_sort(by_stage.begin(), by_stage.end(), [](const auto& x, const auto& y) { return x["stage"] < y["stage"]; });
+  for (const auto& sp : by_stage) {
+    std::set<int> devices;
+    std::vector<std::string> holders, loads;
+    for (const auto& m : sp["members"]) {
+      devices.insert(m["device"].get<int>());
+      holders.push_back(fmt::format("{}.{}", m["device"].get<int>(), m["replica"].get<int>()));
+    }
+    if (!printed.insert({sp["stage"].get<int>(), devices}).second) continue;
+    for (const auto& l : sp["load"]) loads.push_back(fmt::format("{:.1f}", l.get<double>()));
+    fmt::print("stage {} (holders device.replica {}): {} inversion pieces inverted by one holder and broadcast, {} "
+               "by every holder; modelled inversion time per holder {} ms\n",
+               sp["stage"].get<int>(), fmt::join(holders, ", "), sp["communicated"].get<int>(),
+               sp["non_communicated"].get<int>(), fmt::join(loads, ", "));
+  }
+}
+
 void print_kfac(const nlohmann::json& k) {
-  fmt::print("PipeFisher ({} model shapes, margin {:g}, W={}): refresh steps per device {} (lower bound {}), "
+  fmt::print("PipeFisher ({} model shapes, margin {:g}, W={}): refresh steps per device {} (lower bound {}{}), "
              "step time {:.3f} incl. precondition, inline work on the critical path {:.3f} per refresh, "
              "utilization {:.1f}% over the refresh period\n",
              k["model"].get<std::string>(), k["margin"].get<double>(), k["data_parallel"].get<int>(),
-             k["refresh_steps"].dump(), k["lower_bound_refresh_steps"].dump(), k["step_time"].get<double>(),
-             k["inline_time"].get<double>(), 100 * k["utilization"].get<double>());
+             k["refresh_steps"].dump(), lower_bound_text(k["lower_bound_refresh_steps"]),
+             lower_bound_text(k["lower_bound_refresh_steps"]).find('-') != std::string::npos ? "; -: no bubble" : "",
+             k["step_time"].get<double>(), k["inline_time"].get<double>(), 100 * k["utilization"].get<double>());
   if (!k["splits"].empty())
     fmt::print("{} inversions split into diagonal blocks (block-diagonal factor: larger than every bubble, or "
                "shortening the refresh period)\n",
                k["splits"].size());
-  for (const auto& sp : k["placement"])
-    fmt::print("stage {}{}: {} inversion pieces broadcast from their owner, {} inverted on every replica; "
-               "modelled loads {}\n",
-               sp["stage"].get<int>(), sp["pipeline"].get<int>() ? fmt::format(" (pipeline {})", sp["pipeline"].get<int>()) : "",
-               sp["communicated"].get<int>(), sp["non_communicated"].get<int>(), sp["load"].dump());
+  print_placements(k["placement"]);
   fmt::print("{}\n\n{}", k["precondition_line"].get<std::string>(), k["timeline_text"].get<std::string>());
 }
 

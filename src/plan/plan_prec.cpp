@@ -131,7 +131,7 @@ void place_precondition(PlanState& state) {
   const int D = in.schedule.devices;
   PF_CHECK(in.precondition != PrecPlacement::best, "plan_kfac decides PrecPlacement::best");
   TimedSchedule& ts = state.base;
-  ts = TimedSchedule{.schedule = in.schedule};
+  ts = TimedSchedule{.schedule = in.schedule, .links = in.cost};
   for (int d = 0; d < D; ++d) {
     ts.durations.emplace_back();
     for (size_t i = 0; i < in.schedule.per_device[d].size(); ++i)

@@ -30,6 +30,9 @@ struct TimedSchedule {
   Schedule schedule;
   std::vector<std::vector<double>> durations = {};
   std::vector<std::vector<char>> local = {};
+  // Point-to-point message times between stages (PlanInput::cost: a profile's; none with measured
+  // durations, which hold the waits): the same step as the plain simulation.
+  CostModel links = {};
   void insert(int device, int at, const Action& action, double duration, bool replica_local = false);
   Timeline simulate() const;  // the actions keep their kinds in the timeline
 };

@@ -25,7 +25,7 @@ Timeline TimedSchedule::simulate() const {
   for (size_t d = 0; d < local.size(); ++d)
     for (size_t i = 0; i < local[d].size(); ++i)
       if (local[d][i]) timed.per_device[d][i].kind = Kind::PREC;
-  Timeline timeline = pf::simulate(timed, CostModel{}, &durations);
+  Timeline timeline = pf::simulate(timed, links, &durations);
   for (size_t d = 0; d < local.size(); ++d)
     for (size_t i = 0; i < local[d].size(); ++i)
       if (local[d][i]) timeline.per_device[d][i].action = schedule.per_device[d][i];

@@ -276,6 +276,8 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   for (const Param* q : model_->params()) r.params.push_back(q);
   r.files.emplace_back("activations.json", activations);
   r.listed.push_back("activations.json");
+  if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
+  if (cfg_.kfac.enabled && cfg_.kfac.placement == Placement::Bubbles) r.listed.push_back("kfac_profile.json");
   if (!exec_->kfac_distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;
 }

@@ -268,8 +268,11 @@ void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
   }
   std::string listed;
   for (const std::string& name : rec.listed) listed += ", " + name;
+  std::string elsewhere;  // outputs outside out_dir
+  if (!r.args.save.empty()) elsewhere += ", " + r.args.save;
+  if (!r.args.profile_dir.empty()) elsewhere += ", " + r.args.profile_dir + "/";
   std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json%s}%s\n",
-              out.c_str(), listed.c_str(), r.args.save.empty() ? "" : (", " + r.args.save).c_str());
+              out.c_str(), listed.c_str(), elsewhere.c_str());
 }
 
 // The final evaluation when no step ran (a run resumed at its end), then the final outputs.

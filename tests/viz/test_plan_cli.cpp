@@ -133,6 +133,7 @@ TEST(PlanCli, HumanSummaryAndSweep) {
   const std::string csv = tmp("sweep.csv"), svg = tmp("sweep.svg");
   PlanRun s = plan("--sweep --schedule 1f1b --sweep-stages 2,4 --csv " + csv + " --svg " + svg);
   ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_EQ(s.out, "outputs: " + svg + ", " + csv + "\n");  // what it wrote, and nothing else
   std::string table = slurp(csv);
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 7);
   EXPECT_NE(table.find("\n1f1b,1,4,4,21,9,"), std::string::npos) << table;

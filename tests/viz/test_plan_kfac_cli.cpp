@@ -47,6 +47,17 @@ TEST(PlanKfacCli, HandComputableJson) {
                "pipefisher: --split-to-shorten: only applies with --kfac");
 }
 
+// Messages between stages take time (--tcomm): the planner's step without K-FAC is the plain
+// simulation's, and PREC at device 0's end lengthens it by exactly T_prec.
+TEST(PlanKfacCli, PlannerStepWithoutKfacIsThePlainStep) {
+  PlanRun r = plan("--kfac --schedule gpipe --stages 2 --micro-batches 2 --tcomm 0.25 --tcurv 1 --tinv 1 --tprec 0.5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(j["step_time"].get<double>(), 9 + 2 * 0.25);  // F F, then B B, one message each way
+  EXPECT_DOUBLE_EQ(j["kfac"]["plain_step_time"].get<double>(), j["step_time"].get<double>());
+  EXPECT_DOUBLE_EQ(j["kfac"]["base_step_time"].get<double>(), j["step_time"].get<double>() + 0.5);
+}
+
 TEST(PlanKfacCli, NoBubbleRunsInlineAndTheSummarySaysSo) {
   PlanRun r = plan("--kfac --schedule gpipe --stages 1 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -105,8 +116,16 @@ TEST(PlanKfacCli, ReplicasPlaceInversionsByAlgorithm1AndDrawTheBroadcasts) {
   EXPECT_NE(slurp(svg).find("broadcast inverse"), std::string::npos);
   EXPECT_NE(slurp(trace).find("BCAST_INV_"), std::string::npos);
   PlanRun t = plan(args);
-  EXPECT_NE(t.out.find("stage 0: 2 inversion pieces broadcast from their owner, 10 inverted on every replica"),
+  EXPECT_NE(t.out.find("stage 0 (holders device.replica 0.0, 0.1): 2 inversion pieces inverted by one holder and broadcast, 10 by every holder; modelled inversion time per holder 76.3, 76.3 ms\n"),
             std::string::npos) << t.out;
+  // Chimera lists each twin pair under both pipelines' copies of a stage: one line per stage.
+  PlanRun c = plan("--kfac --schedule chimera --stages 4 --micro-batches 4 --tcurv 1 --tinv 40 --tprec 1");
+  ASSERT_EQ(c.status, 0) << c.err;
+  for (int stage = 0; stage < 4; ++stage) {
+    const std::string line = fmt::format("\nstage {} (holders device.replica {}.0, {}.0): ", stage, stage, 3 - stage);
+    EXPECT_EQ(c.out.find(line), c.out.rfind(line)) << c.out;
+    EXPECT_NE(c.out.find(line), std::string::npos) << c.out;
+  }
   expect_usage("--kfac --schedule 1f1b --stages 4 --micro-batches 4 --bcast-beta -1", "pipefisher: --bcast-beta: ");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --bcast-alpha 1", "pipefisher: --bcast-alpha: only applies with --kfac");
 }
