@@ -672,6 +672,29 @@ TEST(PipeFisherRuntime, PlanProfileGivesTheSameLossesOnEveryRun) {
 // --profile-dir of a 2-rank PipeFisher run (issue 15): profile.json carries the run's shape and
 // its K-FAC units, so `plan --profile` with no other flag predicts that run; trace.json holds
 // every profiled step, marked, with K-FAC units named as the model names its layers.
+// The run's "outputs:" line names every file it wrote into out_dir (not its lock), and everything it names exists
+// (out_dir/{a, b}, then paths elsewhere; a trailing '/' names a directory).
+void expect_outputs_line_complete(const std::string& out, const fs::path& out_dir) {
+  const size_t at = out.find("outputs: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  const size_t open = line.find('{'), close = line.find('}');
+  ASSERT_EQ(line.substr(9, open - 9), out_dir.string() + "/") << line;
+  std::set<std::string> named;
+  std::stringstream in_dir(line.substr(open + 1, close - open - 1));
+  for (std::string n; std::getline(in_dir, n, ',');) named.insert(n.substr(n.find_first_not_of(' ')));
+  for (const std::string& n : named) EXPECT_TRUE(fs::is_regular_file(out_dir / n)) << n << " in " << line;
+  for (const auto& e : fs::directory_iterator(out_dir))
+    if (e.is_regular_file() && e.path().filename().string()[0] != '.')  // not the run's lock
+      EXPECT_TRUE(named.count(e.path().filename().string())) << e.path() << " not in " << line;
+  std::stringstream elsewhere(line.substr(close + 1));
+  for (std::string n; std::getline(elsewhere, n, ',');)
+    if (n.find_first_not_of(' ') != std::string::npos) {
+      n = n.substr(n.find_first_not_of(' '));
+      EXPECT_TRUE(n.back() == '/' ? fs::is_directory(n) : fs::is_regular_file(n)) << n << " in " << line;
+    }
+}
+
 TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
   const fs::path pdir = dir() / "pr_profile";
   fs::remove_all(pdir);
@@ -679,6 +702,8 @@ TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
                                    "--set train.steps=8 --set kfac.replan_on_drift=false --profile-dir " +
                                        pdir.string() + " --profile-steps 2,7,8");
   ASSERT_EQ(r.status, 0) << r.out;
+  expect_outputs_line_complete(r.out, dir() / "pr_run");
+  EXPECT_NE(r.out.find(", " + pdir.string() + "/"), std::string::npos) << r.out;
   const nlohmann::json prof = read_json(pdir / "profile.json");
   const nlohmann::json& run = prof["run"];
   EXPECT_EQ(run["schedule"], "1f1b");
