@@ -1,6 +1,7 @@
 #include "kfac/preconditioner.hpp"
 
 #include "core/error.hpp"
+#include "core/kernels.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -132,6 +133,15 @@ double KfacPreconditioner::vg_sum() const {
   double vg = 0;
   for (const KfacTarget& t : targets_) vg += t.layer->last_vg();
   return vg;
+}
+
+double KfacPreconditioner::grad_sq_sum() const {
+  double sq = 0;
+  for (const KfacTarget& t : targets_) {
+    sq += sum_squares(t.weight->grad.data(), t.weight->grad.numel());
+    if (t.bias) sq += sum_squares(t.bias->grad.data(), t.bias->grad.numel());
+  }
+  return sq;
 }
 
 void KfacPreconditioner::scale_gradients(double nu) {

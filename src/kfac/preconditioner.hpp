@@ -96,6 +96,9 @@ class KfacPreconditioner final : public LinearTap {
   // kl_clip_scale): this preconditioner's sum of v.g, and scaling its gradients by nu.
   double vg_sum() const;
   void scale_gradients(double nu);
+  // Sum of squares of the targets' gradients (weights and biases): before the precondition, the
+  // loss gradient's share in the norm a log compares across optimizers.
+  double grad_sq_sum() const;
 
   // --- checkpoints: every layer's factors, inverses and counters (KfacLayer::state) ---
   NamedTensors state() const;

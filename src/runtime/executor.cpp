@@ -179,7 +179,7 @@ void Executor::post_receives() {
 
 StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, double lr, std::vector<ActionTime>* times) {
   loss_ = 0;
-  grad_norm_ = 0;
+  grad_norm_ = precond_grad_norm_ = 0;
   gradients_finished_ = false;
   for (auto& c : chunks_) {
     c->model->zero_grad();
@@ -212,7 +212,7 @@ StepOutcome Executor::step(int64_t step, const std::vector<MicroBatch>& mbs, dou
   // One reduction for the loss and the K-FAC counts.
   double sums[4] = {loss_, static_cast<double>(kfac_curv_), static_cast<double>(kfac_inv_), kfac_ns_ * 1e-9};
   comm::allreduce_sum({sums, 4}, MPI_COMM_WORLD, "the step's loss");
-  StepOutcome o{sums[0], grad_norm_};
+  StepOutcome o{sums[0], grad_norm_, precond_grad_norm_};
   o.kfac_curvature = static_cast<int>(sums[1]);
   o.kfac_inversion = static_cast<int>(sums[2]);
   o.kfac_time_s = sums[3];
@@ -299,7 +299,7 @@ void Executor::on_optimizer(const Action& a, const StepInputs& in) {
   if (!gradients_finished_) finish_gradients(in.lr);
   Chunk& c = chunk(a.pipeline, a.stage);
   // A non-finite norm skips the update (optim/optimizer.hpp): so does a non-finite loss anywhere.
-  c.optim->step(c.params, in.lr, step_finite_ ? grad_norm_ : std::numeric_limits<double>::quiet_NaN());
+  c.optim->step(c.params, in.lr, step_finite_ ? precond_grad_norm_ : std::numeric_limits<double>::quiet_NaN());
 }
 
 // The chunk's input of micro-batch m: kept until step end (receive buffers and outputs are per slot).
@@ -365,16 +365,23 @@ void Executor::finish_gradients(double lr) {
     if (word_sync_) word_sync_->start(), word_sync_->wait();
     for (size_t i = 1; i < word_copies_.size(); ++i) std::copy(sum.begin(), sum.end(), word_copies_[i]->grad.data());
   }
-  // Global norm: every stage once (pipeline 0's chunks; mirrors are left out by grad_sq_norm).
-  // A non-finite loss (known to the last stage's ranks only) rides along, first over the
-  // replicas, so that every rank skips the step here, before any optimizer step.
-  double v[2] = {0, std::isfinite(loss_) ? 0.0 : 1.0};
+  // Global norms: every stage once (pipeline 0's chunks; mirrors are left out by grad_sq_norm),
+  // as clipping sees them, and of the loss gradient (K-FAC's targets as they were before their
+  // precondition). A non-finite loss (known to the last stage's ranks only) rides along, first
+  // over the replicas, so that every rank skips the step here, before any optimizer step.
+  double v[3] = {0, std::isfinite(loss_) ? 0.0 : 1.0, 0};
   if (groups_.data_parallel.size() > 1) comm::allreduce_sum({&v[1], 1}, groups_.data_parallel.get(), "the loss flag");
-  for (auto& c : chunks_)
-    if (c->pipeline == 0) v[0] += c->optim->grad_sq_norm(c->params);
-  comm::allreduce_sum({v, 2}, groups_.pipeline.get(), "the gradient norm");
-  grad_norm_ = std::sqrt(v[0]);
-  step_finite_ = v[1] == 0 && std::isfinite(grad_norm_);
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    Chunk& c = *chunks_[i];
+    if (c.pipeline != 0) continue;
+    const double sq = c.optim->grad_sq_norm(c.params);
+    v[0] += sq;
+    v[2] += kfac_ ? sq - c.kfac->pre().grad_sq_sum() + kfac_->raw_grad_sq[i] : sq;
+  }
+  comm::allreduce_sum({v, 3}, groups_.pipeline.get(), "the gradient norm");
+  precond_grad_norm_ = std::sqrt(v[0]);
+  grad_norm_ = std::sqrt(v[2]);
+  step_finite_ = v[1] == 0 && std::isfinite(precond_grad_norm_);
   // The curvature of a skipped step must not stay in the factors.
   if (!step_finite_ && kfac_) kfac_discard_step();
   gradients_finished_ = true;

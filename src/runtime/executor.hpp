@@ -84,7 +84,8 @@ struct ActivationMemory {
 
 struct StepOutcome {
   double loss = 0;       // mean token loss of the global batch (every rank gets it)
-  double grad_norm = 0;  // global gradient norm before clipping
+  double grad_norm = 0;          // global norm of the loss gradient (before K-FAC and clipping)
+  double precond_grad_norm = 0;  // after K-FAC's precondition (what clipping sees); grad_norm without K-FAC
   // K-FAC's work in the step, summed over the ranks (every rank gets it): factor pieces whose
   // curvature / inversion ran (placed units, or an inline refresh's layers), and the seconds
   // spent in K-FAC actions (curvature, sync, inversion, broadcast, precondition).
@@ -229,7 +230,7 @@ class Executor {
   std::vector<Param*> word_copies_;  // this rank's copies
   std::unique_ptr<comm::BucketedAllReduce> word_sync_;
   // Per step.
-  double loss_ = 0, grad_norm_ = 0;
+  double loss_ = 0, grad_norm_ = 0, precond_grad_norm_ = 0;
   bool gradients_finished_ = false;
   bool step_finite_ = true;  // loss and gradient norm finite on every rank (finish_gradients)
   int64_t finish_ns_ = 0;  // time finish_gradients took in this step

@@ -70,6 +70,8 @@ struct Executor::KfacState {
   std::vector<double> dur_sum;                    // [actions_ index] profiled ms
   int dur_samples = 0;
   std::vector<ChunkKfacTimes> times;              // [chunk]
+  std::vector<double> raw_grad_sq;                // [chunk] its K-FAC targets' gradient before this step's
+                                                  // precondition, squared (kfac_precondition)
   int drift_steps = 0;                            // consecutive steps far over the plan
   std::optional<std::pair<double, double>> bcast_model;  // W > 1: ms, ms per byte (kfac_bcast_model)
   double profiled_compute = 0;                    // this rank's F/B/I/W ms per step in the profile

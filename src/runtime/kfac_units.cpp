@@ -31,6 +31,7 @@ void Executor::kfac_setup() {
                                                   layout_.pipelines() > 1));
     c->kfac = k.chunk.back().get();
     k.times.emplace_back();
+    k.raw_grad_sq.push_back(0);
   }
   // Factor sums among a stage's copies get their own communicators (another stream of
   // collectives than the gradient buckets), made in stage order on every member.
@@ -135,6 +136,7 @@ void Executor::kfac_precondition(Chunk& c, size_t index) {
   ChunkKfac& ck = *k.chunk[index];
   if (ck.preconditioned()) return;
   if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;  // precondition the summed gradient
+  k.raw_grad_sq[index] = ck.pre().grad_sq_sum();
   MPI_Comm holders = k.holders[index].get();
   // An inline refresh's work counts one unit per K-FAC layer of the chunk (StepOutcome).
   const int layers = static_cast<int>(ck.pre().size());

@@ -222,13 +222,14 @@ EngineStep MpiEngine::step(int64_t s) {
   const StepOutcome o = exec_->step(s, mbs_, st.lr, prof ? &times_ : nullptr);
   st.loss = o.loss;
   st.grad_norm = o.grad_norm;
+  if (cfg_.kfac.enabled) st.precond_grad_norm = o.precond_grad_norm;
   st.kfac_curvature = o.kfac_curvature > 0;
   st.kfac_inversion = o.kfac_inversion > 0;
   st.kfac_time_s = o.kfac_time_s;
   st.kfac_raised = -1;
   // Every rank has the same loss (world sum) and norm (pipeline sum of all-reduced gradients); a
   // non-finite norm made every optimizer skip its update (optim/optimizer.hpp).
-  st.nonfinite = !std::isfinite(o.loss) || !std::isfinite(o.grad_norm);
+  st.nonfinite = !std::isfinite(o.loss) || !std::isfinite(o.precond_grad_norm);
   st.tokens = static_cast<int64_t>(mbs_.size()) * cfg_.parallel.micro_batch_size * cfg_.model.seq_len;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (s >= 2) step_time_sum_ += st.step_time_s, ++timed_steps_;

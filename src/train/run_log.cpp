@@ -22,7 +22,7 @@ namespace {
 // The CSV columns, in order: the JSON record's fields (absent ones are empty cells).
 const std::vector<std::string> kColumns = {"step", "time", "elapsed_s", "loss", "valid_loss", "lr", "grad_norm",
                                            "tokens", "step_time_s", "tokens_per_s"};
-const std::vector<std::string> kKfacColumns = {"kfac_curvature", "kfac_inversion", "kfac_damping_raised",
+const std::vector<std::string> kKfacColumns = {"precond_grad_norm", "kfac_curvature", "kfac_inversion", "kfac_damping_raised",
                                                "kfac_time_s"};
 
 std::string utc_now() {
@@ -132,6 +132,7 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
                            {"tokens_per_s", tps}};
   if (valid_loss) j["valid_loss"] = *valid_loss;
   if (o_.kfac) {
+    j["precond_grad_norm"] = s.precond_grad_norm;
     j["kfac_curvature"] = s.kfac_curvature;
     j["kfac_inversion"] = s.kfac_inversion;
     j["kfac_damping_raised"] = s.kfac_raised >= 0 ? nlohmann::ordered_json(s.kfac_raised) : nlohmann::ordered_json();

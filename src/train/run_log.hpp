@@ -6,9 +6,10 @@
 // Step records: one JSON object per line in out_dir/log.jsonl (and train.log_json), the same
 // fields as a CSV row in out_dir/metrics.csv (spreadsheets, pandas, gnuplot):
 //   step, time (UTC, ISO 8601), elapsed_s (training seconds since the run's first step, resumed
-//   segments continuing the count), loss, valid_loss (steps that evaluated), lr, grad_norm,
-//   tokens, step_time_s, tokens_per_s, and with K-FAC
-//   kfac_curvature / kfac_inversion (this step did curvature / inversion work: a refresh, or in
+//   segments continuing the count), loss, valid_loss (steps that evaluated), lr, grad_norm (the
+//   loss gradient's global norm, before K-FAC and clipping: comparable across optimizers),
+//   tokens, step_time_s, tokens_per_s, and with K-FAC precond_grad_norm (after the precondition:
+//   what clipping sees), kfac_curvature / kfac_inversion (this step did curvature / inversion work: a refresh, or in
 //   PipeFisher's bubbles a part of one), kfac_damping_raised (factors whose inversion needed more
 //   damping; one process only, empty under MPI) and kfac_time_s (the step's K-FAC work: in one
 //   process commit, inversions, preconditioning and KL clip after the backward; under MPI the

@@ -82,7 +82,8 @@ StepStats Trainer::step() {
   if (poison_.poisons_loss(step_)) s.loss = std::numeric_limits<double>::quiet_NaN();
   s.lr = lr_.at(step_);
   // A NaN/Inf loss or gradient is caught here, before it reaches K-FAC's factors or the weights.
-  if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(optim_->grad_sq_norm(params_)))) {
+  s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
+  if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(s.grad_norm))) {
     s.nonfinite = true;
     if (s.kfac_curvature) {
       kfac_->detach();
@@ -91,14 +92,15 @@ StepStats Trainer::step() {
     }
     s.grad_norm = std::numeric_limits<double>::quiet_NaN();
   } else {
+    double clip_norm = s.grad_norm;  // what the optimizer clips by: after K-FAC's precondition
     if (kfac_) {
       const auto tk = std::chrono::steady_clock::now();
       kfac_step(s);
       s.kfac_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tk).count();
+      clip_norm = s.precond_grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
     }
-    s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
-    s.nonfinite = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
-    if (!s.nonfinite) optim_->step(params_, s.lr, s.grad_norm);
+    s.nonfinite = !std::isfinite(s.loss) || !std::isfinite(clip_norm);
+    if (!s.nonfinite) optim_->step(params_, s.lr, clip_norm);
   }
   s.tokens = tokens_per_step();
   s.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -25,6 +25,7 @@
 #include "train/test_seams.hpp"
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <vector>
@@ -35,7 +36,9 @@ struct StepStats {
   int64_t step = 0;        // 0-based step just taken
   double loss = 0;         // mean token loss of the step
   double lr = 0;
-  double grad_norm = 0;    // global gradient norm before clipping (after K-FAC's precondition)
+  double grad_norm = 0;    // global norm of the loss gradient (before K-FAC's precondition and clipping)
+  double precond_grad_norm = std::numeric_limits<double>::quiet_NaN();  // K-FAC: after its precondition,
+                                                                          // what clipping sees; NaN without
   int64_t tokens = 0;      // tokens processed in the step
   double step_time_s = 0;
   // K-FAC: what this step refreshed, and the factors whose inversion needed more damping.

@@ -85,8 +85,14 @@ pf::Config load_config(const std::vector<std::string>& sets) {
   return pf::Config::load(config_file().string(), sets);
 }
 
-// Single-process K-FAC following a refresh record exactly.
-std::map<std::string, std::vector<float>> reference_following(const pf::Config& cfg, const nlohmann::json& rec) {
+// A step's gradient norms: of the loss gradient, and after K-FAC's precondition.
+struct StepNorms {
+  double grad = 0, preconditioned = 0;
+};
+
+// Single-process K-FAC following a refresh record exactly (`norms`: each step's, if given).
+std::map<std::string, std::vector<float>> reference_following(const pf::Config& cfg, const nlohmann::json& rec,
+                                                              std::vector<StepNorms>* norms = nullptr) {
   using namespace pf;
   set_threads(1);
   const auto& p = cfg.parallel;
@@ -155,8 +161,10 @@ std::map<std::string, std::vector<float>> reference_following(const pf::Config& 
       if (e["block"].get<int>() < 0) kl.invert(side_of(s), cfg.kfac.damping);
       else kl.invert_block(side_of(s), e["block"], cfg.kfac.damping);
     }
+    const double grad_norm = std::sqrt(optim->grad_sq_norm(params));
     pre.precondition_all();
     const double norm = std::sqrt(optim->grad_sq_norm(params));
+    if (norms) norms->push_back({grad_norm, norm});
     optim->step(params, lr.at(t), norm);
   }
   std::map<std::string, std::vector<float>> out;
@@ -189,6 +197,27 @@ void expect_close(const std::map<std::string, std::vector<float>>& got,
   }
   EXPECT_GT(compared, 20u) << what;
   EXPECT_LE(worst, 1e-5) << what; std::printf("%s worst %g\n", what.c_str(), worst);
+}
+
+// The run's logged norms against the reference's, step by step: grad_norm is the loss gradient's
+// (before K-FAC), precond_grad_norm what clipping saw. Float32 gradients summed in another order,
+// and the weights within expect_close's 1e-5: 1e-4 of the norm is far above that rounding, and far
+// below the gap between the two norms (K-FAC rescales the gradient many times over).
+void expect_norms_close(const fs::path& log, const std::vector<StepNorms>& want, const std::string& what) {
+  std::ifstream in(log);
+  size_t step = 0;
+  double worst = 0;
+  for (std::string line; std::getline(in, line); ++step) {
+    ASSERT_LT(step, want.size()) << what;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const double grad = j.at("grad_norm"), preconditioned = j.at("precond_grad_norm");
+    worst = std::max({worst, std::fabs(grad / want[step].grad - 1),
+                      std::fabs(preconditioned / want[step].preconditioned - 1)});
+    EXPECT_GT(std::fabs(preconditioned / grad - 1), 1e-2) << what << " step " << step + 1;
+  }
+  EXPECT_EQ(step, want.size()) << what;
+  EXPECT_LE(worst, 1e-4) << what;
+  std::printf("%s norms worst relative %g\n", what.c_str(), worst);
 }
 
 // Layers the plan preconditions on one holder and all-gathers ("split by layer ... X of Y
@@ -268,7 +297,9 @@ void expect_bubbles_match(const std::string& name, int ranks, const std::string&
   EXPECT_GT(stale, 0) << rec.dump(1);
   pf::Config cfg = load_config(cfg_sets);
   cfg.kfac.placement = pf::Placement::Inline;  // the reference loop decides by the record, not the placement
-  expect_close(saved_weights(dir() / (name + ".safetensors")), reference_following(cfg, rec), name);
+  std::vector<StepNorms> norms;
+  expect_close(saved_weights(dir() / (name + ".safetensors")), reference_following(cfg, rec, &norms), name);
+  expect_norms_close(dir() / name / "log.jsonl", norms, name);
 }
 
 TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -118,4 +119,18 @@ TEST(KfacTrainer, LowersTheLossFasterPerStepThanNvlamb) {
     EXPECT_LT(kfac.valid, base.valid - 0.5) << "lr " << lr;
     EXPECT_LT(mean(kfac.loss, 5), mean(base.loss, 5) - 0.4) << "lr " << lr;
   }
+}
+
+// The two norms of a step: grad_norm is the loss gradient's whatever the optimizer, so the first
+// step (same weights, same batch) gives NVLAMB's bits; precond_grad_norm is the norm after K-FAC's
+// precondition, what clipping sees, and absent (NaN) without K-FAC.
+TEST(KfacTrainer, GradNormIsTheLossGradientsAndThePreconditionedOneIsLoggedBeside) {
+  Config with = kfac_config("inline", 1), without = with;
+  without.kfac.enabled = false;
+  Trainer k(with), plain(without);
+  const StepStats a = k.step(), b = plain.step();
+  EXPECT_EQ(a.grad_norm, b.grad_norm);
+  EXPECT_TRUE(std::isnan(b.precond_grad_norm));
+  ASSERT_TRUE(std::isfinite(a.precond_grad_norm));
+  EXPECT_GT(std::fabs(a.precond_grad_norm / a.grad_norm - 1), 1e-2);  // K-FAC rescales it
 }
