@@ -76,6 +76,6 @@ Runner setup(CLI::App& cmd) {
 
 }  // namespace
 
-PF_COMMAND(eval, "eval", "validation loss and perplexity of saved weights (--init) on data.valid_file", setup)
+PF_COMMAND(eval, "eval", "Validation loss and perplexity of saved weights (--init) on data.valid_file", setup)
 
 }  // namespace pf::app

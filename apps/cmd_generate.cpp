@@ -73,6 +73,6 @@ Runner setup(CLI::App& cmd) {
 
 }  // namespace
 
-PF_COMMAND(generate, "generate", "continue a prompt with a trained GPT model (--init)", setup)
+PF_COMMAND(generate, "generate", "Continue a prompt with a trained GPT model (--init)", setup)
 
 }  // namespace pf::app

@@ -22,4 +22,4 @@ pf::app::Runner setup(CLI::App& cmd) {
 
 }  // namespace
 
-PF_COMMAND(machine, "machine", "print the machine line: CPU, BLAS kernels, threads, load", setup)
+PF_COMMAND(machine, "machine", "Print the machine line: CPU, BLAS kernels, threads, load", setup)

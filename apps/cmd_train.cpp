@@ -87,4 +87,4 @@ pf::app::Runner setup(CLI::App& cmd) {
 
 }  // namespace
 
-PF_COMMAND(train, "train", "train a model (one process, or pipeline x data parallel under scripts/pfrun)", setup)
+PF_COMMAND(train, "train", "Train a model (one process, or pipeline x data parallel under scripts/pfrun)", setup)

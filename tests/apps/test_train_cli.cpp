@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -204,4 +206,22 @@ TEST_F(TrainCli, AnotherRunsOutputsAreNotOverwritten) {
   const Output replaced = pipefisher(job + " --set optim.lr=0.003 --overwrite", dir_);
   ASSERT_EQ(replaced.status, 0) << replaced.err;
   EXPECT_NE(read(out_ / "config.toml").find("lr = 0.003"), std::string::npos);
+}
+
+// `pipefisher --help` lists every command with a description written alike: a capital first, as
+// CLI11 writes its own ("Print this help message and exit").
+TEST_F(TrainCli, EveryCommandsHelpLineStartsWithACapital) {
+  Output r = pipefisher("--help", dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const size_t at = r.out.find("Subcommands:\n");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::istringstream lines(r.out.substr(at + 13));
+  int commands = 0;
+  for (std::string line; std::getline(lines, line) && !line.empty();) {
+    const size_t description = line.find_first_not_of(' ', line.find(' ', line.find_first_not_of(' ')));
+    ASSERT_NE(description, std::string::npos) << line;
+    EXPECT_TRUE(std::isupper(static_cast<unsigned char>(line[description]))) << line;
+    ++commands;
+  }
+  EXPECT_EQ(commands, 7) << r.out;
 }
