@@ -90,6 +90,15 @@ std::string skipped_note(const LossCurve& c) {
   return fmt::format(" ({} step{} skipped: gaps)", c.skipped, c.skipped == 1 ? "" : "s");
 }
 
+// ": reaches 6.36 at step 900 (1234.5 s)" after a legend entry, when the smoothed curve reaches
+// the target.
+std::string crossing_note(const LossCurve& c, std::optional<double> target) {
+  if (!target) return "";
+  const auto hit = first_crossing(c, c.smoothed, *target);
+  if (!hit) return fmt::format(": does not reach {:g}", *target);
+  return fmt::format(": reaches {:g} at step {:.0f} ({:.1f} s)", *target, hit->step, hit->time_s);
+}
+
 // One panel: loss (y) against steps or training time (x), mapped to the picture's coordinates.
 struct Panel {
   int id = 0;
@@ -100,7 +109,8 @@ struct Panel {
   double Y(double v) const { return top + ph - ph * (v - ylo) / (yhi - ylo); }
 };
 
-std::string panel_axes(const Panel& p, const std::vector<double>& xt, const std::vector<double>& yt) {
+std::string panel_axes(const Panel& p, const std::vector<double>& xt, const std::vector<double>& yt,
+                       std::optional<double> target) {
   std::string o = fmt::format(
       "<clipPath id=\"plot{}\"><rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\"/></clipPath>\n"
       "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#333\"/>\n",
@@ -115,14 +125,16 @@ std::string panel_axes(const Panel& p, const std::vector<double>& xt, const std:
                      p.X(v), p.top, p.X(v), p.top + p.ph, p.X(v), p.top + p.ph + 14, v);
   o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n",
                    p.x0 + p.pw / 2, p.top + p.ph + 30, p.by_time ? "training time (s)" : "step");
-  o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">training loss vs {}</text>\n", p.x0, p.top - 8,
-                   p.by_time ? "time" : "steps");
+  o += fmt::format("<text transform=\"translate({:.0f},{:.0f}) rotate(-90)\" font-size=\"11\" "
+                   "text-anchor=\"middle\">loss (nats)</text>\n",
+                   p.x0 - 44, p.top + p.ph / 2);
+  o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">training loss vs {}{}</text>\n", p.x0, p.top - 8,
+                   p.by_time ? "time" : "steps", target ? fmt::format(" (dashed: target {:g})", *target) : "");
   return o;
 }
 
-// A run's raw and smoothed loss as lines, broken where a step was skipped (NaN), and its
-// validation losses as dots.
-std::string panel_curve(const Panel& p, const LossCurve& c, const char* col) {
+// A run's raw and smoothed loss as lines, broken where a step was skipped (NaN).
+std::string panel_lines(const Panel& p, const LossCurve& c, const char* col) {
   const std::vector<double>& xs = p.by_time ? c.time_s : c.step;
   std::string o;
   auto line = [&](const std::vector<double>& ys, const char* attrs) {
@@ -145,8 +157,14 @@ std::string panel_curve(const Panel& p, const LossCurve& c, const char* col) {
       o += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-linecap=\"round\" {}/>\n", path, col,
                        attrs);
   };
-  line(c.loss, "stroke-width=\"0.8\" stroke-opacity=\"0.35\"");
+  line(c.loss, "stroke-width=\"1\" stroke-opacity=\"0.5\"");
   line(c.smoothed, "stroke-width=\"2.2\"");
+  return o;
+}
+
+// A run's validation losses as dots, drawn outside the panel's clip (a dot on its edge stays whole).
+std::string panel_dots(const Panel& p, const LossCurve& c, const char* col) {
+  std::string o;
   const std::vector<double>& vx = p.by_time ? c.valid_time_s : c.valid_step;
   for (size_t i = 0; i < c.valid_loss.size(); ++i)
     o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\" stroke=\"#fff\"/>\n", p.X(vx[i]),
@@ -154,7 +172,8 @@ std::string panel_curve(const Panel& p, const LossCurve& c, const char* col) {
   return o;
 }
 
-// The target as a dashed line, and where each smoothed curve first reaches it.
+// The target as a dashed line, and where each smoothed curve first reaches it (a ring and a
+// dotted drop to the axis; the legend gives the numbers, so no label covers a curve).
 std::string panel_target(const Panel& p, const std::vector<LossCurve>& curves, double target) {
   std::string o = fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#222\" "
                               "stroke-dasharray=\"6 4\"/>\n",
@@ -163,16 +182,11 @@ std::string panel_target(const Panel& p, const std::vector<LossCurve>& curves, d
     const auto hit = first_crossing(curves[r], curves[r].smoothed, target);
     if (!hit) continue;
     const double cx = p.X(p.by_time ? hit->time_s : hit->step), cy = p.Y(target);
-    // The label reads away from the nearer edge, so that the panel's clip never cuts it.
-    const bool right_half = cx > p.x0 + p.pw / 2;
     const char* col = kPalette[r % 8];
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"{}\" "
                      "stroke-dasharray=\"2 3\"/><circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"none\" "
-                     "stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" "
-                     "text-anchor=\"{}\" fill=\"{}\">{}</text>\n",
-                     cx, cy, cx, p.top + p.ph, col, cx, cy, col, right_half ? cx - 7 : cx + 7, cy - 8 - 12.0 * r,
-                     right_half ? "end" : "start", col,
-                     p.by_time ? fmt::format("{:.1f} s", hit->time_s) : fmt::format("step {:.0f}", hit->step));
+                     "stroke=\"{}\" stroke-width=\"2\"/>\n",
+                     cx, cy, cx, p.top + p.ph, col, cx, cy, col);
   }
   return o;
 }
@@ -184,14 +198,12 @@ std::string loss_panel(const std::vector<LossCurve>& curves, const LossChartOpti
   if (!x.ok()) x = {0, 1};
   const std::vector<double> xt = nice_ticks(0, x.hi, 6);
   p.xhi = std::max(x.hi, xt.back());
-  std::string o = panel_axes(p, xt, yt);
+  std::string o = panel_axes(p, xt, yt, opt.target);
   o += fmt::format("<g clip-path=\"url(#plot{})\">\n", p.id);
-  for (size_t r = 0; r < curves.size(); ++r) o += panel_curve(p, curves[r], kPalette[r % 8]);
+  for (size_t r = 0; r < curves.size(); ++r) o += panel_lines(p, curves[r], kPalette[r % 8]);
   if (opt.target) o += panel_target(p, curves, *opt.target);
   o += "</g>\n";
-  if (opt.target)
-    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\">target {:g}</text>\n",
-                     p.x0 + p.pw - 4, p.Y(*opt.target) + 13, *opt.target);
+  for (size_t r = 0; r < curves.size(); ++r) o += panel_dots(p, curves[r], kPalette[r % 8]);
   return o;
 }
 
@@ -225,7 +237,7 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
     o += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"{}\" stroke-width=\"3\"/>"
                      "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12\">{}</text>\n",
                      left, ly, left + 24, ly, kPalette[r % 8], left + 30, ly + 4,
-                     xml_escape(curves[r].name) + skipped_note(curves[r]));
+                     xml_escape(curves[r].name) + skipped_note(curves[r]) + crossing_note(curves[r], opt.target));
   o += "</svg>\n";
   return o;
 }

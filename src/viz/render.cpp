@@ -125,7 +125,7 @@ void draw_action(std::string& o, const TimelineGeometry& g, const TimedAction& t
     const std::string label = std::to_string(a.micro_batch);
     if (const double font = label_font(w, label.size()); font > 0)
       o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" "
-                       "fill=\"#ffffff\">{}</text>\n", x0 + w / 2, y + g.row_h / 2 + font * 0.36, font, label);
+                       "fill=\"{}\">{}</text>\n", x0 + w / 2, y + g.row_h / 2 + font * 0.36, font, ink_on(st.color), label);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
 
 namespace pf {
 
@@ -18,18 +19,29 @@ const KindStyle& kind_style(Kind k) {
       {"#9C9C9C", "recv (waiting)", '<'},      // RECV_F
       {"#3D3D3D", "send", '>'},                // SEND_B
       {"#9C9C9C", "recv (waiting)", '<'},      // RECV_B
-      {"#79706E", "sync-grad", 'a'},           // ALLREDUCE
-      {"#BAB0AC", "optimizer", 'o'},           // OPT
+      {"#1F3F6E", "sync-grad", 'a'},           // ALLREDUCE
+      {"#BCBD22", "optimizer", 'o'},           // OPT
       {"#F28E2B", "curvature A", 'c'},         // CURV_A
-      {"#FFBE7D", "curvature B", 'c'},         // CURV_B
+      {"#EDC948", "curvature B", 'c'},         // CURV_B
       {"#9D7660", "sync-curvature", 's'},      // SYNC_CURV
       {"#E15759", "inversion A", 'i'},         // INV_A
-      {"#FF9D9A", "inversion B", 'i'},         // INV_B
+      {"#8F1D21", "inversion B", 'i'},         // INV_B
       {"#B07AA1", "precondition", 'p'},        // PREC
       {"#76B7B2", "broadcast inverse A", 'x'}, // BCAST_INV_A
       {"#A0CBE8", "broadcast inverse B", 'x'}, // BCAST_INV_B
   }};
   return table[static_cast<int>(k)];
+}
+
+std::string_view ink_on(std::string_view fill) {
+  if (fill.size() != 7 || fill[0] != '#') return "#ffffff";
+  auto channel = [&](int at) {  // sRGB to linear light
+    const double c = std::stoi(std::string(fill.substr(at, 2)), nullptr, 16) / 255.0;
+    return c <= 0.04045 ? c / 12.92 : std::pow((c + 0.055) / 1.055, 2.4);
+  };
+  const double luminance = 0.2126 * channel(1) + 0.7152 * channel(3) + 0.0722 * channel(5);
+  // Where black text contrasts more than white (WCAG: (L + 0.05) / 0.05 > 1.05 / (L + 0.05)).
+  return luminance > 0.179 ? "#222222" : "#ffffff";
 }
 
 double nice_tick(double range, int target) {

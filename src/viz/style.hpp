@@ -16,6 +16,8 @@ struct KindStyle {
 };
 
 const KindStyle& kind_style(Kind k);
+// Text colour on a "#rrggbb" fill: dark on light fills, white on dark ones (the higher contrast).
+std::string_view ink_on(std::string_view fill);
 
 // Axis ticks at 1, 2 or 5 times a power of ten, about `target` of them over `range` (e.g. range
 // 37, target 10: 5). 0 when the range is empty or not finite (no ticks).

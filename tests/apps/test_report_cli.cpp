@@ -70,19 +70,28 @@ TEST(ReportCli, CrossingsOfTheTargetAndBothPictures) {
   EXPECT_TRUE(nlohmann::json::parse(low.out)["runs"][0]["reaches_target"].is_null());
 }
 
-// A crossing in the right half of a panel is labelled leftward (text-anchor end), so that the
-// panel's clip does not cut the label; one in the left half rightward.
-TEST(ReportCli, CrossingLabelsReadAwayFromTheNearerEdge) {
+// Nothing written over the curves: the crossings' numbers are in the legend, the target in each
+// panel's title; inside the panels' clip only lines and rings. Validation dots are drawn outside
+// the clip (one on the right edge stays whole), and the loss axis is labelled.
+TEST(ReportCli, LabelsStayOffTheCurves) {
   const fs::path late = fake_run("late", 300, 0.005, 1.0), early = fake_run("early", 300, 0.01, 1.0);
   const fs::path svg = dir() / "edges.svg";
   pf_test::Launch r = report(late.string() + " " + early.string() + " --target 8.6 --out " + svg.string());
   ASSERT_EQ(r.status, 0) << r.out;
   std::stringstream body;
   body << std::ifstream(svg).rdbuf();
-  // late reaches 8.6 at step 280 (about 280 s of 300), early at step 140 (of 300: left of the middle).
-  EXPECT_TRUE(std::regex_search(body.str(), std::regex("text-anchor=\"end\" fill=\"#[0-9a-fA-F]+\">step 280<")));
-  EXPECT_TRUE(std::regex_search(body.str(), std::regex("text-anchor=\"end\" fill=\"#[0-9a-fA-F]+\">2[78][0-9][.][0-9] s<")));
-  EXPECT_TRUE(std::regex_search(body.str(), std::regex("text-anchor=\"start\" fill=\"#[0-9a-fA-F]+\">step 140<")));
+  const std::string s = body.str();
+  // late reaches 8.6 at step 280 (about 280 s of 300), early at step 140.
+  EXPECT_TRUE(std::regex_search(s, std::regex(">late: reaches 8[.]6 at step 280 [(]2[78][0-9][.][0-9] s[)]<"))) << s;
+  EXPECT_TRUE(std::regex_search(s, std::regex(">early: reaches 8[.]6 at step 140 [(]")));
+  EXPECT_NE(s.find("training loss vs steps (dashed: target 8.6)"), std::string::npos);
+  EXPECT_NE(s.find(">loss (nats)</text>"), std::string::npos);
+  for (size_t at = s.find("<g clip-path="); at != std::string::npos; at = s.find("<g clip-path=", at + 1)) {
+    const std::string inside = s.substr(at, s.find("</g>", at) - at);
+    EXPECT_EQ(inside.find("<text"), std::string::npos) << inside.substr(0, 400);
+    EXPECT_EQ(inside.find("stroke=\"#fff\""), std::string::npos) << "a validation dot inside the clip";
+  }
+  EXPECT_NE(s.find("stroke=\"#fff\""), std::string::npos) << "validation dots drawn";
 }
 
 TEST(ReportCli, BadInputExitsTwoNamingIt) {

@@ -13,7 +13,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cmath>
+#include <string_view>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -58,6 +60,42 @@ TEST(Style, EveryKindHasAColourAndDistinctPipelineColours) {
       if (a != b) {
         EXPECT_NE(kind_style(a).color, kind_style(b).color);
       }
+}
+
+// CIELAB (D65) of a "#rrggbb" colour, for the colour distance a reader sees.
+std::array<double, 3> lab(std::string_view hex) {
+  double rgb[3];
+  for (int c = 0; c < 3; ++c) {
+    const double v = std::stoi(std::string(hex.substr(1 + 2 * c, 2)), nullptr, 16) / 255.0;
+    rgb[c] = v <= 0.04045 ? v / 12.92 : std::pow((v + 0.055) / 1.055, 2.4);
+  }
+  const double x = (0.4124 * rgb[0] + 0.3576 * rgb[1] + 0.1805 * rgb[2]) / 0.95047,
+               y = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2],
+               z = (0.0193 * rgb[0] + 0.1192 * rgb[1] + 0.9505 * rgb[2]) / 1.08883;
+  auto f = [](double t) { return t > 0.008856 ? std::cbrt(t) : 7.787 * t + 16.0 / 116; };
+  return {116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))};
+}
+
+// Kinds with different legend entries are told apart at a glance: CIE76 distance >= 15 (about
+// twice the "just noticeable" 2.3 for small boxes). The A/B pairs of curvature and inversion,
+// and sync-grad against optimizer and the waiting grey, were once under 10.
+TEST(Style, KindsWithDifferentLabelsHaveDistinctColours) {
+  for (int a = 0; a < kNumKinds; ++a)
+    for (int b = a + 1; b < kNumKinds; ++b) {
+      const KindStyle &x = kind_style(static_cast<Kind>(a)), &y = kind_style(static_cast<Kind>(b));
+      if (x.label == y.label) continue;
+      const auto p = lab(x.color), q = lab(y.color);
+      const double distance = std::hypot(p[0] - q[0], p[1] - q[1], p[2] - q[2]);
+      EXPECT_GE(distance, 15) << x.label << " " << x.color << " vs " << y.label << " " << y.color;
+    }
+}
+
+// A box's label: dark on light fills, white on dark ones.
+TEST(Style, LabelInkContrastsWithTheFill) {
+  EXPECT_EQ(ink_on("#ffffff"), "#222222");
+  EXPECT_EQ(ink_on("#000000"), "#ffffff");
+  EXPECT_EQ(ink_on(kind_style(Kind::CURV_B).color), "#222222");    // yellow
+  EXPECT_EQ(ink_on(kind_style(Kind::ALLREDUCE).color), "#ffffff");  // navy
 }
 
 TEST(Svg, OneBoxPerActionPerStepWithTitleAndLegend) {
@@ -317,10 +355,12 @@ std::vector<Box> boxes(const std::string& svg) {
     b.width = std::stod(line.substr(w));
     const size_t next = svg.find("<text x=", end);
     const size_t next_rect = svg.find("<rect x=", end);
-    if (next != std::string::npos && next < next_rect && svg.find("fill=\"#ffffff\">", next) < svg.find('\n', next)) {
+    // A box's label: its text element, in the ink ink_on gives its fill.
+    const size_t ink = svg.find("text-anchor=\"middle\" fill=\"#", next);
+    if (next != std::string::npos && next < next_rect && ink < svg.find('\n', next)) {
       const size_t f = svg.find("font-size=\"", next) + 11;
       b.font = std::stod(svg.substr(f));
-      const size_t lb = svg.find("\">", svg.find("fill=\"#ffffff", next)) + 2;
+      const size_t lb = svg.find("\">", ink) + 2;
       b.label = svg.substr(lb, svg.find('<', lb) - lb);
     }
     out.push_back(b);
