@@ -160,6 +160,15 @@ struct Config {
 // Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
 std::vector<std::string> config_keys();
 
+// The first key whose value differs between two texts in config.toml's layout ("[table]" lines,
+// then "key = value" lines), in the order of `a`, then keys only `b` has, with both values
+// ("(absent)" for a missing key); empty `key` when they agree. Keys are dotted ("train.steps"); those
+// in `ignored` are not compared. Example: "[t]\nx = 1\n" and "[t]\nx = 2\n" differ at {"t.x", "1", "2"}.
+struct KeyDifference {
+  std::string key, a, b;
+};
+KeyDifference first_difference(const std::string& a, const std::string& b, const std::vector<std::string>& ignored = {});
+
 // A float as the user wrote it: 0.15f -> 0.15 (its shortest decimal form, read as a double), not
 // 0.15000000596046448. Files we write (config.toml, config.json) hold these.
 double float_as_written(float f);

@@ -15,8 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
-#include <sstream>
 
 namespace pf {
 
@@ -138,37 +136,17 @@ int take_lock(const std::string& dir, const std::string& what) {
   return fd;
 }
 
-// A config.toml's keys ("[train] steps") and values as written, in order (Config::to_toml's layout).
-std::vector<std::pair<std::string, std::string>> toml_entries(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  std::istringstream in(text);
-  std::string section, line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.front() == '[') section = line;
-    const size_t eq = line.find(" = ");
-    if (eq != std::string::npos) out.emplace_back(section + " " + line.substr(0, eq), line.substr(eq + 3));
-  }
-  return out;
-}
-
 // The keys a run may change and still continue: its length and the schedule's.
-bool is_length_key(const std::string& key) { return key == "[train] steps" || key == "[optim] decay_steps"; }
+const std::vector<std::string> kLengthKeys = {"train.steps", "optim.decay_steps"};
 
 // The first key whose value differs between the run's config.toml (theirs) and this command's,
-// with both values: "'[train] steps': run has 5, this command 6"; "" when none (besides the length
-// keys when `skip_length`).
-std::string config_difference(const std::string& theirs, const std::string& ours, bool skip_length) {
-  const auto a = toml_entries(theirs), b = toml_entries(ours);
-  const std::map<std::string, std::string> run(a.begin(), a.end()), now(b.begin(), b.end());
-  auto value = [](const std::map<std::string, std::string>& m, const std::string& key) {
-    auto it = m.find(key);
-    return it == m.end() ? std::string("no such key") : it->second;
-  };
-  for (const auto* entries : {&b, &a})
-    for (const auto& [key, unused] : *entries)
-      if (!(skip_length && is_length_key(key)) && value(run, key) != value(now, key))
-        return fmt::format("'{}': run has {}, this command {}", key, value(run, key), value(now, key));
-  return "";
+// with both values: "'[train] steps': run has 5, this command 6"; "" when none.
+std::string config_difference(const std::string& theirs, const std::string& ours,
+                              const std::vector<std::string>& ignored) {
+  const KeyDifference d = first_difference(theirs, ours, ignored);
+  if (d.key.empty()) return "";
+  const size_t dot = d.key.find('.');
+  return fmt::format("'[{}] {}': run has {}, this command {}", d.key.substr(0, dot), d.key.substr(dot + 1), d.a, d.b);
 }
 
 // out_dir's config.toml, or "" when it has none.
@@ -186,9 +164,9 @@ std::string previous_config(const Config& cfg) {
 void check_not_another_run(const Config& cfg, bool continuing) {
   const std::string theirs = previous_config(cfg), ours = cfg.to_toml();
   if (theirs.empty() || theirs == ours) return;
-  std::string at = config_difference(theirs, ours, true), why;
+  std::string at = config_difference(theirs, ours, kLengthKeys), why;
   if (at.empty() && !continuing) {
-    at = config_difference(theirs, ours, false);
+    at = config_difference(theirs, ours, {});
     why = fmt::format(" and no checkpoint in '{}' to continue it from", checkpoint_dir_of(cfg));
   }
   if (at.empty()) return;
@@ -216,7 +194,7 @@ void check_checkpoint_dir(const Config& cfg) {
 
 bool continues_its_run(const Config& cfg) {
   const std::string theirs = previous_config(cfg);
-  return !theirs.empty() && config_difference(theirs, cfg.to_toml(), true).empty() &&
+  return !theirs.empty() && config_difference(theirs, cfg.to_toml(), kLengthKeys).empty() &&
          has_checkpoint(checkpoint_dir_of(cfg));
 }
 
