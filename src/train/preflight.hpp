@@ -24,10 +24,11 @@
 // stopped early is not mistaken for the old.
 //
 // Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
-// checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
-// process exits (a killed run's lock goes with it). A second run finds one held and is refused,
-// also a --resume that would write into the checkpoint directory of a live run. Holding them, the
-// run removes the temporaries (NAME.tmp.PID) a killed process left of its own outputs there.
+// checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default; none without
+// checkpoints), held until the process exits (a killed run's lock goes with it). A second run
+// finds one held and is refused, also a --resume that would write into the checkpoint directory
+// of a live run. Holding them, the run removes the temporaries (NAME.tmp.PID) a killed process
+// left of its own outputs there.
 #include "config/config.hpp"
 
 #include <memory>

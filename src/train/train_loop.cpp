@@ -251,6 +251,7 @@ void save_checkpoint(Run& r, int64_t steps_done) {
   e.checkpoint_written();
 }
 
+// The line a stopped run ends with: its checkpoint, or that it wrote none.
 void say_stopped(const Run& r, int sig, int64_t steps_done) {
   if (checkpoints_on(r.cfg))
     std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
