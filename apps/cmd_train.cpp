@@ -59,7 +59,8 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");
   cmd.add_flag("--overwrite", a->overwrite,
-               "replace the outputs of another run (another config) in train.out_dir instead of refusing");
+               "start over: replace the outputs and checkpoints of the run in train.out_dir instead of continuing "
+               "it (the same config) or refusing (another)");
   cmd.add_flag("--print-config", a->print_config, "print the resolved configuration (every key) and exit");
   cmd.add_option("--profile-dir", a->profile_dir,
                  "record every action of every rank: timeline SVG, Chrome trace and profile.json here "

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -466,6 +467,45 @@ std::vector<std::string> config_warnings(const Config& c) {
     w.push_back("parallel.recompute = true has no effect with parallel.stages = 1: each micro-batch's backward "
                 "follows its forward, so only one micro-batch's activations are held anyway");
   return w;
+}
+
+namespace {
+
+// (key, value) in the text's order: "[table]" prefixes the keys after it; a line that is not
+// "key = value" continues the previous value (a long array printed over several lines).
+std::vector<std::pair<std::string, std::string>> key_values(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(text);
+  std::string table;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const size_t eq = line.find(" = ");
+    if (line.front() == '[' && line.back() == ']' && eq == std::string::npos) {
+      table = line.substr(1, line.size() - 2) + ".";
+    } else if (eq != std::string::npos && line.front() != ' ') {
+      out.emplace_back(table + line.substr(0, eq), line.substr(eq + 3));
+    } else if (!out.empty()) {
+      out.back().second += " " + line;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+KeyDifference first_difference(const std::string& a, const std::string& b, const std::vector<std::string>& ignored) {
+  const auto in_a = key_values(a), in_b = key_values(b);
+  const std::map<std::string, std::string> map_a(in_a.begin(), in_a.end()), map_b(in_b.begin(), in_b.end());
+  auto compared = [&](const std::string& key) { return std::find(ignored.begin(), ignored.end(), key) == ignored.end(); };
+  for (const auto& [key, value] : in_a) {
+    if (!compared(key)) continue;
+    const auto it = map_b.find(key);
+    if (it == map_b.end()) return {key, value, "(absent)"};
+    if (it->second != value) return {key, value, it->second};
+  }
+  for (const auto& [key, value] : in_b)
+    if (compared(key) && !map_a.count(key)) return {key, "(absent)", value};
+  return {};
 }
 
 }  // namespace pf

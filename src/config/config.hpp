@@ -56,8 +56,9 @@ struct OptimConfig {
   double lr = 1e-2;
   int warmup_steps = 10;
   double decay_power = 0.5;     // polynomial decay after warm-up
-  // Steps over which the rate decays to 0 (0 = train.steps). A --resume with another train.steps
-  // keeps the checkpoint's schedule unless this is set (train/checkpointing.hpp).
+  // Steps over which the rate decays to 0 (0 = train.steps). A resume with a smaller train.steps
+  // keeps the checkpoint's schedule, a larger one decays over the new train.steps from the
+  // checkpoint's step (train/checkpointing.hpp).
   int decay_steps = 0;
   double weight_decay = 0.01;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-6;
@@ -77,9 +78,11 @@ struct TrainConfig {
   int eval_batches = 4;
   std::string out_dir = "runs/default";
   std::string log_json;         // one JSON object per step
-  std::string checkpoint_dir;
-  int checkpoint_every = 0;     // steps between checkpoints in checkpoint_dir (0 = only on SIGINT/SIGTERM)
-  int keep_checkpoints = 2;     // the newest K complete checkpoints are kept
+  std::string checkpoint_dir;   // empty: out_dir/checkpoints
+  // Steps between checkpoints; one is also written after the last step and on a stop signal, so a
+  // stopped or finished run continues (train/train_loop.hpp). 0 = no checkpoints at all.
+  int checkpoint_every = 100;
+  int keep_checkpoints = 2;     // the newest K complete checkpoints are kept (0 = all)
   OnNonfinite on_nonfinite = OnNonfinite::Skip;  // NaN/Inf loss or gradient: skip the step's update | stop the run
 
   bool operator==(const TrainConfig&) const = default;
@@ -156,6 +159,15 @@ struct Config {
 
 // Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
 std::vector<std::string> config_keys();
+
+// The first key whose value differs between two texts in config.toml's layout ("[table]" lines,
+// then "key = value" lines), in the order of `a`, then keys only `b` has, with both values
+// ("(absent)" for a missing key); empty `key` when they agree. Keys are dotted ("train.steps"); those
+// in `ignored` are not compared. Example: "[t]\nx = 1\n" and "[t]\nx = 2\n" differ at {"t.x", "1", "2"}.
+struct KeyDifference {
+  std::string key, a, b;
+};
+KeyDifference first_difference(const std::string& a, const std::string& b, const std::vector<std::string>& ignored = {});
 
 // A float as the user wrote it: 0.15f -> 0.15 (its shortest decimal form, read as a double), not
 // 0.15000000596046448. Files we write (config.toml, config.json) hold these.

@@ -89,7 +89,7 @@ void train_keys(C& c, F& key) {
   key("train.log_json", t.log_json, kAny);
   key("train.checkpoint_dir", t.checkpoint_dir, kAny);
   key("train.checkpoint_every", t.checkpoint_every, kNonNegative);
-  key("train.keep_checkpoints", t.keep_checkpoints, Bounds{1, kInf, false, false, "must be >= 1 (got {})"});
+  key("train.keep_checkpoints", t.keep_checkpoints, kNonNegative);
   key("train.on_nonfinite", t.on_nonfinite, Bounds{.refusal = "must be 'skip' or 'stop' (got '{}')"});
 }
 

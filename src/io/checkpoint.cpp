@@ -174,8 +174,8 @@ void commit_checkpoint(const std::string& dir, const CheckpointManifest& m, int 
   write_file_atomic(step_dir + "/manifest.json", j.dump(2) + "\n");
   write_file_atomic((fs::path(dir) / "latest").string(), fs::path(step_dir).filename().string() + "\n");
 
-  // Retention: the newest `keep` complete checkpoints stay (this one among them); everything older
-  // goes, complete or not. Newer directories (a later run's leftovers) are left alone.
+  // Retention: the newest `keep` complete checkpoints stay (this one among them; 0 = all of them);
+  // everything older goes, complete or not. Newer directories (a later run's leftovers) are left alone.
   std::vector<std::pair<int64_t, fs::path>> steps;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -186,7 +186,7 @@ void commit_checkpoint(const std::string& dir, const CheckpointManifest& m, int 
   int kept = 0;
   for (const auto& [s, p] : steps) {
     const bool complete = fs::exists(p / "manifest.json");
-    if (complete && kept < std::max(keep, 1)) {
+    if (complete && (keep <= 0 || kept < keep)) {
       ++kept;
       continue;
     }
@@ -247,6 +247,13 @@ CheckpointManifest read_checkpoint(const std::string& step_dir) {
     if (sha256_file(p) != f.sha256) usage_error(p, "checksum does not match the manifest (corrupt file)");
   }
   return m;
+}
+
+bool has_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (step_of(e.path().filename().string()) >= 0 && fs::is_regular_file(e.path() / "manifest.json", ec)) return true;
+  return false;
 }
 
 std::string find_latest_checkpoint(const std::string& dir, const std::string& what, std::string* passed_over) {

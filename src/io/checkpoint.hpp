@@ -55,7 +55,7 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
 
 // Rank 0, after every file of the step is complete: writes manifest.json (atomically), then points
 // DIR/latest at it, then deletes older step directories beyond the newest `keep` complete ones
-// (and incomplete leftovers older than this one).
+// (0: keeps every complete one) and incomplete leftovers older than this one.
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& manifest, int keep);
 
 // Deletes a step directory, its manifest first: a directory that still has a manifest is always
@@ -76,6 +76,10 @@ CheckpointManifest read_checkpoint(const std::string& step_dir);
 // and why the newest failed, for the caller to tell the user (empty otherwise).
 std::string find_latest_checkpoint(const std::string& dir, const std::string& what = "--resume",
                                    std::string* passed_over = nullptr);
+
+// Whether dir holds a step directory with a manifest (a checkpoint that completed; not verified:
+// find_latest_checkpoint does that). False for a missing directory.
+bool has_checkpoint(const std::string& dir);
 
 // Every tensor of a verified checkpoint, found by name across its safetensors files.
 class CheckpointReader {

@@ -14,13 +14,6 @@ namespace pf {
 // configuration as config.toml prints it.
 std::string canonical_run_text(const Config& cfg, const TrainRunArgs& args);
 
-// The first key whose value differs between two canonical texts (in the order of `a`, then keys
-// only `b` has), with both values ("(absent)" for a missing key); empty `key` when they agree.
-struct KeyDifference {
-  std::string key, a, b;
-};
-KeyDifference first_difference(const std::string& a, const std::string& b);
-
 // Collective over MPI_COMM_WORLD, called at start-up before anything is written: every rank
 // hashes its canonical text, rank 0's hash is broadcast, the ranks whose hash differs send their
 // text to rank 0, which names the first differing key against the lowest such rank. Then every

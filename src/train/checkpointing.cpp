@@ -157,26 +157,29 @@ std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m) {
   if (o.decay_steps > 0)
     return fmt::format("the learning rate decays over optim.decay_steps = {} steps from here (the checkpoint's run: {})",
                        now, was);
+  // Longer: the checkpoint's schedule reaches 0 at its run's end, so the extension decays over the
+  // new length from here (Hugging Face's resume with a larger max_steps).
   if (cfg.train.steps > was)
-    usage_error("train.steps", "{} is past the checkpoint's run, whose learning rate decays to 0 over {} steps; set "
-                "optim.decay_steps for a new schedule, or start from its weights with --init", cfg.train.steps, was);
+    return fmt::format("train.steps = {} extends the checkpoint's run of {} steps: from here the learning rate follows "
+                       "the schedule of a {}-step run (optim.decay_steps chooses another)", cfg.train.steps, was,
+                       cfg.train.steps);
   o.decay_steps = static_cast<int>(was);
   return fmt::format("train.steps = {}: the run stops early, its learning rate keeps the checkpoint's schedule (decay "
                      "over {} steps)", cfg.train.steps, was);
 }
 
-std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,
+std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir, const std::string& what,
                                                          std::vector<std::string>& notes) {
   std::string passed_over;
-  auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, "--resume", &passed_over));
-  if (!passed_over.empty()) notes.push_back("--resume: " + passed_over + "; resuming from the newest that verifies");
+  auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, what, &passed_over));
+  if (!passed_over.empty()) notes.push_back(what + ": " + passed_over + "; resuming from the newest that verifies");
   check_resume(cfg, r->manifest());
   check_weights_fit(cfg.model, "", r.get());
   const int64_t at = r->manifest().step;
   if (at > cfg.train.steps || (at == cfg.train.steps && !ends_its_run(r->manifest())))
-    usage_error("--resume", "the checkpoint is at step {}, train.steps is {}: nothing left to train", r->manifest().step,
-                cfg.train.steps);
-  if (std::string n = keep_lr_schedule(cfg, r->manifest()); !n.empty()) notes.push_back("--resume: " + n);
+    usage_error(what, "the checkpoint is at step {}, train.steps is {}: nothing left to train{}", r->manifest().step,
+                cfg.train.steps, what == "--resume" ? "" : " (--overwrite starts the run over)");
+  if (std::string n = keep_lr_schedule(cfg, r->manifest()); !n.empty()) notes.push_back(what + ": " + n);
   return r;
 }
 
@@ -251,6 +254,8 @@ std::string last_checkpoint_note(const std::string& dir) {
     return fmt::format("no complete checkpoint in {}", dir);
   return fmt::format("the last complete checkpoint is {}: continue with --resume {}", step.string(), dir);
 }
+
+bool checkpoints_on(const Config& cfg) { return cfg.train.checkpoint_every > 0; }
 
 std::string checkpoint_dir_of(const Config& cfg) {
   if (!cfg.train.checkpoint_dir.empty()) return cfg.train.checkpoint_dir;

@@ -37,17 +37,19 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
 void check_resume(const Config& cfg, const CheckpointManifest& m);
 // A resumed run continues the checkpoint's learning-rate schedule (recorded as lr_decay_steps):
 // with a smaller train.steps it stops early on that schedule (cfg.optim.decay_steps is set to it);
-// a larger one is refused (UsageError naming train.steps) unless optim.decay_steps is set, which
-// chooses a new schedule. Returns a line for the user when the schedule or the length differs.
+// a larger one extends the run, the rate following the schedule of a train.steps-step run from
+// the checkpoint's step (that schedule reached 0 at its run's end); optim.decay_steps, if set,
+// chooses the schedule. Returns a line for the user when the schedule or the length differs.
 std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m);
-// `--resume DIR`: the newest complete checkpoint of DIR, verified, checked against the
+// `--resume DIR` (`what`: the flag, or train.checkpoint_dir when a run continues on its own,
+// train/train_loop.hpp): the newest complete checkpoint of DIR, verified, checked against the
 // configuration (check_resume, check_weights_fit, steps left, keep_lr_schedule, which may set
 // cfg.optim.decay_steps). A checkpoint at train.steps is accepted when it ends the run that wrote
 // it (its manifest's train.steps): that run stopped before its final outputs, which the resumed
 // run writes.
 // `notes` gets lines for the user: newer checkpoints passed over (corrupt, incomplete) and the
 // schedule kept.
-std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir,
+std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir, const std::string& what,
                                                          std::vector<std::string>& notes);
 // `--init` and `--resume` as given to `pipefisher train`: init may be a safetensors file or a
 // checkpoint directory (its newest complete checkpoint, or a step directory itself, verified,
@@ -84,8 +86,9 @@ std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int s
 // Restores parameters, optimizer state and step count, and K-FAC state, by name.
 void load_train_state(const CheckpointReader& r, const TrainState& st);
 
-// The directory checkpoints go to: train.checkpoint_dir, or out_dir/checkpoints when that is empty
-// (a stop signal still writes one).
+// train.checkpoint_every > 0: the run writes checkpoints (0: none at all, also on a stop signal).
+bool checkpoints_on(const Config& cfg);
+// The directory checkpoints go to: train.checkpoint_dir, or out_dir/checkpoints when that is empty.
 std::string checkpoint_dir_of(const Config& cfg);
 // "the last complete checkpoint is DIR/step-000012: continue with --resume DIR", or "no complete
 // checkpoint in DIR", from DIR/latest (not verified: for messages when a run stops).

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "io/checkpoint.hpp"
 #include "train/checkpointing.hpp"
 
 #include <fcntl.h>
@@ -14,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 
 namespace pf {
 
@@ -136,37 +136,67 @@ int take_lock(const std::string& dir, const std::string& what) {
   return fd;
 }
 
-// The first line where two config.toml texts differ (the key a user changed), for the message.
-std::string first_difference(const std::string& a, const std::string& b) {
-  std::istringstream x(a), y(b);
-  std::string section, lx, ly;
-  while (true) {
-    const bool more_x = static_cast<bool>(std::getline(x, lx)), more_y = static_cast<bool>(std::getline(y, ly));
-    if (!more_x && !more_y) return "";
-    if (!more_x || !more_y || lx != ly) {
-      const std::string& line = more_y ? ly : lx;
-      return section.empty() ? line : section + " " + line;
-    }
-    if (!lx.empty() && lx.front() == '[') section = lx;
-  }
+// The keys a run may change and still continue: its length and the schedule's.
+const std::vector<std::string> kLengthKeys = {"train.steps", "optim.decay_steps"};
+
+// The first key whose value differs between the run's config.toml (theirs) and this command's,
+// with both values: "'[train] steps': run has 5, this command 6"; "" when none.
+std::string config_difference(const std::string& theirs, const std::string& ours,
+                              const std::vector<std::string>& ignored) {
+  const KeyDifference d = first_difference(theirs, ours, ignored);
+  if (d.key.empty()) return "";
+  const size_t dot = d.key.find('.');
+  return fmt::format("'[{}] {}': run has {}, this command {}", d.key.substr(0, dot), d.key.substr(dot + 1), d.a, d.b);
+}
+
+// out_dir's config.toml, or "" when it has none.
+std::string previous_config(const Config& cfg) {
+  const fs::path previous = fs::path(cfg.train.out_dir) / "config.toml";
+  std::error_code ec;
+  if (!fs::is_regular_file(previous, ec)) return "";
+  std::ifstream f(previous);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 // out_dir holding the outputs of a run with another configuration is refused: a new run would
-// overwrite its weights and interleave its log.
-void check_not_another_run(const Config& cfg) {
-  const fs::path previous = fs::path(cfg.train.out_dir) / "config.toml";
+// overwrite its weights and interleave its log. One that differs in its length alone is this
+// run's, continued when it has a checkpoint (`continuing`).
+void check_not_another_run(const Config& cfg, bool continuing) {
+  const std::string theirs = previous_config(cfg), ours = cfg.to_toml();
+  if (theirs.empty() || theirs == ours) return;
+  std::string at = config_difference(theirs, ours, kLengthKeys), why;
+  if (at.empty() && !continuing) {
+    at = config_difference(theirs, ours, {});
+    why = fmt::format(" and no checkpoint in '{}' to continue it from", checkpoint_dir_of(cfg));
+  }
+  if (at.empty()) return;
+  usage_error("train.out_dir", "'{}' holds the outputs of another run (its config.toml differs at {}){}; give this "
+              "run its own train.out_dir, or --overwrite to replace them", cfg.train.out_dir, at, why);
+}
+
+// The checkpoint directory (made if missing) and its `latest` and lock files.
+void check_checkpoint_dir(const Config& cfg) {
+  const std::string ck = checkpoint_dir_of(cfg);
+  // The default, out_dir/checkpoints, is under out_dir: not followed out of it. A checkpoint
+  // directory elsewhere is named as train.checkpoint_dir.
   std::error_code ec;
-  if (!fs::is_regular_file(previous, ec)) return;
-  std::ifstream f(previous);
-  const std::string theirs((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const std::string ours = cfg.to_toml();
-  if (theirs == ours) return;
-  usage_error("train.out_dir", "'{}' holds the outputs of another run (its config.toml differs at '{}'); "
-              "give this run its own train.out_dir, or --overwrite to replace them", cfg.train.out_dir,
-              first_difference(theirs, ours));
+  if (cfg.train.checkpoint_dir.empty() && fs::is_symlink(fs::symlink_status(ck, ec)))
+    usage_error("train.out_dir", "'{}' is a symbolic link (set train.checkpoint_dir to write checkpoints elsewhere)", ck);
+  check_dir(ck, "train.checkpoint_dir");
+  const fs::path latest = fs::path(ck) / "latest";
+  if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::symlink_status(latest, ec)))
+    usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",
+                latest.string());
+  check_output({(fs::path(ck) / kLockName).string(), "train.checkpoint_dir"});
 }
 
 }  // namespace
+
+bool continues_its_run(const Config& cfg) {
+  const std::string theirs = previous_config(cfg);
+  return !theirs.empty() && config_difference(theirs, cfg.to_toml(), kLengthKeys).empty() &&
+         has_checkpoint(checkpoint_dir_of(cfg));
+}
 
 void check_output_paths(const Config& cfg, const RunOutputs& o) {
   const std::string& out = cfg.train.out_dir;
@@ -184,18 +214,7 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
   outputs.push_back({save.path, save.what});
   outputs.push_back({log.path, log.what});
   refuse_shared_files(outputs, {{cfg.data.train_file, "data.train_file"}, {cfg.data.valid_file, "data.valid_file"}});
-  const std::string ck = checkpoint_dir_of(cfg);
-  // The default, out_dir/checkpoints, is under out_dir: not followed out of it. A checkpoint
-  // directory elsewhere is named as train.checkpoint_dir.
-  std::error_code ec;
-  if (cfg.train.checkpoint_dir.empty() && fs::is_symlink(fs::symlink_status(ck, ec)))
-    usage_error("train.out_dir", "'{}' is a symbolic link (set train.checkpoint_dir to write checkpoints elsewhere)", ck);
-  check_dir(ck, "train.checkpoint_dir");
-  const fs::path latest = fs::path(ck) / "latest";
-  if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::symlink_status(latest, ec)))
-    usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",
-                latest.string());
-  check_output({(fs::path(ck) / kLockName).string(), "train.checkpoint_dir"});
+  if (checkpoints_on(cfg)) check_checkpoint_dir(cfg);
   check_dir(o.profile_dir, "--profile-dir");
   if (!o.profile_dir.empty())
     for (const char* name : {"profile.json", "trace.json"})
@@ -203,8 +222,8 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
   // A live run's outputs are "in use"; a finished one's are another run's unless the same job
   // runs again.
   check_not_locked(out, "train.out_dir");
-  if (!o.resuming && !o.overwrite) check_not_another_run(cfg);
-  check_not_locked(ck, "train.checkpoint_dir");
+  if (!o.resuming && !o.overwrite) check_not_another_run(cfg, o.continuing);
+  check_not_locked(checkpoint_dir_of(cfg), "train.checkpoint_dir");
 }
 
 RunLocks::~RunLocks() {
@@ -216,7 +235,8 @@ std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& 
   locks->add(take_lock(cfg.train.out_dir, "train.out_dir"));
   remove_stale_temporaries(cfg.train.out_dir, out_dir_files());  // a killed write's leftovers
   // The checkpoint directory too, default or not: another run may name this one's
-  // out_dir/checkpoints as its train.checkpoint_dir.
+  // out_dir/checkpoints as its train.checkpoint_dir. None without checkpoints.
+  if (!checkpoints_on(cfg)) return locks;
   const std::string ck = checkpoint_dir_of(cfg);
   make_dirs(ck, "train.checkpoint_dir");
   std::error_code ec;

@@ -10,20 +10,25 @@
 //                          (/dev/stdout), written where it is
 //   --save                 the same
 //   train.checkpoint_dir   a directory (made if missing; default out_dir/checkpoints) whose
-//                          `latest`, if present, is a regular file
+//                          `latest`, if present, is a regular file; neither checked nor made
+//                          without checkpoints (train.checkpoint_every = 0)
 //   --profile-dir          a directory (made if missing)
 // No two of these outputs may name one file, nor name data.train_file or data.valid_file.
 //
 // Another run's outputs: an out_dir whose config.toml differs from this run's (Hugging Face's
-// overwrite_output_dir rule) is refused unless the run resumes or --overwrite is given; the same
-// config (the same job run again) replaces them. --overwrite removes them before the new run
-// writes (remove_previous_outputs), so that a new run stopped early is not mistaken for the old.
+// overwrite_output_dir rule) is refused, naming the first key that differs and both values, unless
+// the run resumes (--resume) or --overwrite is given. The run continues (continues_its_run) when
+// its config.toml differs at most in train.steps and optim.decay_steps and its checkpoint
+// directory holds a checkpoint; the same config without one (the same job run again) starts over.
+// --overwrite removes them before the new run writes (remove_previous_outputs), so that a new run
+// stopped early is not mistaken for the old.
 //
 // Locks: an advisory lock (flock) on out_dir/.pipefisher-lock and on
-// checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default), held until the
-// process exits (a killed run's lock goes with it). A second run finds one held and is refused,
-// also a --resume that would write into the checkpoint directory of a live run. Holding them, the
-// run removes the temporaries (NAME.tmp.PID) a killed process left of its own outputs there.
+// checkpoint_dir/.pipefisher-lock (made now, out_dir/checkpoints by default; none without
+// checkpoints), held until the process exits (a killed run's lock goes with it). A second run
+// finds one held and is refused, also a --resume that would write into the checkpoint directory
+// of a live run. Holding them, the run removes the temporaries (NAME.tmp.PID) a killed process
+// left of its own outputs there.
 #include "config/config.hpp"
 
 #include <memory>
@@ -37,8 +42,14 @@ struct RunOutputs {
   std::string profile_dir;          // --profile-dir
   bool log_json_from_flag = false;  // train.log_json came from --log-json (named so in errors)
   bool resuming = false;            // --resume: the run's own out_dir, appended to
+  bool continuing = false;          // continues_its_run: the run in out_dir goes on
   bool overwrite = false;           // --overwrite: another run's outputs may be replaced
 };
+
+// Auto-resume (Hugging Face's resume_from_checkpoint=True, Megatron's --load): out_dir holds the
+// config.toml of this configuration, but for train.steps and optim.decay_steps, and the
+// checkpoint directory a checkpoint (has_checkpoint: verified when opened). Reads only.
+bool continues_its_run(const Config& cfg);
 
 // UsageError naming the key or flag of the first path that cannot be written, of a directory
 // another live run has locked, or of an out_dir holding another run's outputs (see above).

@@ -57,6 +57,7 @@ struct Run {
   int64_t first_step = 0;
   double valid = 0;         // the latest validation loss
   std::string write_error;  // the root's first failed write (log, records): the run stops after the step
+  bool continuing = false;  // auto-resume: the run in out_dir goes on from its checkpoint
 };
 
 // The loop's steps run while in scope (the engine reports a death meanwhile).
@@ -90,12 +91,28 @@ void open_outputs(Run& r, const RunOutputs& outputs, const std::vector<std::stri
   r.locks = lock_output_dirs(r.cfg, outputs);
   if (outputs.overwrite && !outputs.resuming) remove_previous_outputs(r.cfg);
   for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
+  if (!checkpoints_on(r.cfg))
+    std::fprintf(stderr, "pipefisher train: checkpoints are off (train.checkpoint_every = 0): a stopped run cannot "
+                 "continue, it starts over\n");
   if (resume) {
-    std::printf("resuming from %s (step %lld)\n", resume->dir().c_str(), static_cast<long long>(r.first_step));
+    const std::string how = r.continuing ? fmt::format(": the run in {} continues (--overwrite starts it over)",
+                                                       r.cfg.train.out_dir) : "";
+    std::printf("resuming from %s (step %lld)%s\n", resume->dir().c_str(), static_cast<long long>(r.first_step),
+                how.c_str());
     if (r.first_step == r.cfg.train.steps)
       std::printf("its run's %d steps are done: the final evaluation and outputs follow\n", r.cfg.train.steps);
   }
   r.log = open_run_outputs(r.cfg, r.first_step > 0 ? r.first_step : -1, r.cfg.kfac.enabled);
+}
+
+// Auto-resume (preflight.hpp's continues_its_run), without --resume or --overwrite: the root
+// decides, every process learns it (the processes may see the files at different moments).
+bool continues(Run& r) {
+  if (!r.args.resume.empty() || r.args.overwrite) return false;
+  double yes[1] = {0};
+  r.engine.on_root([&] { yes[0] = continues_its_run(r.cfg) ? 1 : 0; });
+  r.engine.sum(yes);
+  return yes[0] > 0;
 }
 
 // Everything that can refuse the run, then its outputs: nothing is written before every check
@@ -104,17 +121,22 @@ void set_up(Run& r) {
   TrainEngine& e = r.engine;
   const TrainRunArgs& a = r.args;
   r.cfg.check_files();
-  std::unique_ptr<CheckpointReader> init = open_init_checkpoint(a.init, a.resume, r.cfg.model);
-  std::unique_ptr<CheckpointReader> resume;
+  r.continuing = continues(r);
+  const std::string resume_dir = r.continuing ? r.ckpt_dir : a.resume;
   std::vector<std::string> notes;
-  if (!a.resume.empty()) {
-    resume = open_resume_checkpoint(r.cfg, a.resume, notes);
-    e.check_resume(*resume, a.resume);
+  // A continued run's weights are its checkpoint's (as Trainer's resume over from_pretrained).
+  if (r.continuing && !a.init.empty()) notes.push_back("--init " + a.init + ": not loaded, the run continues");
+  const std::string init_path = r.continuing ? "" : a.init;
+  std::unique_ptr<CheckpointReader> init = open_init_checkpoint(init_path, a.resume, r.cfg.model);
+  std::unique_ptr<CheckpointReader> resume;
+  if (!resume_dir.empty()) {
+    resume = open_resume_checkpoint(r.cfg, resume_dir, r.continuing ? "train.checkpoint_dir" : "--resume", notes);
+    e.check_resume(*resume, resume_dir);
   }
-  const RunOutputs outputs{a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), a.overwrite};
+  const RunOutputs outputs{a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), r.continuing, a.overwrite};
   e.on_root([&] { check_output_paths(r.cfg, outputs); });
   e.build(r.cfg);
-  e.load_init(a.init, init.get());
+  e.load_init(init_path, init.get());
   init.reset();  // unmaps the files
   if (resume) {
     e.load_resume(*resume);
@@ -173,9 +195,9 @@ int agreed_stop(Run& r) {
   return g_stop ? static_cast<int>(g_stop) : SIGTERM;
 }
 
+// Every train.checkpoint_every steps, and after the last step: a finished run can be extended.
 bool checkpoint_due(const Config& cfg, int64_t steps_done) {
-  return !cfg.train.checkpoint_dir.empty() && cfg.train.checkpoint_every > 0 &&
-         steps_done % cfg.train.checkpoint_every == 0;
+  return checkpoints_on(cfg) && (steps_done % cfg.train.checkpoint_every == 0 || steps_done == cfg.train.steps);
 }
 
 // One process's list of checkpoint files, or its write error, as the bytes gathered to the root.
@@ -229,6 +251,17 @@ void save_checkpoint(Run& r, int64_t steps_done) {
   e.checkpoint_written();
 }
 
+// The line a stopped run ends with: its checkpoint, or that it wrote none.
+void say_stopped(const Run& r, int sig, int64_t steps_done) {
+  if (checkpoints_on(r.cfg))
+    std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
+                 signal_name(sig), static_cast<long long>(steps_done), checkpoint_step_dir(r.ckpt_dir, steps_done).c_str(),
+                 r.ckpt_dir.c_str());
+  else
+    std::fprintf(stderr, "pipefisher train: %s after step %lld: no checkpoint written (train.checkpoint_every = 0)\n",
+                 signal_name(sig), static_cast<long long>(steps_done));
+}
+
 // Every step: step, evaluate, log, checkpoint, stop. Returns the exit status of a run that ends
 // before its final outputs, nothing when they follow.
 std::optional<int> run_steps(Run& r) {
@@ -238,12 +271,9 @@ std::optional<int> run_steps(Run& r) {
     const std::optional<double> valid = evaluate_after(r, s);
     log_step(r, st, valid);
     const int sig = agreed_stop(r);
-    if (sig || checkpoint_due(r.cfg, s + 1)) save_checkpoint(r, s + 1);
+    if ((sig && checkpoints_on(r.cfg)) || checkpoint_due(r.cfg, s + 1)) save_checkpoint(r, s + 1);
     if (sig) {
-      if (r.engine.root())
-        std::fprintf(stderr, "pipefisher train: %s after step %lld: checkpoint written to %s; continue with --resume %s\n",
-                     signal_name(sig), static_cast<long long>(s + 1), checkpoint_step_dir(r.ckpt_dir, s + 1).c_str(),
-                     r.ckpt_dir.c_str());
+      if (r.engine.root()) say_stopped(r, sig, s + 1);
       return 128 + sig;
     }
   }
@@ -289,7 +319,7 @@ int finish(Run& r, double wall) {
 }  // namespace
 
 int run_training(TrainEngine& engine, Config cfg, const TrainRunArgs& args) {
-  Run r{engine, std::move(cfg), args, "", nullptr, nullptr, 0, 0, ""};
+  Run r{engine, std::move(cfg), args, "", nullptr, nullptr, 0, 0, "", false};
   r.ckpt_dir = checkpoint_dir_of(r.cfg);
   set_up(r);
   install_stop_signals();

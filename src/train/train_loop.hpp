@@ -9,14 +9,19 @@
 //   step        one optimizer step. A non-finite loss or gradient norm changed nothing: the step
 //               is skipped, or the run stops with status 1 (train.on_nonfinite = stop).
 //   evaluate    after every train.eval_every steps and after the last step.
-//   checkpoint  after every train.checkpoint_every steps (with train.checkpoint_dir set), and
-//               when the run stops on a signal.
+//   checkpoint  after every train.checkpoint_every steps and after the last step, and when the
+//               run stops on a signal, into train.checkpoint_dir (default out_dir/checkpoints);
+//               train.checkpoint_every = 0: none at all, which the run says.
 //   stop        SIGINT, SIGTERM and SIGUSR1 set a flag read at the end of each step; the
 //               processes agree to stop after the step in which any saw one, write a checkpoint
 //               and exit 128 + signal. A second signal kills.
 //   finish      model.safetensors, config.json, --save, the engine's records, summary.json last
 //               (a run holding summary.json is complete).
 //
+// Auto-resume: without --resume or --overwrite, a run whose out_dir holds its own config.toml (a
+// changed train.steps or optim.decay_steps allowed) and a checkpoint continues from the newest
+// complete one, as --resume of its checkpoint directory does: the same command run again
+// finishes a stopped run, or extends a finished one with a larger train.steps.
 // A run stopped at any point finishes with --resume: a checkpoint at the end of its run (the stop
 // came during the last step or the final evaluation, or a kill during the final writes) resumes
 // into the finish phase, which evaluates and writes the same files an uninterrupted run ends with.

@@ -198,7 +198,8 @@ TEST_F(TrainCli, AnotherRunsOutputsAreNotOverwritten) {
     const std::string e = read(err);
     EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 2) << launcher << e;
     EXPECT_NE(e.find("pipefisher: train.out_dir: '" + out_.string() + "' holds the outputs of another run (its "
-                     "config.toml differs at '[optim] lr = 0.003'); give this run its own train.out_dir, or "
+                     "config.toml differs at '[optim] lr': run has 0.01, this command 0.003); give this run its own "
+                     "train.out_dir, or "
                      "--overwrite to replace them\n"), std::string::npos) << launcher << e;
     EXPECT_EQ(read(out_ / "log.jsonl"), log) << launcher;
     EXPECT_EQ(read(out_ / "model.safetensors"), weights) << launcher;

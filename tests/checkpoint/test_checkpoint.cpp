@@ -335,19 +335,21 @@ TEST(Resume, RefusesWhatCannotContinue) {
 
 // --- the MPI runtime with K-FAC ---
 
-// Runs 8 steps checkpointing every 3, drops the step-6 checkpoint and resumes from step 3 (mid-
-// cycle: PipeFisher plans a refresh every 2+ steps here). Compared with the run that wrote the
+// Runs 8 steps checkpointing every 3 (and after the last), drops the step-6 and step-8
+// checkpoints and resumes from step 3 (mid-cycle: PipeFisher plans a refresh every 2+ steps here). Compared with the run that wrote the
 // checkpoint, not with another one: PipeFisher plans from the timings its run measured, so
 // another run may plan another refresh pattern; the resumed run must remake the same plan.
 // kfac.replan_on_drift = false: a re-plan on drift follows the timings of each run.
 void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& seams = "") {
   const fs::path ck = dir() / (name + "-ckpt");
   const std::string s = "--set kfac.enabled=true --set kfac.damping=3e-2 --set kfac.replan_on_drift=false "
-                        "--set train.steps=8 --set train.checkpoint_every=3 --set train.checkpoint_dir=" + ck.string() + " " + sets + " " + seams;
+                        "--set train.steps=8 --set train.checkpoint_every=3 --set train.keep_checkpoints=3 "
+                        "--set train.checkpoint_dir=" + ck.string() + " " + sets + " " + seams;
   Launch first = run(mpi_train_cmd(np, dir(), name, s));
   ASSERT_EQ(first.status, 0) << first.out;
   ASSERT_TRUE(fs::exists(ck / "step-000003" / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
   fs::remove_all(ck / "step-000006");
+  fs::remove_all(ck / "step-000008");
   Launch resumed = run(mpi_train_cmd(np, dir(), name + "-resumed", s + " --resume " + ck.string()));
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   EXPECT_TRUE(contains(resumed.out, "(step 3)")) << resumed.out;

@@ -208,8 +208,8 @@ TEST(Outputs, LeftoversOfAKilledFinalWriteGo) {
 }
 
 // Item 13: a full disk during the final write (--save to a /dev/full node: every write fails
-// with ENOSPC) stops the run with exit 2, naming the file and the last complete checkpoint; in
-// one process and under mpirun.
+// with ENOSPC) stops the run with exit 2, naming the file and the last complete checkpoint (the
+// last step's); in one process and under mpirun.
 TEST(Outputs, FullDiskDuringTheFinalWriteNamesTheLastCheckpoint) {
   tiny_config(dir());
   const fs::path full = dir() / "full";
@@ -224,7 +224,7 @@ TEST(Outputs, FullDiskDuringTheFinalWriteNamesTheLastCheckpoint) {
                        : tiny_train(out.string(), sets));
     EXPECT_EQ(r.status, 2) << tag << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, "--save: cannot write '" + full.string() + "': No space left on device; the last "
-                                "complete checkpoint is " + (ck / "step-000004").string() + ": continue with --resume " +
+                                "complete checkpoint is " + (ck / "step-000005").string() + ": continue with --resume " +
                                 ck.string()))
         << tag << "\n" << r.out;
     EXPECT_TRUE(is_char_device(full)) << tag;
