@@ -133,6 +133,14 @@ TEST(RunDir, ConfigPathsResolveAgainstTheConfigFile) {
   Launch set = pf_test::run(in(cwd, "train --config ../configs/tiny.toml --set train.out_dir=mine --print-config"));
   ASSERT_EQ(set.status, 0) << set.out;
   EXPECT_TRUE(contains(set.out, "out_dir = '" + (cwd / "mine").string() + "'")) << set.out;
+  // The built-in default job from elsewhere: the token files of the program's source tree
+  // (build/pipefisher -> data/corpus) when they are there, its out_dir in the current directory.
+  Launch defaults = pf_test::run(in(cwd, "train --print-config"));
+  ASSERT_EQ(defaults.status, 0) << defaults.out;
+  const fs::path tree = fs::canonical(kBinary).parent_path().parent_path() / "data" / "corpus" / "train.bert.bin";
+  const fs::path train = fs::exists(tree) ? tree : cwd / "data" / "corpus" / "train.bert.bin";
+  EXPECT_TRUE(contains(defaults.out, "train_file = '" + train.string() + "'")) << defaults.out;
+  EXPECT_TRUE(contains(defaults.out, "out_dir = '" + (cwd / "runs" / "default").string() + "'")) << defaults.out;
 }
 
 // generate --init RUN from another directory finds the GPT-2 vocabulary beside the run's token
