@@ -6,7 +6,6 @@
 #include "cli.hpp"
 
 #include <algorithm>
-#include <iterator>
 
 namespace {
 
@@ -33,11 +32,6 @@ std::string tiny_sets(const std::string& preset = "bert-tiny", const std::string
 // The command run from `cwd` (another directory than the test's).
 std::string in(const fs::path& cwd, const std::string& args) {
   return "cd " + cwd.string() + " && " + kEnv + kBinary + " " + args;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 nlohmann::json last_json(const Launch& r) {
