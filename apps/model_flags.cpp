@@ -21,7 +21,9 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
 
 Config load_model_config(const ModelFlags& f, const char* command) {
   Config cfg = Config::load(config_for(f.config, f.init), f.sets);
-  if (f.init.empty()) usage_error("--init", "{} needs the weights: --init FILE.safetensors or a checkpoint directory", command);
+  if (f.init.empty())
+    usage_error("--init", "{} needs the weights: --init RUN_DIR (a run's out_dir), FILE.safetensors or a checkpoint "
+                "directory", command);
   require_init_path(f.init);  // now; the weights are checked as load_model loads them
   return cfg;
 }
