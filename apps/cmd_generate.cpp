@@ -22,7 +22,7 @@ constexpr int32_t kEndOfText = 50256;  // GPT-2's <|endoftext|>
 struct GenerateArgs {
   ModelFlags model;
   std::string prompt;
-  std::string vocab_dir = "data/vocab";
+  std::string vocab_dir;  // "": found beside the token files or in the project's data (find_vocab_dir)
   int max_new_tokens = 32;
   double temperature = 1.0;
   int top_k = 0;
@@ -35,7 +35,8 @@ int run_generate(const GenerateArgs& a) {
     usage_error("--temperature", "must be a finite number >= 0 (0 = greedy), got {}", a.temperature);
   const Config cfg = load_model_config(a.model, "generate");
   if (cfg.model.arch != Arch::Gpt) usage_error("model.arch", "generate needs a causal LM (gpt); {} is a masked LM", cfg.model.arch);
-  auto tok = load_tokenizer("gpt2", a.vocab_dir);
+  const std::string vocab = a.vocab_dir.empty() ? find_vocab_dir("gpt2", cfg.data.valid_file) : a.vocab_dir;
+  auto tok = load_tokenizer("gpt2", vocab);
   LoadedModel m = load_model(a.model, cfg);
   std::vector<int32_t> prompt = tok->encode(a.prompt);
   if (prompt.empty()) prompt.push_back(kEndOfText);  // as GPT-2 itself starts unconditional text
@@ -66,7 +67,9 @@ Runner setup(CLI::App& cmd) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd.add_option("--seed", a->seed, "random seed of the sampling")->capture_default_str();
-  cmd.add_option("--vocab-dir", a->vocab_dir, "directory with the GPT-2 vocabulary files")->capture_default_str();
+  cmd.add_option("--vocab-dir", a->vocab_dir,
+                 "directory with the GPT-2 vocabulary files (default: beside data.valid_file's directory, "
+                 "data/vocab, or the data/vocab of the program's source tree)");
   cmd.add_flag("--json", a->json, "print one JSON object: prompt, prompt_ids, ids (the new tokens), text");
   return [a] { return run_generate(*a); };
 }

@@ -24,7 +24,7 @@ namespace {
 
 struct TokenizeArgs {
   std::string vocab;
-  std::string vocab_dir = "data/vocab";
+  std::string vocab_dir;  // "": data/vocab here or in the program's source tree (find_vocab_dir)
   std::string in, out, docs;
   std::string text;
   bool no_special = false;
@@ -56,7 +56,7 @@ int run(const TokenizeArgs& a) {
     usage_error("--out", "token files end in .bin, got '{}'", a.out);
   const OutputFile out{a.out, "--out", true}, docs{a.docs, "--docs", true};
   check_outputs({out, docs}, {{a.in, "--in"}});
-  auto tok = load_tokenizer(a.vocab, a.vocab_dir);
+  auto tok = load_tokenizer(a.vocab, a.vocab_dir.empty() ? find_vocab_dir(a.vocab) : a.vocab_dir);
   if (a.decode) {
     fmt::print("{}\n", tok->decode(parse_ids(a.text)));
     return 0;
@@ -84,8 +84,9 @@ Runner setup(CLI::App& app) {
   app.add_option("--vocab", a->vocab, "Vocabulary: bert (bert-base-uncased WordPiece) or gpt2 (byte-level BPE)")
       ->required()
       ->check(CLI::IsMember({"bert", "gpt2"}));
-  app.add_option("--vocab-dir", a->vocab_dir, "Directory with the vocabulary files (scripts/fetch-data.sh)")
-      ->capture_default_str();
+  app.add_option("--vocab-dir", a->vocab_dir,
+                 "Directory with the vocabulary files (default: data/vocab here, else in the program's source "
+                 "tree; scripts/fetch-data.sh downloads them)");
   app.add_option("--in", a->in, "Text file to tokenize (with --out)");
   app.add_option("--out", a->out, "Token file to write (.bin, little-endian uint16 ids)");
   app.add_option("--docs", a->docs,

@@ -3,9 +3,11 @@
 #include "command.hpp"
 #include "config/config.hpp"
 #include "config/limits.hpp"
+#include "config/paths.hpp"
 #include "core/error.hpp"
 #include "runtime/train_run.hpp"
 #include "train/one_process.hpp"
+#include "train/run_dir.hpp"
 #include "train/test_seams.hpp"
 #include "train/train_loop.hpp"
 
@@ -29,13 +31,15 @@ int run_train(const TrainArgs& a) {
   using namespace pf;
   std::vector<std::string> sets = a.sets;
   if (a.steps > 0) sets.push_back(fmt::format("train.steps={}", a.steps));
-  Config cfg = Config::load(a.config, sets);
-  if (!a.log_json.empty()) cfg.train.log_json = a.log_json;
+  // A resumed run continues its own configuration (the config.toml beside its checkpoints).
+  Config cfg = Config::load(config_for(a.config, a.resume), sets);
+  if (!a.log_json.empty()) cfg.train.log_json = absolute_path(a.log_json);
   if (a.print_config) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
-  const TrainRunArgs run{a.init, a.save, a.resume, a.profile_dir, !a.log_json.empty(), a.overwrite,
+  const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg), a.profile_dir,
+                         !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
                           parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model)}};
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
@@ -49,12 +53,17 @@ int run_train(const TrainArgs& a) {
 
 pf::app::Runner setup(CLI::App& cmd) {
   auto a = std::make_shared<TrainArgs>();
-  cmd.add_option("--config", a->config, "TOML configuration file (default: the built-in default job)");
+  cmd.add_option("--config", a->config,
+                 "TOML configuration file (default: with --resume the run's own config.toml, else the built-in "
+                 "default job)");
   cmd.add_option("--set", a->sets, "override a configuration key: --set model.layers=4 (repeatable)")
       ->allow_extra_args(false);
-  cmd.add_option("--init", a->init, "initial weights: a safetensors file or a checkpoint directory");
+  cmd.add_option("--init", a->init,
+                 "initial weights: a run directory (its model.safetensors), a safetensors file or a checkpoint "
+                 "directory");
   cmd.add_option("--resume", a->resume,
-                 "continue from the newest complete checkpoint in this directory (train.checkpoint_dir)");
+                 "continue from the newest complete checkpoint in this directory (train.checkpoint_dir; "
+                 "RUN/checkpoints), with the run's own configuration (RUN/config.toml) and --set over it");
   cmd.add_option("--save", a->save, "also save the final weights here (safetensors)");
   cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");

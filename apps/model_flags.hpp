@@ -24,10 +24,12 @@ struct LoadedModel {
   std::unique_ptr<Model> model;  // the whole model, with the --init weights
 };
 
-// The configuration (validated) and the --init path checked (required: a safetensors file or a
+// The configuration (validated: --config, else the config.toml of the run --init names, with
+// --set over it) and the --init path checked (required: a run directory, a safetensors file or a
 // checkpoint directory); UsageError naming the flag or key.
 Config load_model_config(const ModelFlags& f, const char* command);
-// Sets the thread count from cfg, builds the whole model and loads the --init weights into it.
+// Sets the thread count from cfg, builds the whole model and loads the --init weights into it
+// (a run directory's model.safetensors).
 LoadedModel load_model(const ModelFlags& f, const Config& cfg);
 
 }  // namespace pf::app

@@ -1,6 +1,7 @@
 #include "config/config.hpp"
 
 #include "config/config_keys.hpp"
+#include "config/paths.hpp"
 
 #include "core/error.hpp"
 #include "core/suggest.hpp"
@@ -176,13 +177,21 @@ class Reader {
 };
 
 
+// The dotted key of a `key=value` override, without the spaces before '=' ("" without '=').
+std::string override_key(const std::string& kv) {
+  const size_t eq = kv.find('=');
+  if (eq == std::string::npos) return "";
+  std::string key = kv.substr(0, eq);
+  while (!key.empty() && key.back() == ' ') key.pop_back();
+  return key;
+}
+
 // Applies one `key=value` override; the value is parsed as TOML (so 4, 1e-3, true, "x", [1,2]
 // work) and otherwise taken as a bare string.
 void apply_override(toml::table& root, const std::string& kv) {
   auto eq = kv.find('=');
   if (eq == std::string::npos || eq == 0) usage_error("--set " + kv, "expected key=value");
-  std::string key = kv.substr(0, eq), text = kv.substr(eq + 1);
-  while (!key.empty() && key.back() == ' ') key.pop_back();
+  const std::string key = override_key(kv), text = kv.substr(eq + 1);
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + text);
@@ -232,8 +241,8 @@ void fill_unset(Config& c, const Reader& r) {
   auto& d = c.data;
   m.gelu = gelu_of(m);
   if (!r.has("data.vocab")) d.vocab = m.arch == Arch::Gpt ? Vocab::Gpt2 : Vocab::Bert;
-  if (d.train_file.empty()) d.train_file = "data/corpus/train." + name_of(d.vocab) + ".bin";
-  if (d.valid_file.empty()) d.valid_file = "data/corpus/valid." + name_of(d.vocab) + ".bin";
+  if (d.train_file.empty()) d.train_file = find_data("corpus/train." + name_of(d.vocab) + ".bin");
+  if (d.valid_file.empty()) d.valid_file = find_data("corpus/valid." + name_of(d.vocab) + ".bin");
   m.nsp = d.nsp;
   // One stage has no bubbles: there K-FAC's default placement is inline (a pipeline's is
   // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
@@ -241,12 +250,40 @@ void fill_unset(Config& c, const Reader& r) {
   if (!r.has("kfac.placement") && c.parallel.stages == 1 && c.kfac.enabled) c.kfac.placement = Placement::Inline;
 }
 
-Config from_table(toml::table& root, const std::vector<std::string>& overrides) {
-  for (const auto& kv : overrides) apply_override(root, kv);
+// `--set model.preset=P` over a file (a run's config.toml holds every size): P's sizes, not the file's.
+void drop_preset_sizes(toml::table& root) {
+  if (toml::table* m = root["model"].as_table())
+    for (const char* k : {"arch", "layers", "hidden", "heads", "ffn", "vocab", "max_position", "layer_norm_eps"})
+      m->erase(k);
+}
+
+// A config file's relative paths, against the file's directory (before the command line's
+// overrides, which stay relative to the current directory).
+void resolve_file_paths(toml::table& root, const std::string& dir) {
+  const Config defaults;
+  for_each_key(defaults, [&](const std::string& key, const auto&, const Bounds& b) {
+    if (!b.path) return;
+    toml::table* t = root[key.substr(0, key.find('.'))].as_table();
+    toml::value<std::string>* v = t ? t->get_as<std::string>(key.substr(key.find('.') + 1)) : nullptr;
+    if (v) *v = absolute_path(v->get(), dir);
+  });
+}
+
+// `dir`: the config file's directory ("" for a text without a file).
+Config from_table(toml::table& root, const std::vector<std::string>& overrides, const std::string& dir = "") {
+  if (!dir.empty()) resolve_file_paths(root, dir);
+  for (const auto& kv : overrides) {
+    if (override_key(kv) == "model.preset") drop_preset_sizes(root);
+    apply_override(root, kv);
+  }
   Reader r(root);
   Config c = defaults_for(r);
   for_each_key(c, [&](const char* key, auto& member, const Bounds& b) { r.get(key, member, b); });
   fill_unset(c, r);
+  for_each_key(c, [](const char*, auto& member, const Bounds& b) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(member)>, std::string>)
+      if (b.path) member = absolute_path(member);
+  });
   r.refuse_unknown();
   c.validate();
   return c;
@@ -361,7 +398,7 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   } catch (const toml::parse_error& e) {
     usage_error(path, "line {}: {}", e.source().begin.line, std::string(e.description()));
   }
-  return from_table(root, overrides);
+  return from_table(root, overrides, std::filesystem::absolute(path).parent_path().string());
 }
 
 

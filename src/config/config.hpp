@@ -145,7 +145,10 @@ struct Config {
   ParallelConfig parallel;
   KfacConfig kfac;
 
-  // Loads a TOML file (empty path = built-in defaults) and applies `key=value` overrides.
+  // Loads a TOML file (empty path = built-in defaults) and applies `key=value` overrides. Path
+  // keys come out absolute: the file's relative ones against its directory, the overrides' and
+  // the defaults' against the current one (config/paths.hpp); `--set model.preset=P` brings P's
+  // sizes over the file's.
   static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
   static Config from_toml_string(const std::string& text, const std::vector<std::string>& overrides = {});
   // Refuses values that cannot work, naming the key. Does not touch the file system.

@@ -17,6 +17,9 @@ struct Bounds {
   double lo = -kInf, hi = kInf;
   bool lo_open = false, hi_open = false;
   const char* refusal = nullptr;  // nullptr: any value
+  // A file or directory: relative in a config file, against the file's directory; on the command
+  // line (--set) or from the defaults, against the current directory. Held absolute after loading.
+  bool path = false;
   bool accepts(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
 };
 constexpr Bounds kAny{};
@@ -24,6 +27,8 @@ constexpr Bounds kPositive{0, kInf, true, false, "must be positive (got {})"};
 constexpr Bounds kNonNegative{0, kInf, false, false, "must be >= 0 (got {})"};
 constexpr Bounds kFraction{0, 1, false, true, "must be in [0, 1) (got {})"};
 constexpr Bounds kNonEmpty{0, kInf, false, false, "must not be empty"};
+constexpr Bounds kPath{.path = true};
+constexpr Bounds kNonEmptyPath{0, kInf, false, false, "must not be empty", true};
 
 // The keys, each declared once: its name, its member, its bounds. Reading, validating and
 // printing (config.toml, --print-config) all walk these in this order. `key` is called as
@@ -51,8 +56,8 @@ template <typename C, typename F>
 void data_keys(C& c, F& key) {
   auto& d = c.data;
   key("data.vocab", d.vocab, kAny);
-  key("data.train_file", d.train_file, kAny);
-  key("data.valid_file", d.valid_file, kAny);
+  key("data.train_file", d.train_file, kPath);
+  key("data.valid_file", d.valid_file, kPath);
   key("data.shuffle", d.shuffle, kAny);
   key("data.mask_prob", d.mask_prob, Bounds{0, 1, true, true, "must be in (0, 1) (got {})"});
   key("data.nsp", d.nsp, kAny);
@@ -85,9 +90,9 @@ void train_keys(C& c, F& key) {
   key("train.log_every", t.log_every, kPositive);
   key("train.eval_every", t.eval_every, kNonNegative);
   key("train.eval_batches", t.eval_batches, kPositive);
-  key("train.out_dir", t.out_dir, kNonEmpty);
-  key("train.log_json", t.log_json, kAny);
-  key("train.checkpoint_dir", t.checkpoint_dir, kAny);
+  key("train.out_dir", t.out_dir, kNonEmptyPath);
+  key("train.log_json", t.log_json, kPath);
+  key("train.checkpoint_dir", t.checkpoint_dir, kPath);
   key("train.checkpoint_every", t.checkpoint_every, kNonNegative);
   key("train.keep_checkpoints", t.keep_checkpoints, kNonNegative);
   key("train.on_nonfinite", t.on_nonfinite, Bounds{.refusal = "must be 'skip' or 'stop' (got '{}')"});
@@ -99,7 +104,7 @@ void parallel_keys(C& c, F& key) {
   key("parallel.stages", p.stages, kPositive);
   key("parallel.data_parallel", p.data_parallel, kPositive);
   key("parallel.schedule", p.schedule, kAny);
-  key("parallel.schedule_file", p.schedule_file, kAny);
+  key("parallel.schedule_file", p.schedule_file, kPath);
   key("parallel.micro_batches", p.micro_batches, kPositive);
   key("parallel.micro_batch_size", p.micro_batch_size, kPositive);
   key("parallel.virtual_stages", p.virtual_stages, kPositive);
@@ -127,7 +132,7 @@ void kfac_keys(C& c, F& key) {
       Bounds{-1, kInf, false, false, "must be >= 0, or -1 for optim.warmup_steps (got {})"});
   key("kfac.replan_on_drift", k.replan_on_drift, kAny);
   key("kfac.split_inversions", k.split_inversions, kAny);
-  key("kfac.plan_profile", k.plan_profile, kAny);
+  key("kfac.plan_profile", k.plan_profile, kPath);
 }
 
 template <typename C, typename F>

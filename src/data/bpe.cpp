@@ -64,7 +64,8 @@ namespace {
 nlohmann::json parse_encoder(const std::string& encoder_json) {
   nlohmann::json enc;
   try {
-    enc = nlohmann::json::parse(read_text_file(encoder_json, "the GPT-2 encoder (run scripts/fetch-data.sh)"));
+    enc = nlohmann::json::parse(read_text_file(
+        encoder_json, "the GPT-2 encoder (scripts/fetch-data.sh downloads it; --vocab-dir names its directory)"));
   } catch (const nlohmann::json::exception& e) {
     usage_error(encoder_json, "malformed JSON ({})", e.what());
   }
@@ -128,7 +129,8 @@ void Gpt2Tokenizer::read_encoder(const std::string& encoder_json) {
 
 // vocab.bpe: "#version" line, then one merge "left right" per line; rank = order.
 void Gpt2Tokenizer::read_merges(const std::string& vocab_bpe, const std::string& encoder_json) {
-  auto lines = split_lines(read_text_file(vocab_bpe, "the GPT-2 merges (run scripts/fetch-data.sh)"));
+  auto lines = split_lines(read_text_file(
+      vocab_bpe, "the GPT-2 merges (scripts/fetch-data.sh downloads them; --vocab-dir names their directory)"));
   std::unordered_set<int32_t> produced;
   int rank = 0;
   for (size_t i = 0; i < lines.size(); ++i) {

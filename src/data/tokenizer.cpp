@@ -1,5 +1,6 @@
 #include "data/tokenizer.hpp"
 
+#include "config/paths.hpp"
 #include "core/error.hpp"
 #include "data/bpe.hpp"
 #include "data/text_util.hpp"
@@ -29,13 +30,39 @@ void require_utf8(std::string_view text, const std::string& what) {
     usage_error(what, "invalid UTF-8 near byte {}", at);
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir) {
-  if (name == "bert")
-    return std::make_unique<WordPieceTokenizer>(WordPieceTokenizer::load(vocab_dir + "/bert-base-uncased.txt"));
-  if (name == "gpt2")
-    return std::make_unique<Gpt2Tokenizer>(
-        Gpt2Tokenizer::load(vocab_dir + "/gpt2-encoder.json", vocab_dir + "/gpt2-vocab.bpe"));
+namespace {
+
+// The file that names a vocabulary's directory (gpt2: the encoder; its merges sit beside it).
+std::string vocab_file(const std::string& name) {
+  if (name == "bert") return "bert-base-uncased.txt";
+  if (name == "gpt2") return "gpt2-encoder.json";
   usage_error("--vocab", "unknown vocabulary '{}' (expected bert or gpt2)", name);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir) {
+  const std::string file = vocab_dir + "/" + vocab_file(name);
+  if (name == "bert") return std::make_unique<WordPieceTokenizer>(WordPieceTokenizer::load(file));
+  return std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load(file, vocab_dir + "/gpt2-vocab.bpe"));
+}
+
+std::string find_vocab_dir(const std::string& name, const std::string& token_file) {
+  namespace fs = std::filesystem;
+  const std::string file = vocab_file(name);
+  std::vector<std::string> dirs;
+  if (!token_file.empty()) {
+    const fs::path near = fs::path(absolute_path(token_file)).parent_path();
+    dirs = {near.string(), (near.parent_path() / "vocab").string()};
+  }
+  for (const std::string& d : data_candidates("vocab")) dirs.push_back(d);
+  std::error_code ec;
+  for (const std::string& d : dirs)
+    if (fs::is_regular_file(fs::path(d) / file, ec)) return d;
+  std::string tried;
+  for (const std::string& d : dirs) tried += (tried.empty() ? "" : ", ") + d;
+  usage_error("--vocab-dir", "no {} vocabulary ({}) in {}: name its directory with --vocab-dir DIR "
+              "(scripts/fetch-data.sh downloads it into the repository's data/vocab)", name, file, tried);
 }
 
 std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text) {

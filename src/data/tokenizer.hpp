@@ -41,6 +41,12 @@ class Tokenizer {
 // Throws UsageError naming the flag or file on an unknown name, a missing or malformed file.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir);
 
+// The directory holding vocabulary `name`'s files when no --vocab-dir names one: beside the token
+// files (`token_file`'s directory, then a vocab/ beside that directory: data/corpus/x.bin ->
+// data/vocab), then the project's data/vocab (config/paths.hpp's data_candidates). UsageError
+// naming --vocab-dir and every directory tried when none holds them.
+std::string find_vocab_dir(const std::string& name, const std::string& token_file = "");
+
 // Tokenizes a whole corpus text: the result equals tok.encode(text), computed in parallel over
 // pieces cut at newlines where tok.safe_cut holds, and concatenated in order (deterministic).
 std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, std::string_view text);

@@ -87,7 +87,8 @@ void lower_strip_accents(const std::vector<int32_t>& in, BertState& st) {
 }  // namespace
 
 WordPieceTokenizer WordPieceTokenizer::load(const std::string& path) {
-  std::string text = read_text_file(path, "the BERT vocabulary (run scripts/fetch-data.sh)");
+  std::string text =
+      read_text_file(path, "the BERT vocabulary (scripts/fetch-data.sh downloads it; --vocab-dir names its directory)");
   WordPieceTokenizer t;
   size_t p = 0;
   while (p < text.size()) {

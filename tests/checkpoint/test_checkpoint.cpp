@@ -51,13 +51,6 @@ pf::CheckpointManifest write_one(const fs::path& d, int64_t step, float v, int k
   return m;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 TEST(CheckpointFiles, ManifestLatestAndRetention) {
   const fs::path d = dir() / "proto";
   write_one(d, 1, 1.0f, 2);
@@ -66,7 +59,7 @@ TEST(CheckpointFiles, ManifestLatestAndRetention) {
   // Keep 2: step 1 is gone, 2 and 3 remain, latest names 3.
   EXPECT_FALSE(fs::exists(d / "step-000001"));
   EXPECT_TRUE(fs::exists(d / "step-000002" / "manifest.json"));
-  EXPECT_EQ(read_text(d / "latest"), "step-000003\n");
+  EXPECT_EQ(slurp(d / "latest"), "step-000003\n");
   EXPECT_EQ(pf::find_latest_checkpoint(d.string()), (d / "step-000003").string());
 
   pf::CheckpointReader r((d / "step-000003").string());

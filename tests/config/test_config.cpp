@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 using pf::Config;
 
@@ -26,7 +29,9 @@ TEST(Config, DefaultsAreValid) {
   Config c = Config::from_toml_string("");
   EXPECT_EQ(c.model.arch, pf::Arch::Bert);
   EXPECT_EQ(c.model.gelu, pf::Gelu::Erf);
-  EXPECT_EQ(c.data.train_file, "data/corpus/train.bert.bin");
+  // Found in ./data, else in the program's source tree; absolute either way.
+  EXPECT_TRUE(c.data.train_file.ends_with("/data/corpus/train.bert.bin")) << c.data.train_file;
+  EXPECT_TRUE(std::filesystem::path(c.data.train_file).is_absolute()) << c.data.train_file;
   EXPECT_EQ(c.model.hidden, 256);  // the default job is bert-mini-shaped
   Config g = Config::from_toml_string("", {"model.arch=gpt"});
   EXPECT_EQ(g.model.vocab, 50257);
@@ -54,7 +59,27 @@ TEST(Config, OverridesParseTomlValues) {
   EXPECT_FALSE(c.data.shuffle);
   EXPECT_EQ(c.optim.name, pf::OptimName::AdamW);
   EXPECT_EQ(c.parallel.partition, (std::vector<int>{3, 1}));
-  EXPECT_EQ(c.train.out_dir, "runs/x");
+  EXPECT_EQ(c.train.out_dir, (std::filesystem::current_path() / "runs/x").string());  // against the current directory
+}
+
+// A file's relative paths resolve against its directory, --set's against the current one; an
+// absolute path is kept as written. --set model.preset brings the preset's sizes over the file's.
+TEST(Config, FilePathsResolveAgainstTheFilesDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("pf_config_paths_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d / "cfg");
+  std::ofstream(d / "cfg" / "c.toml") << "[model]\npreset = \"bert-tiny\"\nlayers = 3\n[data]\ntrain_file = \"../t/x.bin\"\n"
+                                      << "valid_file = \"/abs/v.bin\"\n[train]\nout_dir = \"out\"\n";
+  const Config c = Config::load((d / "cfg" / "c.toml").string(), {"train.checkpoint_dir=ck"});
+  EXPECT_EQ(c.data.train_file, (d / "t" / "x.bin").string());
+  EXPECT_EQ(c.data.valid_file, "/abs/v.bin");
+  EXPECT_EQ(c.train.out_dir, (d / "cfg" / "out").string());
+  EXPECT_EQ(c.train.checkpoint_dir, (std::filesystem::current_path() / "ck").string());
+  EXPECT_EQ(c.model.layers, 3);
+  const Config m = Config::load((d / "cfg" / "c.toml").string(), {"model.preset = \"bert-mini\""});
+  EXPECT_EQ(m.model.layers, 4);
+  EXPECT_EQ(m.model.hidden, 256);
+  std::filesystem::remove_all(d);
 }
 
 TEST(Config, BadInputNamesTheKey) {

@@ -27,11 +27,6 @@ void expect_one_line_refusal(const Launch& r, const std::string& what, const std
   EXPECT_TRUE(contains(r.out, what)) << context << ": expected '" << what << "'\n" << r.out;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
 bool is_char_device(const fs::path& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0 && S_ISCHR(st.st_mode);

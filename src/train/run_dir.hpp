@@ -1,0 +1,37 @@
+#pragma once
+// A run directory (train.out_dir) is the unit the commands name, as Hugging Face's
+// from_pretrained(dir) names one: it holds the run's own configuration and its weights.
+//
+//   RUN/config.toml                 every key of the run, paths absolute (config/paths.hpp)
+//   RUN/model.safetensors           the final weights
+//   RUN/checkpoints/step-000012/    a checkpoint (io/checkpoint.hpp), RUN/checkpoints/latest
+//
+// `train --resume`, `eval --init` and `generate --init` read the shape from the run's config.toml
+// when no --config is given; --set overrides it as it overrides a --config file.
+#include "config/config.hpp"
+
+#include <string>
+
+namespace pf {
+
+// The config.toml of the run `path` belongs to, or "" when there is none: for a directory, its
+// own config.toml (a run directory), else, for a checkpoint directory (it holds `latest` or
+// step-N directories) the one beside it (RUN/checkpoints -> RUN/config.toml), for a checkpoint's
+// step directory the one beside its parent; for a file (RUN/model.safetensors), the one beside it.
+std::string run_config_of(const std::string& path);
+
+// The weights `--init PATH` names: for a run directory (it holds config.toml), its
+// model.safetensors, else its checkpoints/ (a run stopped before its final outputs); otherwise
+// PATH itself (a safetensors file or a checkpoint directory).
+std::string run_weights_of(const std::string& path);
+
+// The checkpoint directory `--resume PATH` names: for a run directory (it holds config.toml), the
+// checkpoints of `cfg` (the run's configuration: train.checkpoint_dir, else RUN/checkpoints);
+// otherwise PATH itself.
+std::string resume_dir_of(const std::string& path, const Config& cfg);
+
+// The configuration file a command loads: --config when given, else the config.toml of the run
+// `path` names (run_config_of), else "" (the built-in defaults).
+std::string config_for(const std::string& config_flag, const std::string& path);
+
+}  // namespace pf
