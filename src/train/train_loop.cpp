@@ -298,9 +298,10 @@ void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
   }
   std::string listed;
   for (const std::string& name : rec.listed) listed += ", " + name;
-  std::string elsewhere;  // outputs outside out_dir
+  std::string elsewhere;  // outputs outside out_dir's files (directories, --save)
   if (!r.args.save.empty()) elsewhere += ", " + r.args.save;
   if (!r.args.profile_dir.empty()) elsewhere += ", " + r.args.profile_dir + "/";
+  if (checkpoints_on(r.cfg)) elsewhere += ", " + r.ckpt_dir + "/";
   std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json%s}%s\n",
               out.c_str(), listed.c_str(), elsewhere.c_str());
 }

@@ -735,6 +735,7 @@ TEST(PipeFisherRuntime, ProfileCarriesTheRunAndTheTraceNamesTheLayers) {
   ASSERT_EQ(r.status, 0) << r.out;
   expect_outputs_line_complete(r.out, dir() / "pr_run");
   EXPECT_NE(r.out.find(", " + pdir.string() + "/"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", " + (dir() / "pr_run" / "checkpoints").string() + "/"), std::string::npos) << r.out;
   const nlohmann::json prof = read_json(pdir / "profile.json");
   const nlohmann::json& run = prof["run"];
   EXPECT_EQ(run["schedule"], "1f1b");
