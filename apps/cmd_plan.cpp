@@ -218,6 +218,9 @@ std::vector<StageMemory> stage_memory(const PlanArgs& a, const Profile& prof) {
 }
 
 // Flags that apply only with others, and outputs that would overwrite an input.
+// More steps than this in one picture are unreadable (and each costs a copy of the step's actions).
+constexpr int kMaxSvgSteps = 32;
+
 void check_flag_combinations(const PlanArgs& a) {
   if (!a.kfac)
     for (const char* f : {"--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
@@ -229,6 +232,12 @@ void check_flag_combinations(const PlanArgs& a) {
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
+  for (const char* f : {"--steps", "--width"})
+    if (a.given(f) && (a.svg.empty() || a.sweep)) usage_error(f, "only applies to a timeline's --svg");
+  if (a.given("--width") && (a.svg_width < 200 || a.svg_width > 16000))
+    usage_error("--width", "must be 200 to 16000 px, got {}", a.svg_width);
+  if (a.given("--steps") && a.svg_steps > kMaxSvgSteps)
+    usage_error("--steps", "at most {} steps in one picture, got {}", kMaxSvgSteps, a.svg_steps);
   check_outputs({{a.csv, "--csv", true}, {a.svg, "--svg", true}, {a.trace, "--trace", true}},
                 {{a.profile, "--profile"}, {a.schedule_file, "--schedule-file"}});
 }
@@ -319,6 +328,8 @@ void write_files(const PlanArgs& a, const SimulatedStep& r) {
   if (!a.kfac && !a.svg.empty()) {
     SvgOptions o;
     o.title = r.title;
+    if (a.svg_steps > 0) o.steps = a.svg_steps;
+    o.width = a.svg_width;
     write_output({a.svg, "--svg", true}, timeline_svg(r.timeline, o));
   }
   if (!a.kfac && !a.trace.empty()) write_output({a.trace, "--trace", true}, chrome_trace(r.timeline, r.title));
@@ -457,6 +468,10 @@ void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
       ->check(v.positive);
   app.add_flag("--json", a.json, "Print one JSON object");
   app.add_option("--svg", a.svg, "Write the timeline (or the sweep chart) as SVG");
+  app.add_option("--steps", a.svg_steps, "Steps --svg draws (default 2; with --kfac the whole refresh period)")
+      ->check(v.positive);
+  app.add_option("--width", a.svg_width, "Pixels of --svg's time axis, 200 to 16000 (default: 24 px per forward)")
+      ->check(v.positive);
   app.add_option("--trace", a.trace, "Write a Chrome trace-event JSON (open in Perfetto)");
   app.add_option("--csv", a.csv, "Write the schedule as CSV (or the sweep table)");
 }

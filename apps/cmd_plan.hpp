@@ -20,6 +20,7 @@ struct PlanArgs {
   double tf = 1, tb = 2, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
   bool json = false, sweep = false, kfac = false, no_kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;
   int data_parallel = 1;
+  int svg_steps = 0, svg_width = 0;  // --steps, --width: what --svg draws (0: its defaults)
   double margin = 0.05;
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
   std::vector<int> sweep_stages = {4, 8, 16, 32};

@@ -106,13 +106,17 @@ LayerNames kfac_layer_names(const Schedule& s, const Profile& prof, const KfacMo
 }
 
 // The refresh period as SVG, with the numbers of the text and JSON reports.
-void write_kfac_svg(const PlanArgs& a, const KfacPlan& p, const Timeline& tl, const std::vector<double>& starts,
-                    const std::string& title, double base_bubble) {
+// The refresh period (or --steps of it, from a cycle start) at --width.
+void write_kfac_svg(const PlanArgs& a, const KfacPlan& p, const std::string& title, double base_bubble) {
+  const int steps = a.svg_steps > 0 ? a.svg_steps : p.period();
   SvgOptions o;
   o.title = title;
-  o.step_starts = starts;
-  o.summary = fmt::format("refresh period {} steps, step {:.2f} ms, utilization {:.1f}%, bubble {:.2f} ms per "
-                          "device per step before K-FAC", p.period(), p.step_time, 100 * p.utilization, base_bubble);
+  o.width = a.svg_width;
+  const Timeline tl = p.period_timeline(0, steps, &o.step_starts);
+  o.summary = fmt::format("refresh period {} steps{}, step {:.2f} ms, utilization {:.1f}%, bubble {:.2f} ms per "
+                          "device per step before K-FAC", p.period(),
+                          steps == p.period() ? "" : fmt::format(" ({} drawn)", steps), p.step_time,
+                          100 * p.utilization, base_bubble);
   write_output({a.svg, "--svg", true}, timeline_svg(tl, o));
 }
 
@@ -188,7 +192,7 @@ json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const s
   Timeline tl = p.period_timeline(0, P, &starts);
   const std::string kt = fmt::format("{} + PipeFisher ({} steps{})", title, P,
                                      a.data_parallel > 1 ? fmt::format(", replica 0 of {}", a.data_parallel) : "");
-  if (!a.svg.empty()) write_kfac_svg(a, p, tl, starts, kt, base_bubble);
+  if (!a.svg.empty()) write_kfac_svg(a, p, kt, base_bubble);
   if (!a.trace.empty())
     write_output({a.trace, "--trace", true},
                  chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, kt, kfac_layer_names(s, prof, m)));

@@ -142,3 +142,34 @@ TEST(PlanCli, HumanSummaryAndSweep) {
 }
 
 }  // namespace
+
+// --steps and --width choose what --svg draws: one step has half the boxes of two, the time axis
+// is as wide as asked (once wider than the title, the picture's width moves by the same pixels),
+// and with --kfac a part of the refresh period can be drawn (the title says how much).
+TEST(PlanCli, StepsAndWidthOfTheTimelinePicture) {
+  auto svg_of = [](const std::string& args) {
+    const std::string path = tmp("steps.svg");
+    PlanRun r = plan("--schedule 1f1b --stages 4 --micro-batches 8 --svg " + path + " " + args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return slurp(path);
+  };
+  auto count = [](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+    return n;
+  };
+  auto width = [](const std::string& s) { return std::stoi(s.substr(s.find("width=\"") + 7)); };
+  const std::string one = svg_of("--steps 1 --width 1000"), two = svg_of("--steps 2 --width 1000"),
+                    wide = svg_of("--steps 1 --width 1400");
+  EXPECT_EQ(2 * count(one, "<title>"), count(two, "<title>"));
+  EXPECT_EQ(width(wide) - width(one), 400);
+  const std::string part = svg_of("--kfac --tcurv 0.3 --tinv 5 --tprec 0.5 --steps 1"),
+                    period = svg_of("--kfac --tcurv 0.3 --tinv 5 --tprec 0.5");
+  EXPECT_NE(part.find("refresh period 3 steps (1 drawn)"), std::string::npos) << part.substr(0, 600);
+  EXPECT_LT(count(part, "<title>"), count(period, "<title>"));
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 8 --steps 2", "pipefisher: --steps: only applies to a timeline's --svg");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 8 --svg " + tmp("x.svg") + " --width 50",
+               "pipefisher: --width: must be 200 to 16000 px, got 50");
+  expect_usage("--schedule 1f1b --stages 4 --micro-batches 8 --svg " + tmp("x.svg") + " --steps 99",
+               "pipefisher: --steps: at most 32 steps in one picture, got 99");
+}
