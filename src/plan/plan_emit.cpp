@@ -50,8 +50,8 @@ struct DeviceEmit {
 };
 
 // Inline units (cycle step 0, timed in its schedule) and gap units (where the packing put them).
-void emit_placed_units(PlanState& state, int w, int d, DeviceEmit& e) {
-  KfacPlan& plan = state.plan;
+void emit_placed_units(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists& out) {
+  const KfacPlan& plan = state.plan;
   const CycleStep0& step0 = state.cycle_step0[w];
   const DevicePlacement& placed = state.packed[d].replicas[w];
   const CollectivePin pin = state.pins[d];
@@ -59,7 +59,7 @@ void emit_placed_units(PlanState& state, int w, int d, DeviceEmit& e) {
   const int R = plan.refresh_steps[d];
   for (auto [i, index] : step0.inline_at[d]) {
     const TimedAction& t = step0.timeline.per_device[d][index];
-    plan.units.push_back({units[i].action, w, d, 0, t.start, t.end, true, false});
+    out.units.push_back({units[i].action, w, d, 0, t.start, t.end, true, false});
     e.inline_work += units[i].duration;
   }
   for (size_t i = 0; i < units.size(); ++i) {
@@ -76,14 +76,14 @@ void emit_placed_units(PlanState& state, int w, int d, DeviceEmit& e) {
     const int step = wrapped ? g.step - R : g.step;
     const double start = placed.start[i] - placed.placer.offset(g.step);
     e.insertions.push_back({step, g.gap.insert_at, start, static_cast<int>(i), wrapped});
-    plan.units.push_back({units[i].action, w, d, step, start, start + units[i].duration, false, wrapped});
+    out.units.push_back({units[i].action, w, d, step, start, start + units[i].duration, false, wrapped});
   }
 }
 
 // Pinned units (Chimera): after everything of cycle step K, per stage (stage order) its
 // broadcasts (chain order) and its sync; then the inversions that could not go into any gap.
-void emit_pinned_units(PlanState& state, int w, int d, DeviceEmit& e) {
-  KfacPlan& plan = state.plan;
+void emit_pinned_units(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists& out) {
+  const KfacPlan& plan = state.plan;
   const CycleStep0& step0 = state.cycle_step0[w];
   const auto& units = state.packed[d].units.units;
   std::vector<int> pinned;
@@ -101,7 +101,7 @@ void emit_pinned_units(PlanState& state, int w, int d, DeviceEmit& e) {
     e.insertions.push_back({K, at, t, i, false});
     PlacedUnit pu{units[i].action, w, d, K, t, t + units[i].duration, true, false};
     pu.at_step_end = true;
-    plan.units.push_back(pu);
+    out.units.push_back(pu);
     t += units[i].duration;
     e.inline_work += units[i].duration;
     e.pinned_time += units[i].duration;
@@ -110,15 +110,14 @@ void emit_pinned_units(PlanState& state, int w, int d, DeviceEmit& e) {
 
 // The lists of cycle steps 0..R-1 (steady state, and the first cycle without wrapped units),
 // the wrapped units per step, and the optimizer steps at the end of every list.
-void build_lists(PlanState& state, int w, int d, DeviceEmit& e) {
-  KfacPlan& plan = state.plan;
+void build_lists(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists& out) {
   const auto& units = state.packed[d].units.units;
-  const int R = plan.refresh_steps[d];
+  const int R = state.plan.refresh_steps[d];
   // Insert back to front (by position, then start) into each step's list.
   std::stable_sort(e.insertions.begin(), e.insertions.end(), [](const Insertion& a, const Insertion& b) {
     return a.step != b.step ? a.step < b.step : a.at != b.at ? a.at > b.at : a.start > b.start;
   });
-  auto& lists = plan.cycle[w][d];
+  auto& lists = out.cycle[w][d];
   for (int k = 0; k < R; ++k)
     lists.push_back(k == 0 ? state.cycle_step0[w].step.schedule.per_device[d] : state.base.schedule.per_device[d]);
   for (const Insertion& x : e.insertions) lists[x.step].insert(lists[x.step].begin() + x.at, units[x.unit].action);
@@ -131,13 +130,12 @@ void build_lists(PlanState& state, int w, int d, DeviceEmit& e) {
       if (it != wrapped_actions.end()) wrapped_actions.erase(it), wrapped_in_order.push_back(a);
       else list.push_back(a);
     }
-    plan.first_cycle[w][d].push_back(std::move(list));
-    plan.wrapped_units[w][d].push_back(std::move(wrapped_in_order));
+    out.first_cycle[w][d].push_back(std::move(list));
+    out.wrapped_units[w][d].push_back(std::move(wrapped_in_order));
   }
   const auto& opt = state.optimizer[d];
-  for (auto* step_lists : {&plan.cycle[w][d], &plan.first_cycle[w][d]})
+  for (auto* step_lists : {&out.cycle[w][d], &out.first_cycle[w][d]})
     for (auto& list : *step_lists) list.insert(list.end(), opt.begin(), opt.end());
-  plan.first[w][d] = plan.first_cycle[w][d][0];
 }
 
 // The factors run as diagonal blocks (those split to shorten the refresh period after the
@@ -163,27 +161,27 @@ void emit_lists(PlanState& state) {
   KfacPlan& plan = state.plan;
   emit_splits_and_placements(state);
   const int D = state.devices(), W = state.replicas();
-  plan.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
-  plan.first.assign(W, std::vector<std::vector<Action>>(D));
-  plan.first_cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
-  plan.wrapped_units.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
+  PlanLists lists;
+  lists.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
+  lists.first_cycle = lists.wrapped_units = lists.cycle;
   plan.kfac_work.assign(D, 0);
   plan.device_inline.assign(D, 0);
   plan.utilization_per_device.assign(D, 0);
   for (int w = 0; w < W; ++w)
     for (int d = 0; d < D; ++d) {
       DeviceEmit e;
-      emit_placed_units(state, w, d, e);
-      emit_pinned_units(state, w, d, e);
+      emit_placed_units(state, w, d, e, lists);
+      emit_pinned_units(state, w, d, e, lists);
       plan.kfac_work[d] = std::max(plan.kfac_work[d], e.work);
       plan.device_inline[d] = std::max(plan.device_inline[d], e.inline_work);
-      build_lists(state, w, d, e);
+      build_lists(state, w, d, e, lists);
       // Utilization over the device's cycle: F/B/PREC each step plus one cycle of K-FAC work.
       const int R = plan.refresh_steps[d];
       const double time = plan.step0_time + (R - 1) * plan.base_step_time + e.pinned_time;
       const double busy_steps = R * plan.base.busy[d];
       plan.utilization_per_device[d] += (busy_steps + e.busy_kfac) / time / W;
     }
+  plan.lists_ = std::move(lists);
 }
 
 // Bubble, precondition and lower bound per device, mean utilization, and the step time with Chimera's pinned
@@ -207,7 +205,7 @@ void measure(PlanState& state) {
   const int P = plan.period();
   double pinned = 0, pinned_per_step = 0;
   std::vector<double> pinned_of(D, 0.0);
-  for (const PlacedUnit& u : plan.units)
+  for (const PlacedUnit& u : plan.units())
     if (u.at_step_end)
       pinned_of[u.device] = std::max(pinned_of[u.device], u.end - (u.step == 0 ? plan.step0_time : plan.base_step_time));
   for (int d = 0; d < D; ++d) {

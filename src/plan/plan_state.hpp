@@ -157,7 +157,7 @@ struct PlanState {
   // The result. Its fields by writer: devices, replicas, step_template: the constructor;
   // prec_splits: split_precondition; plain_step_time, base, base_step_time: place_precondition;
   // strategy: pack_by_strategy; refresh_steps, common_cycle, sync_steps, sync_step, step0,
-  // step0_time: set_cycle_lengths; units, cycle, first, first_cycle, wrapped_units, kfac_work,
+  // step0_time: set_cycle_lengths; its lists (units(), actions(), wrapped()), kfac_work,
   // device_inline, utilization_per_device, splits, placements: emit_lists; bubble,
   // precondition, lower_bound_refresh_steps, utilization, inline_time, step_time: measure.
   KfacPlan plan;

@@ -199,6 +199,23 @@ struct PrecSplit {
   int member(int device, int replica) const;  // index in members, or PF_CHECK failure
 };
 
+// What the emit pass places and lists (KfacPlan keeps it private and answers queries on it):
+// actions are [replica][device][cycle step] -> actions in order, the optimizer steps last.
+struct PlanLists {
+  std::vector<PlacedUnit> units;  // every K-FAC unit once per cycle (PREC excluded)
+  // Steady state: wrapped units included.
+  std::vector<std::vector<std::vector<std::vector<Action>>>> cycle;
+  // The first cycle: no wrapped units.
+  std::vector<std::vector<std::vector<std::vector<Action>>>> first_cycle;
+  // The previous cycle's units in cycle[...] (list order), without the optimizer steps.
+  std::vector<std::vector<std::vector<std::vector<Action>>>> wrapped_units;
+};
+
+namespace plan {
+struct PlanState;
+void emit_lists(PlanState& state);  // the only writer of a KfacPlan's PlanLists
+}  // namespace plan
+
 struct KfacPlan {
   int devices = 0, replicas = 1;
   std::vector<int> refresh_steps;              // [device] cycle length R_d
@@ -221,20 +238,12 @@ struct KfacPlan {
   std::vector<FactorSplit> splits;
   std::vector<StagePlacement> placements;      // several holders: each hosted (pipeline, stage)'s placement
   std::vector<PrecSplit> prec_splits;          // several holders: each (pipeline, stage)'s precondition split
-  std::vector<PlacedUnit> units;               // every K-FAC unit once per cycle (PREC excluded)
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)
-  // [replica][device][cycle step] -> actions in order (steady state: wrapped units included),
-  // the optimizer steps last.
-  std::vector<std::vector<std::vector<std::vector<Action>>>> cycle;
-  // Cycle step 0 of the first cycle (no wrapped units): [replica][device].
-  std::vector<std::vector<std::vector<Action>>> first;
-  // The whole first cycle (no wrapped units): [replica][device][cycle step].
-  std::vector<std::vector<std::vector<std::vector<Action>>>> first_cycle;
-  // [replica][device][cycle step] the previous cycle's units in cycle[...] (list order).
-  std::vector<std::vector<std::vector<std::vector<Action>>>> wrapped_units;
   Schedule step_template;                      // the input schedule's header (for schedule_for)
 
+  // Every K-FAC unit once per cycle (PREC excluded), as placed.
+  const std::vector<PlacedUnit>& units() const { return lists_.units; }
   int period() const;  // max refresh_steps: what a drawing of the whole refresh shows
   // What device `device` of replica `replica` runs in training step t (0-based).
   const std::vector<Action>& actions(int replica, int device, int64_t t) const;
@@ -270,6 +279,11 @@ struct KfacPlan {
   // Steady-state timeline of `steps` consecutive steps from a cycle start (step boundaries at
   // step_starts), K-FAC units included; for drawing and tracing.
   Timeline period_timeline(int replica, int steps, std::vector<double>* step_starts) const;
+
+ private:
+  // The lists have one writer: the emit pass builds them whole and stores them once.
+  friend void plan::emit_lists(plan::PlanState& state);
+  PlanLists lists_;
 };
 
 // A step with inline K-FAC, before any plan (PipeFisher's profiling steps; kfac.placement inline

@@ -9,7 +9,7 @@
 namespace pf {
 
 const std::vector<Action>& KfacPlan::cycle_actions(int replica, int device, int k) const {
-  return cycle.at(replica).at(device).at(k);
+  return lists_.cycle.at(replica).at(device).at(k);
 }
 
 bool KfacPlan::is_cycle_start(int device, int64_t t) const { return t % refresh_steps.at(device) == 0; }

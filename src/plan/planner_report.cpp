@@ -15,8 +15,8 @@ const std::vector<Action>& KfacPlan::actions(int replica, int device, int64_t t)
   PF_CHECK(replica >= 0 && replica < replicas && device >= 0 && device < devices && t >= 0,
            "replica {} device {} step {}", replica, device, t);
   const int R = refresh_steps[device];
-  if (t < R) return first_cycle[replica][device][t];
-  return cycle[replica][device][t % R];
+  if (t < R) return lists_.first_cycle[replica][device][t];
+  return lists_.cycle[replica][device][t % R];
 }
 
 std::optional<std::pair<int, int>> KfacPlan::inverter(const Action& a) const {
@@ -61,7 +61,7 @@ std::string KfacPlan::precondition_line() const {
 }
 
 std::vector<Action> KfacPlan::wrapped(int replica, int device, int k) const {
-  return wrapped_units.at(replica).at(device).at(k);
+  return lists_.wrapped_units.at(replica).at(device).at(k);
 }
 
 Schedule KfacPlan::schedule_for(int replica, int64_t t) const {
@@ -89,7 +89,7 @@ Timeline KfacPlan::period_timeline(int replica, int steps, std::vector<double>* 
       }
       // Inline units are already in step0's rows.
       const int k = t % refresh_steps[d];
-      for (const PlacedUnit& u : units)
+      for (const PlacedUnit& u : lists_.units)
         if (u.replica == replica && u.device == d && u.step == k && !u.inline_work)
           tl.per_device[d].push_back({u.action, u.start + offset, u.end + offset});
     }

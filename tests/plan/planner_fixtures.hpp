@@ -93,14 +93,14 @@ inline void check_plan(const PlanInput& in, const KfacPlan& plan) {
             if (owner == kEveryRank) continue;
             for (int w = 0; w < W; ++w)
               expect.insert(to_token({k == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, st, p, -1, l, inv.block}));
-            for (const PlacedUnit& u : plan.units)
+            for (const PlacedUnit& u : plan.units())
               if (u.device == d && u.action == inv) {
                 EXPECT_EQ(u.replica, sp->members[owner].second) << to_token(inv);
               }
           }
         }
     }
-    for (const PlacedUnit& u : plan.units)
+    for (const PlacedUnit& u : plan.units())
       if (u.device == d) got.insert(to_token(u.action));
     ASSERT_EQ(got, expect) << "device " << d;
   }
@@ -110,7 +110,7 @@ inline void check_plan(const PlanInput& in, const KfacPlan& plan) {
       const int R = plan.refresh_steps[d];
       std::map<std::string, double> end_abs;   // unit token -> absolute end in the cycle
       std::vector<const PlacedUnit*> mine;
-      for (const PlacedUnit& u : plan.units)
+      for (const PlacedUnit& u : plan.units())
         if (u.replica == w && u.device == d) mine.push_back(&u);
       // A wrapped unit runs in the next cycle's step u.step (its leading gap of step 0, or with
       // Chimera's group up to its sync step): absolute time from this cycle's start.
@@ -232,7 +232,7 @@ inline PlanInput tiny(double inv_a = 1, int D = 2, int N = 2) {
 }
 
 inline const PlacedUnit& unit(const KfacPlan& p, int d, const std::string& token, int replica = 0) {
-  for (const PlacedUnit& u : p.units)
+  for (const PlacedUnit& u : p.units())
     if (u.device == d && u.replica == replica && to_token(u.action) == token) return u;
   throw std::runtime_error("no unit " + token);
 }

@@ -170,21 +170,25 @@ TEST(PlanPasses, EmitListsPutsEachUnitAtItsGapsPlaceAndTheOptimizerLast) {
   PlanState state = run_until(measure);
   const KfacPlan& plan = state.plan;
   const Action prec0{Kind::PREC, 0, 0, -1, -1}, prec1{Kind::PREC, 1, 0, -1, -1};
-  EXPECT_EQ(tokens(plan.cycle[0][0][0]),
+  EXPECT_EQ(tokens(plan.cycle_actions(0, 0, 0)),
             tokens(std::vector<Action>{act(Kind::F, 0, 0), act(Kind::F, 0, 1), {Kind::CURV_A, 0, 0, 0, 0},
                                        {Kind::CURV_A, 0, 0, 1, 0}, {Kind::INV_A, 0, 0, -1, 0}, act(Kind::B, 0, 0),
                                        act(Kind::B, 0, 1), prec0, act(Kind::OPT, 0, -1)}));
-  EXPECT_EQ(tokens(plan.cycle[0][0][1]),
+  EXPECT_EQ(tokens(plan.cycle_actions(0, 0, 1)),
             tokens(std::vector<Action>{act(Kind::F, 0, 0), act(Kind::F, 0, 1), {Kind::CURV_B, 0, 0, 0, 0},
                                        {Kind::CURV_B, 0, 0, 1, 0}, {Kind::INV_B, 0, 0, -1, 0}, act(Kind::B, 0, 0),
                                        act(Kind::B, 0, 1), prec0, act(Kind::OPT, 0, -1)}));
-  EXPECT_EQ(tokens(plan.cycle[0][1][0]),
+  EXPECT_EQ(tokens(plan.cycle_actions(0, 1, 0)),
             tokens(std::vector<Action>{act(Kind::F, 1, 0), act(Kind::F, 1, 1), act(Kind::B, 1, 0), act(Kind::B, 1, 1),
                                        prec1, {Kind::CURV_A, 1, 0, 0, 0}, {Kind::CURV_A, 1, 0, 1, 0},
                                        {Kind::CURV_B, 1, 0, 0, 0}, {Kind::CURV_B, 1, 0, 1, 0},
                                        {Kind::INV_A, 1, 0, -1, 0}, {Kind::INV_B, 1, 0, -1, 0}, act(Kind::OPT, 1, -1)}));
-  EXPECT_EQ(plan.first_cycle[0][0], plan.cycle[0][0]);  // nothing wrapped
-  EXPECT_EQ(plan.units.size(), 12u);
+  ASSERT_EQ(plan.refresh_steps[0], 2);
+  for (int k = 0; k < 2; ++k) {  // nothing wrapped: the first cycle runs the steady-state lists
+    EXPECT_EQ(plan.actions(0, 0, k), plan.cycle_actions(0, 0, k));
+    EXPECT_TRUE(plan.wrapped(0, 0, k).empty());
+  }
+  EXPECT_EQ(plan.units().size(), 12u);
   EXPECT_EQ(plan.kfac_work, (std::vector<double>{2, 2}));
   EXPECT_EQ(plan.device_inline, (std::vector<double>{0, 0}));
   EXPECT_TRUE(plan.splits.empty());

@@ -177,7 +177,7 @@ TEST(Planner, NoBubbleMeansEverythingInline) {
   EXPECT_EQ(p.inline_time, 4);  // 4 curvature units of 0.5 and 2 inversions of 1
   EXPECT_EQ(p.step_time, 6 + 0.5 + 4);
   EXPECT_TRUE(p.splits.empty());
-  for (const PlacedUnit& u : p.units) EXPECT_TRUE(u.inline_work);
+  for (const PlacedUnit& u : p.units()) EXPECT_TRUE(u.inline_work);
   EXPECT_EQ(to_text(p.schedule_for(0, 5)).substr(to_text(p.schedule_for(0, 5)).find("\n0:") + 1),
             "0: 0F0 0F1 0B0 0B1 0CURV_A0l0 0CURV_A1l0 0CURV_B0l0 0CURV_B1l0 0INV_Al0 0INV_Bl0 0PREC\n");
 }
@@ -223,7 +223,7 @@ TEST(Planner, EveryScheduleGivesAValidPlan) {
     if (std::string(c.name) == "chimera")
       for (int d = 0; d < c.D; ++d) {
         std::set<int> pipes;
-        for (const PlacedUnit& u : p.units)
+        for (const PlacedUnit& u : p.units())
           if (u.device == d) pipes.insert(u.action.pipeline);
         EXPECT_EQ(pipes, (std::set<int>{0, 1}));
       }
@@ -254,7 +254,7 @@ TEST(Planner, DataAndInversionParallelism) {
   check_plan(in, p);
   for (int d = 0; d < 4; ++d) {
     double inv[2] = {0, 0};
-    for (const PlacedUnit& u : p.units)
+    for (const PlacedUnit& u : p.units())
       if (u.device == d && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B)) inv[u.replica] += u.end - u.start;
     EXPECT_GT(inv[0], 0);
     EXPECT_GT(inv[1], 0);
@@ -324,7 +324,7 @@ TEST(Planner, InversionsPlacedByAlgorithm1) {
   EXPECT_GT(ct, 0);
   // Broadcasts in the plan: one unit per CT piece on each replica, before the stage's sync.
   int bcasts = 0;
-  for (const PlacedUnit& u : p.units) bcasts += is_bcast_inv(u.action.kind);
+  for (const PlacedUnit& u : p.units()) bcasts += is_bcast_inv(u.action.kind);
   EXPECT_EQ(bcasts, 2 * ct);
 }
 
@@ -384,7 +384,7 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
       // The list's tail: per stage (stage order) its broadcasts (W > 1) then its sync, then only
       // the inversions that fit no gap (pinned after them).
       size_t pinned_inv = 0, pinned_bcast = 0;
-      for (const PlacedUnit& u : p.units)
+      for (const PlacedUnit& u : p.units())
         if (u.replica == w && u.device == d && u.at_step_end) {
           pinned_bcast += is_bcast_inv(u.action.kind);
           pinned_inv += u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B;
@@ -410,7 +410,7 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
         for (const Action& x : p.cycle_actions(w, d, k)) syncs += x.kind == Kind::SYNC_CURV;
       EXPECT_EQ(syncs, 2);
       // Every inversion after the syncs: in a later cycle step (or wrapped into the next cycle).
-      for (const PlacedUnit& u : p.units)
+      for (const PlacedUnit& u : p.units())
         if (u.replica == w && u.device == d && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B))
           EXPECT_TRUE(u.wrapped || u.step > K || u.at_step_end) << to_token(u.action);
     }
@@ -463,7 +463,7 @@ TEST(Planner, ChimeraGroupTwinsShareTheInversions) {
     EXPECT_EQ(sp.placement.communicated(), static_cast<int>(sp.pieces.size()));
     // Each piece once over the twins: the stage's inversion work once, not twice.
     double here = 0, there = 0;
-    for (const PlacedUnit& u : p.units)
+    for (const PlacedUnit& u : p.units())
       if (u.action.stage == sp.stage && (u.action.kind == Kind::INV_A || u.action.kind == Kind::INV_B))
         (u.device == sp.device ? here : there) += u.end - u.start;
     EXPECT_NEAR(here + there, stage_inv, 1e-9);
@@ -553,7 +553,7 @@ TEST(PlanQueries, WrappedUnitsAreTheSteadyStateListMinusTheFirstCycle) {
           for (const Action& a : p.actions(w, d, R + k)) steady.insert(to_token(a));
           for (const Action& a : p.actions(w, d, k)) first_plus_wrapped.insert(to_token(a));
           for (const Action& a : p.wrapped(w, d, k)) first_plus_wrapped.insert(to_token(a)), wrapped.insert(to_token(a));
-          for (const PlacedUnit& u : p.units)
+          for (const PlacedUnit& u : p.units())
             if (u.replica == w && u.device == d && u.step == k && u.wrapped) placed.insert(to_token(u.action));
           EXPECT_EQ(steady, first_plus_wrapped) << name << " device " << d << " cycle step " << k;
           EXPECT_EQ(wrapped, placed) << name << " device " << d << " cycle step " << k;
