@@ -56,6 +56,22 @@ TEST(PlanQueries, PlainActionsKeepOnlyTheStepAndItsPrecondition) {
   EXPECT_EQ(p.cycle_actions(0, 1, 0), p.actions(0, 1, 2));
 }
 
+// The lists have one writer (plan::emit_lists): outside the plan no code can name them, only
+// ask the queries (units(), actions(), cycle_actions(), wrapped()).
+template <class P> concept ListsReachable = requires(P p) { p.lists_; };
+template <class P> concept CycleReachable = requires(P p) { p.cycle; };
+template <class P> concept FirstCycleReachable = requires(P p) { p.first_cycle; };
+template <class P> concept WrappedUnitsReachable = requires(P p) { p.wrapped_units; };
+template <class P> concept UnitsWritable = requires(P p) { p.units().clear(); };
+
+TEST(PlanQueries, ListsAreReadOnlyThroughTheQueries) {
+  static_assert(!ListsReachable<KfacPlan> && !CycleReachable<KfacPlan> && !FirstCycleReachable<KfacPlan> &&
+                !WrappedUnitsReachable<KfacPlan> && !UnitsWritable<KfacPlan>);
+  const KfacPlan p = plan_kfac(tiny());
+  EXPECT_EQ(p.units().size(), 12u);  // both devices' curvature and inversion units, once per cycle
+  EXPECT_TRUE(p.wrapped(0, 0, 0).empty());
+}
+
 TEST(PlanQueries, ProfilingActionsPutEachHostedStagesPrecBeforeTheFirstOpt) {
   // Without OPTs: the PREC ends the list.
   const InlineStep g = profiling_actions(tiny().schedule, 0);
