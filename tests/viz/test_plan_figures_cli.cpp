@@ -1,5 +1,5 @@
 // Issue 15's figures and profiles through `pipefisher plan`: the K-FAC SVG's title says what the
-// report says, README's sweep command draws a real chart, --data-parallel without --kfac, the
+// report says, docs/plan-and-report.md's sweep command draws a real chart, --data-parallel without --kfac, the
 // memory model for every preset, and a profile that carries its run's shape.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -26,7 +26,7 @@ std::string svg_title(const std::string& svg) {
 }
 
 TEST(PlanFigures, KfacSvgTitleSaysWhatTheReportSays) {
-  // README's command (BERT-Large shapes, 8 stages): the title's refresh period, step, utilization
+  // docs/plan-and-report.md's command (BERT-Large shapes, 8 stages): the title's refresh period, step, utilization
   // and bubble are the JSON report's numbers, as printed with their decimals.
   const std::string svg = tmp("pf.svg");
   PlanRun r = plan("--kfac --schedule 1f1b --stages 8 --micro-batches 8 --tf 31.17 --tb 48.84 --tcurv 82.35 --tinv "
