@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 
+from record import final_eval
 from unigram import unigram_entropy
 
 
@@ -138,26 +139,41 @@ def pct(v):
 
 
 def final_lm_loss(binary, run_dir):
-    """The language-model part of a run's final validation loss over the whole held-out split and
-    its standard error (a restored record's lm_loss), or (None, None) without saved weights."""
+    """The language-model part of a run's final validation loss over the whole held-out split, its
+    standard error and its micro-batches' shares with their positions (a restored record's
+    lm_loss and lm_shares.json), or Nones without saved weights or per-batch losses."""
     if os.path.exists(f"{run_dir}/lm_loss"):
         lm, se = open(f"{run_dir}/lm_loss").read().split()
-        return float(lm), float(se)
+        per = json.load(open(f"{run_dir}/lm_shares.json")) if os.path.exists(f"{run_dir}/lm_shares.json") else {}
+        return float(lm), float(se), per.get("lm_shares") and (per["lm_shares"], per["batch_positions"])
     if not os.path.exists(f"{run_dir}/model.safetensors"):
-        return None, None
-    cmd = [binary, "eval", "--config", f"{run_dir}/config.toml", "--init", f"{run_dir}/model.safetensors",
-           "--batches", "0", "--json"]
-    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return j["lm_loss"], j["lm_loss_se"]
+        return None, None, None
+    j = final_eval(binary, run_dir)
+    return j["lm_loss"], j["lm_loss_se"], j.get("lm_shares") and (j["lm_shares"], j["batch_positions"])
+
+
+def paired_difference(a, b):
+    """a's loss minus b's over the same micro-batches, (shares, positions) each, and its standard
+    error: batch_mean_standard_error (src/train/trainer.hpp) of the micro-batches' differences, as
+    `pipefisher eval --baseline` gives it. None when either lacks its shares or they differ in batches."""
+    if not a or not b or a[1] != b[1]:
+        return None
+    d = [x - y for x, y in zip(a[0], b[0])]
+    batches, all_pos, m = len(d), sum(a[1]), sum(d)
+    se = math.sqrt(batches / (batches - 1) * sum((x - n * m / all_pos) ** 2 for x, n in zip(d, a[1])))
+    return m, se
 
 
 def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     st = Study(out, steps, seeds, binary, model)
     per = st.per_seed()
     nv_evals = [final_lm_loss(binary, d) for d in st.runs["nvlamb"]]
-    nv_lm = mean_or_none([lm for lm, _ in nv_evals])
+    nv_lm = mean_or_none([lm for lm, _, _ in nv_evals])
     # The mean of independent seeds' losses: its standard error from theirs.
-    nv_lm_se = None if nv_lm is None else math.sqrt(sum(se * se for _, se in nv_evals)) / len(nv_evals)
+    nv_lm_se = None if nv_lm is None else math.sqrt(sum(se * se for _, se, _ in nv_evals)) / len(nv_evals)
+    # Each seed's K-FAC final LM loss minus NVLAMB's, paired over the same held-out micro-batches.
+    kf_evals = [final_lm_loss(binary, d) for d in st.runs["kfac"]]
+    diffs = [paired_difference(k[2], n[2]) for k, n in zip(kf_evals, nv_evals)]
     nv = per["nvlamb"]
     target_train = statistics.mean(x["smoothed"] for x in nv)
     target_valid = statistics.mean(x["valid"] for x in nv)
@@ -180,11 +196,13 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
           "time_fraction": mean_or_none([r["vt"] for r in rows]),
           "steps_fraction_per_seed": [r["vs"] for r in rows], "time_fraction_per_seed": [r["vt"] for r in rows],
           "time_from": "bench/pipefisher.sh best step times" if ratio else "the runs' summed step_time_s",
-          "step_time_ratio": ratio}
+          "step_time_ratio": ratio,
+          "final_lm_diff_per_seed": [d and d[0] for d in diffs],
+          "final_lm_diff_se_per_seed": [d and d[1] for d in diffs]}
     with open(f"{out}/summary.json.tmp", "w") as f:
         json.dump(js, f, indent=1)
     os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
-    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm, nv_lm_se), nv_time, ratio)
+    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm, nv_lm_se), nv_time, ratio, diffs)
 
 
 def write_seeds_csv(out, per):
@@ -196,7 +214,7 @@ def write_seeds_csv(out, per):
                 w.writerow([o, x["seed"], x["final"], x["smoothed"], x["valid"], x["time_s"]])
 
 
-def write_summary_md(st, per, rows, targets, nv_time, ratio):
+def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
     target_train, target_valid, floor, nv_lm, nv_lm_se = targets
     lm = ("not measured (the runs kept no weights)" if nv_lm is None else
           f"{nv_lm:.4f} (standard error {nv_lm_se:.4f} over the held-out micro-batches), {floor - nv_lm:+.4f} below it")
@@ -222,6 +240,10 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio):
     for r in rows:
         lines.append(f"| {r['seed']} | {pct(r['ts'])} | {pct(r['tt'])} | {pct(r['vs'])} | {pct(r['vt'])} |")
     lines.append("| mean | " + " | ".join(pct(mean_or_none([r[k] for r in rows])) for k in ("ts", "tt", "vs", "vt")) + " |")
+    paired = [f"seed {s}: {d[0]:+.4f} (paired standard error {d[1]:.4f}, {abs(d[0]) / d[1]:.0f}x)"
+              for s, d in zip(st.seeds, diffs) if d]
+    lines += ["", "K-FAC's final language-model validation loss minus NVLAMB's, over the same held-out "
+              "micro-batches (`pipefisher eval --baseline`): " + ("; ".join(paired) or "not measured")]
     grid_rows = list(csv.DictReader(open(f"{st.out}/grid.csv")))
     div = [g for g in grid_rows if g["diverged"] == "True"]
     lines += ["", "Diverged in the grid: " + (", ".join(f"{g['optimizer']} lr {g['lr']} warm-up {g['warmup_steps']}"

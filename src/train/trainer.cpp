@@ -169,6 +169,8 @@ EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batc
   r.positions = std::accumulate(positions.begin(), positions.end(), int64_t{0});
   r.lm_loss_se = batch_mean_standard_error(lm, positions);
   r.sequences = static_cast<int64_t>(batches) * rows;
+  r.lm_shares = std::move(lm);
+  r.batch_positions = std::move(positions);
   return r;
 }
 

@@ -79,6 +79,8 @@ struct EvalResult {
   int64_t positions = 0;    // tokens scored
   int64_t sequences = 0;
   double lm_loss_se = 0;    // standard error of lm_loss over the micro-batches (batch_mean_standard_error); NaN for one
+  std::vector<double> lm_shares;        // [micro-batch] its share of lm_loss (they sum to it)
+  std::vector<int64_t> batch_positions; // [micro-batch] positions it scores
 };
 EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb);
 

@@ -101,6 +101,54 @@ TEST_P(EvalCli, StandardErrorOfTheLossFromTheMicroBatchesMeans) {
   EXPECT_NEAR(two.at("lm_loss_se").get<double>(), want, 1e-5 * m) << two.dump();
 }
 
+// --baseline: the difference is --init's LM loss minus the baseline's, each as eval alone prints
+// it (the same doubles, summed the same way), and its paired standard error is the formula's on the
+// two micro-batches' differences, from --batches 1 and 2 as above. Weights against themselves: 0, 0.
+TEST_P(EvalCli, BaselineGivesThePairedDifferenceAndItsStandardError) {
+  const auto sets = tiny_sets(GetParam());
+  const fs::path dir = pf_test::scratch_dir("infer_cli");
+  const fs::path a = dir / ("pa-" + GetParam() + ".safetensors"), b = dir / ("pb-" + GetParam() + ".safetensors");
+  train_and_save(sets, a, 2);
+  train_and_save(sets, b, 0);
+  const std::string eval = std::string(PF_BINARY) + " eval" + set_flags(sets) + " --json --init ";
+  const auto ja = json_of(run(eval + a.string() + " --batches 2")), jb = json_of(run(eval + b.string() + " --batches 2"));
+  const auto p = json_of(run(eval + a.string() + " --baseline " + b.string() + " --batches 2"));
+  EXPECT_EQ(p.at("lm_loss").get<double>(), ja.at("lm_loss").get<double>()) << p.dump();
+  EXPECT_EQ(p.at("baseline_lm_loss").get<double>(), jb.at("lm_loss").get<double>()) << p.dump();
+  EXPECT_EQ(p.at("lm_loss_diff").get<double>(), ja.at("lm_loss").get<double>() - jb.at("lm_loss").get<double>());
+
+  // Each micro-batch's difference from --batches 1 (the first) and 2 (both).
+  const auto p1 = json_of(run(eval + a.string() + " --baseline " + b.string() + " --batches 1"));
+  EXPECT_TRUE(p1.at("lm_loss_diff_se").is_null()) << p1.dump();
+  const double n = ja.at("positions").get<double>();
+  const double n1 = json_of(run(eval + a.string() + " --batches 1")).at("positions").get<double>(), n2 = n - n1;
+  const double d1 = p1.at("lm_loss_diff").get<double>(), d = p.at("lm_loss_diff").get<double>();
+  const double d2 = (d * n - d1 * n1) / n2;
+  const double want = std::sqrt(2.0 * (std::pow(n1 * (d1 - d) / n, 2) + std::pow(n2 * (d2 - d) / n, 2)));
+  ASSERT_GT(want, 0);
+  EXPECT_NEAR(p.at("lm_loss_diff_se").get<double>(), want, 1e-5 * ja.at("lm_loss").get<double>()) << p.dump();
+
+  // --per-batch: the shares behind both numbers, so records can be paired later.
+  const auto sa = json_of(run(eval + a.string() + " --batches 2 --per-batch"));
+  const auto sb = json_of(run(eval + b.string() + " --batches 2 --per-batch"));
+  ASSERT_EQ(sa.at("lm_shares").size(), 2u) << sa.dump();
+  EXPECT_EQ(sa.at("lm_shares")[0].get<double>() + sa.at("lm_shares")[1].get<double>(), ja.at("lm_loss").get<double>());
+  EXPECT_EQ(sa.at("batch_positions"), sb.at("batch_positions"));
+  EXPECT_EQ(sa.at("batch_positions")[0].get<double>(), n1);
+  // The first micro-batch's share of the two-batch mean is n1 / n of its own mean (the loss scale
+  // differs, so equal to float32 rounding).
+  EXPECT_NEAR(sa.at("lm_shares")[0].get<double>() - sb.at("lm_shares")[0].get<double>(), d1 * n1 / n,
+              1e-5 * ja.at("lm_loss").get<double>());
+
+  const auto self = json_of(run(eval + a.string() + " --baseline " + a.string() + " --batches 2"));
+  EXPECT_EQ(self.at("lm_loss_diff").get<double>(), 0.0);
+  EXPECT_EQ(self.at("lm_loss_diff_se").get<double>(), 0.0);
+
+  const auto missing = run(eval + a.string() + " --baseline " + (dir / "none.safetensors").string());
+  EXPECT_EQ(missing.status, 2) << missing.out;
+  EXPECT_EQ(missing.out.rfind("pipefisher: --baseline: no such file", 0), 0u) << missing.out;
+}
+
 std::string generate_cmd(const std::vector<std::string>& sets, const fs::path& w, const std::string& extra) {
   return std::string(PF_BINARY) + " generate" + set_flags(sets) + " --init " + w.string() + " --vocab-dir " +
          PF_SOURCE_DIR + "/data/vocab --prompt 'Call me Ishmael. Some years ago' --json " + extra;
@@ -210,6 +258,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Refusal{"generate --init WEIGHTS --max-new-tokens x", "--max-new-tokens"},
                       Refusal{"eval --init WEIGHTS --batches -1", "--batches"},
                       Refusal{"eval --init WEIGHTS --bogus", "eval: unknown flag --bogus"},
+                      Refusal{"eval --init WEIGHTS --per-batch", "--per-batch: lists the micro-batches"},
                       Refusal{"generate --init WEIGHTS --max-new-token 3",
                               "generate: unknown flag --max-new-token (did you mean --max-new-tokens?)"},
                       Refusal{"generate --set model.arch=bert --set model.layers=2 --set model.hidden=32 "
