@@ -124,8 +124,7 @@ void Executor::kfac_plan() {
   k.profiled_compute = 0;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Kind kd = actions_[i].kind;
-    if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W || kd == Kind::OPT)
-      mine[i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
+    if (planner_measures(kd)) mine[i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
     if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) k.profiled_compute += k.dur_sum[i] / std::max(1, k.dur_samples);
   }
   if (k.recorded) {

@@ -8,12 +8,10 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "runtime/executor_parts.hpp"
-#include "runtime/plan_record.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <tuple>

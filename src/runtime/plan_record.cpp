@@ -18,6 +18,8 @@ size_t layer_slot(size_t Lmax, size_t field, size_t layer) { return kFirstLayerF
 size_t sync_slot(size_t Lmax) { return kFirstLayerField + kLayerFields * Lmax; }
 }  // namespace
 
+bool planner_measures(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W || k == Kind::OPT; }
+
 ProfileLayout::ProfileLayout(const Layout& layout)
     : off(layout.devices + 1, 0),
       ranks(layout.devices * layout.replicas),
@@ -116,7 +118,7 @@ nlohmann::json profile_run(const Config& cfg, const Layout& layout) {
 namespace {
 
 // Each stage's forward, backward (or its two halves) and optimizer: the mean of its actions'
-// times in `p` (the kinds the runtime measures for the planner).
+// times in `p`.
 nlohmann::json stage_times(const Layout& layout, const PlanProfile& p) {
   struct Mean {
     double sum = 0;
@@ -127,8 +129,7 @@ nlohmann::json stage_times(const Layout& layout, const PlanProfile& p) {
   for (int d = 0; d < layout.devices; ++d)
     for (size_t i = 0; i < p.action_ms.at(d).size(); ++i) {
       const Action& a = layout.schedule.per_device[d].at(i);
-      if (a.kind != Kind::F && a.kind != Kind::B && a.kind != Kind::I && a.kind != Kind::W && a.kind != Kind::OPT)
-        continue;
+      if (!planner_measures(a.kind)) continue;
       Mean& m = by[a.stage][a.kind];
       m.sum += p.action_ms[d][i];
       ++m.n;

@@ -22,6 +22,10 @@
 
 namespace pf {
 
+// The kinds whose measured times the planner takes (F, B, I, W, OPT); every other action's
+// time stays 0 in the profile.
+bool planner_measures(Kind k);
+
 // The profile's wire form: one vector of doubles that the ranks all-reduce (sum). Each rank
 // writes its device's action times (already divided by the replicas, so that the sum is their
 // mean) and adds each stage it holds once per copy. Layout: the action times of every device in
