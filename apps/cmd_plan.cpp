@@ -76,7 +76,7 @@ void apply_profile_run(PlanArgs& a) {
   }
   fill("--data-parallel", a.data_parallel, r.replicas);
   if (!r.model.empty()) fill("--model", a.model, r.model);
-  if (r.kfac != "off" && !a.no_kfac && !p.kfac.empty()) a.kfac = true;
+  if (r.kfac != "off" && !a.no_kfac && !p.plan.kfac.empty()) a.kfac = true;
   if (r.recompute && !a.given("--recompute")) a.recompute = a.recompute_measured = true;
 }
 
@@ -212,8 +212,8 @@ std::vector<StageMemory> stage_memory(const PlanArgs& a, const Profile& prof) {
   if (measured) return prof.memory;
   int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
   const ModelConfig m = model_preset(a.model);
-  if (!prof.kfac.empty())  // the run's own blocks per stage
-    blocks = std::max<int>(1, prof.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
+  if (!prof.plan.kfac.empty())  // the run's own blocks per stage
+    blocks = std::max<int>(1, prof.plan.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
   return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
 }
 

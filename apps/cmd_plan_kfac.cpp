@@ -31,7 +31,7 @@ struct KfacModel {
 
 KfacModel kfac_model(const PlanArgs& a, const Profile& prof) {
   KfacModel k;
-  k.measured = !prof.kfac.empty() && !a.given("--layers-per-stage");
+  k.measured = !prof.plan.kfac.empty() && !a.given("--layers-per-stage");
   k.config = k.measured && !a.has("--model") ? ModelConfig{} : model_preset(a.model);
   k.name = k.measured && !a.has("--model") ? std::string("measured") : a.model;
   k.blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
@@ -50,7 +50,7 @@ std::vector<LinearShape> stage_linears(const KfacModel& m) {
 // stage's Linears are listed (--layers-per-stage 2000000000 would list 12e9 of them).
 void check_kfac_size(const PlanArgs& a, const Schedule& s, const Profile& prof, const KfacModel& m) {
   int64_t linears = int64_t{m.blocks} * static_cast<int64_t>(m.block.size());
-  for (const StageKfacCost& k : prof.kfac) linears = std::max<int64_t>(linears, k.layers());
+  for (const StageKfacCost& k : prof.plan.kfac) linears = std::max<int64_t>(linears, k.layers());
   check_schedule_size(s.devices,
                       static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
                       true, a.given("--layers-per-stage") ? "--layers-per-stage" : "--micro-batches");
@@ -68,11 +68,10 @@ PlanInput kfac_input(const PlanArgs& a, const Schedule& s, const Profile& prof, 
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   // A run's profile carries the broadcast model its plan used.
-  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.bcast_alpha >= 0 ? prof.bcast_alpha : prof.cost.allreduce_alpha;
-  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.bcast_beta >= 0 ? prof.bcast_beta : prof.cost.allreduce_beta;
+  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.plan.bcast_alpha >= 0 ? prof.plan.bcast_alpha : prof.cost.allreduce_alpha;
+  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.plan.bcast_beta >= 0 ? prof.plan.bcast_beta : prof.cost.allreduce_beta;
   if (m.measured) {
-    in.kfac = prof.kfac;  // measured per layer by the run that wrote the profile
-    for (StageKfacCost& k : in.kfac) k.sync = std::max(k.sync, 1e-3);  // as the runtime: never a zero-length sync
+    for (const StageKfacCost& k : prof.plan.kfac) in.kfac.push_back(planner_cost(k));  // measured by the run, as it planned
     return in;
   }
   for (const StageCost& c : prof.cost.stages) {
@@ -140,7 +139,7 @@ json per_device_json(const KfacPlan& p, const json& lower_bounds) {
 // W > 1: Algorithm 1 per stage (which pieces are broadcast, by whom, the modelled loads).
 json placement_json(const KfacPlan& p) {
   json placement = json::array();
-  for (const StagePlacement& sp : p.placements) {
+  for (const StagePlacement& sp : p.placements()) {
     json pieces = json::array();
     for (int k : sp.placement.order) {
       const int o = sp.placement.owner[k];
@@ -160,7 +159,7 @@ json placement_json(const KfacPlan& p) {
 
 json splits_json(const KfacPlan& p) {
   json splits = json::array();
-  for (const FactorSplit& f : p.splits)
+  for (const FactorSplit& f : p.splits())
     splits.push_back({{"pipeline", f.pipeline}, {"stage", f.stage}, {"layer", f.layer},
                       {"factor", f.kind == Kind::INV_A ? "A" : "B"}, {"blocks", f.blocks}, {"whole", f.whole},
                       {"pieces", f.pieces}});

@@ -140,18 +140,15 @@ void build_lists(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists&
 
 // The factors run as diagonal blocks (those split to shorten the refresh period after the
 // others, each group in device order) and every hosted stage's inversion placement.
-void emit_splits_and_placements(PlanState& state) {
-  KfacPlan& plan = state.plan;
-  plan.splits.clear();
+void emit_splits_and_placements(const PlanState& state, PlanLists& out) {
   for (bool shortened : {false, true})
     for (const PackedDevice& packed : state.packed)
       if (packed.split_to_shorten == shortened)
-        plan.splits.insert(plan.splits.end(), packed.units.splits.begin(), packed.units.splits.end());
-  plan.placements.clear();
+        out.splits.insert(out.splits.end(), packed.units.splits.begin(), packed.units.splits.end());
   for (int d = 0; d < state.devices(); ++d)
     for (StagePlacement placement : state.packed[d].units.placements) {
       placement.device = d;
-      plan.placements.push_back(std::move(placement));
+      out.placements.push_back(std::move(placement));
     }
 }
 
@@ -159,9 +156,9 @@ void emit_splits_and_placements(PlanState& state) {
 
 void emit_lists(PlanState& state) {
   KfacPlan& plan = state.plan;
-  emit_splits_and_placements(state);
   const int D = state.devices(), W = state.replicas();
   PlanLists lists;
+  emit_splits_and_placements(state, lists);
   lists.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
   lists.first_cycle = lists.wrapped_units = lists.cycle;
   plan.kfac_work.assign(D, 0);

@@ -12,7 +12,7 @@
 //   in.replicas  = W;  in.margin = 0.05;
 //   KfacPlan plan = plan_kfac(in);
 //   for each step t:  run plan.actions(replica, device, t)   // F/B/comm + K-FAC + OPT, in order
-//   and call set_blocks(k) once for every plan.splits entry (block-diagonal factor).
+//   and call set_blocks(k) once for every plan.splits() entry (block-diagonal factor).
 // The plan answers the runtime's other questions: inverter(piece) (who inverts and broadcasts
 // it), wrapped(replica, device, k) (the previous cycle's units of cycle step k), cycle starts,
 // a drain's plain list, split_blocks, and profiling_actions (the inline list before any plan).
@@ -209,6 +209,8 @@ struct PlanLists {
   std::vector<std::vector<std::vector<std::vector<Action>>>> first_cycle;
   // The previous cycle's units in cycle[...] (list order), without the optimizer steps.
   std::vector<std::vector<std::vector<std::vector<Action>>>> wrapped_units;
+  std::vector<FactorSplit> splits;          // the factors inverted as diagonal blocks
+  std::vector<StagePlacement> placements;   // several holders: each hosted (pipeline, stage)'s placement
 };
 
 namespace plan {
@@ -235,8 +237,6 @@ struct KfacPlan {
   bool common_cycle = false;                   // all devices share one cycle (inline work present, or Chimera)
   int sync_step = -1;                          // Chimera: the latest sync_steps entry (-1: none)
   std::vector<int> sync_steps;                 // [device] Chimera: the cycle step whose end has its syncs
-  std::vector<FactorSplit> splits;
-  std::vector<StagePlacement> placements;      // several holders: each hosted (pipeline, stage)'s placement
   std::vector<PrecSplit> prec_splits;          // several holders: each (pipeline, stage)'s precondition split
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)
@@ -244,6 +244,10 @@ struct KfacPlan {
 
   // Every K-FAC unit once per cycle (PREC excluded), as placed.
   const std::vector<PlacedUnit>& units() const { return lists_.units; }
+  // The factors inverted as diagonal blocks (split_blocks answers for one factor).
+  const std::vector<FactorSplit>& splits() const { return lists_.splits; }
+  // Several holders: each hosted (pipeline, stage)'s inversion placement (inverter() answers for one piece).
+  const std::vector<StagePlacement>& placements() const { return lists_.placements; }
   int period() const;  // max refresh_steps: what a drawing of the whole refresh shows
   // What device `device` of replica `replica` runs in training step t (0-based).
   const std::vector<Action>& actions(int replica, int device, int64_t t) const;

@@ -34,7 +34,7 @@ std::vector<Action> KfacPlan::plain_actions(int replica, int device) const {
 
 int KfacPlan::split_blocks(int pipeline, int stage, int layer, Kind inv) const {
   int blocks = 1;
-  for (const FactorSplit& f : splits)
+  for (const FactorSplit& f : splits())
     if (f.pipeline == pipeline && f.stage == stage && f.layer == layer && f.kind == inv) blocks = f.blocks;
   return blocks;
 }

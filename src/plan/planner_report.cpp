@@ -20,7 +20,7 @@ const std::vector<Action>& KfacPlan::actions(int replica, int device, int64_t t)
 }
 
 std::optional<std::pair<int, int>> KfacPlan::inverter(const Action& a) const {
-  for (const StagePlacement& sp : placements)
+  for (const StagePlacement& sp : placements())
     if (sp.pipeline == a.pipeline && sp.stage == a.stage) {
       const int m = sp.owner_of(a);
       if (m == kEveryRank) return std::nullopt;

@@ -61,6 +61,8 @@
 
 namespace pf {
 
+struct PlanProfile;  // sim/profile.hpp
+
 // Start and end (steady clock, ns) of each action of the device's list in one step.
 // `wait` is the part spent waiting for other ranks inside a compute handler (the first OPT of a
 // step finishing the gradients: all-reduces, embedding sum, norm), drawn as idle time.
@@ -126,13 +128,9 @@ class Executor {
   // caller checks) and remakes the plan from the saved profile, never from new timings.
   std::vector<CheckpointFile> write_kfac_state(const std::string& step_dir) const;
   void load_kfac_state(const CheckpointReader& r);
-  // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp), as written to
-  // out_dir/kfac_profile.json; null before planning or without bubbles.
-  nlohmann::json plan_profile_json() const;
-  // The K-FAC unit costs the plan in use was made from, per stage ([stage] objects with
-  // "precondition", "sync" and "kfac_layers": d_in, d_out, curvature_a/b, inversion_a/b,
-  // diagonal_b, as sim/profile.hpp reads them); null before planning or without bubbles.
-  nlohmann::json kfac_stage_costs() const;
+  // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp: its record is
+  // out_dir/kfac_profile.json); null before planning or without bubbles.
+  const PlanProfile* plan_profile() const;
   // For the profiler: the step's list and stamps with each PREC that ran an inline refresh
   // replaced by the refresh's units as they ran (curvature, curvature sync, inversions per
   // layer), then the PREC itself from the last unit's end. No-op without K-FAC.

@@ -7,6 +7,7 @@
 #include "dkfac/distributed_kfac.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/chunk_kfac.hpp"
+#include "sim/profile.hpp"
 
 #include <climits>
 #include <memory>
@@ -64,8 +65,8 @@ struct Executor::KfacState {
   std::vector<Action> inline_list;                // lowered + each chunk's PREC before the first OPT
   std::vector<int> lowered_index;                 // [inline_list index] -> actions_ index, -1 for PREC
   std::unique_ptr<KfacPlan> plan;
-  std::vector<double> plan_input;                 // the all-reduced profile the plan was made from
-  std::vector<double> recorded;                   // kfac.plan_profile's input; empty = plan from timings
+  PlanProfile plan_input;                         // the all-reduced profile the plan was made from
+  std::optional<PlanProfile> recorded;            // kfac.plan_profile's; none = plan from timings
   double plan_scale = 1.0;                        // --test-kfac-cost-scale at planning
   std::vector<double> dur_sum;                    // [actions_ index] profiled ms
   int dur_samples = 0;

@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/executor_parts.hpp"
+#include "runtime/plan_record.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,15 @@ ChunkKfacTimes times_of(const nlohmann::json& j) {
   t.prec = j[4].get<double>(), t.sync = j[5].get<double>();
   t.curv_samples = j[6].get<int>(), t.inv_samples = j[7].get<int>(), t.prec_samples = j[8].get<int>();
   return t;
+}
+// The plan's input as saved: its profile JSON (runtime/plan_record.hpp), or the wire form's sums
+// that checkpoints of earlier builds hold; empty without a plan.
+PlanProfile saved_plan_input(const nlohmann::json& j, const Config& cfg, const Layout& layout, const std::string& where) {
+  if (j.is_object()) return read_profile(j, where).plan;
+  if (!j.is_array() || j.empty()) return {};
+  PlanProfile p = ProfileLayout(layout).mean(j.get<std::vector<double>>());
+  p.shape = plan_shape(cfg, layout);
+  return p;
 }
 std::string kfac_file(int rank) { return fmt::format("kfac-rank-{}.safetensors", rank); }
 std::string kfac_prefix(int rank, int pipeline, int stage) { return fmt::format("kfac.rank{}.p{}.s{}.", rank, pipeline, stage); }
@@ -43,7 +53,7 @@ std::vector<CheckpointFile> Executor::write_kfac_state(const std::string& step_d
   for (const auto& d : k.dist) dist.push_back(d->save_state());
   j["distributed"] = dist;
   j["has_plan"] = static_cast<bool>(k.plan);
-  j["plan_input"] = k.plan_input;
+  j["plan_input"] = k.plan ? plan_profile_json(cfg_, layout_, k.plan_input) : nlohmann::json();
   j["plan_scale"] = k.plan_scale;
   j["dur_sum"] = k.dur_sum;
   j["dur_samples"] = k.dur_samples;
@@ -79,7 +89,7 @@ void Executor::load_kfac_state(const CheckpointReader& r) {
     if (j.at("chunks").size() != chunks_.size())
       usage_error("--resume", "rank {} of the checkpoint held {} model chunks, this layout gives it {}", R,
                   j.at("chunks").size(), chunks_.size());
-    k.plan_input = j.at("plan_input").get<std::vector<double>>();
+    k.plan_input = saved_plan_input(j.at("plan_input"), cfg_, layout_, r.dir() + "/" + kfac_file(R) + " plan_input");
     k.plan_scale = j.at("plan_scale").get<double>();
     k.dur_sum = j.at("dur_sum").get<std::vector<double>>();
     PF_CHECK(k.dur_sum.size() == actions_.size(), "K-FAC profile of {} actions, this device has {}", k.dur_sum.size(),

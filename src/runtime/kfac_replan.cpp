@@ -93,81 +93,62 @@ void Executor::kfac_split_preconditions() {
   }
 }
 
-// Every rank contributes its measured means to one all-reduce, so every rank plans from the
-// same numbers (the same bits) and gets the same plan.
-void Executor::kfac_plan() {
-  KfacState& k = *kfac_;
-  const int W = layout_.replicas;
-  const ProfileLayout shape(layout_);
-  PlanProfile prof = shape.empty();
-  k.profiled_compute = 0;
-  for (size_t i = 0; i < actions_.size(); ++i) {
-    const Kind kd = actions_[i].kind;
-    if (kd == Kind::F || kd == Kind::B || kd == Kind::I || kd == Kind::W || kd == Kind::OPT)
-      prof.action_ms[device_][i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
-    if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) k.profiled_compute += k.dur_sum[i] / std::max(1, k.dur_samples);
-  }
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    const ChunkKfac& ck = *k.chunk[c];
-    const ChunkKfacTimes& t = k.times[c];
-    StageProfile& e = prof.stages[chunks_[c]->stage];
-    e.holders += 1;
-    e.layers += ck.layers();
-    e.precondition += t.prec / std::max(1, t.prec_samples);
-    e.sync += t.sync / std::max(1, t.curv_samples);
-    for (int l = 0; l < ck.layers(); ++l) {
-      LayerProfile& x = e.layer[l];
-      const KfacLayer& layer = k.chunk[c]->pre().layer(l);
-      x.curv_a += t.curv_a[l] / std::max(1, t.curv_samples);
-      x.curv_b += t.curv_b[l] / std::max(1, t.curv_samples);
-      x.inv_a += t.inv_a[l] / std::max(1, t.inv_samples);
-      x.inv_b += t.inv_b[l] / std::max(1, t.inv_samples);
-      x.d_in += static_cast<double>(layer.d_in());
-      x.d_out += static_cast<double>(layer.d_out());
-      x.diagonal_b += layer.b().diagonal() ? 1.0 : 0.0;
-    }
-  }
-  // Every rank's model of its stage's broadcasts; the planner gets the mean.
-  if (k.recorded.empty() && (W > 1 || layout_.pipelines() > 1)) std::tie(prof.bcast_alpha, prof.bcast_beta) = kfac_bcast_model();
-  std::vector<double> v = shape.flatten(prof);
-  if (!k.recorded.empty()) {
-    v = k.recorded;  // kfac.plan_profile: every rank plans from the same recorded numbers
-  } else {
-    comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
-  }
-  // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
-  // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
-  k.plan_scale = kfac_seams_.cost_scale;
-  k.plan_input = std::move(v);
-  kfac_make_plan(false);
-  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
-    write_file_atomic(cfg_.train.out_dir + "/kfac_profile.json", plan_profile_json().dump(1) + "\n");
-}
-
 namespace {
 
-// One stage's K-FAC units for the planner: the mean of its profiled sums, times `scale`.
-StageKfacCost stage_kfac_cost(const StageProfile& sum, double scale) {
-  const StageProfile e = sum.mean();
+// One chunk's measured K-FAC units: the means of its timed samples, with its factors' sizes.
+StageKfacCost measured_cost(ChunkKfac& ck, const ChunkKfacTimes& t) {
   StageKfacCost c;
-  c.precondition = e.precondition * scale;
-  // Never zero: a zero-length SYNC_CURV would tie in start time with the inversions after it,
-  // and the planner's list order breaks ties by start only.
-  c.sync = std::max(e.sync, 1e-3) * scale;
-  for (int l = 0; l < sum.layer_count(); ++l) {
-    const LayerProfile& x = e.layer[l];
-    c.curv_a.push_back(x.curv_a * scale);
-    c.curv_b.push_back(x.curv_b * scale);
-    c.inv_a.push_back(x.inv_a * scale);
-    c.inv_b.push_back(x.inv_b * scale);
-    c.dim_a.push_back(static_cast<int>(x.d_in + 0.5));
-    c.dim_b.push_back(static_cast<int>(x.d_out + 0.5));
-    c.diag_b.push_back(x.diagonal_b > 0.5 ? 1 : 0);
+  c.precondition = t.prec / std::max(1, t.prec_samples);
+  c.sync = t.sync / std::max(1, t.curv_samples);
+  for (int l = 0; l < ck.layers(); ++l) {
+    const KfacLayer& layer = ck.pre().layer(l);
+    c.curv_a.push_back(t.curv_a[l] / std::max(1, t.curv_samples));
+    c.curv_b.push_back(t.curv_b[l] / std::max(1, t.curv_samples));
+    c.inv_a.push_back(t.inv_a[l] / std::max(1, t.inv_samples));
+    c.inv_b.push_back(t.inv_b[l] / std::max(1, t.inv_samples));
+    c.dim_a.push_back(static_cast<int>(layer.d_in()));
+    c.dim_b.push_back(static_cast<int>(layer.d_out()));
+    c.diag_b.push_back(layer.b().diagonal() ? 1 : 0);
   }
   return c;
 }
 
 }  // namespace
+
+// Every rank contributes its measured means to one all-reduce (runtime/plan_record.hpp's wire
+// form), so every rank plans from the same numbers (the same bits) and gets the same plan.
+void Executor::kfac_plan() {
+  KfacState& k = *kfac_;
+  const int W = layout_.replicas;
+  std::vector<double> mine(actions_.size(), 0.0);  // this device's action times, over the replicas
+  k.profiled_compute = 0;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Kind kd = actions_[i].kind;
+    if (planner_measures(kd)) mine[i] = k.dur_sum[i] / std::max(1, k.dur_samples) / W;
+    if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) k.profiled_compute += k.dur_sum[i] / std::max(1, k.dur_samples);
+  }
+  if (k.recorded) {
+    k.plan_input = *k.recorded;  // kfac.plan_profile: every rank plans from the same recorded numbers
+  } else {
+    const ProfileLayout wire(layout_);
+    std::vector<double> v = wire.zeros();
+    wire.set_actions(v, device_, mine);
+    for (size_t c = 0; c < chunks_.size(); ++c) wire.add_stage(v, chunks_[c]->stage, measured_cost(*k.chunk[c], k.times[c]));
+    if (wire.broadcast) {  // every rank's model of its stage's broadcasts; the planner gets the mean
+      const auto [alpha, beta] = kfac_bcast_model();
+      wire.add_broadcast(v, alpha, beta);
+    }
+    comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
+    k.plan_input = wire.mean(v);
+    k.plan_input.shape = plan_shape(cfg_, layout_);
+  }
+  // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
+  // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
+  k.plan_scale = kfac_seams_.cost_scale;
+  kfac_make_plan(false);
+  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
+    write_file_atomic(cfg_.train.out_dir + "/kfac_profile.json", plan_profile_json(cfg_, layout_, k.plan_input).dump(1) + "\n");
+}
 
 // The plan from k.plan_input (the same bits on every rank): made at the end of a profile, or
 // remade from a checkpoint (`restoring`: the factors' block structure and the record come from
@@ -175,8 +156,8 @@ StageKfacCost stage_kfac_cost(const StageProfile& sum, double scale) {
 
 void Executor::kfac_make_plan(bool restoring) {
   KfacState& k = *kfac_;
-  const int D = layout_.devices, W = layout_.replicas;
-  const PlanProfile prof = ProfileLayout(layout_).unflatten(k.plan_input);
+  const int W = layout_.replicas;
+  const PlanProfile& prof = k.plan_input;
   // The whole lowered step with its measured durations: the planner sets the optimizer steps
   // aside and ends every list with them.
   PlanInput in;
@@ -188,9 +169,9 @@ void Executor::kfac_make_plan(bool restoring) {
   // Chimera: a stage's twins and their replicas form one group sharing its inversions, each pair
   // of twins with its own cycle (PlanInput::chimera_group, the default).
   in.recompute = recompute_;
-  in.bcast_alpha = prof.bcast_alpha / (D * W);
-  in.bcast_beta = prof.bcast_beta / (D * W);
-  for (const StageProfile& sum : prof.stages) in.kfac.push_back(stage_kfac_cost(sum, k.plan_scale));
+  in.bcast_alpha = std::max(0.0, prof.bcast_alpha);  // none: no broadcasts to model
+  in.bcast_beta = std::max(0.0, prof.bcast_beta);
+  for (const StageKfacCost& c : prof.kfac) in.kfac.push_back(planner_cost(c, k.plan_scale));
   k.plan = std::make_unique<KfacPlan>(plan_kfac(in));
   kfac_split_preconditions();
   if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
@@ -201,7 +182,7 @@ void Executor::kfac_make_plan(bool restoring) {
   kfac_split_as_planned();
   if (groups_.rank == 0)
     print_plan(*k.plan, in,
-               k.recorded.empty()
+               !k.recorded
                    ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, k.profile_start + 1, k.plan_start)
                    : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile));
 }

@@ -8,12 +8,10 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "runtime/executor_parts.hpp"
-#include "runtime/plan_record.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -62,12 +60,12 @@ void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from)
   std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
               "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
               "units in bubbles)\n",
-              from.c_str(), r.c_str(), p.splits.size(), p.inline_time, 100 * p.utilization, p.step_time,
+              from.c_str(), r.c_str(), p.splits().size(), p.inline_time, 100 * p.utilization, p.step_time,
               p.base_step_time);
   std::printf("pipefisher: %s (ms)\n", p.precondition_line().c_str());
-  if (!p.placements.empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
+  if (!p.placements().empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
     int ct = 0, pieces = 0;
-    for (const StagePlacement& sp : p.placements)  // Chimera's twins hold the same placement: count it once
+    for (const StagePlacement& sp : p.placements())  // Chimera's twins hold the same placement: count it once
       if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
     std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
                 "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
@@ -75,31 +73,7 @@ void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from)
   std::fflush(stdout);
 }
 
-nlohmann::json Executor::plan_profile_json() const {
-  if (!kfac_ || !kfac_->plan) return nullptr;
-  return {{"format", "pipefisher-plan-profile"},
-          {"version", 1},
-          {"pipefisher_plan", plan_record(cfg_, layout_, kfac_->plan_input)}};
-}
-
-nlohmann::json Executor::kfac_stage_costs() const {
-  if (!kfac_ || !kfac_->plan) return nullptr;
-  const PlanProfile prof = ProfileLayout(layout_).unflatten(kfac_->plan_input);
-  nlohmann::json stages = nlohmann::json::array();
-  for (const StageProfile& sum : prof.stages) {
-    const StageProfile e = sum.mean();  // the stage's holders each added theirs
-    nlohmann::json layers = nlohmann::json::array();
-    for (int l = 0; l < sum.layer_count(); ++l) {
-      const LayerProfile& x = e.layer[l];
-      layers.push_back({{"d_in", std::lround(x.d_in)}, {"d_out", std::lround(x.d_out)},
-                        {"curvature_a", x.curv_a}, {"curvature_b", x.curv_b},
-                        {"inversion_a", x.inv_a}, {"inversion_b", x.inv_b},
-                        {"diagonal_b", x.diagonal_b > 0.5}});
-    }
-    stages.push_back({{"precondition", e.precondition}, {"sync", e.sync}, {"kfac_layers", layers}});
-  }
-  return stages;
-}
+const PlanProfile* Executor::plan_profile() const { return kfac_ && kfac_->plan ? &kfac_->plan_input : nullptr; }
 
 void Executor::expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const {
   if (!kfac_) return;

@@ -47,7 +47,7 @@ void Executor::kfac_end_step(int64_t step, const std::vector<Action>& list, cons
   if (!k.bubbles) return;
   if (!k.profiling(step)) {
     // A recorded profile fixes the plan: no re-plan from this run's timings.
-    if (k.replan_at < 0 && cfg_.kfac.replan_on_drift && k.recorded.empty()) {
+    if (k.replan_at < 0 && cfg_.kfac.replan_on_drift && !k.recorded) {
       double compute = 0;
       for (size_t i = 0; i < list.size() && i < times.size(); ++i) {
         const Kind kd = list[i].kind;

@@ -23,7 +23,7 @@ void Executor::kfac_setup() {
   KfacState& k = *kfac_;
   k.bubbles = cfg_.kfac.placement == Placement::Bubbles;
   if (k.bubbles && !cfg_.kfac.plan_profile.empty())
-    k.recorded = read_plan_profile(cfg_, layout_, ProfileLayout(layout_).size);
+    k.recorded = read_plan_profile(cfg_, layout_);
   const int N = layout_.micro_batches;
   for (auto& c : chunks_) {
     k.chunk.push_back(std::make_unique<ChunkKfac>(*c->model, cfg_, groups_.replica, N, c->slot,

@@ -5,79 +5,85 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace pf {
 
-StageProfile StageProfile::mean() const {
-  const double n = std::max(1.0, holders);
-  StageProfile m;
-  m.holders = 1;
-  m.layers = layers / n;
-  m.precondition = precondition / n;
-  m.sync = sync / n;
-  for (const LayerProfile& l : layer)
-    m.layer.push_back({l.curv_a / n, l.curv_b / n, l.inv_a / n, l.inv_b / n, l.d_in / n, l.d_out / n, l.diagonal_b / n});
-  return m;
-}
+namespace {
+// Per stage: [holders, layers, PREC, then per field Lmax layer slots: CURV_A, CURV_B, INV_A,
+// INV_B, d_in, d_out, diagonal B, then sync].
+constexpr size_t kHolders = 0, kLayers = 1, kPrecondition = 2, kFirstLayerField = 3, kLayerFields = 7;
+size_t layer_slot(size_t Lmax, size_t field, size_t layer) { return kFirstLayerField + field * Lmax + layer; }
+size_t sync_slot(size_t Lmax) { return kFirstLayerField + kLayerFields * Lmax; }
+}  // namespace
 
-int StageProfile::layer_count() const { return static_cast<int>(layers / std::max(1.0, holders) + 0.5); }
+bool planner_measures(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W || k == Kind::OPT; }
 
-ProfileLayout::ProfileLayout(const Layout& layout) : off(layout.devices + 1, 0) {
+ProfileLayout::ProfileLayout(const Layout& layout)
+    : off(layout.devices + 1, 0),
+      ranks(layout.devices * layout.replicas),
+      broadcast(layout.replicas > 1 || layout.pipelines() > 1) {
   for (int d = 0; d < layout.devices; ++d) off[d + 1] = off[d] + layout.schedule.per_device[d].size();
   // 6 per transformer block; the BERT head's transform, pooler and NSP classifier.
   for (const BlockRange& r : layout.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 3);
-  per_stage = 4 + 7 * static_cast<size_t>(Lmax);
+  per_stage = sync_slot(Lmax) + 1;
   size = off[layout.devices] + layout.stages() * per_stage + 2;
 }
 
-PlanProfile ProfileLayout::empty() const {
-  PlanProfile p;
-  for (size_t d = 0; d + 1 < off.size(); ++d) p.action_ms.emplace_back(off[d + 1] - off[d], 0.0);
-  const size_t stages = (size - 2 - off.back()) / per_stage;
-  p.stages.assign(stages, StageProfile{});
-  for (StageProfile& s : p.stages) s.layer.assign(Lmax, LayerProfile{});
-  return p;
+std::vector<double> ProfileLayout::zeros() const { return std::vector<double>(size, 0.0); }
+
+void ProfileLayout::set_actions(std::vector<double>& wire, int device, const std::vector<double>& ms) const {
+  PF_CHECK(ms.size() == off[device + 1] - off[device], "device {}: {} action times, its list has {}", device, ms.size(),
+           off[device + 1] - off[device]);
+  std::copy(ms.begin(), ms.end(), wire.begin() + off[device]);
 }
 
-// Per stage: [holders, layers, PREC, CURV_A x Lmax, CURV_B x Lmax, INV_A x Lmax, INV_B x Lmax,
-// d_in x Lmax, d_out x Lmax, diagonal B x Lmax, sync].
-namespace {
-template <class Stage, class Value>
-void for_each_slot(Stage& s, size_t Lmax, double* e, Value&& v) {
-  v(e[0], s.holders);
-  v(e[1], s.layers);
-  v(e[2], s.precondition);
-  for (size_t l = 0; l < Lmax; ++l) {
-    auto& x = s.layer[l];
-    v(e[3 + l], x.curv_a), v(e[3 + Lmax + l], x.curv_b), v(e[3 + 2 * Lmax + l], x.inv_a);
-    v(e[3 + 3 * Lmax + l], x.inv_b), v(e[3 + 4 * Lmax + l], x.d_in), v(e[3 + 5 * Lmax + l], x.d_out);
-    v(e[3 + 6 * Lmax + l], x.diagonal_b);
+void ProfileLayout::add_stage(std::vector<double>& wire, int stage, const StageKfacCost& holder) const {
+  PF_CHECK(holder.layers() <= Lmax, "stage {}: {} K-FAC layers, the profile has {} slots", stage, holder.layers(), Lmax);
+  double* e = &wire.at(off.back() + stage * per_stage);
+  e[kHolders] += 1;
+  e[kLayers] += holder.layers();
+  e[kPrecondition] += holder.precondition;
+  for (int l = 0; l < holder.layers(); ++l) {
+    const bool diagonal = !holder.diag_b.empty() && holder.diag_b[l] != 0;
+    const double fields[kLayerFields] = {holder.curv_a[l], holder.curv_b[l], holder.inv_a[l], holder.inv_b[l],
+                                         static_cast<double>(holder.dim_a[l]), static_cast<double>(holder.dim_b[l]),
+                                         diagonal ? 1.0 : 0.0};
+    for (size_t f = 0; f < kLayerFields; ++f) e[layer_slot(Lmax, f, l)] += fields[f];
   }
-  v(e[3 + 7 * Lmax], s.sync);
-}
-}  // namespace
-
-std::vector<double> ProfileLayout::flatten(const PlanProfile& p) const {
-  std::vector<double> v(size, 0.0);
-  for (size_t d = 0; d < p.action_ms.size(); ++d) std::copy(p.action_ms[d].begin(), p.action_ms[d].end(), v.begin() + off[d]);
-  for (size_t st = 0; st < p.stages.size(); ++st)
-    for_each_slot(p.stages[st], Lmax, &v[off.back() + st * per_stage], [](double& slot, double x) { slot = x; });
-  v[size - 2] = p.bcast_alpha;
-  v[size - 1] = p.bcast_beta;
-  return v;
+  e[sync_slot(Lmax)] += holder.sync;
 }
 
-PlanProfile ProfileLayout::unflatten(const std::vector<double>& v) const {
+void ProfileLayout::add_broadcast(std::vector<double>& wire, double alpha, double beta) const {
+  wire[size - 2] += alpha;
+  wire[size - 1] += beta;
+}
+
+PlanProfile ProfileLayout::mean(const std::vector<double>& v) const {
   PF_CHECK(v.size() == size, "K-FAC profile of {} values, expected {}", v.size(), size);
-  PlanProfile p = empty();
-  for (size_t d = 0; d < p.action_ms.size(); ++d)
-    std::copy(v.begin() + off[d], v.begin() + off[d + 1], p.action_ms[d].begin());
-  std::vector<double> w = v;  // for_each_slot takes a mutable slot
-  for (size_t st = 0; st < p.stages.size(); ++st)
-    for_each_slot(p.stages[st], Lmax, &w[off.back() + st * per_stage], [](double& slot, double& x) { x = slot; });
-  p.bcast_alpha = v[size - 2];
-  p.bcast_beta = v[size - 1];
+  PlanProfile p;
+  for (size_t d = 0; d + 1 < off.size(); ++d) p.action_ms.emplace_back(v.begin() + off[d], v.begin() + off[d + 1]);
+  for (size_t st = 0; st < (size - 2 - off.back()) / per_stage; ++st) {
+    const double* e = &v[off.back() + st * per_stage];
+    const double n = std::max(1.0, e[kHolders]);
+    StageKfacCost c;
+    c.precondition = e[kPrecondition] / n;
+    c.sync = e[sync_slot(Lmax)] / n;
+    const int layers = std::min(Lmax, static_cast<int>(e[kLayers] / n + 0.5));
+    for (int l = 0; l < layers; ++l) {
+      auto field = [&](size_t f) { return e[layer_slot(Lmax, f, l)] / n; };
+      c.curv_a.push_back(field(0));
+      c.curv_b.push_back(field(1));
+      c.inv_a.push_back(field(2));
+      c.inv_b.push_back(field(3));
+      c.dim_a.push_back(static_cast<int>(field(4) + 0.5));
+      c.dim_b.push_back(static_cast<int>(field(5) + 0.5));
+      c.diag_b.push_back(field(6) > 0.5 ? 1 : 0);
+    }
+    p.kfac.push_back(std::move(c));
+  }
+  if (broadcast) p.bcast_alpha = v[size - 2] / ranks, p.bcast_beta = v[size - 1] / ranks;
   return p;
 }
 
@@ -101,11 +107,58 @@ nlohmann::json plan_shape(const Config& cfg, const Layout& layout) {
           {"nsp", cfg.data.nsp}};
 }
 
-nlohmann::json plan_record(const Config& cfg, const Layout& layout, const std::vector<double>& input) {
-  return {{"shape", plan_shape(cfg, layout)}, {"input", input}};
+nlohmann::json profile_run(const Config& cfg, const Layout& layout) {
+  const int S = layout.stages(), D = layout.devices;
+  return {{"schedule", layout.schedule.name}, {"devices", D}, {"virtual_stages", S / D},
+          {"micro_batches", layout.micro_batches}, {"replicas", layout.replicas}, {"model", cfg.model.preset},
+          {"kfac", cfg.kfac.enabled ? name_of(cfg.kfac.placement) : std::string("off")},
+          {"recompute", cfg.parallel.recompute && S > 1}};  // as the executor: pipelines only
 }
 
-std::vector<double> read_plan_profile(const Config& cfg, const Layout& layout, size_t size) {
+namespace {
+
+// Each stage's forward, backward (or its two halves) and optimizer: the mean of its actions'
+// times in `p`.
+nlohmann::json stage_times(const Layout& layout, const PlanProfile& p) {
+  struct Mean {
+    double sum = 0;
+    int n = 0;
+    double get() const { return n > 0 ? sum / n : 0; }
+  };
+  std::vector<std::map<Kind, Mean>> by(layout.stages());
+  for (int d = 0; d < layout.devices; ++d)
+    for (size_t i = 0; i < p.action_ms.at(d).size(); ++i) {
+      const Action& a = layout.schedule.per_device[d].at(i);
+      if (!planner_measures(a.kind)) continue;
+      Mean& m = by[a.stage][a.kind];
+      m.sum += p.action_ms[d][i];
+      ++m.n;
+    }
+  nlohmann::json stages = nlohmann::json::array();
+  for (std::map<Kind, Mean>& m : by) {
+    const bool split = m.count(Kind::I) > 0;
+    nlohmann::json s = {{"forward", m[Kind::F].get()},
+                        {"backward", split ? m[Kind::I].get() + m[Kind::W].get() : m[Kind::B].get()},
+                        {"optimizer", m[Kind::OPT].get()}};
+    if (split) s["input_grad"] = m[Kind::I].get(), s["weight_grad"] = m[Kind::W].get();
+    stages.push_back(std::move(s));
+  }
+  return stages;
+}
+
+}  // namespace
+
+nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const PlanProfile& p) {
+  nlohmann::json j = {{"format", "pipefisher-profile"},
+                      {"version", 1},
+                      {"micro_batch_size", cfg.parallel.micro_batch_size},
+                      {"stages", stage_times(layout, p)},
+                      {"run", profile_run(cfg, layout)}};
+  add_plan_profile(j, p);
+  return j;
+}
+
+PlanProfile read_plan_profile(const Config& cfg, const Layout& layout) {
   const std::string& path = cfg.kfac.plan_profile;
   const std::string key = "kfac.plan_profile";
   std::ifstream f(path, std::ios::binary);
@@ -121,15 +174,18 @@ std::vector<double> read_plan_profile(const Config& cfg, const Layout& layout, s
   if (!rec.contains("shape") || rec["shape"] != want)
     usage_error(key, "'{}' was recorded for {}, this run is {}", path, rec.value("shape", nlohmann::json()).dump(),
                 want.dump());
-  if (!rec.contains("input") || !rec["input"].is_array() || rec["input"].size() != size)
-    usage_error(key, "'{}': \"input\" must be an array of {} numbers", path, size);
-  std::vector<double> v;
-  for (const nlohmann::json& x : rec["input"]) {
-    if (!x.is_number() || !std::isfinite(x.get<double>()) || x.get<double>() < 0)
-      usage_error(key, "'{}': \"input\" holds {}, expected finite non-negative numbers", path, x.dump());
-    v.push_back(x.get<double>());
-  }
-  return v;
+  PlanProfile p = read_profile(j, fmt::format("{} ({})", key, path)).plan;
+  if (p.action_ms.empty())
+    usage_error(key, "'{}' holds an earlier build's record (\"pipefisher_plan\" without \"action_ms\"): record it again", path);
+  const ProfileLayout wire(layout);
+  bool fits = p.action_ms.size() == static_cast<size_t>(layout.devices) &&
+              p.kfac.size() == static_cast<size_t>(layout.stages());
+  for (size_t d = 0; fits && d < p.action_ms.size(); ++d) fits = p.action_ms[d].size() == wire.off[d + 1] - wire.off[d];
+  for (const StageKfacCost& c : p.kfac) fits = fits && c.layers() <= wire.Lmax;
+  if (!fits)
+    usage_error(key, "'{}': its action times or K-FAC units do not fit this run's layout ({} devices, {} stages)", path,
+                layout.devices, layout.stages());
+  return p;
 }
 
 }  // namespace pf

@@ -1,18 +1,19 @@
 #pragma once
-// The PipeFisher profile a plan is made from, recorded, so that another run can plan from it
+// The PipeFisher profile a plan is made from (PlanProfile, sim/profile.hpp) in the runtime: its
+// wire form, which the ranks all-reduce, and its record, so that another run can plan from it
 // (kfac.plan_profile) instead of from its own timings: the same plan, hence the same refresh
 // pattern and the same losses, on every run of the same configuration.
 //
-// The record is one JSON object,
-//   "pipefisher_plan": { "shape": {...}, "input": [doubles] }
-// written by a bubbles run to out_dir/kfac_profile.json when it plans, and also into
-// --profile-dir's profile.json. "input" is the all-reduced profile the executor feeds the planner
-// (ProfileLayout below: per-device action durations, per-stage K-FAC unit costs,
-// factor sizes, the broadcast model); doubles round-trip exactly through JSON. "shape" names what
-// the input's layout depends on (schedule, devices, replicas, micro-batches, partition, model
-// sizes, K-FAC layers): a run plans only from a record of its own shape.
+// The record is the project's profile JSON (sim/profile.hpp), written by a bubbles run to
+// out_dir/kfac_profile.json when it plans and carried into --profile-dir's profile.json: each
+// stage's K-FAC units (the mean over its holders), the broadcast model, and
+//   "pipefisher_plan": { "shape": {...}, "action_ms": [[...], ...] }
+// (per-device action durations of the lowered step). "shape" names what their layout depends on
+// (schedule, devices, replicas, micro-batches, partition, model sizes, K-FAC layers): a run plans
+// only from a record of its own shape. Doubles round-trip exactly through JSON.
 #include "config/config.hpp"
 #include "runtime/layout.hpp"
+#include "sim/profile.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -21,49 +22,44 @@
 
 namespace pf {
 
-// The profile a plan is made from, typed. Each holder of a stage adds its own numbers (so a
-// stage's fields are sums over its `holders`; mean() divides them); action times are this
-// rank's, already divided by the replicas so that the all-reduce gives their mean.
-struct LayerProfile {  // one K-FAC Linear
-  double curv_a = 0, curv_b = 0;   // ms per micro-batch
-  double inv_a = 0, inv_b = 0;     // ms, the whole factor
-  double d_in = 0, d_out = 0;      // factor sizes
-  double diagonal_b = 0;           // 1: B kept diagonal
-};
-struct StageProfile {
-  double holders = 0;              // how many ranks added theirs
-  double layers = 0;               // K-FAC layers of the stage (per holder, summed)
-  double precondition = 0, sync = 0;  // ms per step (PREC), per cycle (SYNC_CURV)
-  std::vector<LayerProfile> layer; // [Lmax] (the slots past `layers` stay 0)
-  StageProfile mean() const;       // every field over max(1, holders); holders = 1
-  int layer_count() const;         // layers / holders, rounded
-};
-struct PlanProfile {
-  std::vector<std::vector<double>> action_ms;  // [device][index in its lowered list] ms
-  std::vector<StageProfile> stages;            // [stage]
-  double bcast_alpha = 0, bcast_beta = 0;      // broadcast model (W > 1 or Chimera), summed over ranks
-};
+// The kinds whose measured times the planner takes (F, B, I, W, OPT); every other action's
+// time stays 0 in the profile.
+bool planner_measures(Kind k);
 
-// The profile's wire form: one vector of doubles (what the ranks all-reduce and the record's
-// "input" holds): the action times of every device in turn, then per stage `per_stage` values
-// (holders, layers, PREC, per field Lmax layer slots of CURV_A, CURV_B, INV_A, INV_B, d_in,
-// d_out, diagonal B, and last the sync), then alpha and beta. The one place that knows offsets.
+// The profile's wire form: one vector of doubles that the ranks all-reduce (sum). Each rank
+// writes its device's action times (already divided by the replicas, so that the sum is their
+// mean) and adds each stage it holds once per copy. Layout: the action times of every device in
+// turn, then per stage `per_stage` values (holders, layers, PREC, per field Lmax layer slots of
+// CURV_A, CURV_B, INV_A, INV_B, d_in, d_out, diagonal B, and last the sync), then the broadcast
+// model's alpha and beta. The one place that knows offsets.
 struct ProfileLayout {
   explicit ProfileLayout(const Layout& layout);
   std::vector<size_t> off;  // [device] first index of its actions; off[devices] = the stages' start
   int Lmax = 1;             // layer slots per stage
   size_t per_stage = 0, size = 0;
-  PlanProfile empty() const;  // zeros, of this layout's shape
-  std::vector<double> flatten(const PlanProfile& p) const;
-  PlanProfile unflatten(const std::vector<double>& v) const;  // PF_CHECK: size
+  int ranks = 1;            // devices x replicas: the broadcast model is summed over them
+  bool broadcast = false;   // the planner uses a broadcast model (replicas or Chimera's twins)
+
+  std::vector<double> zeros() const;
+  void set_actions(std::vector<double>& wire, int device, const std::vector<double>& ms) const;
+  void add_stage(std::vector<double>& wire, int stage, const StageKfacCost& holder) const;  // holders += 1
+  void add_broadcast(std::vector<double>& wire, double alpha, double beta) const;
+  // The summed wire as the planner's input: each stage's mean over its holders (divided by 1
+  // when none reported), the broadcast model's over the ranks (none without `broadcast`).
+  // PF_CHECK: size. The shape is left null.
+  PlanProfile mean(const std::vector<double>& wire) const;
 };
 
 nlohmann::json plan_shape(const Config& cfg, const Layout& layout);
-// {"shape": plan_shape(...), "input": input}.
-nlohmann::json plan_record(const Config& cfg, const Layout& layout, const std::vector<double>& input);
-// The input recorded in cfg.kfac.plan_profile. UsageError naming kfac.plan_profile when the file
-// cannot be read, holds no "pipefisher_plan" object, was recorded for another shape, or its input
-// is not `size` finite non-negative numbers.
-std::vector<double> read_plan_profile(const Config& cfg, const Layout& layout, size_t size);
+// The run's shape as a profile's "run" object (ProfileRun).
+nlohmann::json profile_run(const Config& cfg, const Layout& layout);
+// The record: a profile JSON of `p`, each stage's forward, backward (input_grad and weight_grad
+// when split) and optimizer the mean of its actions' recorded times.
+nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const PlanProfile& p);
+// The profile recorded in cfg.kfac.plan_profile (a run's kfac_profile.json or --profile-dir's
+// profile.json). UsageError naming kfac.plan_profile when the file cannot be read, is not JSON,
+// holds no "pipefisher_plan" object, was recorded for another shape, or its action times or
+// K-FAC units do not fit this layout.
+PlanProfile read_plan_profile(const Config& cfg, const Layout& layout);
 
 }  // namespace pf

@@ -283,7 +283,7 @@ StepSummary summarize(const std::vector<MeasuredStep>& measured) {
 
 }  // namespace
 
-nlohmann::json Profiler::stage_json(int s, const StageCost& c, bool split_backward, const nlohmann::json& kfac) const {
+nlohmann::json Profiler::stage_json(int s, const StageCost& c, bool split_backward) const {
   using nlohmann::json;
   const BlockRange& blocks = layout_.stage_blocks[s];
   const StageMemory mem = block_memory(cfg_.model, blocks.last - blocks.first + 1, cfg_.parallel.micro_batch_size);
@@ -291,22 +291,6 @@ nlohmann::json Profiler::stage_json(int s, const StageCost& c, bool split_backwa
             {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes},
             {"mem_param", mem.param}, {"mem_act", mem.act}, {"mem_peak_err", mem.err_peak},
             {"mem_save_err", mem.err_save}, {"mem_kron", mem.kron}};
-  if (kfac.is_array() && s < static_cast<int>(kfac.size())) {  // the units the plan was made from
-    json units = kfac[s]["kfac_layers"];
-    double curv = 0, inv = 0;
-    for (size_t l = 0; l < units.size(); ++l) {
-      auto it = layer_names_.find({0, s, static_cast<int>(l)});
-      if (it != layer_names_.end()) units[l]["name"] = it->second;
-      curv += units[l]["curvature_a"].get<double>() + units[l]["curvature_b"].get<double>();
-      inv += units[l]["inversion_a"].get<double>() + units[l]["inversion_b"].get<double>();
-    }
-    j["kfac_layers"] = units;
-    j["layers"] = std::max<size_t>(1, units.size());
-    j["curvature"] = curv;
-    j["inversion"] = inv;
-    j["precondition"] = kfac[s]["precondition"];
-    j["sync"] = kfac[s]["sync"];
-  }
   if (split_backward) {
     j["input_grad"] = c.input_grad;
     j["weight_grad"] = c.weight_grad;
@@ -314,7 +298,7 @@ nlohmann::json Profiler::stage_json(int s, const StageCost& c, bool split_backwa
   return j;
 }
 
-void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
+void Profiler::finish(const PlanProfile* plan) {
   if (!enabled() || groups_.rank != 0 || measured_.empty()) return;
   const int S = layout_.stages(), D = layout_.devices;
   const Samples samples = collect_samples(measured_, S, D);
@@ -331,7 +315,7 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
     const StageCost c = stage_cost(m, first_opt[s] ? mean(finishing) : 0.0, act_bytes,
                                    static_cast<double>(param_bytes_[s]));
     cost.stages.push_back(c);
-    stages.push_back(stage_json(s, c, !m.input_grad.empty(), kfac));
+    stages.push_back(stage_json(s, c, !m.input_grad.empty()));
     all_ar.insert(all_ar.end(), m.allreduce.begin(), m.allreduce.end());
   }
   cost.p2p_latency = median(samples.p2p);
@@ -340,7 +324,16 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
   const StepSummary summary = summarize(measured_);
   const double measured_step = mean(summary.step_ms);
   nlohmann::json j = profile_json(stages, cost, summary, samples.p2p.size(), predicted);
-  if (plan.is_object()) add_plan(j, plan);
+  if (plan) {  // the units the plan was made from, named as pipeline 0's layers
+    std::vector<std::vector<std::string>> names(S);
+    for (const auto& [at, name] : layer_names_) {
+      const auto [pipeline, stage, layer] = at;
+      if (pipeline != 0) continue;
+      names[stage].resize(std::max<size_t>(names[stage].size(), layer + 1));
+      names[stage][layer] = name;
+    }
+    add_plan_profile(j, *plan, names);
+  }
   write_output({opt_.dir + "/profile.json", "--profile-dir"}, j.dump(1) + "\n");
   write_trace();
   std::string u;
@@ -355,7 +348,7 @@ void Profiler::finish(const nlohmann::json& plan, const nlohmann::json& kfac) {
 
 nlohmann::json Profiler::profile_json(const nlohmann::json& stages, const CostModel& cost, const StepSummary& summary,
                                       size_t p2p_samples, const Timeline& predicted) const {
-  const int S = layout_.stages(), D = layout_.devices;
+  const int D = layout_.devices;
   const Schedule& sched = layout_.schedule;
   nlohmann::json j = {
       {"format", "pipefisher-profile"},
@@ -371,21 +364,8 @@ nlohmann::json Profiler::profile_json(const nlohmann::json& stages, const CostMo
         {"comm_wait", summary.comm_wait}, {"p2p_samples", p2p_samples},
         {"predicted_step_time", predicted.step_time},
         {"predicted_utilization", predicted.utilization}}}};
-  j["run"] = {{"schedule", sched.name}, {"devices", D}, {"virtual_stages", S / D},
-              {"micro_batches", layout_.micro_batches}, {"replicas", layout_.replicas}, {"model", cfg_.model.preset},
-              {"kfac", cfg_.kfac.enabled ? name_of(cfg_.kfac.placement) : std::string("off")},
-              {"recompute", cfg_.parallel.recompute && S > 1}};  // as the executor: pipelines only
+  j["run"] = profile_run(cfg_, layout_);
   return j;
-}
-
-void Profiler::add_plan(nlohmann::json& j, const nlohmann::json& plan) const {
-  j["pipefisher_plan"] = plan.at("pipefisher_plan");
-  // The broadcast model the plan used, summed over the D W ranks (runtime/plan_record.hpp).
-  if (layout_.replicas > 1) {
-    const int ranks = layout_.devices * layout_.replicas;
-    const PlanProfile in = ProfileLayout(layout_).unflatten(plan["pipefisher_plan"]["input"].get<std::vector<double>>());
-    j["broadcast"] = {{"alpha", in.bcast_alpha / ranks}, {"beta", in.bcast_beta / ranks}};
-  }
 }
 
 void Profiler::write_trace() const {

@@ -71,18 +71,15 @@ class Profiler {
   // The same for a step whose action list is not the lowered schedule (K-FAC units inserted).
   void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions);
   // Rank 0: writes profile.json and trace.json and prints one summary line. Call after the last
-  // step. plan: the PipeFisher plan's profile (Executor::plan_profile_json), carried into
-  // profile.json so that kfac.plan_profile can name it; kfac: its K-FAC unit costs per stage
-  // (Executor::kfac_stage_costs); null for none.
-  void finish(const nlohmann::json& plan, const nlohmann::json& kfac);
+  // step. plan: the profile the PipeFisher plan was made from (Executor::plan_profile), carried
+  // into profile.json so that kfac.plan_profile can name it; null for none.
+  void finish(const PlanProfile* plan);
 
  private:
-  // The parts of finish(): one stage's profile.json entry, the whole file's fields, the
-  // PipeFisher plan it carries, and trace.json.
-  nlohmann::json stage_json(int s, const StageCost& c, bool split_backward, const nlohmann::json& kfac) const;
+  // The parts of finish(): one stage's profile.json entry, the whole file's fields, and trace.json.
+  nlohmann::json stage_json(int s, const StageCost& c, bool split_backward) const;
   nlohmann::json profile_json(const nlohmann::json& stages, const CostModel& cost, const StepSummary& summary,
                               size_t p2p_samples, const Timeline& predicted) const;
-  void add_plan(nlohmann::json& j, const nlohmann::json& plan) const;
   void write_trace() const;
 
   Config cfg_;

@@ -269,7 +269,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   try {
     if (cfg_.kfac.enabled) exec_->write_kfac_record(out + "/kfac_refresh.json");
     exec_->write_dkfac_record(out + "/dkfac.json", step_time_sum_, timed_steps_);
-    profiler_->finish(exec_->plan_profile_json(), exec_->kfac_stage_costs());
+    profiler_->finish(exec_->plan_profile());
   } catch (const UsageError& e) {
     r.write_error = e.what();
   }

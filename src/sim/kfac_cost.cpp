@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "sim/kfac_cost.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace pf {
@@ -35,6 +36,15 @@ StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double cu
   }
   c.precondition = precondition;
   c.sync = sync;
+  return c;
+}
+
+StageKfacCost planner_cost(const StageKfacCost& measured, double scale) {
+  StageKfacCost c = measured;
+  for (std::vector<double>* unit : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})
+    for (double& ms : *unit) ms *= scale;
+  c.precondition = measured.precondition * scale;
+  c.sync = std::max(measured.sync, 1e-3) * scale;
   return c;
 }
 

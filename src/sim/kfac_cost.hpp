@@ -26,7 +26,13 @@ struct StageKfacCost {
   double precondition = 0;             // PREC of the stage, every step
   double sync = 0;                     // SYNC_CURV of the stage (used only when replicas > 1)
   int layers() const { return static_cast<int>(curv_a.size()); }
+  bool operator==(const StageKfacCost&) const = default;
 };
+
+// A stage's measured costs as the planner takes them: every duration times `scale`
+// (--test-kfac-cost-scale; 1 otherwise), and the sync never zero: a zero-length SYNC_CURV would tie
+// in start time with the inversions after it, and the planner's list order breaks ties by start only.
+StageKfacCost planner_cost(const StageKfacCost& measured, double scale = 1);
 
 // The stage's precondition per layer, in proportion to each layer's flops: d_out d_in (d_in +
 // d_out) for B^-1 G A^-1 (a diagonal B: d_out d_in (d_in + 1)).

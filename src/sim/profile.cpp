@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -200,7 +201,7 @@ struct ProfileReader {
     return u.contains("name") && u["name"].is_string() ? u["name"].get<std::string>() : "";
   }
 
-  // A stage's "kfac_layers", appended to p.kfac and p.layer_names.
+  // A stage's "kfac_layers", appended to p.plan.kfac and p.layer_names.
   void stage_kfac(const json& s, const std::string& ctx, const StageCost& c, Profile& p) const {
     if (!s["kfac_layers"].is_array() || s["kfac_layers"].empty())
       usage_error(where, "'{}kfac_layers' must be a non-empty array", ctx);
@@ -210,7 +211,7 @@ struct ProfileReader {
       names.push_back(kfac_layer(s["kfac_layers"][l], fmt::format("{}kfac_layers[{}].", ctx, l), k));
     k.precondition = c.precondition;
     k.sync = num(s, "sync", 0, false, ctx);
-    p.kfac.push_back(std::move(k));
+    p.plan.kfac.push_back(std::move(k));
     p.layer_names.push_back(std::move(names));
   }
 
@@ -227,8 +228,8 @@ struct ProfileReader {
       p.memory.push_back(stage_memory(s, ctx));
       if (s.contains("kfac_layers")) stage_kfac(s, ctx, c, p);
     }
-    if (!p.kfac.empty() && p.kfac.size() != p.cost.stages.size())
-      usage_error(where, "'kfac_layers' given for {} of {} stages: every stage or none", p.kfac.size(),
+    if (!p.plan.kfac.empty() && p.plan.kfac.size() != p.cost.stages.size())
+      usage_error(where, "'kfac_layers' given for {} of {} stages: every stage or none", p.plan.kfac.size(),
                   p.cost.stages.size());
   }
 
@@ -242,8 +243,28 @@ struct ProfileReader {
       p.cost.allreduce_beta = num(j["allreduce"], "beta", 0, false, "allreduce.");
     }
     if (j.contains("broadcast")) {
-      p.bcast_alpha = num(j["broadcast"], "alpha", 0, true, "broadcast.");
-      p.bcast_beta = num(j["broadcast"], "beta", 0, true, "broadcast.");
+      p.plan.bcast_alpha = num(j["broadcast"], "alpha", 0, true, "broadcast.");
+      p.plan.bcast_beta = num(j["broadcast"], "beta", 0, true, "broadcast.");
+    }
+  }
+
+  // "pipefisher_plan": the shape and the per-device action times a run planned from.
+  void plan_record(const json& j, PlanProfile& p) const {
+    const json& r = j["pipefisher_plan"];
+    if (!r.contains("shape") || !r["shape"].is_object())
+      usage_error(where, "'pipefisher_plan.shape' must be an object");
+    if (!r["action_ms"].is_array() || r["action_ms"].empty())
+      usage_error(where, "'pipefisher_plan.action_ms' must be a non-empty array, one array per device");
+    p.shape = r["shape"];
+    for (size_t d = 0; d < r["action_ms"].size(); ++d) {
+      const json& row = r["action_ms"][d];
+      auto time = [](const json& x) {
+        return x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() >= 0 && x.get<double>() <= kMaxDuration;
+      };
+      if (!row.is_array() || !std::all_of(row.begin(), row.end(), time))
+        usage_error(where, "'pipefisher_plan.action_ms[{}]' must be an array of finite numbers in [0, {:.4g}] (ms: 2^53 us)",
+                    d, kMaxDuration);
+      p.action_ms.push_back(row.get<std::vector<double>>());
     }
   }
 
@@ -286,8 +307,11 @@ const char* run_key(const json& j) {
 }  // namespace
 
 Profile read_profile_json(const std::string& path, const std::string& flag) {
-  const json j = parse_profile(path, flag);
-  const ProfileReader read{fmt::format("{} ({})", flag, path)};
+  return read_profile(parse_profile(path, flag), fmt::format("{} ({})", flag, path));
+}
+
+Profile read_profile(const json& j, const std::string& where) {
+  const ProfileReader read{where};
   if (!j.is_object() || j.value("format", "") != "pipefisher-profile")
     usage_error(read.where, "missing \"format\": \"pipefisher-profile\"");
   if (!j.contains("version") || j["version"] != 1)
@@ -296,8 +320,48 @@ Profile read_profile_json(const std::string& path, const std::string& flag) {
   p.micro_batch_size = read.count(j, "micro_batch_size", 0, true, "");
   read.stages(j, p);
   read.links(j, p);
+  // Records of earlier builds (the wire form as "input") carry no action times: the simulator
+  // never read them.
+  if (j.contains("pipefisher_plan") && j["pipefisher_plan"].contains("action_ms")) read.plan_record(j, p.plan);
   if (const char* key = run_key(j)) p.run = read.run(j, key);
   return p;
+}
+
+namespace {
+
+// One stage's "kfac_layers", and their curvature and inversion summed.
+json kfac_layers_json(const StageKfacCost& c, const std::vector<std::string>& names, double& curvature,
+                      double& inversion) {
+  json units = json::array();
+  for (int l = 0; l < c.layers(); ++l) {
+    json u = {{"d_in", c.dim_a[l]},         {"d_out", c.dim_b[l]},
+              {"curvature_a", c.curv_a[l]}, {"curvature_b", c.curv_b[l]},
+              {"inversion_a", c.inv_a[l]},  {"inversion_b", c.inv_b[l]},
+              {"diagonal_b", !c.diag_b.empty() && c.diag_b[l] == 1}};
+    if (l < static_cast<int>(names.size()) && !names[l].empty()) u["name"] = names[l];
+    curvature += c.curv_a[l] + c.curv_b[l];
+    inversion += c.inv_a[l] + c.inv_b[l];
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
+}  // namespace
+
+void add_plan_profile(json& profile, const PlanProfile& p, const std::vector<std::vector<std::string>>& names) {
+  for (size_t s = 0; s < p.kfac.size(); ++s) {
+    const StageKfacCost& c = p.kfac[s];
+    json& stage = profile.at("stages").at(s);
+    double curvature = 0, inversion = 0;
+    stage["kfac_layers"] = kfac_layers_json(c, s < names.size() ? names[s] : std::vector<std::string>{}, curvature, inversion);
+    stage["layers"] = std::max(1, c.layers());
+    stage["curvature"] = curvature;
+    stage["inversion"] = inversion;
+    stage["precondition"] = c.precondition;
+    stage["sync"] = c.sync;
+  }
+  if (p.bcast_alpha >= 0) profile["broadcast"] = {{"alpha", p.bcast_alpha}, {"beta", p.bcast_beta}};
+  if (!p.action_ms.empty()) profile["pipefisher_plan"] = {{"shape", p.shape}, {"action_ms", p.action_ms}};
 }
 
 }  // namespace pf

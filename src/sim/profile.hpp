@@ -31,7 +31,12 @@
 //                             "d_out": 256, "curvature_a": 0.1, "curvature_b": 0.1,
 //                             "inversion_a": 1.2, "inversion_b": 1.2, "diagonal_b": false } ],
 //          "sync": 0.3                                        curvature all-reduce (W > 1)
-//    and "broadcast": { "alpha": 3.5, "beta": 0 }, the run's broadcast model (W > 1).
+//    and "broadcast": { "alpha": 3.5, "beta": 0 }, the run's broadcast model (W > 1 or Chimera).
+//    A PipeFisher run adds what its planner took exactly (the stages' K-FAC units above, as the
+//    mean over each stage's holders, and the broadcast model):
+//      "pipefisher_plan": { "shape": {...},               the configuration it was measured for
+//                           "action_ms": [[1.2, 0, ...], ...] },  [device][index in its lowered list]
+//    (out_dir/kfac_profile.json is such a profile; kfac.plan_profile reads either file).
 //    Files without "run" but with the runtime's "measured" object take the shape from there.
 //    Optional numbers default to 0 (input_grad / weight_grad: half the backward). Every number
 //    is finite and >= 0, times at most 2^53 us (in ms), the others at most 2^53; micro_batch_size
@@ -39,6 +44,8 @@
 #include "sim/cost.hpp"
 #include "sim/kfac_cost.hpp"
 #include "sim/memory.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
@@ -62,21 +69,40 @@ struct ProfileRun {
   double step_time = 0;      // measured mean step, ms (0: not measured)
 };
 
+// What the PipeFisher planner takes from a profile. From a run (the runtime's planning input,
+// its "pipefisher_plan"), exactly what that run's plan was made from: the doubles round-trip
+// through the JSON form bit for bit.
+struct PlanProfile {
+  std::vector<StageKfacCost> kfac;  // [stage] measured K-FAC units (mean over the stage's holders); empty: none
+  // "broadcast": the run's model of an inverse's broadcast among a stage's holders (ms, ms per
+  // byte; W > 1 or Chimera), which its plan used; < 0: none.
+  double bcast_alpha = -1, bcast_beta = -1;
+  nlohmann::json shape;  // the configuration action_ms belongs to (runtime/plan_record.hpp); null: none
+  std::vector<std::vector<double>> action_ms;  // [device][index in its lowered list] ms; empty: none
+  bool operator==(const PlanProfile&) const = default;
+};
+
 struct Profile {
   int micro_batch_size = 0;
   CostModel cost;
   std::vector<StageMemory> memory;  // one entry per stage, or one for uniform stages
   std::optional<ProfileRun> run;
-  std::vector<StageKfacCost> kfac;                  // [stage] measured K-FAC units; empty: none
-  std::vector<std::vector<std::string>> layer_names;  // [stage][layer] of `kfac`
-  // "broadcast": {"alpha", "beta"}: the run's model of an inverse's broadcast among replicas
-  // (ms, ms per byte; W > 1), which its plan used; < 0: none.
-  double bcast_alpha = -1, bcast_beta = -1;
+  PlanProfile plan;
+  std::vector<std::vector<std::string>> layer_names;  // [stage][layer] of plan.kfac
 };
 
 // Throws UsageError naming `flag` (e.g. "--profile") on a missing or malformed file.
 std::vector<ProfileRow> read_paper_csv(const std::string& path, const std::string& flag = "--profile");
 Profile profile_from_row(const ProfileRow& row, int layers_per_stage);
 Profile read_profile_json(const std::string& path, const std::string& flag = "--profile");
+// The same from parsed JSON; errors name `where`.
+Profile read_profile(const nlohmann::json& j, const std::string& where);
+
+// The writer of a profile's K-FAC part: into `profile` (whose "stages" has one object per stage
+// of p.kfac) each stage's "kfac_layers" (named by names[stage][layer] where given), "layers",
+// "curvature", "inversion", "precondition" and "sync"; "broadcast" when p has one;
+// "pipefisher_plan" when p has action times.
+void add_plan_profile(nlohmann::json& profile, const PlanProfile& p,
+                      const std::vector<std::vector<std::string>>& names = {});
 
 }  // namespace pf

@@ -74,16 +74,16 @@ inline void check_plan(const PlanInput& in, const KfacPlan& plan) {
       if (W > 1 || s.pipelines > 1)
         for (int w = 0; w < W; ++w) expect.insert(to_token({Kind::SYNC_CURV, st, p, -1, -1}));
       // W > 1: an NCT piece is inverted by every replica; a CT piece by its owner, and
-      // broadcast on every replica (plan.placements, checked in InversionsPlacedByAlgorithm1).
+      // broadcast on every replica (plan.placements(), checked in InversionsPlacedByAlgorithm1).
       // Chimera's group: the pieces are shared by the twins too (members are (device, replica)).
       const StagePlacement* sp = nullptr;
-      for (const StagePlacement& x : plan.placements)
+      for (const StagePlacement& x : plan.placements())
         if (x.pipeline == p && x.stage == st && x.device == d) sp = &x;
       ASSERT_EQ(sp != nullptr, W > 1 || (s.pipelines > 1 && in.chimera_group)) << "device " << d;
       for (Kind k : {Kind::INV_A, Kind::INV_B})
         for (int l = 0; l < c.layers(); ++l) {
           int blocks = 1;
-          for (const FactorSplit& f : plan.splits)
+          for (const FactorSplit& f : plan.splits())
             if (f.pipeline == p && f.stage == st && f.layer == l && f.kind == k) blocks = f.blocks;
           for (int j = 0; j < blocks; ++j) {
             const Action inv{k, st, p, -1, l, blocks > 1 ? j : -1};

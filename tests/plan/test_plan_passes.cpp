@@ -191,8 +191,8 @@ TEST(PlanPasses, EmitListsPutsEachUnitAtItsGapsPlaceAndTheOptimizerLast) {
   EXPECT_EQ(plan.units().size(), 12u);
   EXPECT_EQ(plan.kfac_work, (std::vector<double>{2, 2}));
   EXPECT_EQ(plan.device_inline, (std::vector<double>{0, 0}));
-  EXPECT_TRUE(plan.splits.empty());
-  EXPECT_TRUE(plan.placements.empty());
+  EXPECT_TRUE(plan.splits().empty());
+  EXPECT_TRUE(plan.placements().empty());
   // Busy: F, B and PREC 7 ms a step, plus 2 ms of K-FAC per cycle of 2 steps (device 0) or 1.
   EXPECT_DOUBLE_EQ(plan.utilization_per_device[0], 16.0 / 20);
   EXPECT_DOUBLE_EQ(plan.utilization_per_device[1], 9.0 / 10);

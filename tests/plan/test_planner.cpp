@@ -30,7 +30,7 @@ TEST(Planner, BertLargeOneFOneBFillsBubblesNearTheLowerBound) {
   KfacPlan plan = plan_kfac(in);
   check_plan(in, plan);
   EXPECT_EQ(plan.inline_time, 0);
-  EXPECT_TRUE(plan.splits.empty());
+  EXPECT_TRUE(plan.splits().empty());
   EXPECT_GT(plan.utilization, 0.90);
   for (int d = 0; d < 8; ++d) EXPECT_EQ(plan.refresh_steps[d], 2) << d;
   // split_to_shorten: nothing to gain, so nothing is split.
@@ -38,7 +38,7 @@ TEST(Planner, BertLargeOneFOneBFillsBubblesNearTheLowerBound) {
   split.split_to_shorten = true;
   KfacPlan shorter = plan_kfac(split);
   check_plan(split, shorter);
-  EXPECT_TRUE(shorter.splits.empty());
+  EXPECT_TRUE(shorter.splits().empty());
   EXPECT_EQ(shorter.refresh_steps, plan.refresh_steps);
   // With finer units (6 blocks per stage) every device refreshes in 2 steps: over 90%.
   KfacPlan fine = plan_kfac(bert_large("1f1b", 8, 8, 6));
@@ -120,8 +120,8 @@ TEST(Planner, SplitsWhenThatShortensTheRefreshPeriod) {
   check_plan(in, p);
   EXPECT_EQ(p.refresh_steps, (std::vector<int>{2, 1}));
   EXPECT_EQ(p.kfac_work, (std::vector<double>{4, 2.5}));
-  ASSERT_EQ(p.splits.size(), 2u);
-  for (const FactorSplit& f : p.splits) {
+  ASSERT_EQ(p.splits().size(), 2u);
+  for (const FactorSplit& f : p.splits()) {
     EXPECT_EQ(f.stage, 1);
     EXPECT_EQ(f.blocks, 2);
     EXPECT_EQ(f.whole, 1);
@@ -140,7 +140,7 @@ TEST(Planner, SplitToShortenNeverCutsAFactorIntoMoreBlocksThanRows) {
   in.kfac[1].dim_b = {1};
   KfacPlan p = plan_kfac(in);
   check_plan(in, p);
-  for (const FactorSplit& f : p.splits) EXPECT_FALSE(f.stage == 1 && f.kind == Kind::INV_B) << f.blocks;
+  for (const FactorSplit& f : p.splits()) EXPECT_FALSE(f.stage == 1 && f.kind == Kind::INV_B) << f.blocks;
   // Splitting A alone does not shorten device 1's 2 steps (SplitsWhenThatShortensTheRefreshPeriod
   // needed both), so nothing is split: the plan of the base rules.
   EXPECT_EQ(p.refresh_steps, (std::vector<int>{2, 2}));
@@ -152,17 +152,17 @@ TEST(Planner, SplitsExactlyWhenAUnitExceedsEveryGap) {
   PlanInput in = tiny(3);
   KfacPlan p = plan_kfac(in);
   check_plan(in, p);
-  ASSERT_EQ(p.splits.size(), 1u);
-  EXPECT_EQ(p.splits[0].stage, 1);
-  EXPECT_EQ(p.splits[0].kind, Kind::INV_A);
-  EXPECT_EQ(p.splits[0].blocks, 2);
-  EXPECT_DOUBLE_EQ(p.splits[0].pieces, 2 * 3 * 0.125);  // the block-diagonal cost
+  ASSERT_EQ(p.splits().size(), 1u);
+  EXPECT_EQ(p.splits()[0].stage, 1);
+  EXPECT_EQ(p.splits()[0].kind, Kind::INV_A);
+  EXPECT_EQ(p.splits()[0].blocks, 2);
+  EXPECT_DOUBLE_EQ(p.splits()[0].pieces, 2 * 3 * 0.125);  // the block-diagonal cost
   EXPECT_EQ(unit(p, 1, "1INV_Al0b1").end - unit(p, 1, "1INV_Al0b1").start, 0.375);
   EXPECT_NO_THROW(unit(p, 0, "0INV_Al0"));
   EXPECT_EQ(p.inline_time, 0);
   // With a 5% margin device 0's gap no longer takes 3 either.
   in.margin = 0.05;
-  EXPECT_EQ(plan_kfac(in).splits.size(), 2u);
+  EXPECT_EQ(plan_kfac(in).splits().size(), 2u);
   // Uneven blocks: d = 5 in 2 blocks of 3 and 2 rows.
   EXPECT_DOUBLE_EQ(block_cost(125, 5, 2, 0), 27);
   EXPECT_DOUBLE_EQ(block_cost(125, 5, 2, 1), 8);
@@ -176,7 +176,7 @@ TEST(Planner, NoBubbleMeansEverythingInline) {
   EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>{-1}));
   EXPECT_EQ(p.inline_time, 4);  // 4 curvature units of 0.5 and 2 inversions of 1
   EXPECT_EQ(p.step_time, 6 + 0.5 + 4);
-  EXPECT_TRUE(p.splits.empty());
+  EXPECT_TRUE(p.splits().empty());
   for (const PlacedUnit& u : p.units()) EXPECT_TRUE(u.inline_work);
   EXPECT_EQ(to_text(p.schedule_for(0, 5)).substr(to_text(p.schedule_for(0, 5)).find("\n0:") + 1),
             "0: 0F0 0F1 0B0 0B1 0CURV_A0l0 0CURV_A1l0 0CURV_B0l0 0CURV_B1l0 0INV_Al0 0INV_Bl0 0PREC\n");
@@ -261,7 +261,7 @@ TEST(Planner, DataAndInversionParallelism) {
     const StageKfacCost& c = in.kfac[0];
     double total = 0;
     for (int l = 0; l < c.layers(); ++l) total += c.inv_a[l] + c.inv_b[l];
-    for (const FactorSplit& f : p.splits)
+    for (const FactorSplit& f : p.splits())
       if (f.stage == d) total += f.pieces - f.whole;  // split factors cost their blocks
     EXPECT_NEAR(inv[0] + inv[1], total, 1e-9);
     EXPECT_NEAR(inv[0], inv[1], 2 * *std::max_element(c.inv_a.begin(), c.inv_a.end()));
@@ -286,9 +286,9 @@ TEST(Planner, InversionsPlacedByAlgorithm1) {
   in.bcast_beta = beta;
   KfacPlan p = plan_kfac(in);
   check_plan(in, p);
-  ASSERT_EQ(p.placements.size(), 4u);
+  ASSERT_EQ(p.placements().size(), 4u);
   int nct = 0, ct = 0;
-  for (const StagePlacement& sp : p.placements) {
+  for (const StagePlacement& sp : p.placements()) {
     // The same placement from place_load_balanced on dims and costs computed here.
     std::vector<int64_t> dims;
     std::vector<double> inv, bc;
@@ -298,7 +298,7 @@ TEST(Planner, InversionsPlacedByAlgorithm1) {
         const int d = k == Kind::INV_A ? c.dim_a[l] : c.dim_b[l];
         const double whole = k == Kind::INV_A ? c.inv_a[l] : c.inv_b[l];
         int blocks = 1;
-        for (const FactorSplit& f : p.splits)
+        for (const FactorSplit& f : p.splits())
           if (f.stage == sp.stage && f.layer == l && f.kind == k) blocks = f.blocks;
         for (int j = 0; j < blocks; ++j) {
           const int64_t n = blocks == 1 ? d : d / blocks + (j < d % blocks ? 1 : 0);
@@ -417,7 +417,7 @@ void expect_chimera_syncs(const PlanInput& in, const std::string& what) {
   }
   // Twins split alike: (stage, layer, kind) -> blocks is the same for both pipelines.
   std::map<std::tuple<int, int, int>, std::set<int>> blocks;
-  for (const FactorSplit& f : p.splits) blocks[{f.stage, f.layer, static_cast<int>(f.kind)}].insert(f.pipeline);
+  for (const FactorSplit& f : p.splits()) blocks[{f.stage, f.layer, static_cast<int>(f.kind)}].insert(f.pipeline);
   for (auto& [k, pipes] : blocks) EXPECT_EQ(pipes, (std::set<int>{0, 1}));
 }
 }  // namespace
@@ -450,8 +450,8 @@ TEST(Planner, ChimeraGroupTwinsShareTheInversions) {
   const StageKfacCost& c = in.kfac[0];
   double stage_inv = 0;
   for (int l = 0; l < c.layers(); ++l) stage_inv += c.inv_a[l] + c.inv_b[l];
-  ASSERT_EQ(p.placements.size(), 8u);  // 4 devices x 2 hosted stages
-  for (const StagePlacement& sp : p.placements) {
+  ASSERT_EQ(p.placements().size(), 8u);  // 4 devices x 2 hosted stages
+  for (const StagePlacement& sp : p.placements()) {
     ASSERT_EQ(sp.members.size(), 2u);
     const int twin = 3 - sp.device;
     // Members: pipeline 0's copy then pipeline 1's.
@@ -481,7 +481,7 @@ TEST(Planner, ChimeraGroupTwinsShareTheInversions) {
   // Without the group each copy inverts all of its stage's factors.
   in.chimera_group = false;
   KfacPlan alone = plan_kfac(in);
-  EXPECT_TRUE(alone.placements.empty());
+  EXPECT_TRUE(alone.placements().empty());
   for (int d = 0; d < 4; ++d) EXPECT_GT(alone.kfac_work[d], p.kfac_work[d] + 0.5 * stage_inv);
 }
 
@@ -571,7 +571,7 @@ TEST(PlanQueries, InverterIsTheOnlyHolderListingThePiece) {
     if (name == "tiny") continue;  // one holder per stage: nothing to share
     const KfacPlan p = plan_kfac(in);
     int shared = 0;
-    for (const StagePlacement& sp : p.placements)
+    for (const StagePlacement& sp : p.placements())
       for (const Action& piece : sp.pieces) {
         const auto owner = p.inverter(piece);
         const Action bcast{piece.kind == Kind::INV_A ? Kind::BCAST_INV_A : Kind::BCAST_INV_B, piece.stage, piece.pipeline,

@@ -176,7 +176,7 @@ TEST(PlannerPaper, Figure4BertLargeChimeraP100) {
   EXPECT_NEAR(plain_step(in), 8 * 3 * 16.100358963012695 + 14 * 3 * 26.9528865814209, 1e-9);
   const KfacPlan p = plan_kfac(in);
   check_plan(in, p);
-  EXPECT_TRUE(p.splits.empty());
+  EXPECT_TRUE(p.splits().empty());
   EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>(8, 3)));
   EXPECT_EQ(p.refresh_steps, (std::vector<int>{3, 4, 4, 3, 3, 4, 4, 3}));  // the target: 3 everywhere
   EXPECT_GT(p.utilization, 0.955);  // the paper: 0.976
@@ -197,7 +197,7 @@ TEST(PlannerPaper, Figure7BertBaseChimeraP100) {
   PlanInput in = paper_setting("bert-base_p100.csv", "chimera", 4, 4, 3, "base");
   const KfacPlan p = plan_kfac(in);
   check_plan(in, p);
-  EXPECT_TRUE(p.splits.empty());
+  EXPECT_TRUE(p.splits().empty());
   EXPECT_EQ(p.refresh_steps, (std::vector<int>(4, 6)));
   EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>(4, 6)));
   EXPECT_GT(p.utilization, 0.97);
@@ -214,7 +214,7 @@ TEST(PlannerPaper, Figure3BertBaseGPipeAnd1F1BP100) {
     PlanInput in = paper_setting("bert-base_p100.csv", sch, 4, 4, 3, "base");
     const KfacPlan p = plan_kfac(in);
     check_plan(in, p);
-    EXPECT_TRUE(p.splits.empty());
+    EXPECT_TRUE(p.splits().empty());
     EXPECT_EQ(p.lower_bound_refresh_steps, (std::vector<int>(4, 3)));
     EXPECT_EQ(p.refresh_steps, (std::vector<int>(4, 3)));
     // With data and inversion parallelism (2 replicas per stage, Figure 3's bottom row).

@@ -57,16 +57,19 @@ TEST(PlanQueries, PlainActionsKeepOnlyTheStepAndItsPrecondition) {
 }
 
 // The lists have one writer (plan::emit_lists): outside the plan no code can name them, only
-// ask the queries (units(), actions(), cycle_actions(), wrapped()).
+// ask the queries (units(), actions(), cycle_actions(), wrapped(), splits(), placements()).
 template <class P> concept ListsReachable = requires(P p) { p.lists_; };
 template <class P> concept CycleReachable = requires(P p) { p.cycle; };
 template <class P> concept FirstCycleReachable = requires(P p) { p.first_cycle; };
 template <class P> concept WrappedUnitsReachable = requires(P p) { p.wrapped_units; };
 template <class P> concept UnitsWritable = requires(P p) { p.units().clear(); };
+template <class P> concept SplitsWritable = requires(P p) { p.splits().clear(); };
+template <class P> concept PlacementsWritable = requires(P p) { p.placements().clear(); };
 
 TEST(PlanQueries, ListsAreReadOnlyThroughTheQueries) {
   static_assert(!ListsReachable<KfacPlan> && !CycleReachable<KfacPlan> && !FirstCycleReachable<KfacPlan> &&
-                !WrappedUnitsReachable<KfacPlan> && !UnitsWritable<KfacPlan>);
+                !WrappedUnitsReachable<KfacPlan> && !UnitsWritable<KfacPlan> && !SplitsWritable<KfacPlan> &&
+                !PlacementsWritable<KfacPlan>);
   const KfacPlan p = plan_kfac(tiny());
   EXPECT_EQ(p.units().size(), 12u);  // both devices' curvature and inversion units, once per cycle
   EXPECT_TRUE(p.wrapped(0, 0, 0).empty());

@@ -234,24 +234,20 @@ int split_layers(const std::string& out) {
 // counts stay as `recorded` measured them (they are the model's, not the machine's).
 fs::path made_up_profile(const fs::path& recorded, const std::string& sets, int ranks, const fs::path& out) {
   using namespace pf;
-  std::ifstream in(recorded);
-  nlohmann::json j = nlohmann::json::parse(in);
   std::vector<std::string> v;
   for (size_t at = sets.find("--set "); at != std::string::npos; at = sets.find("--set ", at + 1)) {
     const size_t begin = at + 6, end = sets.find(' ', begin);
     v.push_back(sets.substr(begin, end == std::string::npos ? end : end - begin));
   }
   const Config cfg = load_config(v);
-  const ProfileLayout shape(make_layout(cfg, ranks));
-  PlanProfile p = shape.unflatten(j["pipefisher_plan"]["input"].get<std::vector<double>>());
+  PlanProfile p = read_profile_json(recorded.string()).plan;
   for (auto& row : p.action_ms) std::fill(row.begin(), row.end(), 1.0);
-  for (StageProfile& s : p.stages) {
+  for (StageKfacCost& s : p.kfac) {
     s.precondition = 0.1, s.sync = 0.1;
-    for (int l = 0; l < s.layer_count(); ++l)
-      s.layer[l].curv_a = s.layer[l].curv_b = 0.05, s.layer[l].inv_a = s.layer[l].inv_b = 0.3;
+    for (std::vector<double>* curvature : {&s.curv_a, &s.curv_b}) std::fill(curvature->begin(), curvature->end(), 0.05);
+    for (std::vector<double>* inversion : {&s.inv_a, &s.inv_b}) std::fill(inversion->begin(), inversion->end(), 0.3);
   }
-  j["pipefisher_plan"]["input"] = shape.flatten(p);
-  std::ofstream(out) << j.dump();
+  std::ofstream(out) << plan_profile_json(cfg, make_layout(cfg, ranks), p).dump();
   return out;
 }
 
@@ -673,8 +669,18 @@ TEST(PipeFisherRuntime, PlanProfileGivesTheSameLossesOnEveryRun) {
   const fs::path profile = dir() / "pp_record" / "kfac_profile.json";
   ASSERT_TRUE(fs::exists(profile)) << rec.out;
   const nlohmann::json recorded = read_json(profile);
-  // --profile-dir's profile.json carries the same record (either file can be named).
+  // --profile-dir's profile.json carries the same record (either file can be named): the same
+  // action times and shape, the same K-FAC units and broadcast model.
   EXPECT_EQ(read_json(dir() / "pp_profile" / "profile.json")["pipefisher_plan"], recorded["pipefisher_plan"]);
+  EXPECT_TRUE(pf::read_profile_json((dir() / "pp_profile" / "profile.json").string()).plan ==
+              pf::read_profile_json(profile.string()).plan);
+  // The record is a profile `plan --profile` reads, with the run's shape.
+  Launched planned = pf_test::run(std::string(PF_BINARY) + " plan --json --profile " + profile.string());
+  ASSERT_EQ(planned.status, 0) << planned.out;
+  const nlohmann::json pj = nlohmann::json::parse(planned.out.substr(planned.out.find('{')));
+  EXPECT_EQ(pj["schedule"], "1f1b");
+  EXPECT_EQ(pj["stages"], 2);
+  EXPECT_TRUE(pj.contains("kfac")) << planned.out;
   const std::string with = sets + " --set kfac.plan_profile=" + profile.string();
   Launched a = launch(2, "pp_a", with, scale);
   Launched b = launch(2, "pp_b", with, scale);
@@ -685,6 +691,7 @@ TEST(PipeFisherRuntime, PlanProfileGivesTheSameLossesOnEveryRun) {
     EXPECT_EQ(plan_line(r->out), plan_line(rec.out)) << r->out;  // the recording run's plan, from its numbers
   }
   EXPECT_EQ(read_json(dir() / "pp_a" / "kfac_profile.json")["pipefisher_plan"], recorded["pipefisher_plan"]);
+  EXPECT_EQ(read_json(dir() / "pp_a" / "kfac_profile.json"), recorded);  // the whole record, K-FAC units included
   // The same refresh pattern, with inverses used after the step that built them (a plan, not inline).
   const nlohmann::json ra = read_json(dir() / "pp_a" / "kfac_refresh.json");
   EXPECT_EQ(ra, read_json(dir() / "pp_b" / "kfac_refresh.json"));
