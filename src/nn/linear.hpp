@@ -34,8 +34,12 @@ class Linear {
 
   // x [rows, in] -> y [rows, out]
   void forward(int micro_batch, const float* x, int64_t rows, float* y) const;
-  // dy [rows, out], x [rows, in] (the forward's input): dW += dy^T x, db += colsum(dy);
-  // dx [rows, in] = dy W (+= when accumulate_dx; skipped when dx is null).
+  // The backward in zero-bubble's two parts (Qi et al. 2024), dy [rows, out]:
+  // backward_input (I): dx [rows, in] = dy W (+= when accumulate_dx); K-FAC's tap sees dy here.
+  void backward_input(int micro_batch, const float* dy, int64_t rows, float* dx, bool accumulate_dx = false);
+  // backward_weight (W): dW += dy^T x, db += colsum(dy), x [rows, in] the forward's input.
+  void backward_weight(const float* dy, const float* x, int64_t rows);
+  // Both (dx skipped when null).
   void backward(int micro_batch, const float* dy, const float* x, int64_t rows, float* dx,
                 bool accumulate_dx = false);
 

@@ -154,7 +154,7 @@ TEST(Layers, AttentionCausalFusedQkv) { attention_case(true, true); }
 template <class BlockT>
 static void check_block(BlockT& blk, const MicroBatch& mb, const ModelConfig& c, bool check_input, Tol tol = {}) {
   const int64_t N = int64_t(mb.rows) * mb.seq, C = c.hidden;
-  auto st = blk.make_state(mb.rows, mb.seq);
+  auto st = blk.make_state(mb.rows, mb.seq, BackwardMode::fused);
   Tensor x = randn({mb.rows, mb.seq, C}, 11), y({mb.rows, mb.seq, C}), R = randn({mb.rows, mb.seq, C}, 12);
   Tensor dx({mb.rows, mb.seq, C});
   auto loss = [&] {
