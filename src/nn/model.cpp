@@ -98,13 +98,11 @@ float Model::forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, Mo
   return loss;
 }
 
+// Each block's output gradients are its own (or its block's shared set, used once): every I, then
+// every W, is the fused backward's arithmetic.
 void Model::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st) {
-  const Tensor* d = &dx_out;
-  for (size_t j = blocks_.size(); j-- > 0;) {
-    Tensor& din = block_input_grad(st, j, dx_in);
-    blocks_[j]->backward(mb, *d, din, *st.blocks[j]);
-    d = &din;
-  }
+  backward_input(mb, dx_out, dx_in, st);
+  backward_weight(mb, st);
 }
 
 void Model::backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st) {
