@@ -48,11 +48,4 @@ void Linear::backward_weight(const float* dy, const float* x, int64_t rows) {
   if (bias_) col_sum_accumulate(bias_->grad.data(), dy, rows, out_);
 }
 
-void Linear::backward(int micro_batch, const float* dy, const float* x, int64_t rows, float* dx,
-                      bool accumulate_dx) {
-  if (dx) backward_input(micro_batch, dy, rows, dx, accumulate_dx);
-  else if (tap_) tap_->on_grad_output(*this, micro_batch, dy, rows, out_);
-  backward_weight(dy, x, rows);
-}
-
 }  // namespace pf

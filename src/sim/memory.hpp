@@ -49,8 +49,8 @@ struct MemoryReport {
 //   M_err^peak one micro-batch's largest error buffers, n (2h + f) + B H T^2
 //   M_err^save the Linears' output errors kept for curvature B, n * sum(d_out)
 //   M_curv     the Kronecker factors, sum(d_in^2 + d_out^2)
-//   M_W        the Linears' output gradients a split backward keeps for W, n * sum(d_out), as
-//              M_err^save (q, k, v, the two projections and the MLP's first Linear)
+//   M_W        the Linears' output gradients a split backward keeps for W: every Linear's, as
+//              M_err^save, n * sum(d_out)
 StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size);
 
 // `stages` has one entry per stage or a single entry for uniform stages.

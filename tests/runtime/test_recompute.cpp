@@ -97,7 +97,7 @@ TEST(Recompute, BertChimeraWithDropout) {
   expect_recompute_changes_nothing("bert_chimera", "--set parallel.schedule=chimera");
 }
 // Interleaved: a stage's input is the previous chunk's output on the same device; ZB-H1: the
-// re-run comes before I (W does nothing).
+// re-run comes before I, which then runs the whole backward (W nothing), against I and W apart.
 TEST(Recompute, InterleavedAndZeroBubble) {
   expect_recompute_changes_nothing("interleaved", "--set parallel.schedule=interleaved --set parallel.virtual_stages=2");
   expect_recompute_changes_nothing("zbh1", "--set parallel.schedule=zb-h1");
