@@ -93,11 +93,11 @@ TEST_P(SplitBackward, ZeroBubbleOrderEqualsFusedBitForBit) {
     EXPECT_EQ(split.loss[k], fused.loss[k]);
     EXPECT_TRUE(same_bits(split.dx[k], fused.dx[k])) << "input gradient of micro-batch " << k;
   }
-  auto ps = split.params(), pf_ = fused.params();
-  ASSERT_EQ(ps.size(), pf_.size());
+  auto split_params = split.params(), fused_params = fused.params();
+  ASSERT_EQ(split_params.size(), fused_params.size());
   double total = 0;
-  for (auto& [name, p] : ps) {
-    EXPECT_TRUE(same_bits(p->grad, pf_.at(name)->grad)) << name;
+  for (auto& [name, p] : split_params) {
+    EXPECT_TRUE(same_bits(p->grad, fused_params.at(name)->grad)) << name;
     for (float g : p->grad.span()) total += std::fabs(g);
   }
   EXPECT_GT(total, 0.0);
