@@ -85,7 +85,7 @@ void BM_BlockStep(benchmark::State& state) {
   set_threads(threads);
   TransformerBlock blk(c, 0);
   blk.init(1);
-  auto st = blk.make_state(rows, T);
+  auto st = blk.make_state(rows, T, BackwardMode::fused);
   MicroBatch mb;
   mb.resize(rows, T);
   std::fill(mb.attn_mask.begin(), mb.attn_mask.end(), 1);

@@ -6,10 +6,12 @@
 #include "core/kernels.hpp"
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
+#include "nn/block.hpp"
 #include "nn/layers.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace pf::block_helpers {
@@ -32,6 +34,35 @@ inline void init_layernorm(LayerNorm& ln) {
 // Checks that a caller's activation tensor can hold n floats (no allocation on the way).
 inline void check_holds(const Tensor& t, int64_t n, const char* what) {
   PF_CHECK(t.numel() >= n, "{} holds {} floats, needs {}", what, t.numel(), n);
+}
+
+// A state's output gradients (nn/block.hpp): its own with a split backward, else the block's one
+// shared set, grown to fit. G::fit(dims...) sizes G's tensors.
+template <class G, class... Dims>
+std::shared_ptr<G> output_grads(BackwardMode mode, std::shared_ptr<G>& shared, Dims... dims) {
+  if (mode == BackwardMode::split) {
+    auto g = std::make_shared<G>();
+    g->fit(dims...);
+    return g;
+  }
+  if (!shared) shared = std::make_shared<G>();
+  shared->fit(dims...);
+  return shared;
+}
+
+// I hands its output gradients to W (begin_weight_grads at I, end at W): a W must follow its own
+// state's I with no other I of a state sharing the set in between.
+template <class G>
+G& begin_weight_grads(BlockState& st) {
+  st.grads->pending = &st;
+  return static_cast<G&>(*st.grads);
+}
+template <class G>
+G& end_weight_grads(BlockState& st, const std::string& block) {
+  PF_CHECK(st.grads->pending == &st, "{}: W without its own I just before it (a split backward needs a state made "
+           "with BackwardMode::split)", block);
+  st.grads->pending = nullptr;
+  return static_cast<G&>(*st.grads);
 }
 
 }  // namespace pf::block_helpers

@@ -29,6 +29,13 @@ struct EmbeddingState : BlockState {
   int64_t bytes() const override { return bytes_of({&e, &mean, &rstd}) + static_cast<int64_t>(keep.size()); }
 };
 
+// The gradient of the embedding sum (N, C), from I to W (the tables' scatter-add).
+struct EmbeddingGrads : OutputGrads {
+  Tensor e;
+  void fit(int64_t N, int64_t C) { reserve(e, N * C); }
+  int64_t bytes() const override { return bytes_of({&e}); }
+};
+
 EmbeddingBlock::EmbeddingBlock(const ModelConfig& cfg)
     : cfg_(cfg),
       bert_(cfg.arch == Arch::Bert),
@@ -55,7 +62,7 @@ void EmbeddingBlock::init(uint64_t seed) {
   }
 }
 
-std::unique_ptr<BlockState> EmbeddingBlock::make_state(int max_rows, int seq) const {
+std::unique_ptr<BlockState> EmbeddingBlock::make_state(int max_rows, int seq, BackwardMode mode) const {
   PF_CHECK(seq <= cfg_.max_position, "seq {} > max_position {}", seq, cfg_.max_position);
   auto st = std::make_unique<EmbeddingState>();
   int64_t N = static_cast<int64_t>(max_rows) * seq, C = cfg_.hidden;
@@ -63,12 +70,13 @@ std::unique_ptr<BlockState> EmbeddingBlock::make_state(int max_rows, int seq) co
     st->e = Tensor({N, C});
     st->mean = Tensor({N});
     st->rstd = Tensor({N});
-    reserve(d_b_, N * C);
   }
   if (cfg_.dropout > 0) {
     st->keep.resize(N * C);
-    reserve(d_a_, N * C);
+    if (bert_) reserve(d_a_, N * C);
   }
+  st->mode = mode;
+  st->grads = output_grads(mode, shared_grads_, N, C);
   return st;
 }
 
@@ -94,21 +102,30 @@ float EmbeddingBlock::forward(const MicroBatch& mb, const Tensor&, Tensor& x_out
   return 0.0f;
 }
 
-void EmbeddingBlock::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor&, BlockState& bs) {
+// I: nothing before the embedding waits; it takes the gradient down to the sum of the tables
+// (through dropout and, for bert, LayerNorm), which W scatters into them.
+void EmbeddingBlock::backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor&, BlockState& bs) {
   auto& st = static_cast<EmbeddingState&>(bs);
+  float* de = begin_weight_grads<EmbeddingGrads>(bs).e.data();
   int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
-  const float* d = dx_out.data();
+  if (!bert_) {  // x_out = Drop(e)
+    copy(de, dx_out.data(), N * C);
+    if (cfg_.dropout > 0) dropout_backward(de, st.keep.data(), N * C, cfg_.dropout);
+    return;
+  }
+  const float* d = dx_out.data();  // x_out = Drop(LN(e))
   if (cfg_.dropout > 0) {
     PF_CHECK(d_a_.capacity() >= N * C, "embedding backward scratch");
     copy(d_a_.data(), d, N * C);
     dropout_backward(d_a_.data(), st.keep.data(), N * C, cfg_.dropout);
     d = d_a_.data();
   }
-  if (bert_) {
-    PF_CHECK(d_b_.capacity() >= N * C, "embedding backward scratch");
-    ln_->backward(d_b_.data(), d, st.e.data(), st.mean.data(), st.rstd.data(), N, false);
-    d = d_b_.data();
-  }
+  ln_->backward(de, d, st.e.data(), st.mean.data(), st.rstd.data(), N, false);
+}
+
+void EmbeddingBlock::backward_weight(const MicroBatch& mb, BlockState& bs) {
+  const float* d = end_weight_grads<EmbeddingGrads>(bs, name()).e.data();
+  int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
   const int32_t* types = mb.token_types.empty() ? nullptr : mb.token_types.data();
   embedding_backward(wte_.grad.data(), wpe_.grad.data(), bert_ ? wtt_.grad.data() : nullptr, d, mb.tokens.data(),
                      types, N, mb.seq, C);
@@ -133,6 +150,18 @@ struct HeadState : BlockState {
     return bytes_of({&xs, &t, &g, &h, &mean, &rstd, &logits, &loss, &xc, &pooled, &nsp_logits, &nsp_loss}) +
            static_cast<int64_t>(ints * sizeof(int32_t));
   }
+};
+
+// The output gradients of the head's Linears that its state does not already hold (the decoder's
+// and the NSP classifier's are the dlogits, in place in HeadState), from I to W: bert's (M, C)
+// transform and (K, C) pooler.
+struct HeadGrads : OutputGrads {
+  Tensor t, pooled;
+  void fit(int64_t N, int64_t R, int64_t C) {
+    reserve(t, N * C);
+    reserve(pooled, R * C);
+  }
+  int64_t bytes() const override { return bytes_of({&t, &pooled}); }
 };
 
 HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == Arch::Bert) {
@@ -191,7 +220,7 @@ void HeadBlock::init(uint64_t seed) {
   if (mirror_) init_normal(*mirror_, seed, cfg_.init_std);  // same name => same values as the owner
 }
 
-std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq) const {
+std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, BackwardMode mode) const {
   auto st = std::make_unique<HeadState>();
   const int64_t N = static_cast<int64_t>(max_rows) * seq, C = cfg_.hidden, V = cfg_.vocab;
   st->rows.resize(N);
@@ -212,6 +241,9 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq) const {
   }
   reserve(d_a_, N * C);
   reserve(d_b_, N * C);
+  st->mode = mode;
+  const int64_t transform_rows = bert_ ? N : 0, pooler_rows = bert_ && cfg_.nsp ? max_rows : 0;
+  st->grads = output_grads(mode, shared_grads_, transform_rows, pooler_rows, C);
   return st;
 }
 
@@ -276,14 +308,14 @@ double HeadBlock::nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadStat
   return sum * mb.nsp_scale;
 }
 
-void HeadBlock::nsp_backward(const MicroBatch& mb, Tensor& dx_in, HeadState& st) {
+void HeadBlock::nsp_backward_input(const MicroBatch& mb, Tensor& dx_in, HeadState& st) {
   const int64_t C = cfg_.hidden, K = st.K;
   if (K == 0) return;
-  float *dA = d_a_.data(), *dB = d_b_.data();
+  float *dP = static_cast<HeadGrads&>(*st.grads).pooled.data(), *dB = d_b_.data();
   softmax_cross_entropy_backward(st.nsp_logits.data(), st.nsp_labels.data(), K, 2, mb.nsp_scale);  // dlogits
-  nsp_->backward(mb.index, st.nsp_logits.data(), st.pooled.data(), K, dA);                      // dA = dpooled
-  for (int64_t i = 0; i < K * C; ++i) dA[i] *= 1.0f - st.pooled[i] * st.pooled[i];            // through tanh
-  pooler_->backward(mb.index, dA, st.xc.data(), K, dB);                                         // dB = dxc
+  nsp_->backward_input(mb.index, st.nsp_logits.data(), K, dP);                                    // dP = dpooled
+  for (int64_t i = 0; i < K * C; ++i) dP[i] *= 1.0f - st.pooled[i] * st.pooled[i];               // through tanh
+  pooler_->backward_input(mb.index, dP, K, dB);                                                   // dB = dxc
   for (int64_t k = 0; k < K; ++k) {
     float* d = dx_in.data() + static_cast<int64_t>(st.nsp_rows[k]) * mb.seq * C;
     for (int64_t c = 0; c < C; ++c) d[c] += dB[k * C + c];
@@ -305,20 +337,21 @@ void HeadBlock::logits(const float* x, int64_t rows, float* out) const {
   decoder_->forward(0, h.data(), rows, out);
 }
 
-void HeadBlock::backward(const MicroBatch& mb, const Tensor&, Tensor& dx_in, BlockState& bs) {
+void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_in, BlockState& bs) {
   auto& st = static_cast<HeadState&>(bs);
+  float* dT = begin_weight_grads<HeadGrads>(bs).t.data();
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, V = cfg_.vocab, M = st.M;
   check_holds(dx_in, N * C, "head dx_in");
   std::memset(dx_in.data(), 0, N * C * sizeof(float));
   if (M > 0) {
     float *dA = d_a_.data(), *dB = d_b_.data();
     softmax_cross_entropy_backward(st.logits.data(), st.labels.data(), M, V, mb.loss_scale);  // dlogits
-    decoder_->backward(mb.index, st.logits.data(), st.h.data(), M, dA);                        // dA = dh
+    decoder_->backward_input(mb.index, st.logits.data(), M, dA);                               // dA = dh
     const float* dxs = dB;
     if (bert_) {
-      ln_->backward(dB, dA, st.g.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dg
-      gelu_backward(dB, st.t.data(), dB, M * C, gelu_of(cfg_));                          // dB = dt
-      transform_->backward(mb.index, dB, st.xs.data(), M, dA);                       // dA = dxs
+      ln_->backward(dT, dA, st.g.data(), st.mean.data(), st.rstd.data(), M, false);  // dT = dg
+      gelu_backward(dT, st.t.data(), dT, M * C, gelu_of(cfg_));                        // dT = dt
+      transform_->backward_input(mb.index, dT, M, dA);                                 // dA = dxs
       dxs = dA;
     } else {
       ln_->backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dxs
@@ -328,7 +361,21 @@ void HeadBlock::backward(const MicroBatch& mb, const Tensor&, Tensor& dx_in, Blo
       std::memcpy(dx_in.data() + st.rows[m] * C, dxs + m * C, C * sizeof(float));
   }
   // The NSP head's gradient adds into the [CLS] rows (after the masked-LM rows are copied in).
-  if (bert_ && cfg_.nsp) nsp_backward(mb, dx_in, st);
+  if (bert_ && cfg_.nsp) nsp_backward_input(mb, dx_in, st);
+}
+
+// The decoder's and the NSP classifier's output gradients are the dlogits I left in the state.
+void HeadBlock::backward_weight(const MicroBatch&, BlockState& bs) {
+  auto& st = static_cast<HeadState&>(bs);
+  const auto& g = end_weight_grads<HeadGrads>(bs, name());
+  if (st.M > 0) {
+    decoder_->backward_weight(st.logits.data(), st.h.data(), st.M);
+    if (bert_) transform_->backward_weight(g.t.data(), st.xs.data(), st.M);
+  }
+  if (bert_ && cfg_.nsp && st.K > 0) {
+    nsp_->backward_weight(st.nsp_logits.data(), st.pooled.data(), st.K);
+    pooler_->backward_weight(g.pooled.data(), st.xc.data(), st.K);
+  }
 }
 
 }  // namespace pf

@@ -6,6 +6,8 @@
 // Memory: a BlockState holds one micro-batch's activations (what its backward needs), made once by
 // make_state. Backward's temporaries live in the block and are shared by all its states (a block
 // runs one backward at a time); make_state sizes them too. forward/backward allocate nothing.
+// The output gradients I keeps for W (nn/block.hpp) are the state's own when it is made for a
+// split backward, else one set in the block, shared like the temporaries.
 // A block copies its input into its state, so the caller may reuse x_in after forward.
 //
 // Attention masks: BERT uses MicroBatch::attn_mask (padding keys get probability 0); GPT is causal
@@ -22,6 +24,10 @@
 #include <vector>
 
 namespace pf {
+
+struct EmbeddingGrads;    // blocks.cpp
+struct TransformerGrads;  // transformer_block.cpp
+struct HeadGrads;         // blocks.cpp
 
 // What Model needs from its blocks beyond the Block interface.
 class ModelBlock : public Block {
@@ -54,9 +60,10 @@ class EmbeddingBlock : public ModelBlock {
   explicit EmbeddingBlock(const ModelConfig& cfg);
   std::string name() const override { return "embedding"; }
   std::vector<Param*> params() override;
-  std::unique_ptr<BlockState> make_state(int max_rows, int seq) const override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq, BackwardMode mode) const override;
   float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
-  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_weight(const MicroBatch& mb, BlockState& st) override;
   void init(uint64_t seed) override;
   Param& word() { return wte_; }
 
@@ -66,7 +73,8 @@ class EmbeddingBlock : public ModelBlock {
   Param wte_, wpe_, wtt_;   // wtt_ only for bert
   std::unique_ptr<LayerNorm> ln_;  // bert only
   uint64_t drop_key_;
-  mutable Tensor d_a_, d_b_;
+  mutable Tensor d_a_;
+  mutable std::shared_ptr<EmbeddingGrads> shared_grads_;
 };
 
 class TransformerBlock : public ModelBlock {
@@ -75,16 +83,17 @@ class TransformerBlock : public ModelBlock {
   std::string name() const override { return name_; }
   std::vector<Param*> params() override;
   std::vector<Linear*> linears() override;
-  std::unique_ptr<BlockState> make_state(int max_rows, int seq) const override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq, BackwardMode mode) const override;
   float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
-  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_weight(const MicroBatch& mb, BlockState& st) override;
   void init(uint64_t seed) override;
 
  private:
   float forward_bert(const MicroBatch& mb, float* out, BlockState& st);
   float forward_gpt(const MicroBatch& mb, float* out, BlockState& st);
-  void backward_bert(const MicroBatch& mb, const float* dout, float* dx, BlockState& st);
-  void backward_gpt(const MicroBatch& mb, const float* dout, float* dx, BlockState& st);
+  void backward_input_bert(const MicroBatch& mb, const float* dout, float* dx, BlockState& st);
+  void backward_input_gpt(const MicroBatch& mb, const float* dout, float* dx, BlockState& st);
 
   ModelConfig cfg_;
   int layer_;
@@ -96,7 +105,8 @@ class TransformerBlock : public ModelBlock {
   std::unique_ptr<LayerNorm> ln1_, ln2_;  // bert: attention.output.LayerNorm, output.LayerNorm; gpt: ln_1, ln_2
   uint64_t drop_attn_key_, drop_mlp_key_;
   // Backward temporaries shared by all states (sized by make_state).
-  mutable Tensor d_a_, d_b_, d_c_, d_f_, d_qkv_, attn_scratch_;
+  mutable Tensor d_a_, d_b_, d_c_, attn_scratch_;
+  mutable std::shared_ptr<TransformerGrads> shared_grads_;
 };
 
 struct HeadState;  // blocks.cpp
@@ -109,9 +119,10 @@ class HeadBlock : public ModelBlock {
   std::string name() const override { return "head"; }
   std::vector<Param*> params() override;
   std::vector<Linear*> linears() override;
-  std::unique_ptr<BlockState> make_state(int max_rows, int seq) const override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq, BackwardMode mode) const override;
   float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
-  void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_weight(const MicroBatch& mb, BlockState& st) override;
   void init(uint64_t seed) override;
   Param* mirror() { return mirror_.get(); }
   // Inference: the LM logits (rows, vocab) of hidden rows x (rows, hidden), without loss or
@@ -120,7 +131,7 @@ class HeadBlock : public ModelBlock {
 
  private:
   double nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st);
-  void nsp_backward(const MicroBatch& mb, Tensor& dx_in, HeadState& st);
+  void nsp_backward_input(const MicroBatch& mb, Tensor& dx_in, HeadState& st);
   ModelConfig cfg_;
   bool bert_;
   std::unique_ptr<Param> mirror_;
@@ -131,6 +142,7 @@ class HeadBlock : public ModelBlock {
   // model.nsp (data.nsp); always present, so saved weights are BertForPreTraining's.
   std::unique_ptr<Linear> pooler_, nsp_;
   mutable Tensor d_a_, d_b_;
+  mutable std::shared_ptr<HeadGrads> shared_grads_;
 };
 
 }  // namespace pf

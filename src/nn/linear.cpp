@@ -35,14 +35,17 @@ void Linear::forward(int micro_batch, const float* x, int64_t rows, float* y) co
   gemm(false, true, rows, out_, in_, 1.0f, x, in_, weight_->value.data(), in_, beta, y, out_);
 }
 
-void Linear::backward(int micro_batch, const float* dy, const float* x, int64_t rows, float* dx,
-                      bool accumulate_dx) {
-  // dy is (rows, out), x is (rows, in); dW (out, in) += dy^T x; db (out) += sum_rows dy; dx = dy W
+void Linear::backward_input(int micro_batch, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
+  // dy is (rows, out), W is (out, in): dx (rows, in) = dy W
   if (tap_) tap_->on_grad_output(*this, micro_batch, dy, rows, out_);
+  gemm(false, false, rows, in_, out_, 1.0f, dy, out_, weight_->value.data(), in_, accumulate_dx ? 1.0f : 0.0f, dx,
+       in_);
+}
+
+void Linear::backward_weight(const float* dy, const float* x, int64_t rows) {
+  // dy is (rows, out), x is (rows, in): dW (out, in) += dy^T x; db (out) += sum_rows dy
   gemm(true, false, out_, in_, rows, 1.0f, dy, out_, x, in_, 1.0f, weight_->grad.data(), in_);
   if (bias_) col_sum_accumulate(bias_->grad.data(), dy, rows, out_);
-  if (dx) gemm(false, false, rows, in_, out_, 1.0f, dy, out_, weight_->value.data(), in_,
-               accumulate_dx ? 1.0f : 0.0f, dx, in_);
 }
 
 }  // namespace pf

@@ -6,7 +6,7 @@
 // the factor A = x^T x) and the gradient of the loss w.r.t. its output g [tokens, out] (for
 // B = g^T g). A LinearTap set with set_tap() receives both; with no tap (the default) nothing is
 // copied or computed. The pointers are valid only during the call: copy or consume them there.
-// on_input is called from forward, on_grad_output from backward, on the calling thread.
+// on_input is called from forward, on_grad_output from backward_input (I), on the calling thread.
 // `tokens` is the number of rows this layer actually saw (the MLM head sees only masked tokens).
 #include "nn/param.hpp"
 
@@ -34,10 +34,11 @@ class Linear {
 
   // x [rows, in] -> y [rows, out]
   void forward(int micro_batch, const float* x, int64_t rows, float* y) const;
-  // dy [rows, out], x [rows, in] (the forward's input): dW += dy^T x, db += colsum(dy);
-  // dx [rows, in] = dy W (+= when accumulate_dx; skipped when dx is null).
-  void backward(int micro_batch, const float* dy, const float* x, int64_t rows, float* dx,
-                bool accumulate_dx = false);
+  // The backward in zero-bubble's two parts (Qi et al. 2024), dy [rows, out]:
+  // backward_input (I): dx [rows, in] = dy W (+= when accumulate_dx); K-FAC's tap sees dy here.
+  void backward_input(int micro_batch, const float* dy, int64_t rows, float* dx, bool accumulate_dx = false);
+  // backward_weight (W): dW += dy^T x, db += colsum(dy), x [rows, in] the forward's input.
+  void backward_weight(const float* dy, const float* x, int64_t rows);
 
   const std::string& name() const { return weight_->name; }  // stable: the weight's param name
   int64_t in() const { return in_; }

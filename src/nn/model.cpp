@@ -61,12 +61,12 @@ void Model::set_dropout_step(uint64_t seed, uint64_t step) {
   for (auto& b : blocks_) b->set_dropout_step(seed, step);
 }
 
-ModelState Model::make_state(int max_rows, int seq) const {
+ModelState Model::make_state(int max_rows, int seq, BackwardMode mode) const {
   PF_CHECK(max_rows > 0 && seq > 0, "state for {} x {}", max_rows, seq);
   ModelState st;
   const int64_t C = cfg_.hidden;
   for (size_t j = 0; j < blocks_.size(); ++j) {
-    st.blocks.push_back(blocks_[j]->make_state(max_rows, seq));
+    st.blocks.push_back(blocks_[j]->make_state(max_rows, seq, mode));
     if (j + 1 < blocks_.size()) st.acts.emplace_back(Shape{max_rows, seq, C});
   }
   st.grad_a = Tensor({max_rows, seq, C});
@@ -81,6 +81,12 @@ int64_t ModelState::activation_bytes() const {
   return n;
 }
 
+int64_t ModelState::deferred_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : blocks) n += b->deferred_bytes();
+  return n;
+}
+
 float Model::forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, ModelState& st) {
   float loss = 0.0f;
   const Tensor* x = &x_in;
@@ -92,13 +98,28 @@ float Model::forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, Mo
   return loss;
 }
 
+// Each block's output gradients are its own (or its block's shared set, used once): every I, then
+// every W, is the fused backward's arithmetic.
 void Model::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st) {
+  backward_input(mb, dx_out, dx_in, st);
+  backward_weight(mb, st);
+}
+
+void Model::backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st) {
   const Tensor* d = &dx_out;
   for (size_t j = blocks_.size(); j-- > 0;) {
-    Tensor& din = j == 0 ? dx_in : ((blocks_.size() - j) % 2 ? st.grad_a : st.grad_b);
-    blocks_[j]->backward(mb, *d, din, *st.blocks[j]);
+    Tensor& din = block_input_grad(st, j, dx_in);
+    blocks_[j]->backward_input(mb, *d, din, *st.blocks[j]);
     d = &din;
   }
+}
+
+void Model::backward_weight(const MicroBatch& mb, ModelState& st) {
+  for (size_t j = blocks_.size(); j-- > 0;) blocks_[j]->backward_weight(mb, *st.blocks[j]);
+}
+
+Tensor& Model::block_input_grad(ModelState& st, size_t j, Tensor& dx_in) const {
+  return j == 0 ? dx_in : ((blocks_.size() - j) % 2 ? st.grad_a : st.grad_b);
 }
 
 void Model::logits(const MicroBatch& mb, ModelState& st, int row, int position, float* out) {

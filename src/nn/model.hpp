@@ -8,6 +8,10 @@
 //   ModelState st = m->make_state(rows, seq);
 //   float loss = m->forward(mb, x_in, x_out, st);       // x_in/x_out unused at the ends
 //   m->backward(mb, dx_out, dx_in, st);                 // accumulates into Param::grad
+// or, with a state made for it (make_state(rows, seq, BackwardMode::split)), the backward in its
+// two parts, W any time after I and before the state's next forward (nn/block.hpp):
+//   m->backward_input(mb, dx_out, dx_in, st);           // I
+//   m->backward_weight(mb, st);                         // W
 //
 // Tied word embedding: if the range holds both ends, the head's decoder uses the embedding's Param;
 // if it holds the head only, the head owns a mirror (Param::mirror) with the same name and initial
@@ -29,6 +33,8 @@ struct ModelState {
   // What forward stores for the backward: the blocks' states and the activations between them
   // (not grad_a / grad_b, the backward's scratch).
   int64_t activation_bytes() const;
+  // What I keeps for W besides (the blocks' output gradients), with a split backward; else 0.
+  int64_t deferred_bytes() const;
 };
 
 class Model {
@@ -54,16 +60,23 @@ class Model {
   // false for evaluation: no dropout (see ModelBlock::set_training).
   void set_training(bool on);
 
-  ModelState make_state(int max_rows, int seq) const;
+  ModelState make_state(int max_rows, int seq, BackwardMode mode = BackwardMode::fused) const;
   // x_in: (rows, seq, hidden) unless the range starts at the embedding; x_out: the same unless it
   // ends at the head. Returns the head's loss (0 without the head).
   float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, ModelState& st);
   // dx_out: gradient of x_out (ignored with the head); writes dx_in unless the range starts at the
   // embedding.
   void backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st);
+  // The same in two parts: I (every block's, last block first) and W (likewise: the tied word
+  // matrix then gets the head's part before the embedding's, as in backward).
+  void backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, ModelState& st);
+  void backward_weight(const MicroBatch& mb, ModelState& st);
   // Inference on the whole model (embedding to head): the LM logits (vocab floats into `out`) at
   // token `position` of row `row` of mb. Runs every block but the head's loss; no backward may follow.
   void logits(const MicroBatch& mb, ModelState& st, int row, int position, float* out);
+  // Where block j of the range writes its input gradient in a backward: dx_in for the first
+  // block, else grad_a / grad_b in turn.
+  Tensor& block_input_grad(ModelState& st, size_t j, Tensor& dx_in) const;
 
  private:
   ModelConfig cfg_;

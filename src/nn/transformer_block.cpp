@@ -14,13 +14,11 @@ using namespace block_helpers;
 
 namespace {
 
-// The gradient a residual branch with dropout sees: d itself without dropout, else Drop'(d),
-// written to scratch.
-const float* dropout_grad(const float* d, float* scratch, const std::vector<uint8_t>& keep, int64_t n, float p) {
-  if (!(p > 0)) return d;
-  copy(scratch, d, n);
-  dropout_backward(scratch, keep.data(), n, p);
-  return scratch;
+// The gradient a residual branch with dropout sees, d itself without dropout, else Drop'(d),
+// written to dst (a Linear's output gradient, kept for its W).
+void dropout_grad(float* dst, const float* d, const std::vector<uint8_t>& keep, int64_t n, float p) {
+  copy(dst, d, n);
+  if (p > 0) dropout_backward(dst, keep.data(), n, p);
 }
 
 }  // namespace
@@ -40,6 +38,20 @@ struct TransformerState : BlockState {
     return bytes_of({&x, &q, &k, &v, &qkv, &probs, &a, &h1, &r1, &h2r2, &mean1, &rstd1, &mean2, &rstd2, &f, &g}) +
            static_cast<int64_t>(keep1.size() + keep2.size());
   }
+};
+
+// The output gradients of the block's Linears, from I to W: (N, 3C) q, k, v (bert: three (N, C)
+// in a row; gpt: c_attn's), (N, C) the attention's output projection, (N, F) the MLP's first
+// Linear, (N, C) its second.
+struct TransformerGrads : OutputGrads {
+  Tensor qkv, proj, fc, mlp_out;
+  void fit(int64_t N, int64_t C, int64_t F) {
+    reserve(qkv, N * 3 * C);
+    reserve(proj, N * C);
+    reserve(fc, N * F);
+    reserve(mlp_out, N * C);
+  }
+  int64_t bytes() const override { return bytes_of({&qkv, &proj, &fc, &mlp_out}); }
 };
 
 std::vector<std::string> block_linear_names(Arch arch, int layer) {
@@ -117,7 +129,7 @@ void TransformerBlock::init(uint64_t seed) {
   init_layernorm(*ln2_);
 }
 
-std::unique_ptr<BlockState> TransformerBlock::make_state(int max_rows, int seq) const {
+std::unique_ptr<BlockState> TransformerBlock::make_state(int max_rows, int seq, BackwardMode mode) const {
   auto st = std::make_unique<TransformerState>();
   const int64_t N = static_cast<int64_t>(max_rows) * seq, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   for (Tensor* t : {&st->x, &st->a, &st->h1, &st->r1, &st->h2r2}) *t = Tensor({N, C});
@@ -134,8 +146,8 @@ std::unique_ptr<BlockState> TransformerBlock::make_state(int max_rows, int seq) 
     st->keep2.resize(N * C);
   }
   for (Tensor* t : {&d_a_, &d_b_, &d_c_}) reserve(*t, N * C);
-  reserve(d_f_, N * F);
-  reserve(d_qkv_, N * 3 * C);
+  st->mode = mode;
+  st->grads = output_grads(mode, shared_grads_, N, C, F);
   // One (T, T) matrix per thread; sized for every core so a later set_threads() cannot outgrow it.
   reserve(attn_scratch_, attention_scratch_floats(seq, std::max(omp_get_max_threads(), omp_get_num_procs())));
   return st;
@@ -151,16 +163,38 @@ float TransformerBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor
   return bert_ ? forward_bert(mb, x_out.data(), st) : forward_gpt(mb, x_out.data(), st);
 }
 
-void TransformerBlock::backward(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& bs) {
+void TransformerBlock::backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& bs) {
   auto& st = static_cast<TransformerState&>(bs);
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
   check_holds(dx_out, N * C, "dx_out");
   check_holds(dx_in, N * C, "dx_in");
   PF_CHECK(d_a_.capacity() >= N * C, "{}: backward scratch smaller than the micro-batch", name_);
   if (bert_)
-    backward_bert(mb, dx_out.data(), dx_in.data(), st);
+    backward_input_bert(mb, dx_out.data(), dx_in.data(), st);
   else
-    backward_gpt(mb, dx_out.data(), dx_in.data(), st);
+    backward_input_gpt(mb, dx_out.data(), dx_in.data(), st);
+}
+
+// Each Linear's dW += dy^T x from the output gradient its I kept and its forward input.
+void TransformerBlock::backward_weight(const MicroBatch& mb, BlockState& bs) {
+  auto& st = static_cast<TransformerState&>(bs);
+  const auto& g = end_weight_grads<TransformerGrads>(bs, name_);
+  const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
+  if (bert_) {
+    Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
+    wout.backward_weight(g.mlp_out.data(), st.g.data(), N);
+    wfc.backward_weight(g.fc.data(), st.h1.data(), N);
+    wo.backward_weight(g.proj.data(), st.a.data(), N);
+    wq.backward_weight(g.qkv.data(), st.x.data(), N);
+    wk.backward_weight(g.qkv.data() + N * C, st.x.data(), N);
+    wv.backward_weight(g.qkv.data() + 2 * N * C, st.x.data(), N);
+  } else {
+    Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
+    wproj2.backward_weight(g.mlp_out.data(), st.g.data(), N);
+    wfc.backward_weight(g.fc.data(), st.h2r2.data(), N);
+    wproj.backward_weight(g.proj.data(), st.a.data(), N);
+    wqkv.backward_weight(g.qkv.data(), st.h1.data(), N);
+  }
 }
 
 // BERT, post-LN:  r1 = x + Drop(Attn(x) Wo);  h1 = LN1(r1);  r2 = h1 + Drop(GELU(h1 Wfc) Wout);  out = LN2(r2)
@@ -188,32 +222,33 @@ float TransformerBlock::forward_bert(const MicroBatch& mb, float* out, BlockStat
   return 0.0f;
 }
 
-void TransformerBlock::backward_bert(const MicroBatch& mb, const float* dout, float* dx, BlockState& bs) {
+void TransformerBlock::backward_input_bert(const MicroBatch& mb, const float* dout, float* dx, BlockState& bs) {
   auto& st = static_cast<TransformerState&>(bs);
+  auto& g = begin_weight_grads<TransformerGrads>(bs);
   const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   const int i = mb.index;
   const float p = cfg_.dropout;
   Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
-  float *dA = d_a_.data(), *dB = d_b_.data(), *dC = d_c_.data(), *dF = d_f_.data();
+  float *dA = d_a_.data(), *dB = d_b_.data(), *dF = g.fc.data();
   // out = LN2(r2): dB = dr2
   ln2_->backward(dB, dout, st.h2r2.data(), st.mean2.data(), st.rstd2.data(), N, false);
   // r2 = h1 + Drop(mlp): the MLP branch sees Drop'(dr2)
-  const float* dm = dropout_grad(dB, dA, st.keep2, N * C, p);
-  wout.backward(i, dm, st.g.data(), N, dF);                 // dF = dg
-  gelu_backward(dF, st.f.data(), dF, N * F, gelu_);         // dF = df
-  wfc.backward(i, dF, st.h1.data(), N, dB, /*accumulate=*/true);  // dB = dh1 = dr2 + df Wfc
+  dropout_grad(g.mlp_out.data(), dB, st.keep2, N * C, p);
+  wout.backward_input(i, g.mlp_out.data(), N, dF);       // dF = dg
+  gelu_backward(dF, st.f.data(), dF, N * F, gelu_);      // dF = df
+  wfc.backward_input(i, dF, N, dB, /*accumulate=*/true);  // dB = dh1 = dr2 + df Wfc
   // h1 = LN1(r1): dA = dr1
   ln1_->backward(dA, dB, st.r1.data(), st.mean1.data(), st.rstd1.data(), N, false);
-  const float* dproj = dropout_grad(dA, dC, st.keep1, N * C, p);
-  wo.backward(i, dproj, st.a.data(), N, dB);  // dB = da
-  float *dq = d_qkv_.data(), *dk = dq + N * C, *dv = dk + N * C;
+  dropout_grad(g.proj.data(), dA, st.keep1, N * C, p);
+  wo.backward_input(i, g.proj.data(), N, dB);  // dB = da
+  float *dq = g.qkv.data(), *dk = dq + N * C, *dv = dk + N * C;
   attention_backward(dq, dk, dv, C, attn_scratch_.data(), attn_scratch_.capacity(), dB, st.probs.data(), st.q.data(),
                      st.k.data(), st.v.data(), C, B, T, H, C / H);
   // r1 = x + ...: dx = dr1 + dq Wq + dk Wk + dv Wv
   copy(dx, dA, N * C);
-  wq.backward(i, dq, st.x.data(), N, dx, true);
-  wk.backward(i, dk, st.x.data(), N, dx, true);
-  wv.backward(i, dv, st.x.data(), N, dx, true);
+  wq.backward_input(i, dq, N, dx, true);
+  wk.backward_input(i, dk, N, dx, true);
+  wv.backward_input(i, dv, N, dx, true);
 }
 
 // GPT-2, pre-LN:  r1 = x + Drop(Attn(LN1(x)) Wproj);  out = r1 + Drop(GELU(LN2(r1) Wfc) Wproj2)
@@ -239,26 +274,27 @@ float TransformerBlock::forward_gpt(const MicroBatch& mb, float* out, BlockState
   return 0.0f;
 }
 
-void TransformerBlock::backward_gpt(const MicroBatch& mb, const float* dout, float* dx, BlockState& bs) {
+void TransformerBlock::backward_input_gpt(const MicroBatch& mb, const float* dout, float* dx, BlockState& bs) {
   auto& st = static_cast<TransformerState&>(bs);
+  auto& g = begin_weight_grads<TransformerGrads>(bs);
   const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   const int i = mb.index;
   const float p = cfg_.dropout;
   Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
-  float *dA = d_a_.data(), *dB = d_b_.data(), *dC = d_c_.data(), *dF = d_f_.data(), *dqkv = d_qkv_.data();
+  float *dB = d_b_.data(), *dC = d_c_.data(), *dF = g.fc.data(), *dqkv = g.qkv.data();
   // out = r1 + Drop(mlp): the MLP branch sees Drop'(dout)
-  const float* dm = dropout_grad(dout, dA, st.keep2, N * C, p);
-  wproj2.backward(i, dm, st.g.data(), N, dF);          // dF = dg
+  dropout_grad(g.mlp_out.data(), dout, st.keep2, N * C, p);
+  wproj2.backward_input(i, g.mlp_out.data(), N, dF);  // dF = dg
   gelu_backward(dF, st.f.data(), dF, N * F, gelu_);    // dF = df
-  wfc.backward(i, dF, st.h2r2.data(), N, dB);          // dB = dh2
+  wfc.backward_input(i, dF, N, dB);                    // dB = dh2
   copy(dx, dout, N * C);                               // dx accumulates dr1 = dout + LN2'(dh2)
   ln2_->backward(dx, dB, st.r1.data(), st.mean2.data(), st.rstd2.data(), N, true);
-  const float* dproj = dropout_grad(dx, dA, st.keep1, N * C, p);
-  wproj.backward(i, dproj, st.a.data(), N, dC);        // dC = da
+  dropout_grad(g.proj.data(), dx, st.keep1, N * C, p);
+  wproj.backward_input(i, g.proj.data(), N, dC);       // dC = da
   const float* qkv = st.qkv.data();
   attention_backward(dqkv, dqkv + C, dqkv + 2 * C, 3 * C, attn_scratch_.data(), attn_scratch_.capacity(), dC,
                      st.probs.data(), qkv, qkv + C, qkv + 2 * C, 3 * C, B, T, H, C / H);
-  wqkv.backward(i, dqkv, st.h1.data(), N, dB);         // dB = dh1
+  wqkv.backward_input(i, dqkv, N, dB);                 // dB = dh1
   // r1 = x + ...: dx = dr1 + LN1'(dh1)
   ln1_->backward(dx, dB, st.x.data(), st.mean1.data(), st.rstd1.data(), N, true);
 }

@@ -24,6 +24,7 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
       actions_(layout.schedule.per_device.at(groups.stage)),
       tags_(layout.chunks(), layout.micro_batches) {
   recompute_ = cfg.parallel.recompute && layout.stages() > 1;
+  split_ = !recompute_ && std::any_of(actions_.begin(), actions_.end(), [](const Action& a) { return a.kind == Kind::W; });
   make_chunks();
   for (auto& c : chunks_) build_chunk(*c);
   int messages = 0;
@@ -55,6 +56,7 @@ void Executor::make_chunks() {
     }
     if (a.kind == Kind::F) c->slot.at(a.micro_batch) = c->slots++;
     if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i, c->last_backward_mb = a.micro_batch;
+    if (a.kind == Kind::W) c->last_weight_mb = a.micro_batch;
   }
 }
 
@@ -70,9 +72,11 @@ void Executor::build_chunk(Chunk& c) {
   c.optim = make_optimizer(cfg_.optim);
   c.optim->init(c.params);
   const size_t slots = static_cast<size_t>(c.slots);
-  for (size_t k = 0; k < (recompute_ ? 1 : slots); ++k) c.states.push_back(c.model->make_state(rows, mc.seq_len));
+  const BackwardMode mode = split_ ? BackwardMode::split : BackwardMode::fused;
+  for (size_t k = 0; k < (recompute_ ? 1 : slots); ++k) c.states.push_back(c.model->make_state(rows, mc.seq_len, mode));
   const Shape act{rows, mc.seq_len, mc.hidden};
   c.state_bytes = c.states.front().activation_bytes();
+  c.deferred_bytes = c.states.front().deferred_bytes();
   c.input_bytes = c.model->has_embedding() ? 0 : shape_numel(act) * static_cast<int64_t>(sizeof(float));
   if (recompute_ && !c.model->has_head()) c.recompute_out = Tensor(act);
   if (!c.model->has_head()) c.x_out.assign(slots, Tensor(act));
@@ -153,8 +157,8 @@ ActivationMemory Executor::activation_memory() const {
   r.recompute = recompute_;
   r.peak_bytes = peak_held_bytes_;
   for (auto& c : chunks_) {
-    r.allocated_bytes += static_cast<int64_t>(c->states.size()) * c->state_bytes;
-    r.stages.push_back({c->pipeline, c->stage, c->state_bytes, c->input_bytes});
+    r.allocated_bytes += static_cast<int64_t>(c->states.size()) * (c->state_bytes + c->deferred_bytes);
+    r.stages.push_back({c->pipeline, c->stage, c->state_bytes, c->input_bytes, c->deferred_bytes});
   }
   return r;
 }
@@ -274,10 +278,17 @@ void Executor::on_forward(const Action& a, const StepInputs& in) {
 
 void Executor::on_backward(const Action& a, const StepInputs& in) {
   Chunk& c = chunk(a.pipeline, a.stage);
-  backward(c, global_micro_batch(in, a.micro_batch), a.micro_batch, a.micro_batch == c.last_backward_mb);
+  const MicroBatch& mb = global_micro_batch(in, a.micro_batch);
+  if (a.kind == Kind::I && split_) input_gradient(c, mb, a.micro_batch);
+  else backward(c, mb, a.micro_batch, a.micro_batch == c.last_backward_mb);
 }
 
-void Executor::on_weight_gradient(const Action&, const StepInputs&) {}  // the full backward ran at I (executor.hpp)
+// Without a split (recomputation) the whole backward ran at I (executor.hpp).
+void Executor::on_weight_gradient(const Action& a, const StepInputs& in) {
+  if (!split_) return;
+  Chunk& c = chunk(a.pipeline, a.stage);
+  weight_gradient(c, global_micro_batch(in, a.micro_batch), a.micro_batch, a.micro_batch == c.last_weight_mb);
+}
 
 void Executor::on_send(const Action& a, const StepInputs&) {
   Chunk& c = chunk(a.pipeline, a.stage);
@@ -323,11 +334,28 @@ void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
   if (c.model->has_head() && poison_.poisons_loss(step_)) loss_ = std::numeric_limits<double>::quiet_NaN();
 }
 
-// Model::backward's loop, block by block, so that after the chunk's last backward each block's
-// gradients are handed to the all-reduce as soon as they are final.
-void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
+// The gradient of micro-batch m w.r.t. the chunk's output (none at the head) and where its input
+// gradient goes (nowhere at the embedding).
+const Tensor& Executor::stage_output_grad(Chunk& c, int m) {
   static const Tensor none;
+  const int k = c.slot.at(m);
+  return c.model->has_head() ? none : c.next ? c.next->dx_in[c.next->slot[m]] : c.dx_out[k];
+}
+
+Tensor& Executor::stage_input_grad(Chunk& c, int m) {
   static Tensor no_input;
+  return c.model->has_embedding() ? no_input : c.dx_in[c.slot.at(m)];
+}
+
+// After the chunk's last backward (or last W) each block's gradients go to the all-reduce as soon
+// as they are final.
+void Executor::block_gradients_final(Chunk& c, size_t block, bool last) {
+  if (last && c.grad_sync)
+    for (size_t i : c.ready_after_block[block]) c.grad_sync->ready(i);
+}
+
+// Model::backward's loop, block by block (block_gradients_final after each).
+void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
   const int k = c.slot.at(m);
   if (recompute_) {  // the state again, bit for bit (its loss was counted at F)
     hold(c.state_bytes);
@@ -335,18 +363,33 @@ void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
     c.model->forward(mb, stage_input(c, m), c.model->has_head() ? no_output : c.recompute_out, c.state(k));
   }
   ModelState& st = c.state(k);
-  const Tensor& dx_out = c.model->has_head() ? none : c.next ? c.next->dx_in[c.next->slot[m]] : c.dx_out[k];
-  Tensor& dx_in = c.model->has_embedding() ? no_input : c.dx_in[k];
   const auto& blocks = c.model->blocks();
-  const Tensor* d = &dx_out;
+  const Tensor* d = &stage_output_grad(c, m);
   for (size_t j = blocks.size(); j-- > 0;) {
-    Tensor& din = j == 0 ? dx_in : ((blocks.size() - j) % 2 ? st.grad_a : st.grad_b);
+    Tensor& din = c.model->block_input_grad(st, j, stage_input_grad(c, m));
     blocks[j]->backward(mb, *d, din, *st.blocks[j]);
     d = &din;
-    if (last && c.grad_sync)
-      for (size_t i : c.ready_after_block[j]) c.grad_sync->ready(i);
+    block_gradients_final(c, j, last);
   }
   hold(-(recompute_ ? c.state_bytes + c.input_bytes : c.state_bytes));
+}
+
+// I of a split backward: the input gradient; the state and the output gradients kept for W stay.
+void Executor::input_gradient(Chunk& c, const MicroBatch& mb, int m) {
+  c.model->backward_input(mb, stage_output_grad(c, m), stage_input_grad(c, m), c.state(c.slot.at(m)));
+  hold(c.deferred_bytes);
+}
+
+// W of a split backward, block by block as Model::backward_weight (block_gradients_final after
+// each); then the state is free.
+void Executor::weight_gradient(Chunk& c, const MicroBatch& mb, int m, bool last) {
+  ModelState& st = c.state(c.slot.at(m));
+  const auto& blocks = c.model->blocks();
+  for (size_t j = blocks.size(); j-- > 0;) {
+    blocks[j]->backward_weight(mb, *st.blocks[j]);
+    block_gradients_final(c, j, last);
+  }
+  hold(-(c.state_bytes + c.deferred_bytes));
 }
 
 void Executor::finish_gradients(double lr) {

@@ -7,10 +7,11 @@
 //   F                forward of one micro-batch through the chunk
 //   SEND_F / SEND_B  start the non-blocking send of the output / input gradient (completed at
 //                    step end, before any buffer is written again)
-//   B, I             full backward (input and weight gradients; see below)
-//   W                nothing: our layers do not split their backward, so ZB-H1's I runs the full
-//                    backward and W is a no-op. Results stay exact; only the overlap ZB-H1 would
-//                    win from deferring W is lost (the profile shows W as zero-length).
+//   B                full backward (input and weight gradients)
+//   I, W             zero-bubble's split backward (nn/block.hpp): I the input gradient (sent to
+//                    the previous stage), W the weight gradients, where the schedule puts it; the
+//                    state and the output gradients I keeps stay held until W. With recomputation
+//                    (one state shared by every micro-batch) I runs the full backward and W nothing.
 //   ALLREDUCE        wait for the chunk's gradient all-reduce among its copies (data-parallel
 //                    replicas and Chimera's twin), which the chunk's last backward started block by
 //                    block, bucketed, so it overlaps the remaining backward work on the device
@@ -73,13 +74,15 @@ struct ActionTime {
 // Activation memory of this rank's device: what forwards keep for backwards. Without recompute a
 // forward keeps its whole ModelState (every block's activations) until the micro-batch's backward;
 // with it, the stage's input only, plus one state while a backward re-runs the forward.
+// With a split backward (zero-bubble's I and W) a forward's state is held until its W, and the
+// output gradients W reads (deferred_bytes) from its I until its W.
 struct ActivationMemory {
   bool recompute = false;
   int64_t peak_bytes = 0;       // the most held at once, over the run so far
   int64_t allocated_bytes = 0;  // the states made at set-up (per micro-batch slot; one per chunk with recompute)
   struct Stage {
     int pipeline = 0, stage = 0;
-    int64_t state_bytes = 0, input_bytes = 0;
+    int64_t state_bytes = 0, input_bytes = 0, deferred_bytes = 0;
   };
   std::vector<Stage> stages;    // the chunks hosted here
 };
@@ -191,7 +194,12 @@ class Executor {
   const Tensor& stage_input(Chunk& c, int m);
   void hold(int64_t bytes);
   void forward(Chunk& c, const MicroBatch& mb, int m);
+  const Tensor& stage_output_grad(Chunk& c, int m);
+  Tensor& stage_input_grad(Chunk& c, int m);
+  void block_gradients_final(Chunk& c, size_t block, bool last);
   void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
+  void input_gradient(Chunk& c, const MicroBatch& mb, int m);
+  void weight_gradient(Chunk& c, const MicroBatch& mb, int m, bool last);
   void finish_gradients(double lr);
   // K-FAC (runtime/README.md: kfac_units, kfac_step_lists, kfac_replan, kfac_reports, kfac_checkpoint).
   struct KfacState;
@@ -215,6 +223,7 @@ class Executor {
 
   Config cfg_;
   bool recompute_ = false;  // parallel.recompute (pipelines only)
+  bool split_ = false;      // I and W apart: the device's list has W actions, without recompute
   int64_t held_bytes_ = 0, peak_held_bytes_ = 0;  // ActivationMemory, now and at the peak
   const Layout& layout_;
   const comm::Groups& groups_;

@@ -37,6 +37,7 @@ struct Executor::Chunk {
   Tensor recompute_out;                // the recomputed forward's output (x_out may still be in flight)
   int64_t state_bytes = 0;             // what one forward stores for its backward (ModelState)
   int64_t input_bytes = 0;             // the stage's input of one micro-batch (0 at the embedding)
+  int64_t deferred_bytes = 0;          // split backward: what I keeps for W (ModelState::deferred_bytes)
   ChunkKfac* kfac = nullptr;           // this chunk's K-FAC state, if any
   std::vector<Tensor> x_out, dx_in;    // [slot] output activation / input gradient (sent, or read locally)
   std::vector<Tensor> x_in, dx_out;    // [slot] receive buffers, when the neighbour stage is on another device
@@ -46,6 +47,7 @@ struct Executor::Chunk {
   std::vector<comm::Ticket> recv_f, recv_b;  // [slot]
   size_t last_backward = SIZE_MAX;     // action index of the backward that completes the gradients
   int last_backward_mb = -1;           // its micro-batch (K-FAC steps insert actions: indices move)
+  int last_weight_mb = -1;             // split backward: the micro-batch of the W that completes them
   std::vector<std::vector<size_t>> ready_after_block;  // [block] -> grad_sync buffers final after it
   std::unique_ptr<comm::BucketedAllReduce> grad_sync;
   bool synced = false;                 // grad_sync waited for in this step

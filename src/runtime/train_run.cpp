@@ -47,7 +47,8 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
                    {"allocated_bytes", m.allocated_bytes}};
   for (const auto& st : m.stages)
     j["stages"].push_back({{"pipeline", st.pipeline}, {"stage", st.stage}, {"state_bytes", st.state_bytes},
-                           {"input_bytes", st.input_bytes}});
+                           {"input_bytes", st.input_bytes},
+                           {"deferred_bytes", st.deferred_bytes}});
   const std::vector<std::string> all = comm::gather_bytes(j.dump(), 0, world);
   if (all.empty()) return "";
   nlohmann::json out{{"recompute", m.recompute}, {"ranks", nlohmann::json::array()}};

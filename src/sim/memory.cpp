@@ -22,6 +22,7 @@ StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size)
   s.err_peak = (n * (2 * h + f) + B * H * T * T) * mb;
   s.err_save = n * d_out * mb;
   s.kron = kron * mb;
+  s.deferred = s.err_save;
   return s;
 }
 
@@ -34,6 +35,7 @@ MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vect
     MemoryReport r;
     r.device = d;
     std::map<std::pair<int, int>, int> processed;  // (pipeline, stage) -> micro-batches forwarded
+    std::map<std::pair<int, int>, int> split;      // (pipeline, stage) -> split backwards (I) run
     std::vector<std::pair<double, double>> ev;     // (time, +-M_act) for the held-activation peak
     for (const TimedAction& t : tl.per_device[d]) {
       const Action& a = t.action;
@@ -41,12 +43,17 @@ MemoryReport memory_model(const Schedule& s, const Timeline& tl, const std::vect
         ++processed[{a.pipeline, a.stage}];
         ev.push_back({t.start, mem(a.stage).act});
       }
-      if (a.kind == Kind::B || a.kind == Kind::W) ev.push_back({t.end, -mem(a.stage).act});
+      if (a.kind == Kind::I) {
+        ++split[{a.pipeline, a.stage}];
+        ev.push_back({t.end, mem(a.stage).deferred});
+      }
+      if (a.kind == Kind::B) ev.push_back({t.end, -mem(a.stage).act});
+      if (a.kind == Kind::W) ev.push_back({t.end, -mem(a.stage).act - mem(a.stage).deferred});
     }
     for (auto [ps, n] : processed) {
       const StageMemory& m = mem(ps.second);
       r.params += 2 * m.param;
-      r.activations += (recompute ? 1 : n) * m.act;
+      r.activations += (recompute ? 1 : n) * m.act + (recompute ? 0 : split[ps]) * m.deferred;
       r.err_peak = std::max(r.err_peak, m.err_peak);
       r.curv += m.kron / s.pipelines;  // per stage (the paper's M_curv): Chimera's copies count once
       r.err_save += n * m.err_save;

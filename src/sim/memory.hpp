@@ -9,6 +9,8 @@
 // With activation recomputation (R, the paper's Figures 5, 9, 10) a stage keeps only its input per
 // micro-batch (not modelled: the profiles do not give it) and rebuilds one micro-batch's
 // activations before its backward: N * M_act becomes M_act per hosted stage.
+// With a split backward (zero-bubble's I and W) a micro-batch's M_act is held until its W, and
+// the output gradients W reads, M_W, from its I until its W (runtime/executor.hpp does the same).
 #include "config/config.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/sim.hpp"
@@ -23,12 +25,13 @@ struct StageMemory {
   double err_peak = 0;  // M_err^peak: peak error memory of one micro-batch
   double err_save = 0;  // M_err^save: errors kept for curvature B, one micro-batch
   double kron = 0;      // M_curv = M_inv: Kronecker factors of the stage
+  double deferred = 0;  // M_W: output gradients kept from I until W, one micro-batch (split backward)
 };
 
 struct MemoryReport {
   int device = 0;              // the worst device (largest M_pipe + M_kfac+)
   double params = 0;           // 2 * copies * M_theta (parameters and gradients)
-  double activations = 0;      // N * M_act
+  double activations = 0;      // N * M_act (+ N * M_W with a split backward)
   double err_peak = 0;
   double m_pipe = 0;
   double activations_in_flight = 0;
@@ -46,6 +49,8 @@ struct MemoryReport {
 //   M_err^peak one micro-batch's largest error buffers, n (2h + f) + B H T^2
 //   M_err^save the Linears' output errors kept for curvature B, n * sum(d_out)
 //   M_curv     the Kronecker factors, sum(d_in^2 + d_out^2)
+//   M_W        the Linears' output gradients a split backward keeps for W: every Linear's, as
+//              M_err^save, n * sum(d_out)
 StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size);
 
 // `stages` has one entry per stage or a single entry for uniform stages.

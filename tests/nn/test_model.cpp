@@ -175,6 +175,21 @@ TEST_P(ModelTest, SteadyStateStepMakesNoHeapAllocation) {
     counting = false;
     EXPECT_EQ(allocations.load(), 0) << t << " threads";
   }
+  // Nor does the split backward (I, then W), each state with its own output gradients.
+  ModelState split = m->make_state(mb.rows, mb.seq, BackwardMode::split);
+  m->forward(mb, none, none, split);
+  m->backward_input(mb, none, none, split);
+  m->backward_weight(mb, split);
+  allocations = 0;
+  counting = true;
+  for (int step = 0; step < 3; ++step) {
+    m->set_dropout_step(1, step);
+    m->forward(mb, none, none, split);
+    m->backward_input(mb, none, none, split);
+    m->backward_weight(mb, split);
+  }
+  counting = false;
+  EXPECT_EQ(allocations.load(), 0) << "split backward";
   // The counter does count: building a state allocates.
   counting = true;
   ModelState other = m->make_state(1, c.seq_len);

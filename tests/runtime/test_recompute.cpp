@@ -97,7 +97,7 @@ TEST(Recompute, BertChimeraWithDropout) {
   expect_recompute_changes_nothing("bert_chimera", "--set parallel.schedule=chimera");
 }
 // Interleaved: a stage's input is the previous chunk's output on the same device; ZB-H1: the
-// re-run comes before I (W does nothing).
+// re-run comes before I, which then runs the whole backward (W nothing), against I and W apart.
 TEST(Recompute, InterleavedAndZeroBubble) {
   expect_recompute_changes_nothing("interleaved", "--set parallel.schedule=interleaved --set parallel.virtual_stages=2");
   expect_recompute_changes_nothing("zbh1", "--set parallel.schedule=zb-h1");
@@ -165,6 +165,35 @@ TEST(Recompute, HeldActivationsFallAsTheMemoryModelSays) {
   EXPECT_NEAR(m_off.activations_in_flight * 1e6, static_cast<double>(worst_off), 1e-3);
   std::printf("memory model, worst device: %.6f MB in flight without R, %.6f MB with; runtime %.6f MB -> %.6f MB\n",
               m_off.activations_in_flight, m_on.activations_in_flight, worst_off / 1e6, worst_on / 1e6);
+}
+
+// ZB-H1 without recompute splits the backward: a forward's state is held until its W, and the
+// output gradients W reads from its I until its W. Given each stage's state and deferred bytes,
+// the memory model over the simulator's timeline of the same schedule (whose device order the
+// runtime follows) predicts every device's peak to the byte.
+TEST(SplitBackwardMemory, ZeroBubbleHoldsWhatTheMemoryModelSays) {
+  const pf_test::Launch r = launch("zbh1_memory", "--set parallel.schedule=zb-h1 --set train.steps=1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = read_json(out("zbh1_memory") / "activations.json");
+  const pf::Schedule s = pf::make_schedule("zb-h1", 2, 4);
+  const pf::Timeline tl = pf::simulate(s, pf::CostModel{});
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const nlohmann::json& rank : j["ranks"]) {
+    const int d = rank["device"].get<int>();
+    ASSERT_EQ(rank["stages"].size(), 1u);
+    const int64_t state = rank["stages"][0]["state_bytes"].get<int64_t>();
+    const int64_t deferred = rank["stages"][0]["deferred_bytes"].get<int64_t>();
+    EXPECT_GT(deferred, 0) << "device " << d;
+    EXPECT_EQ(rank["allocated_bytes"].get<int64_t>(), 4 * (state + deferred)) << "device " << d;
+    std::vector<pf::StageMemory> model(2);  // this device's stage only: the model's worst device is d
+    model[d].act = state / 1e6;
+    model[d].deferred = deferred / 1e6;
+    const pf::MemoryReport m = pf::memory_model(s, tl, model, false);
+    ASSERT_EQ(m.device, d);
+    EXPECT_NEAR(m.activations_in_flight * 1e6, static_cast<double>(rank["peak_bytes"].get<int64_t>()), 1e-3)
+        << "device " << d;
+    EXPECT_GT(rank["peak_bytes"].get<int64_t>(), tl.peak_in_flight[d] * state) << "device " << d;  // W's gradients count
+  }
 }
 
 }  // namespace
