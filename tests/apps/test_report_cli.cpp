@@ -132,7 +132,8 @@ TEST(ReportCli, AShortRunIsSmoothedFasterAndSaysSo) {
 
 // A convergence study keeps a finished run as its small record (bench/convergence/record.py):
 // restored, the record reads in `report` as the run did (losses to 8 digits, times to 0.1 ms a
-// step) and carries the final weights' language-model loss as `pipefisher eval` gives it.
+// step) and carries the final weights' language-model loss as `pipefisher eval` gives it, with
+// its micro-batches' shares.
 TEST(ReportCli, AStudyRunsRecordReadsAsTheRun) {
   const fs::path run = dir() / "study-run", restored = dir() / "study-restored", record = dir() / "study.json";
   const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
@@ -165,6 +166,13 @@ TEST(ReportCli, AStudyRunsRecordReadsAsTheRun) {
   double kept = 0;
   std::ifstream(restored / "lm_loss") >> kept;
   EXPECT_EQ(kept, lm);
+  // And each held-out micro-batch's share of it, for paired comparisons (eval --per-batch):
+  // summed in eval's order they give the loss exactly.
+  const nlohmann::json per = nlohmann::json::parse(std::ifstream(restored / "lm_shares.json"));
+  ASSERT_EQ(per["lm_shares"].size(), per["batch_positions"].size());
+  double sum = 0;
+  for (const auto& share : per["lm_shares"]) sum += share.get<double>();
+  EXPECT_EQ(sum, lm);
   std::string args;
   std::getline(std::ifstream(restored / "args") >> std::ws, args);
   EXPECT_EQ(args, "the run's arguments");
