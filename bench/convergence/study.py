@@ -10,6 +10,10 @@
         next-sentence prediction: `pipefisher eval` of each seed's saved weights over the whole
         held-out split), which shows whether NVLAMB left the plateau
 
+    study.py paired OUT NAME_A NAME_B
+        A's final language-model validation loss minus B's over the same held-out micro-batches,
+        with the paired standard error, from their records (OUT/records/NAME.json, record.py)
+
 A run's directory is OUT/runs/NAME with NAME as tune.sh's run_name: OPT-lrLR-wW[-dD]-sSEED, the
 damping named only in a K-FAC grid over several. STEP_TIMES is bench/pipefisher.sh's CSV: when it
 has this study's tokens per step, K-FAC's time is its steps times PipeFisher's best step time over
@@ -256,8 +260,20 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
     print("\n".join(lines))
 
 
+def paired(out, a, b):
+    ra, rb = (json.load(open(f"{out}/records/{n}.json")) for n in (a, b))
+    d = paired_difference(*((r.get("lm_shares"), r.get("batch_positions")) if r.get("lm_shares") else None
+                            for r in (ra, rb)))
+    if d is None:
+        sys.exit("study.py: both records need lm_shares over the same micro-batches (record.py shares)")
+    print(f"{a} minus {b}: final LM validation loss {ra['lm_loss']:.4f} - {rb['lm_loss']:.4f} = {d[0]:+.4f}, "
+          f"paired standard error {d[1]:.4f} ({abs(d[0]) / d[1]:.1f}x), over {len(ra['lm_shares'])} micro-batches")
+
+
 def main():
     cmd, a = sys.argv[1], sys.argv[2:]
+    if cmd == "paired":
+        return paired(*a)
     if cmd == "grid":
         grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
     elif cmd == "summary":
