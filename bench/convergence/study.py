@@ -107,7 +107,7 @@ class Study:
 
     def report(self, dirs, labels, target=None, svg=None):
         cmd = [self.binary, "report", *dirs, "--json", "--title",
-               f"{self.model}: NVLAMB vs K-FAC (PipeFisher), tuned, {len(self.seeds)} seeds"]
+               f"{self.model}: NVLAMB vs K-FAC (PipeFisher), tuned, {len(self.seeds)} seed{'s' if len(self.seeds) > 1 else ''}"]
         for l in labels:
             cmd += ["--label", l]
         if target is not None:
@@ -189,7 +189,8 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
         c = cross[x["seed"]]
         vstep, vtime = first_valid_crossing(x["log"], target_valid)
         vs = None if vstep is None else vstep / steps
-        rows.append({"seed": x["seed"], "ts": c and c["step"] / steps, "tt": c and c["time_s"] / nv_time,
+        ts = c and c["step"] / steps
+        rows.append({"seed": x["seed"], "ts": ts, "tt": c and (ts * ratio if ratio else c["time_s"] / nv_time),
                      "vs": vs, "vt": None if vs is None else (vs * ratio if ratio else vtime / nv_time)})
     write_seeds_csv(out, per)
     js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
@@ -236,7 +237,7 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
                      f"{stats([x['time_s'] for x in per[o]])} |")
     lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
               f"validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
-              f"Validation time: {time_note}. The language model's context-free floor (the held-out "
+              f"Time: {time_note}. The language model's context-free floor (the held-out "
               f"tokens' unigram entropy): {floor:.4f}; NVLAMB's final language-model validation loss "
               f"(whole held-out split, no next-sentence prediction; mean over seeds): {lm}.", "",
               "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
