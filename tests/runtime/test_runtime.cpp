@@ -167,6 +167,9 @@ TEST(RuntimeEquivalence, NextSentencePrediction_2x2_And_Chimera) {
 TEST(RuntimeEquivalence, ZeroBubbleH1_2x1) {
   expect_same_as_reference("zbh1_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1");
 }
+TEST(RuntimeEquivalence, ZeroBubbleH2_2x1) {
+  expect_same_as_reference("zbh2_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h2");
+}
 TEST(RuntimeEquivalence, ExplicitPartition) {
   expect_same_as_reference("partition_2x1", 2, "--set parallel.stages=2 --set parallel.partition=[3,1]");
 }
