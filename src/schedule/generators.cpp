@@ -228,8 +228,8 @@ Schedule make_zb_h1(int D, int N) {
 Schedule make_zb_h2(int D, int N) {
   check_sizes(D, N);
   if (N < D)
-    usage_error("--micro-batches", "zb-h2 needs at least --stages ({}) micro-batches, got {}: its warm-up "
-                "runs up to 2D-1 forwards ahead", D, N);
+    usage_error("--micro-batches", "zb-h2 needs at least as many micro-batches as stages ({}), got {}: its "
+                "warm-up runs up to 2D-1 forwards ahead", D, N);
   // Twice H1's warm-up: every stage is busy from its first F to its last W but for the paper's
   // (D-1-d)(T_f+T_i-2T_w), a parallelogram; step time N(T_f+T_i+T_w) + (D-1)T_f for N >= 2D-1.
   return zero_bubble("zb-h2", D, N, 2);

@@ -1,5 +1,5 @@
 #pragma once
-// A greedy list scheduler used by the generators whose order is easiest to state as a rule
+// A greedy list scheduler used by the generator whose order is easiest to state as a rule
 // (Chimera): whenever a device is free it runs, among its tasks whose predecessors are
 // done, the one with the smallest priority key; it never waits while something is ready. The
 // resulting per-device order (by start time) is the schedule; timing is recomputed later by the

@@ -304,6 +304,7 @@ TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {
   expect_bubbles_match("interleaved", 2,
                        "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2", {});
   expect_bubbles_match("zbh1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1", {});
+  expect_bubbles_match("zbh2", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h2", {});
   expect_bubbles_match("1f1b_4", 4, "--set parallel.stages=4 --set parallel.schedule=1f1b", {});
 }
 

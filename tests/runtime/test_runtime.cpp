@@ -210,6 +210,10 @@ TEST(RuntimeMisuse, InterleavedWithMicroBatchesNotAMultipleOfStages) {
   expect_one_line_error(2, "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
                         "--set parallel.micro_batches=3", "parallel.micro_batches: interleaved 1F1B needs a multiple");
 }
+TEST(RuntimeMisuse, ZeroBubbleH2WithFewerMicroBatchesThanStages) {
+  expect_one_line_error(2, "--set parallel.stages=2 --set parallel.schedule=zb-h2 --set parallel.micro_batches=1",
+                        "parallel.micro_batches: zb-h2 needs at least as many micro-batches as stages (2), got 1");
+}
 
 TEST(RuntimeMisuse, ScheduleFileWithAKindTheRuntimeDoesNotRun) {
   fs::path file = work_dir() / "kfac.txt";

@@ -113,7 +113,8 @@ TEST(PlanCli, WeightGradientTimeSplitsTheBackward) {
   EXPECT_DOUBLE_EQ(step("--schedule zb-h1 --tf 1 --tb 1 --tw 0.5"), 8 * 2.5 + 3 * 1.5);
   EXPECT_DOUBLE_EQ(step("--schedule 1f1b --tf 1 --tb 1 --tw 0.5"), step("--schedule 1f1b --tf 1 --tb 1.5"));
   EXPECT_DOUBLE_EQ(step("--schedule zb-h2 --tf 1 --tb 2"), 3 * 1 + 8 * 3.0);  // without --tw, I = W = --tb / 2
-  expect_usage("--schedule zb-h2 --stages 4 --micro-batches 3", "pipefisher: --micro-batches: zb-h2 needs at least --stages (4)");
+  expect_usage("--schedule zb-h2 --stages 4 --micro-batches 3",
+               "pipefisher: --micro-batches: zb-h2 needs at least as many micro-batches as stages (4)");
 }
 
 TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
