@@ -95,6 +95,11 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
     StageCost& c = p.cost.stages[0];
     c.forward = a.tf;
     c.backward = a.tb;
+    if (a.given("--tw")) {  // --tb is then I's time, and a backward without the split runs I + W
+      c.input_grad = a.tb;
+      c.weight_grad = a.tw;
+      c.backward = a.tb + a.tw;
+    }
     c.curvature = a.tcurv;
     c.inversion = a.tinv;
     c.precondition = a.tprec;
@@ -102,7 +107,7 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
     p.memory = {StageMemory{}};
     return {p};
   }
-  for (const char* f : {"--tf", "--tb", "--tcurv", "--tinv", "--tprec"})
+  for (const char* f : {"--tf", "--tb", "--tw", "--tcurv", "--tinv", "--tprec"})
     if (a.given(f)) usage_error(f, "durations come from --profile; give one or the other");
   if (ends_with(a.profile, ".json")) {
     if (a.given("--layers-per-stage") && !a.kfac) usage_error("--layers-per-stage", "only applies to the paper's CSV profile (the JSON profile is per stage)");
@@ -451,13 +456,15 @@ PlanValidators plan_validators() {
 
 // The schedule, its durations and the outputs.
 void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
-  app.add_option("--schedule", a.schedule, "naive, gpipe, 1f1b, interleaved, chimera or zb-h1");
+  app.add_option("--schedule", a.schedule, "naive, gpipe, 1f1b, interleaved, chimera, zb-h1 or zb-h2");
   app.add_option("--schedule-file", a.schedule_file, "Read the schedule (text, or CSV if *.csv) instead");
   app.add_option("--stages", a.stages, "Pipeline stages D (= devices)")->check(v.positive);
   app.add_option("--micro-batches", a.micro_batches, "Micro-batches N per step")->check(v.positive);
   app.add_option("--virtual-stages", a.virtual_stages, "Model chunks V per device (interleaved; default 2)")->check(v.positive);
   app.add_option("--tf", a.tf, "Forward time of one micro-batch on one stage, ms (default 1)")->check(v.nonneg);
-  app.add_option("--tb", a.tb, "Backward time, ms (default 2)")->check(v.nonneg);
+  app.add_option("--tb", a.tb, "Backward time, ms (default 2); with --tw, the input gradient's (I)")->check(v.nonneg);
+  app.add_option("--tw", a.tw, "Weight-gradient time (W), ms: zero-bubble schedules run it apart, others as B = I + W")
+      ->check(v.nonneg);
   app.add_option("--tcomm", a.tcomm, "Point-to-point time per stage-to-stage message, ms (default 0)")->check(v.nonneg);
   app.add_option("--tcurv", a.tcurv, "K-FAC curvature time per micro-batch per stage, ms")->check(v.nonneg);
   app.add_option("--tinv", a.tinv, "K-FAC inversion time per stage, ms")->check(v.nonneg);

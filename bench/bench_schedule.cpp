@@ -11,7 +11,7 @@
 
 namespace {
 
-const char* kNames[] = {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1"};
+const char* kNames[] = {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1", "zb-h2"};
 constexpr int D = 64, N = 512;
 
 pf::CostModel cost() {

@@ -195,37 +195,48 @@ Schedule make_chimera(int D, int N, double tf, double tb) {
   return s;
 }
 
-Schedule make_zb_h1(int D, int N) {
-  check_sizes(D, N);
-  Schedule s = empty("zb-h1", D, D, 1, N);
-  // List scheduler with T_f = T_i = T_w: input gradients first (critical path), then forwards,
-  // then weight gradients, which thereby fill what would be bubbles (the cool-down above all).
-  // Every stage holds at most D micro-batches between F and W, 1F1B's peak (stage 0), so the
-  // activation memory matches 1F1B. With unit times the bubble is D-1 at N = D, a third of
-  // 1F1B's 3(D-1); for N = 2D, 3D the greedy order leaves D+1 (tests/sim).
-  std::vector<ListTask> tasks;
-  auto idx = [&](int st, int m, int k) { return (st * N + m) * 3 + k; };
-  for (int st = 0; st < D; ++st)
-    for (int m = 0; m < N; ++m) {
-      ListTask f{act(Kind::F, st, m), st, 1, {}, {1, m, 0, 0}, +1};
-      ListTask i{act(Kind::I, st, m), st, 1, {}, {0, m, 0, 0}, 0};
-      ListTask w{act(Kind::W, st, m), st, 1, {}, {2, m, 0, 0}, -1};
-      if (st > 0) f.preds.push_back(idx(st - 1, m, 0));
-      i.preds.push_back(idx(st, m, 0));
-      if (st + 1 < D) i.preds.push_back(idx(st + 1, m, 1));
-      w.preds.push_back(idx(st, m, 1));
-      tasks.push_back(f);
-      tasks.push_back(i);
-      tasks.push_back(w);
+namespace {
+
+// Qi et al.'s handcrafted zero-bubble orders: step x of stage d runs F(x), I(x - k(D-1-d)) and
+// W(x - k(D-1)), each only for a micro-batch in [0, N). The warm-up lag k sets the memory: stage 0
+// holds k(D-1)+1 micro-batches from F to W (H1: k = 1, 1F1B's D; H2: k = 2, 2D-1). Example, D = 2,
+// N = 3, k = 1: stage 0 runs F0 F1 I0 W0 F2 I1 W1 I2 W2, stage 1 runs F0 I0 F1 I1 W0 F2 I2 W1 W2.
+Schedule zero_bubble(const std::string& name, int D, int N, int k) {
+  Schedule s = empty(name, D, D, 1, N);
+  const int lag_w = k * (D - 1);
+  for (int d = 0; d < D; ++d) {
+    auto& o = s.per_device[d];
+    const int lag_i = k * (D - 1 - d);
+    for (int x = 0; x < N + lag_w; ++x) {
+      if (x < N) o.push_back(act(Kind::F, d, x));
+      if (x - lag_i >= 0 && x - lag_i < N) o.push_back(act(Kind::I, d, x - lag_i));
+      if (x - lag_w >= 0) o.push_back(act(Kind::W, d, x - lag_w));
     }
-  std::vector<int> cap(D);
-  for (int d = 0; d < D; ++d) cap[d] = D;
-  s.per_device = list_schedule(tasks, D, cap);
+  }
   return s;
 }
 
+}  // namespace
+
+Schedule make_zb_h1(int D, int N) {
+  check_sizes(D, N);
+  // The I of the last stage follows its F at once; W waits D-1 steps on every stage and fills the
+  // cool-down. Step time N(T_f+T_i+T_w) + (D-1)(T_f+T_i-T_w) for T_w <= T_f (tests/sim).
+  return zero_bubble("zb-h1", D, N, 1);
+}
+
+Schedule make_zb_h2(int D, int N) {
+  check_sizes(D, N);
+  if (N < D)
+    usage_error("--micro-batches", "zb-h2 needs at least as many micro-batches as stages ({}), got {}: its "
+                "warm-up runs up to 2D-1 forwards ahead", D, N);
+  // Twice H1's warm-up: every stage is busy from its first F to its last W but for the paper's
+  // (D-1-d)(T_f+T_i-2T_w), a parallelogram; step time N(T_f+T_i+T_w) + (D-1)T_f for N >= 2D-1.
+  return zero_bubble("zb-h2", D, N, 2);
+}
+
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1"};
+  static const std::vector<std::string> names = {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1", "zb-h2"};
   return names;
 }
 
@@ -236,7 +247,8 @@ Schedule make_schedule(const std::string& name, int D, int N, int V, double tf, 
   if (name == "interleaved") return make_interleaved(D, N, V);
   if (name == "chimera") return make_chimera(D, N, tf, tb);
   if (name == "zb-h1") return make_zb_h1(D, N);
-  usage_error("--schedule", "unknown schedule '{}' (expected one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1)", name);
+  if (name == "zb-h2") return make_zb_h2(D, N);
+  usage_error("--schedule", "unknown schedule '{}' (expected one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2)", name);
 }
 
 }  // namespace pf

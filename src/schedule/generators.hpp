@@ -8,6 +8,7 @@
 //   chimera      two bidirectional pipelines (D even, N = kD: k basic units concatenated), the
 //                order chosen for the given T_f and T_b
 //   zb-h1        zero-bubble H1: split backward I + W, W fills the bubbles, 1F1B memory
+//   zb-h2        zero-bubble H2: twice the warm-up forwards (2D-1 in flight), no inner bubble (N >= D)
 #include "schedule/schedule.hpp"
 
 #include <string>
@@ -21,6 +22,7 @@ Schedule make_1f1b(int D, int N);
 Schedule make_interleaved(int D, int N, int V);
 Schedule make_chimera(int D, int N, double tf = 1, double tb = 2);
 Schedule make_zb_h1(int D, int N);
+Schedule make_zb_h2(int D, int N);
 
 // By name (schedule_names()); V is used by interleaved only, tf/tb (one micro-batch's forward
 // and backward on one stage) by chimera only, whose order is chosen for them.

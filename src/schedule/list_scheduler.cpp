@@ -7,11 +7,9 @@
 
 namespace pf {
 
-std::vector<std::vector<Action>> list_schedule(const std::vector<ListTask>& tasks, int devices,
-                                               const std::vector<int>& cap_in) {
+std::vector<std::vector<Action>> list_schedule(const std::vector<ListTask>& tasks, int devices) {
   const int n = static_cast<int>(tasks.size());
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<int> cap = cap_in.empty() ? std::vector<int>(devices, INT_MAX) : cap_in;
   std::vector<std::vector<int>> succ(n);
   std::vector<int> missing(n);
   for (int t = 0; t < n; ++t) {
@@ -23,18 +21,12 @@ std::vector<std::vector<Action>> list_schedule(const std::vector<ListTask>& task
   for (int t = 0; t < n; ++t)
     if (missing[t] == 0) ready[tasks[t].device].push_back(t);
   std::vector<double> free(devices, 0);
-  std::vector<int> in_flight(devices, 0);
   std::vector<std::vector<Action>> order(devices);
 
-  auto eligible = [&](int t) {
-    const ListTask& k = tasks[t];
-    return k.in_flight_delta <= 0 || in_flight[k.device] + k.in_flight_delta <= cap[k.device];
-  };
   // Earliest time device d can start something: cached, recomputed when d's state changes.
   auto earliest = [&](int d) {
     double r = inf;
-    for (int t : ready[d])
-      if (eligible(t)) r = std::min(r, ready_time[t]);
+    for (int t : ready[d]) r = std::min(r, ready_time[t]);
     return r == inf ? inf : std::max(r, free[d]);
   };
   std::vector<double> est(devices);
@@ -46,12 +38,11 @@ std::vector<std::vector<Action>> list_schedule(const std::vector<ListTask>& task
     const double t0 = est[d];
     int best = -1;
     for (int t : ready[d])
-      if (eligible(t) && ready_time[t] <= t0 && (best < 0 || tasks[t].priority < tasks[best].priority))
+      if (ready_time[t] <= t0 && (best < 0 || tasks[t].priority < tasks[best].priority))
         best = t;
     ready[d].erase(std::find(ready[d].begin(), ready[d].end(), best));
     end[best] = t0 + tasks[best].duration;
     free[d] = end[best];
-    in_flight[d] += tasks[best].in_flight_delta;
     order[d].push_back(tasks[best].action);
     for (int s : succ[best]) {
       ready_time[s] = std::max(ready_time[s], end[best]);

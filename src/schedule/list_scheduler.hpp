@@ -1,13 +1,12 @@
 #pragma once
-// A greedy list scheduler used by the generators whose order is easiest to state as a rule
-// (Chimera, ZB-H1): whenever a device is free it runs, among its tasks whose predecessors are
+// A greedy list scheduler used by the generator whose order is easiest to state as a rule
+// (Chimera): whenever a device is free it runs, among its tasks whose predecessors are
 // done, the one with the smallest priority key; it never waits while something is ready. The
 // resulting per-device order (by start time) is the schedule; timing is recomputed later by the
 // simulator with real durations.
 #include "schedule/action.hpp"
 
 #include <array>
-#include <climits>
 #include <vector>
 
 namespace pf {
@@ -18,12 +17,9 @@ struct ListTask {
   double duration = 1;
   std::vector<int> preds;            // indices of tasks that must finish first
   std::array<int, 4> priority{};     // smaller runs first, compared lexicographically
-  int in_flight_delta = 0;           // +1 opens, -1 closes a micro-batch on its device
 };
 
-// `cap[d]` bounds the running sum of in_flight_delta on device d: a task with a positive delta
-// waits while the device is at its cap (1F1B-style memory bound). Returns per-device orders.
-std::vector<std::vector<Action>> list_schedule(const std::vector<ListTask>& tasks, int devices,
-                                               const std::vector<int>& cap = {});
+// Returns per-device orders.
+std::vector<std::vector<Action>> list_schedule(const std::vector<ListTask>& tasks, int devices);
 
 }  // namespace pf

@@ -304,6 +304,7 @@ TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {
   expect_bubbles_match("interleaved", 2,
                        "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2", {});
   expect_bubbles_match("zbh1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1", {});
+  expect_bubbles_match("zbh2", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h2", {});
   expect_bubbles_match("1f1b_4", 4, "--set parallel.stages=4 --set parallel.schedule=1f1b", {});
 }
 
@@ -389,17 +390,18 @@ TEST(PipeFisherRuntime, InlineAndSkipEqualTrainer) {
   }
 }
 
-// ZB-H1 runs I and W apart (B's curvature taken at I, A's at F): with K-FAC inline and skipped
-// it still ends at the trainer's weights (the bubbles case: BubblesEqualSingleProcessWithSamePattern).
+// ZB-H1 and ZB-H2 run I and W apart (B's curvature taken at I, A's at F): with K-FAC inline and
+// skipped they still end at the trainer's weights (bubbles: BubblesEqualSingleProcessWithSamePattern).
 TEST(PipeFisherRuntime, ZeroBubbleInlineAndSkipEqualTrainer) {
-  for (const std::string placement : {"inline", "skip"}) {
-    const std::string name = "zbh1_" + placement;
-    Launched r = launch(2, name, "--set parallel.stages=2 --set parallel.schedule=zb-h1 --set kfac.placement=" +
-                                     placement + " --set kfac.inverse_every=2");
-    ASSERT_EQ(r.status, 0) << r.out;
-    expect_close(saved_weights(dir() / (name + ".safetensors")),
-                 trainer_weights(load_config({"kfac.placement=" + placement, "kfac.inverse_every=2"})), name);
-  }
+  for (const std::string placement : {"inline", "skip"})
+    for (const std::string h : {"h1", "h2"}) {
+      const std::string name = "zb" + h + "_" + placement;
+      Launched r = launch(2, name, "--set parallel.stages=2 --set parallel.schedule=zb-" + h +
+                                       " --set kfac.placement=" + placement + " --set kfac.inverse_every=2");
+      ASSERT_EQ(r.status, 0) << r.out;
+      expect_close(saved_weights(dir() / (name + ".safetensors")),
+                   trainer_weights(load_config({"kfac.placement=" + placement, "kfac.inverse_every=2"})), name);
+    }
 }
 
 // K-FAC must matter: the same 1F1B run with K-FAC off ends elsewhere (by far more than 1e-5).

@@ -167,6 +167,9 @@ TEST(RuntimeEquivalence, NextSentencePrediction_2x2_And_Chimera) {
 TEST(RuntimeEquivalence, ZeroBubbleH1_2x1) {
   expect_same_as_reference("zbh1_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1");
 }
+TEST(RuntimeEquivalence, ZeroBubbleH2_2x1) {
+  expect_same_as_reference("zbh2_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h2");
+}
 TEST(RuntimeEquivalence, ExplicitPartition) {
   expect_same_as_reference("partition_2x1", 2, "--set parallel.stages=2 --set parallel.partition=[3,1]");
 }
@@ -206,6 +209,10 @@ TEST(RuntimeMisuse, ChimeraWithOddStages) {
 TEST(RuntimeMisuse, InterleavedWithMicroBatchesNotAMultipleOfStages) {
   expect_one_line_error(2, "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
                         "--set parallel.micro_batches=3", "parallel.micro_batches: interleaved 1F1B needs a multiple");
+}
+TEST(RuntimeMisuse, ZeroBubbleH2WithFewerMicroBatchesThanStages) {
+  expect_one_line_error(2, "--set parallel.stages=2 --set parallel.schedule=zb-h2 --set parallel.micro_batches=1",
+                        "parallel.micro_batches: zb-h2 needs at least as many micro-batches as stages (2), got 1");
 }
 
 TEST(RuntimeMisuse, ScheduleFileWithAKindTheRuntimeDoesNotRun) {

@@ -15,6 +15,7 @@ namespace {
 bool defined(const std::string& name, int D, int N) {
   if (name == "chimera") return D % 2 == 0 && N % D == 0;
   if (name == "interleaved") return N % D == 0;
+  if (name == "zb-h2") return N >= D;
   return true;
 }
 
@@ -32,7 +33,7 @@ TEST(Generators, EveryScheduleValidOrRefusedForSmallSizes) {
         EXPECT_EQ(s.micro_batches, N);
         EXPECT_NO_THROW(validate(s));
         // Each device does the same amount of work: 2 or 3 actions per (hosted stage, micro-batch).
-        const size_t per = name == "zb-h1" ? 3 : 2;
+        const size_t per = name.starts_with("zb-") ? 3 : 2;
         const size_t hosted = name == "interleaved" ? 2 : 1;
         for (int d = 0; d < D; ++d) EXPECT_EQ(s.per_device[d].size(), per * hosted * N);
       }
@@ -55,6 +56,13 @@ TEST(Generators, RefusalsExplainTheConstraint) {
     FAIL();
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of --stages (4)"), std::string::npos) << e.what();
+  }
+  try {
+    make_zb_h2(4, 3);
+    FAIL();
+  } catch (const UsageError& e) {
+    const std::string why = "--micro-batches: zb-h2 needs at least as many micro-batches as stages (4), got 3";
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
   }
   EXPECT_THROW(make_schedule("pipedream", 4, 4), UsageError);
   EXPECT_THROW(make_1f1b(0, 4), UsageError);
@@ -230,7 +238,7 @@ TEST(Validator, MicroBatchInTwoPipelinesIsRefused) {
 }
 
 TEST(Lowering, AddsMatchingSendsAndReceives) {
-  for (const std::string name : {"1f1b", "chimera", "interleaved", "zb-h1"}) {
+  for (const std::string name : {"1f1b", "chimera", "interleaved", "zb-h1", "zb-h2"}) {
     Schedule s = make_schedule(name, 4, 8, 2);
     Schedule l = lower_communication(s, {true, true});
     EXPECT_NO_THROW(validate(l)) << name;

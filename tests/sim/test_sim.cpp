@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -111,7 +114,7 @@ TEST(ClosedForm, InterleavedShrinksTheBubbleByV) {
 
 TEST(ZeroBubble, H1BubbleIsAThirdOfOneFOneBAtNEqualsD) {
   // T_f = T_i = T_w = 1 (T_b = 2): 1F1B's bubble is 3(D-1), ZB-H1's exactly D-1 at N = D (the
-  // published "a third of 1F1B"); for N = 2D, 3D the greedy order leaves between D-1 and D+2.
+  // published "a third of 1F1B"), and for N = 2D, 3D too (ClosedForm.ZeroBubbleH1).
   // Both hold at most D micro-batches in flight.
   for (int D = 2; D <= 8; ++D)
     for (int N : {D, 2 * D, 3 * D}) {
@@ -128,6 +131,59 @@ TEST(ZeroBubble, H1BubbleIsAThirdOfOneFOneBAtNEqualsD) {
       EXPECT_EQ(z.peak_in_flight[0], o.peak_in_flight[0]);
     }
   EXPECT_DOUBLE_EQ(simulate(make_zb_h1(1, 3), uniform(1, 2)).step_time, 9);
+}
+
+// T_f, T_i (the input gradient) and T_w per micro-batch and stage; W != I in most triples.
+CostModel split(double tf, double ti, double tw) {
+  CostModel c = uniform(tf, ti + tw);
+  c.stages[0].input_grad = ti;
+  c.stages[0].weight_grad = tw;
+  return c;
+}
+const std::vector<std::array<double, 3>> split_times = {{1, 1, 1},    {1, 2, 1},   {2, 1, 1}, {1, 1, 0.5},
+                                                        {1.5, 1, 0.75}, {1, 1.5, 1}, {3, 2, 1}, {2, 2, 1}};
+
+TEST(ClosedForm, ZeroBubbleH1) {
+  // Qi et al.: bubble (D-1)(T_f+T_i-T_w) over N(T_f+T_i+T_w) of work, for T_w <= T_f (a longer W
+  // no longer hides in the cool-down).
+  for (int D = 1; D <= 8; ++D)
+    for (int N : {D, 2 * D, 3 * D + 1})
+      for (auto [f, i, w] : split_times) {
+        const Timeline tl = simulate(make_zb_h1(D, N), split(f, i, w));
+        EXPECT_DOUBLE_EQ(tl.step_time, N * (f + i + w) + (D - 1) * (f + i - w))
+            << "D=" << D << " N=" << N << " times " << f << "," << i << "," << w;
+      }
+}
+
+TEST(ClosedForm, ZeroBubbleH2) {
+  // Qi et al.'s parallelogram: device d idles (D-1-d)(T_f+T_i-2T_w) between its first F and its
+  // last W (the paper's bubble, at d = 0, while 2T_w <= T_f+T_i); one step is the last stage's
+  // (D-1)T_f start plus its N(T_f+T_i+T_w) without a gap, once N >= 2D-1 reaches a steady state.
+  auto times = split_times;
+  times.insert(times.end(), {{1, 1, 2}, {1, 2, 2}});
+  for (int D = 1; D <= 8; ++D)
+    for (int N : {2 * D - 1, 2 * D, 3 * D + 1})
+      for (auto [f, i, w] : times) {
+        SCOPED_TRACE(fmt::format("D={} N={} times {},{},{}", D, N, f, i, w));
+        const Timeline tl = simulate(make_zb_h2(D, N), split(f, i, w));
+        EXPECT_DOUBLE_EQ(tl.step_time, (D - 1) * f + N * (f + i + w));
+        double last = 0;
+        for (const TimedAction& t : tl.per_device[0]) last = std::max(last, t.end);
+        if (2 * w <= f + i) EXPECT_NEAR(last - N * (f + i + w), (D - 1) * (f + i - 2 * w), 1e-9);
+        for (int d = 0; d < D; ++d) EXPECT_EQ(tl.peak_in_flight[d], std::min(2 * D - 1, N));
+      }
+}
+
+TEST(ZeroBubble, H2BeatsH1WithTwiceTheMemory) {
+  // One step of H2 is (D-1)(T_i - T_w) shorter than H1's (equal at T_i = T_w: then H2's gain is
+  // the parallelogram's, which only a next step overlapping this one's tail would collect).
+  for (int D = 2; D <= 8; ++D) {
+    const Timeline h1 = simulate(make_zb_h1(D, 3 * D), split(1, 1.5, 1));
+    const Timeline h2 = simulate(make_zb_h2(D, 3 * D), split(1, 1.5, 1));
+    EXPECT_DOUBLE_EQ(h1.step_time - h2.step_time, (D - 1) * 0.5) << "D=" << D;
+    EXPECT_EQ(h1.peak_in_flight[0], D);
+    EXPECT_EQ(h2.peak_in_flight[0], 2 * D - 1);
+  }
 }
 
 TEST(InFlight, OneFOneBHoldsDMinusStageGPipeHoldsN) {
@@ -154,7 +210,7 @@ TEST(Communication, PointToPointLatencyOnEveryCrossing) {
 }
 
 TEST(Communication, LoweredScheduleTimesLikeTheComputeOnlyOne) {
-  for (const std::string name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1"}) {
+  for (const std::string name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1", "zb-h2"}) {
     CostModel c = uniform(1.0, 2.0);
     c.p2p_latency = 0.3;
     Schedule s = make_schedule(name, 4, 8, 2);
@@ -188,7 +244,7 @@ TEST(Communication, CollectiveStartsTogetherAndCostsAlphaPlusBetaBytes) {
 }
 
 TEST(Timeline, GapsSumToTheBubbleAndStartsFollowDependencies) {
-  for (const std::string name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1"}) {
+  for (const std::string name : {"gpipe", "1f1b", "chimera", "interleaved", "zb-h1", "zb-h2"}) {
     Schedule s = make_schedule(name, 4, 8, 2);
     Timeline tl = simulate(s, uniform(1.0, 2.0));
     for (int d = 0; d < 4; ++d) {

@@ -101,6 +101,22 @@ TEST(PlanCli, RecomputeAddsAForwardAndKeepsOneMicroBatch) {
   EXPECT_LT(b["memory"]["m_pipe"].get<double>(), a["memory"]["m_pipe"].get<double>());
 }
 
+// --tw splits the backward: --tb is then I's time; zero-bubble schedules run W apart (ZB-H2's
+// (D-1)T_f + N(T_f+T_i+T_w)), the others run B = I + W as if --tb were their sum.
+TEST(PlanCli, WeightGradientTimeSplitsTheBackward) {
+  auto step = [](const std::string& args) {
+    PlanRun r = plan(args + " --stages 4 --micro-batches 8 --json");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status == 0 ? nlohmann::json::parse(r.out)["step_time"].get<double>() : -1.0;
+  };
+  EXPECT_DOUBLE_EQ(step("--schedule zb-h2 --tf 1 --tb 1 --tw 0.5"), 3 * 1 + 8 * 2.5);
+  EXPECT_DOUBLE_EQ(step("--schedule zb-h1 --tf 1 --tb 1 --tw 0.5"), 8 * 2.5 + 3 * 1.5);
+  EXPECT_DOUBLE_EQ(step("--schedule 1f1b --tf 1 --tb 1 --tw 0.5"), step("--schedule 1f1b --tf 1 --tb 1.5"));
+  EXPECT_DOUBLE_EQ(step("--schedule zb-h2 --tf 1 --tb 2"), 3 * 1 + 8 * 3.0);  // without --tw, I = W = --tb / 2
+  expect_usage("--schedule zb-h2 --stages 4 --micro-batches 3",
+               "pipefisher: --micro-batches: zb-h2 needs at least as many micro-batches as stages (4)");
+}
+
 TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
   const std::string csv = tmp("sched.csv"), svg = tmp("t.svg"), trace = tmp("t.json");
   PlanRun a = plan("--schedule zb-h1 --stages 4 --micro-batches 8 --json --csv " + csv + " --svg " + svg + " --trace " + trace);
