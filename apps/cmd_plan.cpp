@@ -129,7 +129,15 @@ std::vector<Profile> load_profiles(const PlanArgs& a) {
   if (out.empty()) usage_error("--micro-batch-size", "no row with bs={} in '{}' (has {})", a.micro_batch_size, a.profile, have);
   if (out.size() > 1 && !a.sweep)
     usage_error("--micro-batch-size", "'{}' has rows for bs {}: pick one", a.profile, have);
-  for (Profile& p : out) p.cost.p2p_latency = a.tcomm;
+  // The CSV gives the backward whole: zero-bubble schedules split it by --model's flops.
+  const ModelConfig m = model_preset(a.model);
+  const double w_share = weight_grad_share(m.hidden, m.ffn, kPaperProfileSeqLen);
+  for (Profile& p : out) {
+    p.cost.p2p_latency = a.tcomm;
+    StageCost& c = p.cost.stages[0];
+    c.weight_grad = w_share * c.backward;
+    c.input_grad = c.backward - c.weight_grad;
+  }
   for (const Profile& p : out) check_profile(p, "--profile");  // scaled by --layers-per-stage
   return out;
 }

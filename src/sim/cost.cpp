@@ -25,6 +25,11 @@ double CostModel::duration(const Action& a) const {
   return 0;
 }
 
+double weight_grad_share(int hidden, int ffn, int seq_len) {
+  const double h = hidden, linears = 4 * h * h + 2 * h * ffn, attention = 4.0 * seq_len * h;
+  return linears / (2 * linears + attention);
+}
+
 void add_recomputation(CostModel& cost) {
   for (StageCost& c : cost.stages) {
     const double i = c.input_grad >= 0 ? c.input_grad : c.backward / 2;  // the split before the sum

@@ -37,6 +37,13 @@ struct CostModel {
   double backward_forward_ratio() const;
 };
 
+// The share of a transformer block's backward that is its weight gradient (W), by multiply-adds
+// per token: the Linears' weight gradients (L = 4 h^2 + 2 h f) over the whole backward, whose
+// input gradient is L plus attention's score and value products (4 s h: two products of s h
+// each, both of their inputs' gradients). Splits a backward measured whole (the paper's CSV
+// profiles give only T_b) into I and W.
+double weight_grad_share(int hidden, int ffn, int seq_len);
+
 // Activation recomputation (R, parallel.recompute): every backward (ZB-H1: its I, which runs
 // first) repeats the stage's forward. For costs measured without R.
 void add_recomputation(CostModel& cost);

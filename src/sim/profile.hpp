@@ -53,6 +53,9 @@
 
 namespace pf {
 
+// The paper's CSV profiles are one block at this sequence length (data/profiles/README.md).
+constexpr int kPaperProfileSeqLen = 128;
+
 struct ProfileRow {
   int bs = 0;
   double time_f = 0, time_b = 0, time_kron = 0, time_inv = 0, time_prec = 0;

@@ -117,6 +117,23 @@ TEST(PlanCli, WeightGradientTimeSplitsTheBackward) {
                "pipefisher: --micro-batches: zb-h2 needs at least as many micro-batches as stages (4)");
 }
 
+// The paper's CSV has the backward whole; zero-bubble schedules take W as its share by flops:
+// BERT-Large's block (h 1024, ffn 4096, 128 tokens) has 12 h^2 weight-gradient multiply-adds per
+// token against 24 h^2 + 4 * 128 h for the whole backward, 12 / 24.5.
+TEST(PlanCli, PaperProfileSplitsTheBackwardByFlops) {
+  const std::string csv = tmp("one_row.csv");
+  std::ofstream(csv) << "bs,time_f,time_b,time_kron,time_inv,time_prec,mem_param,mem_act,mem_peak_err,mem_save_err,mem_kron\n"
+                        "8,2,4,1,10,1,50,10,60,5,100\n";
+  PlanRun r = plan("--schedule zb-h1 --stages 4 --micro-batches 8 --model bert-large --json --profile " + csv);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const double tf = 2, tw = 4 * 12 / 24.5, ti = 4 - tw;
+  // ZB-H1's closed form (T_W <= T_F): N (T_F + T_I + T_W) + (D - 1)(T_F + T_I - T_W).
+  EXPECT_NEAR(nlohmann::json::parse(r.out)["step_time"].get<double>(), 8 * (tf + ti + tw) + 3 * (tf + ti - tw), 1e-9);
+  PlanRun one = plan("--schedule 1f1b --stages 4 --micro-batches 8 --model bert-large --json --profile " + csv);
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(one.out)["step_time"].get<double>(), (8 + 3) * (tf + 4));
+}
+
 TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
   const std::string csv = tmp("sched.csv"), svg = tmp("t.svg"), trace = tmp("t.json");
   PlanRun a = plan("--schedule zb-h1 --stages 4 --micro-batches 8 --json --csv " + csv + " --svg " + svg + " --trace " + trace);
