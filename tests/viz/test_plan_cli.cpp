@@ -9,9 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <string>
 #include <sys/wait.h>
 
 #include "plan_cli.hpp"
+#include "schedule/action.hpp"
+#include "viz/style.hpp"
 
 namespace {
 
@@ -132,6 +137,38 @@ TEST(PlanCli, PaperProfileSplitsTheBackwardByFlops) {
   PlanRun one = plan("--schedule 1f1b --stages 4 --micro-batches 8 --model bert-large --json --profile " + csv);
   ASSERT_EQ(one.status, 0) << one.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(one.out)["step_time"].get<double>(), (8 + 3) * (tf + 4));
+}
+
+// Zero-bubble schedules draw W (the weight gradient) in its own colour: in the SVG every W box
+// has W's fill, no I or B box has it, and the legend has one entry for it; in the trace each W
+// event is in W's own category (the trace carries no colours: the viewer colours by name).
+TEST(PlanCli, ZeroBubbleDrawsWeightGradientsInTheirOwnColour) {
+  const std::string svg = tmp("zb_w.svg"), trace = tmp("zb_w.json");
+  PlanRun r = plan("--schedule zb-h1 --stages 4 --micro-batches 8 --tw 1 --svg " + svg + " --trace " + trace);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string w = std::string(pf::kind_style(pf::Kind::W).color);
+  // Each box: <rect ... fill="#rrggbb" ...><title>TOKEN [start, end]</title>.
+  std::map<pf::Kind, std::set<std::string>> fills;
+  const std::string text = slurp(svg);
+  for (size_t at = text.find("<title>"); at != std::string::npos; at = text.find("<title>", at + 1)) {
+    const size_t rect = text.rfind("<rect", at), fill = text.find("fill=\"", rect) + 6;
+    const std::string token = text.substr(at + 7, text.find(' ', at) - at - 7);
+    fills[pf::parse_token(token, svg).kind].insert(text.substr(fill, text.find('"', fill) - fill));
+  }
+  EXPECT_EQ(fills[pf::Kind::W], std::set<std::string>{w});
+  ASSERT_FALSE(fills[pf::Kind::I].empty());
+  EXPECT_FALSE(fills[pf::Kind::I].count(w));
+  EXPECT_FALSE(fills[pf::Kind::F].count(w));
+  EXPECT_EQ(fills.count(pf::Kind::B), 0u);  // the backward is split: I and W only
+  EXPECT_NE(text.find("width=\"14\" height=\"14\" fill=\"" + w + "\"/><text"), std::string::npos);
+  EXPECT_NE(text.find(">backward (weight grad)<"), std::string::npos);
+  std::map<pf::Kind, std::set<std::string>> categories;
+  const nlohmann::json events = nlohmann::json::parse(slurp(trace))["traceEvents"];
+  for (const auto& e : events)
+    if (e["ph"] == "X" && e.contains("args") && e["args"].contains("action"))
+      categories[pf::parse_token(e["args"]["action"].get<std::string>(), trace).kind].insert(e["cat"].get<std::string>());
+  EXPECT_EQ(categories[pf::Kind::W], std::set<std::string>{"backward (weight grad)"});
+  EXPECT_EQ(categories[pf::Kind::I], std::set<std::string>{"backward (input grad)"});
 }
 
 TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
