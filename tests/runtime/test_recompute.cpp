@@ -110,7 +110,7 @@ TEST(Recompute, KfacInlineOneF1BAndChimera) {
 }
 // K-FAC in the bubbles: CURV_A waits for the backward's re-run, so the plan may refresh A a step
 // later than without recompute (another refresh pattern, other weights). Those runs are checked
-// against single-process K-FAC following their own record (test_pipefisher.cpp,
+// against single-process K-FAC following their own record (test_pipefisher_bubbles.cpp,
 // BubblesWithRecomputeEqualSingleProcessWithSamePattern).
 
 // The bytes held at the peak, per device: without recompute the micro-batches in flight (the

@@ -1,0 +1,109 @@
+// PipeFisher in the bubbles equals single-process K-FAC following the run's refresh record
+// (pipefisher_fixture.hpp: reference_following), for each schedule, with replicas, with
+// recomputation and with BERT's NSP head.
+#include "pipefisher_fixture.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace pf_test::pipefisher;
+
+TEST(PipeFisherRuntime, BubblesEqualSingleProcessWithSamePattern) {
+  expect_bubbles_match("gpipe", 2, "--set parallel.stages=2 --set parallel.schedule=gpipe", {});
+  expect_bubbles_match("1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b", {});
+  expect_bubbles_match("interleaved", 2,
+                       "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2", {});
+  expect_bubbles_match("zbh1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1", {});
+  expect_bubbles_match("zbh2", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h2", {});
+  expect_bubbles_match("1f1b_4", 4, "--set parallel.stages=4 --set parallel.schedule=1f1b", {});
+}
+
+// Data + inversion parallelism: 2 stages x 2 replicas, curvature summed and inverses broadcast
+// at SYNC_CURV, the refreshed inverses in use one cycle later on every replica; with a free
+// broadcast the replicas split each stage's precondition by layer and all-gather the results.
+TEST(PipeFisherRuntime, BubblesWithTwoReplicasEqualSingleProcessWithSamePattern) {
+  expect_bubbles_match("1f1b_2x2", 4,
+                       "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
+                       "--set parallel.micro_batches=2",
+                       {"parallel.data_parallel=2", "parallel.micro_batches=2"}, "--test-bcast-model 0,0");
+}
+
+// SPD-KFAC's Algorithm 1 over the replicas with a broadcast model fixed by the test hook: with
+// ffn = 128, a 32-wide factor inverts in ~0.007 ms, a 128-wide one in ~0.15 ms (measured here,
+// 1 thread); a broadcast of a flat 0.03 ms makes the 32-wide pieces NCT (every replica inverts
+// them) and the 128-wide ones CT (the owner inverts and broadcasts them): both kinds in one run,
+// and the replicas still end with single-process K-FAC's weights.
+TEST(PipeFisherRuntime, BubblesWithTwoReplicasBroadcastAndLocalInversionsEqualSingleProcess) {
+  Launched r = launch(4, "1f1b_2x2_place",
+                      "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.data_parallel=2 "
+                      "--set parallel.micro_batches=2 --set model.ffn=128 --set kfac.placement=bubbles "
+                      "--profile-dir " + (dir() / "1f1b_2x2_place_profile").string() + " --profile-steps 8",
+                      "--test-bcast-model 0.03,0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // The plan's placement line: some pieces broadcast, some inverted on every replica.
+  const auto at = r.out.find("inversion pieces:");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  int ct = -1, nct = -1;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "inversion pieces: %d broadcast, %d", &ct, &nct), 2) << r.out;
+  EXPECT_GT(ct, 0) << r.out;
+  EXPECT_GT(nct, 0) << r.out;
+  // Its profile.json carries W and the broadcast model, so `plan --profile` alone places pieces
+  // of both kinds too (Algorithm 1 on the same inversion times and model; the counts may differ
+  // by a split: the file's durations are stage means, the runtime's plan used each action's).
+  const fs::path prof = dir() / "1f1b_2x2_place_profile" / "profile.json";
+  const nlohmann::json pj = read_json(prof);
+  EXPECT_EQ(pj["run"]["replicas"], 2);
+  EXPECT_NEAR(pj["broadcast"]["alpha"].get<double>(), 0.03, 1e-12);
+  Launched p = pf_test::run(std::string(PF_BINARY) + " plan --json --profile " + prof.string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  const nlohmann::json pl = nlohmann::json::parse(p.out.substr(p.out.find('{')));
+  EXPECT_EQ(pl["data_parallel"], 2);
+  EXPECT_NEAR(pl["kfac"]["bcast_alpha"].get<double>(), 0.03, 1e-12);
+  int planned_ct = 0, planned_nct = 0;
+  for (const auto& sp : pl["kfac"]["placement"]) {
+    planned_ct += sp["communicated"].get<int>();
+    planned_nct += sp["non_communicated"].get<int>();
+  }
+  EXPECT_GT(planned_ct, 0) << p.out;
+  EXPECT_GT(planned_nct, 0) << p.out;
+  std::ifstream f(dir() / "1f1b_2x2_place" / "kfac_refresh.json");
+  const nlohmann::json rec = nlohmann::json::parse(f);
+  pf::Config cfg = load_config({"parallel.data_parallel=2", "parallel.micro_batches=2", "model.ffn=128"});
+  cfg.kfac.placement = pf::Placement::Inline;
+  expect_close(saved_weights(dir() / "1f1b_2x2_place.safetensors"), reference_following(cfg, rec), "1f1b_2x2_place");
+}
+
+// Activation recomputation (parallel.recompute): the planner makes CURV_A wait for the backward
+// that re-runs the forward (the A taps see only that run), so the refresh pattern may differ from
+// the run without it; the weights equal single-process K-FAC following the run's own record.
+TEST(PipeFisherRuntime, BubblesWithRecomputeEqualSingleProcessWithSamePattern) {
+  expect_bubbles_match("1f1b_recompute", 2,
+                       "--set parallel.stages=2 --set parallel.schedule=1f1b --set parallel.recompute=true", {});
+  expect_bubbles_match("chimera_recompute", 2,
+                       "--set parallel.stages=2 --set parallel.schedule=chimera --set train.steps=16 "
+                       "--set parallel.recompute=true",
+                       {"train.steps=16"}, "--test-kfac-cost-scale 0.0001");
+}
+
+// BERT's full pretraining loss: K-FAC preconditions the pooler and the NSP classifier too (their
+// B factor with the NSP loss's own scale, 1/sequences), on the last stage, inline and in the bubbles.
+TEST(PipeFisherRuntime, NextSentencePredictionHeadIsPreconditionedOnTheLastStage) {
+  Launched r = launch(2, "nsp_inline", "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=inline "
+                                       "--set data.nsp=true");
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_close(saved_weights(dir() / "nsp_inline.safetensors"),
+               trainer_weights(load_config({"kfac.placement=inline", "data.nsp=true"})), "nsp_inline");
+  expect_bubbles_match("nsp_bubbles", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b --set data.nsp=true",
+                       {"data.nsp=true"});
+  const nlohmann::json rec = read_json(dir() / "nsp_bubbles" / "kfac_refresh.json");
+  std::set<std::string> layers;
+  for (const auto& e : rec["events"]) layers.insert(e["layer"].get<std::string>());
+  EXPECT_TRUE(layers.count("bert.pooler.dense.weight")) << rec.dump(1);
+  EXPECT_TRUE(layers.count("cls.seq_relationship.weight")) << rec.dump(1);
+}
