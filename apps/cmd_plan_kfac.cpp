@@ -168,13 +168,18 @@ json splits_json(const KfacPlan& p) {
 
 json kfac_json(const PlanArgs& a, const KfacPlan& p, const PlanInput& in, const KfacModel& m, const Timeline& tl) {
   const json lb = lower_bounds_json(p, in.schedule.devices);
-  return {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
+  json k = {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
           {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
           {"period", p.period()}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
           {"model", m.name}, {"layers_per_stage", m.blocks}, {"splits", splits_json(p)}, {"per_device", per_device_json(p, lb)},
           {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement_json(p)},
           {"plain_step_time", p.plain_step_time}, {"precondition_share", p.precondition_share()},
           {"precondition_line", p.precondition_line()}, {"timeline_text", timeline_text(tl)}};
+  const WeightGradientMoves& w = p.weight_gradients;
+  if (w.total > 0)  // a split backward (zero-bubble)
+    k["weight_gradients"] = {{"total", w.total}, {"moved", w.moved}, {"step_before", w.step_before},
+                             {"step_after", w.step_after}, {"line", w.line()}};
+  return k;
 }
 
 }  // namespace
@@ -239,6 +244,7 @@ void print_kfac(const nlohmann::json& k) {
     fmt::print("{} inversions split into diagonal blocks (block-diagonal factor: larger than every bubble, or "
                "shortening the refresh period)\n",
                k["splits"].size());
+  if (k.contains("weight_gradients")) fmt::print("{}\n", k["weight_gradients"]["line"].get<std::string>());
   print_placements(k["placement"]);
   fmt::print("{}\n\n{}", k["precondition_line"].get<std::string>(), k["timeline_text"].get<std::string>());
 }

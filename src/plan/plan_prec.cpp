@@ -123,20 +123,15 @@ void split_precondition(PlanState& state) {
     for (int s = 0; s < sch.stages; ++s) state.plan.prec_splits.push_back(place_layers(state.in, p, s));
 }
 
-// PREC(p,s) for each hosted stage (insert_preconditions, as PlanInput::precondition says). Then
-// the step with PREC is the base every K-FAC unit is placed around; its largest gaps decide
-// splits and inline work.
+// PREC(p,s) for each hosted stage (insert_preconditions, as PlanInput::precondition says) into
+// the step place_weight_gradients left. Then the step with PREC is the base every K-FAC unit is
+// placed around; its largest gaps decide splits and inline work.
 void place_precondition(PlanState& state) {
   const PlanInput& in = state.in;
   const int D = in.schedule.devices;
   PF_CHECK(in.precondition != PrecPlacement::best, "plan_kfac decides PrecPlacement::best");
   TimedSchedule& ts = state.base;
-  ts = TimedSchedule{.schedule = in.schedule, .links = in.cost};
-  for (int d = 0; d < D; ++d) {
-    ts.durations.emplace_back();
-    for (size_t i = 0; i < in.schedule.per_device[d].size(); ++i)
-      ts.durations[d].push_back(in.durations.empty() ? in.cost.duration(in.schedule.per_device[d][i]) : in.durations[d][i]);
-  }
+  ts = state.step;
   const Timeline tl = ts.simulate();
   state.plan.plain_step_time = tl.step_time;
   for (int d = 0; d < D; ++d) insert_preconditions(state, tl, d, ts);

@@ -1,6 +1,6 @@
 #pragma once
-// The planner's internal state (planner.cpp runs the passes; plan_prec.cpp, plan_units.cpp,
-// plan_pack.cpp and plan_emit.cpp hold them). Not part of the planner's interface:
+// The planner's internal state (planner.cpp runs the passes; plan_w.cpp, plan_prec.cpp,
+// plan_units.cpp, plan_pack.cpp and plan_emit.cpp hold them). Not part of the planner's interface:
 // plan/planner.hpp is.
 //
 // One PlanState flows through the passes in order; each pass reads what earlier passes wrote
@@ -154,8 +154,10 @@ struct PlanState {
   explicit PlanState(const PlanInput& input);
   PlanInput in;                                 // the input, its optimizer steps set aside (set_aside_optimizer)
   std::vector<std::vector<Action>> optimizer;   // [device] OPTs, in order (set_aside_optimizer)
+  TimedSchedule step;                           // the step before K-FAC, zero-bubble W moved (place_weight_gradients)
   // The result. Its fields by writer: devices, replicas, step_template: the constructor;
-  // prec_splits: split_precondition; plain_step_time, base, base_step_time: place_precondition;
+  // weight_gradients: place_weight_gradients; prec_splits: split_precondition; plain_step_time,
+  // base, base_step_time: place_precondition;
   // strategy: pack_by_strategy; refresh_steps, common_cycle, sync_steps, sync_step, step0,
   // step0_time: set_cycle_lengths; its lists (units(), actions(), wrapped()), kfac_work,
   // device_inline, utilization_per_device, splits, placements: emit_lists; bubble,
@@ -179,6 +181,7 @@ struct PlanState {
 
 // The passes, in order (planner.cpp).
 void set_aside_optimizer(PlanState& state);
+void place_weight_gradients(PlanState& state);
 void split_precondition(PlanState& state);
 void place_precondition(PlanState& state);
 void make_units(PlanState& state);

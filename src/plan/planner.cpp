@@ -2,6 +2,9 @@
 // PlanState (plan/plan_state.hpp), each reading what the earlier ones wrote:
 //
 //   set_aside_optimizer   the OPTs leave the step; they end every emitted list     plan_units.cpp
+//   place_weight_gradients
+//                         the step timed; zero-bubble W, in each device's order,
+//                         into the earliest gap after its I that holds it          plan_w.cpp
 //   split_precondition    a stage's precondition by layer over its holders         plan_prec.cpp
 //   place_precondition    PREC per stage in the step's gaps or at its end: the
 //                         base step                                                 plan_prec.cpp
@@ -19,15 +22,11 @@
 //                         OPT last)                                                plan_emit.cpp
 //   measure               bubble, lower bound, utilization, step time              plan_emit.cpp
 //
-// Where the next capabilities slot in. Zero-bubble W (the weight-gradient half of a backward)
-// as an action the planner may move: a pass after place_precondition that takes the W actions
-// out of the base step as movable units (a Unit with its ready time after its I), so that
-// pack_by_strategy places them with the K-FAC units (a class of placement_order, before the
-// curvature: it carries the step's gradient), and emit_lists puts them back into the lists like
-// any unit. K-FAC units filled at run time into gaps the plan predicted: the plan already keeps
-// its gaps (Timeline::gaps of `base`/`step0`) and each unit's gap (PlacedUnit); a pass after
-// pack_by_strategy that marks units "deferred" would emit them as a per-gap queue instead of a
-// fixed list position, and the runtime would drain that queue when it reaches the gap.
+// Where the next capability slots in. K-FAC units filled at run time into gaps the plan
+// predicted: the plan already keeps its gaps (Timeline::gaps of `base`/`step0`) and each unit's
+// gap (PlacedUnit); a pass after pack_by_strategy that marks units "deferred" would emit them as
+// a per-gap queue instead of a fixed list position, and the runtime would drain that queue when
+// it reaches the gap.
 #include "plan/planner.hpp"
 
 #include "core/error.hpp"
@@ -89,6 +88,7 @@ namespace {
 plan::PlanState base_step(const PlanInput& in) {
   plan::PlanState state(in);
   plan::set_aside_optimizer(state);
+  plan::place_weight_gradients(state);
   plan::split_precondition(state);
   plan::place_precondition(state);
   return state;

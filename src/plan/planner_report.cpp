@@ -42,6 +42,11 @@ const PrecSplit* KfacPlan::prec_split(int pipeline, int stage) const {
   return nullptr;
 }
 
+std::string WeightGradientMoves::line() const {
+  return fmt::format("zero-bubble W: {} of {} moved into earlier gaps, step {:.3f} -> {:.3f} without K-FAC work", moved,
+                     total, step_before, step_after);
+}
+
 double KfacPlan::precondition_share() const {
   return step_time > 0 ? (base_step_time - plain_step_time) / step_time : 0;
 }

@@ -62,6 +62,7 @@ void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from)
               "units in bubbles)\n",
               from.c_str(), r.c_str(), p.splits().size(), p.inline_time, 100 * p.utilization, p.step_time,
               p.base_step_time);
+  if (p.weight_gradients.total > 0) std::printf("pipefisher: %s (ms)\n", p.weight_gradients.line().c_str());
   std::printf("pipefisher: %s (ms)\n", p.precondition_line().c_str());
   if (!p.placements().empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
     int ct = 0, pieces = 0;

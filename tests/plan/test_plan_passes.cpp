@@ -50,7 +50,7 @@ std::vector<std::string> tokens(const std::vector<Unit>& units) {
 // The passes before `last` (in planner.cpp's order) on the tiny input.
 PlanState run_until(void (*last)(PlanState&), const PlanInput& in = tiny_input()) {
   PlanState state(in);
-  for (auto pass : {set_aside_optimizer, split_precondition, place_precondition, make_units, build_cycle_step0,
+  for (auto pass : {set_aside_optimizer, place_weight_gradients, split_precondition, place_precondition, make_units, build_cycle_step0,
                     pin_collectives, pack_by_strategy, set_cycle_lengths, emit_lists, measure}) {
     if (pass == last) break;
     pass(state);
@@ -64,6 +64,16 @@ TEST(PlanPasses, SetAsideOptimizerTakesTheOptsOutOfTheStepAndTheirDurations) {
   EXPECT_EQ(tokens(state.optimizer[1]), tokens(std::vector<Action>{act(Kind::OPT, 1, -1)}));
   EXPECT_EQ(state.in.schedule.per_device[0].size(), 4u);
   EXPECT_EQ(state.in.durations[1], (std::vector<double>{1, 1, 2, 2}));
+}
+
+// GPipe has no W: the step as set aside, timed (ZB-H1's moves: test_plan_w.cpp).
+TEST(PlanPasses, PlaceWeightGradientsTimesTheStepAndMovesNothingWithoutW) {
+  PlanState state = run_until(split_precondition);
+  EXPECT_EQ(tokens(state.step.schedule.per_device[0]), tokens(state.in.schedule.per_device[0]));
+  EXPECT_EQ(state.step.durations, state.in.durations);
+  EXPECT_EQ(state.plan.weight_gradients.total, 0);
+  EXPECT_DOUBLE_EQ(state.plan.weight_gradients.step_before, 9);
+  EXPECT_DOUBLE_EQ(state.plan.weight_gradients.step_after, 9);
 }
 
 TEST(PlanPasses, SplitPreconditionSplitsNothingForOneHolderAndNothingThatWouldNotShorten) {

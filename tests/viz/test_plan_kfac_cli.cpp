@@ -58,6 +58,30 @@ TEST(PlanKfacCli, PlannerStepWithoutKfacIsThePlainStep) {
   EXPECT_DOUBLE_EQ(j["kfac"]["base_step_time"].get<double>(), j["step_time"].get<double>() + 0.5);
 }
 
+// Zero-bubble W moved before the K-FAC units, in the text and the JSON. ZB-H1, D = N = 3, T_f =
+// T_i = 1, T_w = 0.5, no margin, by hand: device 1 runs F0 [1,2] F1 [2,3] I0 [4,5] F2 [5,6] I1
+// [6,7] W0 [7,7.5], waits for I2's gradient until 8, then I2 W1 W2; W1 (ready at 7.5, after I1 and
+// W0) fits the wait and moves there; the step stays 10.5 (device 0's end). With the default
+// margin W1 needs 0.525 of the 0.5: nothing moves. Without W, no report.
+TEST(PlanKfacCli, ZeroBubbleWMovedIntoEarlierGapsIsReported) {
+  const std::string zb = "--kfac --schedule zb-h1 --stages 3 --micro-batches 3 --tf 1 --tb 1 --tw 0.5 --tcurv 0.1 "
+                         "--tinv 0.2 --tprec 0.1";
+  PlanRun r = plan(zb + " --margin 0 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json w = nlohmann::json::parse(r.out)["kfac"]["weight_gradients"];
+  EXPECT_EQ(w["total"].get<int>(), 9);
+  EXPECT_EQ(w["moved"].get<int>(), 1);
+  EXPECT_DOUBLE_EQ(w["step_before"].get<double>(), 10.5);
+  EXPECT_DOUBLE_EQ(w["step_after"].get<double>(), 10.5);
+  PlanRun t = plan(zb);
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("\nzero-bubble W: 0 of 9 moved into earlier gaps, step 10.500 -> 10.500 without K-FAC work\n"),
+            std::string::npos) << t.out;
+  PlanRun f = plan("--kfac --schedule 1f1b --stages 3 --micro-batches 3 --json");
+  ASSERT_EQ(f.status, 0) << f.err;
+  EXPECT_FALSE(nlohmann::json::parse(f.out)["kfac"].contains("weight_gradients"));
+}
+
 TEST(PlanKfacCli, NoBubbleRunsInlineAndTheSummarySaysSo) {
   PlanRun r = plan("--kfac --schedule gpipe --stages 1 --micro-batches 2 --tcurv 1 --tinv 1 --tprec 0.5 --json");
   ASSERT_EQ(r.status, 0) << r.err;
