@@ -81,6 +81,28 @@ void check_profile_steps(const ProfileOptions& opt, int total_steps) {
     if (s < 1 || s > total_steps) usage_error("--profile-steps", "step {} is outside the run's steps 1..{}", s, total_steps);
 }
 
+namespace {
+
+// Collective over the pipeline: every stage's sizes (pipeline 0's copy, on one rank of it).
+std::vector<StageBytes> gather_stage_bytes(int stages, const comm::Groups& groups, const Executor& exec) {
+  const size_t S = static_cast<size_t>(stages);
+  std::vector<double> v(3 * S, 0);  // [stage] params, then states, then deferred
+  for (int s = 0; s < stages; ++s) v[s] = static_cast<double>(exec.stage_param_bytes(0, s));
+  for (const ActivationMemory::Stage& st : exec.activation_memory().stages)
+    if (st.pipeline == 0) {
+      v[S + st.stage] = static_cast<double>(st.state_bytes);
+      v[2 * S + st.stage] = static_cast<double>(st.deferred_bytes);
+    }
+  comm::allreduce_sum(v, groups.pipeline.get(), "the stages' parameter and activation sizes");
+  std::vector<StageBytes> out(S);
+  for (size_t s = 0; s < S; ++s)
+    out[s] = {.params = static_cast<int64_t>(v[s]), .state = static_cast<int64_t>(v[S + s]),
+              .deferred = static_cast<int64_t>(v[2 * S + s])};
+  return out;
+}
+
+}  // namespace
+
 Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& groups, const Executor& exec,
                    ProfileOptions opt)
     : cfg_(cfg), layout_(layout), groups_(groups), opt_(std::move(opt)), total_steps_(cfg.train.steps) {
@@ -88,10 +110,7 @@ Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& 
   check_profile_steps(opt_, total_steps_);
   if (groups.rank == 0) make_dirs(opt_.dir, "--profile-dir");
   offsets_ = comm::estimate_clock_offsets(MPI_COMM_WORLD);
-  std::vector<double> bytes(layout.stages(), 0);
-  for (int s = 0; s < layout.stages(); ++s) bytes[s] = static_cast<double>(exec.stage_param_bytes(0, s));
-  comm::allreduce_sum(bytes, groups.pipeline.get(), "the stages' parameter sizes");
-  for (double b : bytes) param_bytes_.push_back(static_cast<int64_t>(b));
+  stage_bytes_ = gather_stage_bytes(layout.stages(), groups, exec);
   // Every rank's K-FAC layer names to rank 0, one "pipeline stage layer name" line each.
   std::string mine;
   for (const auto& [p, st, l, name] : exec.kfac_layer_names()) mine += fmt::format("{} {} {} {}\n", p, st, l, name);
@@ -287,10 +306,11 @@ nlohmann::json Profiler::stage_json(int s, const StageCost& c, bool split_backwa
   using nlohmann::json;
   const BlockRange& blocks = layout_.stage_blocks[s];
   const StageMemory mem = block_memory(cfg_.model, blocks.last - blocks.first + 1, cfg_.parallel.micro_batch_size);
+  const StageBytes& held = stage_bytes_[s];  // the executor's own, so the model's peak is the runtime's
   json j = {{"forward", c.forward}, {"backward", c.backward}, {"optimizer", c.optimizer},
             {"layers", 1}, {"activation_bytes", c.activation_bytes}, {"grad_bytes", c.grad_bytes},
-            {"mem_param", mem.param}, {"mem_act", mem.act}, {"mem_peak_err", mem.err_peak},
-            {"mem_save_err", mem.err_save}, {"mem_kron", mem.kron}};
+            {"mem_param", mem.param}, {"mem_act", held.state / kBytesPerMB}, {"mem_peak_err", mem.err_peak},
+            {"mem_save_err", mem.err_save}, {"mem_kron", mem.kron}, {"mem_deferred", held.deferred / kBytesPerMB}};
   if (split_backward) {
     j["input_grad"] = c.input_grad;
     j["weight_grad"] = c.weight_grad;
@@ -313,7 +333,7 @@ void Profiler::finish(const PlanProfile* plan) {
   for (int s = 0; s < S; ++s) {
     const StageSamples& m = samples.stage[s];
     const StageCost c = stage_cost(m, first_opt[s] ? mean(finishing) : 0.0, act_bytes,
-                                   static_cast<double>(param_bytes_[s]));
+                                   static_cast<double>(stage_bytes_[s].params));
     cost.stages.push_back(c);
     stages.push_back(stage_json(s, c, !m.input_grad.empty()));
     all_ar.insert(all_ar.end(), m.allreduce.begin(), m.allreduce.end());

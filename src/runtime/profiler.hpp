@@ -19,8 +19,10 @@
 //                              the all-reduce wait as alpha; plus a "measured" object: step time,
 //                              utilization and communication wait per rank, and the step time the
 //                              simulator predicts from this very profile; the "run" (schedule,
-//                              D, N, W, V, model, K-FAC placement) and each stage's memory from
-//                              the model's shapes (sim/memory.hpp); with PipeFisher, each stage's
+//                              D, N, W, V, model, K-FAC placement) and each stage's memory: what
+//                              a micro-batch holds (M_act, and M_W with a split backward) as the
+//                              executor holds it (ActivationMemory), the rest from the model's
+//                              shapes (sim/memory.hpp); with PipeFisher, each stage's
 //                              K-FAC units as planned ("kfac_layers", "precondition", "sync") and
 //                              the "pipefisher_plan" its plan was made from (runtime/plan_record.hpp).
 // `pipefisher plan --profile DIR/profile.json` then predicts the same run (no other flag), or any
@@ -59,6 +61,12 @@ struct MeasuredStep {
 
 struct StepSummary;  // the profiled steps' times, averaged (profiler.cpp)
 
+// One stage's sizes in bytes, from the rank that hosts it: its gradients, and per micro-batch
+// what a forward keeps for the backward and what a split backward's I keeps for W.
+struct StageBytes {
+  int64_t params = 0, state = 0, deferred = 0;
+};
+
 class Profiler {
  public:
   // Collective (estimates the clock offsets) when profiling is on.
@@ -88,7 +96,7 @@ class Profiler {
   ProfileOptions opt_;
   int total_steps_ = 0;
   comm::ClockOffsets offsets_;
-  std::vector<int64_t> param_bytes_;  // [stage] gradient bytes
+  std::vector<StageBytes> stage_bytes_;  // [stage]
   LayerNames layer_names_;            // rank 0: every rank's K-FAC layers
   int64_t origin_ns_ = -1;            // rank 0's clock at the first profiled step's start
   std::vector<MeasuredStep> measured_;

@@ -47,7 +47,7 @@ void check_profile(const Profile& p, const std::string& what) {
   for (size_t s = 0; s < p.memory.size(); ++s) {
     const StageMemory& m = p.memory[s];
     for (auto [v, f] : {std::pair{m.param, "mem_param"}, {m.act, "mem_act"}, {m.err_peak, "mem_peak_err"},
-                        {m.err_save, "mem_save_err"}, {m.kron, "mem_kron"}})
+                        {m.err_save, "mem_save_err"}, {m.kron, "mem_kron"}, {m.deferred, "mem_deferred"}})
       size(v, f, s);
   }
   time(p.cost.p2p_latency, "p2p latency", 0);

@@ -10,7 +10,7 @@ namespace pf {
 
 StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size) {
   const double h = m.hidden, f = m.ffn, T = m.seq_len, B = micro_batch_size, n = B * T, H = m.heads;
-  const double mb = 4.0 / (1024.0 * 1024.0) * blocks;  // floats of one block -> MB of the stage
+  const double mb = 4.0 / kBytesPerMB * blocks;  // floats of one block -> MB of the stage
   double d_out = 0, kron = 0;
   for (const LinearShape& l : block_linears(name_of(m.arch), m.hidden, m.ffn)) {
     d_out += l.d_out;

@@ -19,6 +19,9 @@
 
 namespace pf {
 
+// The memory model's MB: 2^20 bytes.
+inline constexpr double kBytesPerMB = 1024.0 * 1024.0;
+
 struct StageMemory {
   double param = 0;     // M_theta: parameters of the stage
   double act = 0;       // M_act: activations of one micro-batch

@@ -181,9 +181,12 @@ struct ProfileReader {
   }
 
   StageMemory stage_memory(const json& s, const std::string& ctx) const {
-    return {num(s, "mem_param", 0, false, ctx), num(s, "mem_act", 0, false, ctx),
-            num(s, "mem_peak_err", 0, false, ctx), num(s, "mem_save_err", 0, false, ctx),
-            num(s, "mem_kron", 0, false, ctx)};
+    return {.param = num(s, "mem_param", 0, false, ctx),
+            .act = num(s, "mem_act", 0, false, ctx),
+            .err_peak = num(s, "mem_peak_err", 0, false, ctx),
+            .err_save = num(s, "mem_save_err", 0, false, ctx),
+            .kron = num(s, "mem_kron", 0, false, ctx),
+            .deferred = num(s, "mem_deferred", 0, false, ctx)};
   }
 
   // One K-FAC unit of "kfac_layers" appended to `k`; returns its name ("" for none).

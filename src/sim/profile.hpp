@@ -19,6 +19,7 @@
 //          "curvature": 27.5, "inversion": 80.9, "precondition": 8.9, "optimizer": 0.4,
 //          "layers": 3,                                       K-FAC layers of the stage
 //          "mem_param": 85, "mem_act": 120, "mem_peak_err": 40, "mem_save_err": 30, "mem_kron": 168,
+//          "mem_deferred": 30,                                M_W (split backward; optional)
 //          "activation_bytes": 1572864, "grad_bytes": 340000000, "curvature_bytes": 176000000 } ],
 //      "p2p": { "latency": 0.02, "bandwidth": 1.0e7 },        optional, ms and bytes per ms
 //      "allreduce": { "alpha": 0.05, "beta": 1.0e-8 },         optional, ms and ms per byte

@@ -202,4 +202,33 @@ TEST(SplitBackwardMemory, ZeroBubbleHoldsWhatTheMemoryModelSays) {
   expect_split_memory_as_modelled("zb-h2");
 }
 
+// A zb-h1 run's measured profile carries each stage's M_act and M_W as the executor holds them
+// (mem_act, mem_deferred), so `plan --profile` of it reports the activation peak the runtime
+// measured on the worst device, to the byte.
+TEST(SplitBackwardMemory, MeasuredProfileGivesThePlanTheRuntimesPeak) {
+  const fs::path prof = out("zbh1_profile");
+  const pf_test::Launch r =
+      launch("zbh1_profiled", "--set parallel.schedule=zb-h1 --set train.steps=3 --profile-dir " + prof.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json held = read_json(out("zbh1_profiled") / "activations.json");
+  const nlohmann::json profile = read_json(prof / "profile.json");
+  ASSERT_EQ(held["ranks"].size(), 2u);
+  for (const nlohmann::json& rank : held["ranks"]) {
+    const nlohmann::json& st = rank["stages"][0];
+    const nlohmann::json& p = profile["stages"][st["stage"].get<size_t>()];
+    EXPECT_GT(st["deferred_bytes"].get<int64_t>(), 0);
+    EXPECT_DOUBLE_EQ(p["mem_act"].get<double>() * pf::kBytesPerMB, st["state_bytes"].get<double>());
+    EXPECT_DOUBLE_EQ(p["mem_deferred"].get<double>() * pf::kBytesPerMB, st["deferred_bytes"].get<double>());
+  }
+  const pf_test::Launch planned =
+      pf_test::run(std::string(PF_BINARY) + " plan --json --profile " + (prof / "profile.json").string());
+  ASSERT_EQ(planned.status, 0) << planned.out;
+  const nlohmann::json mem = nlohmann::json::parse(planned.out.substr(planned.out.find('{')))["memory"];
+  int64_t peak = -1;
+  for (const nlohmann::json& rank : held["ranks"])
+    if (rank["device"].get<int>() == mem["worst_device"].get<int>()) peak = rank["peak_bytes"].get<int64_t>();
+  EXPECT_NEAR(mem["activations_in_flight"].get<double>() * pf::kBytesPerMB, static_cast<double>(peak), 1e-3)
+      << planned.out;
+}
+
 }  // namespace

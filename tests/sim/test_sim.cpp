@@ -398,5 +398,22 @@ TEST(Profile, ProjectJson) {
   }
 }
 
+// M_W (mem_deferred, optional): read into the stage's memory, 0 when absent, and refused like
+// the other sizes when negative, naming the key.
+TEST(Profile, DeferredOutputGradientMemory) {
+  const std::string head = R"({"format": "pipefisher-profile", "version": 1, "micro_batch_size": 4, "stages": [)";
+  const Profile p = read_profile_json(temp_file("w.json", head + R"({"forward": 1, "backward": 2, "mem_act": 3, "mem_deferred": 0.5},
+                                                                    {"forward": 1, "backward": 2, "mem_act": 3}]})"));
+  ASSERT_EQ(p.memory.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.memory[0].deferred, 0.5);
+  EXPECT_DOUBLE_EQ(p.memory[1].deferred, 0);
+  try {
+    read_profile_json(temp_file("w_bad.json", head + R"({"forward": 1, "backward": 2, "mem_deferred": -1}]})"));
+    ADD_FAILURE() << "mem_deferred = -1 was read";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'stages[0].mem_deferred' must be a finite number"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace pf
