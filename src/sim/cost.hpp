@@ -3,6 +3,7 @@
 // (latency + bytes / bandwidth) and collectives (alpha + beta * bytes). Times are in whatever
 // unit the caller uses (the CLI: milliseconds); bytes in bytes.
 #include "schedule/action.hpp"
+#include "schedule/zb_auto.hpp"
 
 #include <vector>
 
@@ -36,6 +37,10 @@ struct CostModel {
   // T_b / T_f summed over the stages, what Chimera's order is chosen for (2 without durations).
   double backward_forward_ratio() const;
 };
+
+// The times zb-auto and zb-v are ordered for (one micro-batch's F, I and W, averaged over the
+// stages, and one message between devices), with the memory limit X.
+ZbSpec zb_spec(const CostModel& cost, double memory);
 
 // Activation recomputation (R, parallel.recompute): every backward (ZB-H1: its I, which runs
 // first) repeats the stage's forward. For costs measured without R.
