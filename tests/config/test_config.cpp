@@ -284,7 +284,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 69u);
+  EXPECT_EQ(keys.size(), 70u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;
