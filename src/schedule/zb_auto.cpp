@@ -34,6 +34,7 @@ struct ZbNext {
 struct ZbOrder {
   std::vector<std::vector<Action>> per_device;
   double step_time = 0;
+  int peak = 0;  // most stage activations a device holds, F to W
 };
 
 // One play of the heuristic for one try: every device picks its next F or I by the rules in
@@ -91,6 +92,7 @@ class ZbPlay {
   std::vector<std::vector<Action>> order_;
   std::vector<int> f_, i_, w_;                 // [stage] F, I, W run (micro-batches go in order)
   std::vector<std::vector<double>> end_f_, end_i_;  // [stage][micro-batch], inf until run
+  int peak_ = 0;                               // most stage activations a device held so far
 };
 
 // An F of stage s on device d: within the memory limit (counted to W, less the Ws that can run
@@ -142,6 +144,9 @@ void ZbPlay::put(int d, Kind k, int s, double start) {
     waiting_w_[d].push_back(s);
   }
   order_[d].push_back(act(k, s, m));
+  int held_now = 0;
+  for (int h : hosted_[d]) held_now += f_[h] - w_[h];
+  peak_ = std::max(peak_, held_now);
 }
 
 bool ZbPlay::done_fi(int d) const {
@@ -179,6 +184,7 @@ std::optional<ZbOrder> ZbPlay::run() {
   }
   ZbOrder out;
   for (int d = 0; d < D; ++d) out.step_time = std::max(out.step_time, free_[d]);
+  out.peak = peak_;
   out.per_device = std::move(order_);
   return out;
 }
@@ -209,6 +215,12 @@ std::vector<std::vector<int>> warmup_caps(const Schedule& placed, int limit) {
   return caps;
 }
 
+// The shorter step; on a tie (within rounding) the smaller peak memory.
+bool shorter_or_smaller(const ZbOrder& a, const ZbOrder& b) {
+  const double tol = 1e-9 * b.step_time;
+  return a.step_time < b.step_time - tol || (a.step_time <= b.step_time + tol && a.peak < b.peak);
+}
+
 }  // namespace
 
 std::optional<std::vector<std::vector<Action>>> zb_heuristic(const Schedule& placed, const ZbSpec& times, int limit) {
@@ -221,7 +233,7 @@ std::optional<std::vector<std::vector<Action>>> zb_heuristic(const Schedule& pla
           if (!reserve_each && !shared) continue;
           const ZbTry c{cap, forward_first, any_wait, reserve_each};
           std::optional<ZbOrder> o = ZbPlay(placed, times, limit, c).run();
-          if (o && (!best || o->step_time < best->step_time - 1e-9 * best->step_time)) best = std::move(o);
+          if (o && (!best || shorter_or_smaller(*o, *best))) best = std::move(o);
         }
   if (!best) return std::nullopt;
   return std::move(best->per_device);

@@ -9,7 +9,8 @@
 //   (c) after the last F, the remaining I and W, Ws filling the waits for I.
 // The warm-up caps tried run from one micro-batch per device through 1F1B's (device d of D holds
 // D - d) up to the memory limit, each with F or I first when both are ready and with a W put only
-// into a wait of at least T_W or into any wait; the shortest step wins (the earlier try on a tie).
+// into a wait of at least T_W or into any wait; the shortest step wins (on a tie the smaller peak
+// memory, then the earlier try).
 // Every action starts as soon as its device is free and its inputs have arrived (T_comm after
 // their producer ends when it ran on another device): the simulator replays the order to the same
 // times.
