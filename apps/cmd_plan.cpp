@@ -174,6 +174,7 @@ int run_sweep_mode(const PlanArgs& a) {
   }
   spec.stages = a.sweep_stages;
   spec.recompute = a.recompute;
+  spec.zb_memory = a.zb_memory;
   if (a.given("--virtual-stages")) spec.virtual_stages = a.virtual_stages;
   std::vector<SweepRow> rows = run_sweep(spec, load_profiles(a));
   if (rows.empty()) usage_error("--sweep-stages", "schedule {} is defined for none of the requested depths", spec.schedule);
@@ -244,6 +245,7 @@ void check_flag_combinations(const PlanArgs& a) {
                 kMaxDevices);
   if (a.given("--virtual-stages") && a.schedule != "interleaved")
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
+  if (a.given("--zb-memory") && a.schedule != "zb-auto") usage_error("--zb-memory", "only applies to --schedule zb-auto");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
   for (const char* f : {"--steps", "--width"})
     if (a.given(f) && (a.svg.empty() || a.sweep)) usage_error(f, "only applies to a timeline's --svg");
@@ -262,13 +264,16 @@ Schedule generated_schedule(const PlanArgs& a) {
   // The work bound before the schedule is made: each micro-batch passes each stage (of each
   // model chunk) as F and B with a send and a receive each way.
   const int v = a.has("--virtual-stages") ? a.virtual_stages : 2;
-  const int64_t estimate = int64_t{6} * a.stages * a.micro_batches * (a.schedule == "interleaved" ? v : 1);
+  const int64_t estimate =
+      int64_t{6} * a.stages * a.micro_batches * (a.schedule == "interleaved" ? v : a.schedule == "zb-v" ? 2 : 1);
   check_schedule_size(a.stages, estimate, a.kfac,
                       a.stages > kMaxDevices                                     ? "--stages"
                       : a.schedule == "interleaved" && v > a.micro_batches ? "--virtual-stages"
                                                                              : "--micro-batches");
-  // Chimera's order is chosen for the durations (the profile's, or --tf/--tb).
-  return make_schedule(a.schedule, a.stages, a.micro_batches, v, 1, profile_of(a).cost.backward_forward_ratio());
+  // Chimera's and the zero-bubble heuristic's orders are chosen for the durations (the profile's, or the flags).
+  const CostModel cost = profile_of(a).cost;
+  return make_schedule(a.schedule, a.stages, a.micro_batches, v, 1, cost.backward_forward_ratio(),
+                       zb_spec(cost, a.zb_memory));
 }
 
 // The schedule to simulate: read from --schedule-file or generated, then validated (the
@@ -464,7 +469,7 @@ PlanValidators plan_validators() {
 
 // The schedule, its durations and the outputs.
 void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
-  app.add_option("--schedule", a.schedule, "naive, gpipe, 1f1b, interleaved, chimera, zb-h1 or zb-h2");
+  app.add_option("--schedule", a.schedule, "naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto or zb-v");
   app.add_option("--schedule-file", a.schedule_file, "Read the schedule (text, or CSV if *.csv) instead");
   app.add_option("--stages", a.stages, "Pipeline stages D (= devices)")->check(v.positive);
   app.add_option("--micro-batches", a.micro_batches, "Micro-batches N per step")->check(v.positive);
@@ -473,6 +478,7 @@ void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
   app.add_option("--tb", a.tb, "Backward time, ms (default 2); with --tw, the input gradient's (I)")->check(v.nonneg);
   app.add_option("--tw", a.tw, "Weight-gradient time (W), ms: zero-bubble schedules run it apart, others as B = I + W")
       ->check(v.nonneg);
+  app.add_option("--zb-memory", a.zb_memory, "zb-auto's memory limit, times 1F1B's peak (default 1: ZB-1p; 2: ZB-2p)");
   app.add_option("--tcomm", a.tcomm, "Point-to-point time per stage-to-stage message, ms (default 0)")->check(v.nonneg);
   app.add_option("--tcurv", a.tcurv, "K-FAC curvature time per micro-batch per stage, ms")->check(v.nonneg);
   app.add_option("--tinv", a.tinv, "K-FAC inversion time per stage, ms")->check(v.nonneg);

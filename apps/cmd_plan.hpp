@@ -22,6 +22,7 @@ struct PlanArgs {
   int data_parallel = 1;
   int svg_steps = 0, svg_width = 0;  // --steps, --width: what --svg draws (0: its defaults)
   double margin = 0.05;
+  double zb_memory = 1;  // --zb-memory: zb-auto's memory limit, times 1F1B's peak
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
   std::vector<int> sweep_stages = {4, 8, 16, 32};
   CLI::App* app = nullptr;

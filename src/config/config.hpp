@@ -100,10 +100,12 @@ struct ParallelConfig {
   // Activation recomputation (the paper's R): a stage keeps only its input per micro-batch and
   // re-runs its forward just before that micro-batch's backward (runtime/executor.hpp).
   bool recompute = false;
-  // T_b / T_f, one micro-batch's backward over its forward time on a stage: Chimera's order is
-  // chosen for it (schedule/generators.hpp). The paper's 2 by default; a run's profile.json
+  // T_b / T_f, one micro-batch's backward over its forward time on a stage: Chimera's, zb-auto's
+  // and zb-v's orders are chosen for it (schedule/generators.hpp; zero-bubble: T_I = T_W = T_b / 2). The paper's 2 by default; a run's profile.json
   // gives the measured one.
   double backward_forward_ratio = 2;
+  // zb-auto's memory limit, a multiple X of 1F1B's peak (schedule/zb_auto.hpp): 1 ZB-1p, 2 ZB-2p.
+  double zb_memory = 1;
 
   bool operator==(const ParallelConfig&) const = default;
 };

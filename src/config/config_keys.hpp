@@ -4,6 +4,7 @@
 // validates and prints (config.toml, --print-config) every key by walking these tables; a new
 // key is one line here and a member in config.hpp. Internal to config.cpp.
 #include "config/config.hpp"
+#include "schedule/zb_auto.hpp"
 
 #include <limits>
 
@@ -113,6 +114,9 @@ void parallel_keys(C& c, F& key) {
   // Beyond 1e3 (or below 1e-3) one of the two is free next to the other; the order is then settled.
   key("parallel.backward_forward_ratio", p.backward_forward_ratio,
       Bounds{1e-3, 1e3, false, false, "must be between 0.001 and 1000 (got {})"});
+  static_assert(kMaxZbMemory == 100, "the refusal below names the bound");
+  key("parallel.zb_memory", p.zb_memory,
+      Bounds{0, kMaxZbMemory, true, false, "must be a multiple of 1F1B's peak memory in (0, 100] (got {})"});
 }
 
 template <typename C, typename F>

@@ -17,7 +17,7 @@ enum class Arch { Bert, Gpt };             // model.arch: post-LN with an MLM he
 enum class Vocab { Bert, Gpt2 };           // data.vocab: the tokenizer
 enum class OptimName { NvLamb, AdamW, Sgd };  // optim.name
 enum class OnNonfinite { Skip, Stop };     // train.on_nonfinite
-enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, ZbH2 };  // parallel.schedule
+enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, ZbH2, ZbAuto, ZbV };  // parallel.schedule
 enum class Placement { Bubbles, Inline, Skip };        // kfac.placement
 enum class KfacStrategy { DKfac, MpdKfac, SpdKfac };   // kfac.distributed
 
@@ -56,7 +56,7 @@ struct EnumNames<ScheduleName> {
   static constexpr EnumName<ScheduleName> table[] = {
       {ScheduleName::Naive, "naive"},     {ScheduleName::GPipe, "gpipe"},     {ScheduleName::OneFOneB, "1f1b"},
       {ScheduleName::Interleaved, "interleaved"}, {ScheduleName::Chimera, "chimera"}, {ScheduleName::ZbH1, "zb-h1"},
-      {ScheduleName::ZbH2, "zb-h2"}};
+      {ScheduleName::ZbH2, "zb-h2"},     {ScheduleName::ZbAuto, "zb-auto"}, {ScheduleName::ZbV, "zb-v"}};
 };
 template <>
 struct EnumNames<Placement> {

@@ -17,7 +17,7 @@ namespace {
 [[noreturn]] void rethrow_with_keys(const UsageError& e) {
   std::string msg = e.what();
   for (auto [flag, key] : {std::pair{"--stages", "parallel.stages"}, {"--micro-batches", "parallel.micro_batches"},
-                           {"--virtual-stages", "parallel.virtual_stages"}})
+                           {"--virtual-stages", "parallel.virtual_stages"}, {"--zb-memory", "parallel.zb_memory"}})
     if (msg.rfind(flag, 0) == 0) msg = key + msg.substr(std::string(flag).size());
   throw UsageError(msg);
 }
@@ -32,13 +32,23 @@ bool runtime_handles(Kind k) {
   }
 }
 
+// The keys that choose a generated schedule's order refused where they have no effect.
+void check_order_keys(const ParallelConfig& p) {
+  const std::string chosen = p.schedule_file.empty() ? fmt::format("\"{}\"", p.schedule) : "parallel.schedule_file";
+  const bool timed = p.schedule == ScheduleName::Chimera || p.schedule == ScheduleName::ZbAuto ||
+                     p.schedule == ScheduleName::ZbV;  // orders chosen for the durations
+  if (p.backward_forward_ratio != ParallelConfig{}.backward_forward_ratio && (!timed || !p.schedule_file.empty()))
+    usage_error("parallel.backward_forward_ratio",
+                "only orders parallel.schedule = \"chimera\", \"zb-auto\" or \"zb-v\" (got {} with {})",
+                p.backward_forward_ratio, chosen);
+  if (p.zb_memory != ParallelConfig{}.zb_memory && (p.schedule != ScheduleName::ZbAuto || !p.schedule_file.empty()))
+    usage_error("parallel.zb_memory", "only applies to parallel.schedule = \"zb-auto\" (got {} with {})", p.zb_memory,
+                chosen);
+}
+
 Schedule compute_schedule(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  if (p.backward_forward_ratio != ParallelConfig{}.backward_forward_ratio &&
-      (p.schedule != ScheduleName::Chimera || !p.schedule_file.empty()))
-    usage_error("parallel.backward_forward_ratio", "only orders parallel.schedule = \"chimera\" (got {} with {})",
-                p.backward_forward_ratio,
-                p.schedule_file.empty() ? "\"" + name_of(p.schedule) + "\"" : "parallel.schedule_file");
+  check_order_keys(p);
   if (!p.schedule_file.empty()) {
     Schedule s = read_schedule_file(p.schedule_file, "parallel.schedule_file");
     if (s.devices != p.stages)
@@ -69,10 +79,16 @@ Schedule compute_schedule(const Config& cfg) {
                 p.virtual_stages, p.schedule);
   // The simulator's bound (sim/limits.hpp): each micro-batch passes each model chunk as F and B
   // with a send and a receive each way.
-  check_schedule_size(p.stages, int64_t{6} * p.stages * p.micro_batches * p.virtual_stages, false,
+  check_schedule_size(p.stages,
+                      int64_t{6} * p.stages * p.micro_batches * p.virtual_stages * (p.schedule == ScheduleName::ZbV ? 2 : 1),
+                      false,
                       p.stages > kMaxDevices ? "parallel.stages" : "parallel.micro_batches");
   try {
-    return make_schedule(name_of(p.schedule), p.stages, p.micro_batches, p.virtual_stages, 1, p.backward_forward_ratio);
+    // Zero-bubble orders for T_F = 1 and T_I = T_W = T_b / 2, as Chimera's for T_b / T_f.
+    const ZbSpec zb{.forward = 1, .input_grad = p.backward_forward_ratio / 2, .weight_grad = p.backward_forward_ratio / 2,
+                    .memory = p.zb_memory};
+    return make_schedule(name_of(p.schedule), p.stages, p.micro_batches, p.virtual_stages, 1, p.backward_forward_ratio,
+                         zb);
   } catch (const UsageError& e) {
     rethrow_with_keys(e);
   }

@@ -3,7 +3,10 @@
 #include "core/error.hpp"
 #include "schedule/list_scheduler.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -235,20 +238,93 @@ Schedule make_zb_h2(int D, int N) {
   return zero_bubble("zb-h2", D, N, 2);
 }
 
+namespace {
+
+// X times 1F1B's peak on device 0 (its D stage activations, h stages per device) in stage
+// activations: at least one micro-batch on every device, at most all N.
+int zb_memory_limit(const Schedule& s, double X) {
+  if (!std::isfinite(X) || !(X > 0) || X > kMaxZbMemory)
+    usage_error("--zb-memory", "must be a multiple of 1F1B's peak memory in (0, {}], got {}", kMaxZbMemory, X);
+  const int h = s.stages / s.devices;
+  const double units = std::floor(X * s.devices * h + 1e-9);
+  if (units < h)
+    usage_error("--zb-memory", "{} times 1F1B's peak ({} micro-batches' activations) holds less than one micro-batch "
+                "on a device", X, s.devices);
+  return static_cast<int>(std::min<double>(units, double(s.micro_batches) * h));
+}
+
+Schedule zb_ordered(Schedule s, const ZbSpec& zb, int limit) {
+  const double work = 3.0 * s.stages * s.micro_batches * s.devices;
+  if (work > kMaxZbWork)
+    usage_error(s.devices > 64 ? "--stages" : "--micro-batches", "{} orders at most {:g} actions x devices, got {} "
+                "stages x {} micro-batches x 3 x {} devices", s.name, kMaxZbWork, s.stages, s.micro_batches, s.devices);
+  auto order = zb_heuristic(s, zb, limit);
+  // One micro-batch at a time on every device always fits (zb_memory_limit).
+  PF_CHECK(order.has_value(), "{}: no order within {} stage activations", s.name, limit);
+  s.per_device = std::move(*order);
+  return s;
+}
+
+}  // namespace
+
+Schedule make_zb_auto(int D, int N, const ZbSpec& zb) {
+  check_sizes(D, N);
+  Schedule s = empty("zb-auto", D, D, 1, N);
+  const int limit = zb_memory_limit(s, zb.memory);
+  return zb_ordered(std::move(s), zb, limit);
+}
+
+Schedule make_zb_v(int D, int N, const ZbSpec& zb) {
+  check_sizes(D, N);
+  Schedule s = empty("zb-v", D, 2 * D, 1, N);
+  for (int st = D; st < 2 * D; ++st) s.stage_device[0][st] = 2 * D - 1 - st;
+  // 1F1B's peak: D micro-batches of a device's layers, 2D of its chunks.
+  const int limit = zb_memory_limit(s, 1);
+  return zb_ordered(std::move(s), zb, limit);
+}
+
+namespace {
+
+// What a generator may use (see make_schedule).
+struct GeneratorArgs {
+  int D, N, V;
+  double tf, tb;
+  const ZbSpec& zb;
+};
+
+struct Generator {
+  const char* name;
+  Schedule (*make)(const GeneratorArgs&);
+};
+
+// The one table of schedule names.
+constexpr Generator kGenerators[] = {
+    {"naive", [](const GeneratorArgs& a) { return make_naive(a.D, a.N); }},
+    {"gpipe", [](const GeneratorArgs& a) { return make_gpipe(a.D, a.N); }},
+    {"1f1b", [](const GeneratorArgs& a) { return make_1f1b(a.D, a.N); }},
+    {"interleaved", [](const GeneratorArgs& a) { return make_interleaved(a.D, a.N, a.V); }},
+    {"chimera", [](const GeneratorArgs& a) { return make_chimera(a.D, a.N, a.tf, a.tb); }},
+    {"zb-h1", [](const GeneratorArgs& a) { return make_zb_h1(a.D, a.N); }},
+    {"zb-h2", [](const GeneratorArgs& a) { return make_zb_h2(a.D, a.N); }},
+    {"zb-auto", [](const GeneratorArgs& a) { return make_zb_auto(a.D, a.N, a.zb); }},
+    {"zb-v", [](const GeneratorArgs& a) { return make_zb_v(a.D, a.N, a.zb); }},
+};
+
+}  // namespace
+
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"naive", "gpipe", "1f1b", "interleaved", "chimera", "zb-h1", "zb-h2"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const Generator& g : kGenerators) v.push_back(g.name);
+    return v;
+  }();
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int D, int N, int V, double tf, double tb) {
-  if (name == "naive") return make_naive(D, N);
-  if (name == "gpipe") return make_gpipe(D, N);
-  if (name == "1f1b") return make_1f1b(D, N);
-  if (name == "interleaved") return make_interleaved(D, N, V);
-  if (name == "chimera") return make_chimera(D, N, tf, tb);
-  if (name == "zb-h1") return make_zb_h1(D, N);
-  if (name == "zb-h2") return make_zb_h2(D, N);
-  usage_error("--schedule", "unknown schedule '{}' (expected one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2)", name);
+Schedule make_schedule(const std::string& name, int D, int N, int V, double tf, double tb, const ZbSpec& zb) {
+  for (const Generator& g : kGenerators)
+    if (name == g.name) return g.make({D, N, V, tf, tb, zb});
+  usage_error("--schedule", "unknown schedule '{}' (expected one of {})", name, fmt::join(schedule_names(), ", "));
 }
 
 }  // namespace pf

@@ -9,7 +9,12 @@
 //                order chosen for the given T_f and T_b
 //   zb-h1        zero-bubble H1: split backward I + W, W fills the bubbles, 1F1B memory
 //   zb-h2        zero-bubble H2: twice the warm-up forwards (2D-1 in flight), no inner bubble (N >= D)
+//   zb-auto      Qi et al.'s automatic zero-bubble order (zb_auto.hpp) for given T_F, T_I, T_W, T_comm
+//                and a memory limit of X times 1F1B's peak
+//   zb-v         the same heuristic on 2D stages placed in a V (stage s on device s for s < D, on
+//                2D-1-s otherwise), within 1F1B's peak memory
 #include "schedule/schedule.hpp"
+#include "schedule/zb_auto.hpp"
 
 #include <string>
 #include <vector>
@@ -23,10 +28,15 @@ Schedule make_interleaved(int D, int N, int V);
 Schedule make_chimera(int D, int N, double tf = 1, double tb = 2);
 Schedule make_zb_h1(int D, int N);
 Schedule make_zb_h2(int D, int N);
+// Times of one micro-batch on one of the schedule's stages (for zb-v a chunk: half a device's
+// layers); zb-v ignores zb.memory.
+Schedule make_zb_auto(int D, int N, const ZbSpec& zb);
+Schedule make_zb_v(int D, int N, const ZbSpec& zb);
 
 // By name (schedule_names()); V is used by interleaved only, tf/tb (one micro-batch's forward
-// and backward on one stage) by chimera only, whose order is chosen for them.
-Schedule make_schedule(const std::string& name, int D, int N, int V = 2, double tf = 1, double tb = 2);
+// and backward on one stage) by chimera only, whose order is chosen for them, zb by zb-auto and zb-v.
+Schedule make_schedule(const std::string& name, int D, int N, int V = 2, double tf = 1, double tb = 2,
+                       const ZbSpec& zb = {});
 const std::vector<std::string>& schedule_names();
 
 }  // namespace pf

@@ -52,4 +52,16 @@ double CostModel::backward_forward_ratio() const {
   return f > 0 && b > 0 && std::isfinite(r) ? r : 2.0;
 }
 
+ZbSpec zb_spec(const CostModel& cost, double memory) {
+  ZbSpec z{.forward = 0, .input_grad = 0, .weight_grad = 0, .comm = 0, .memory = memory};
+  const int n = static_cast<int>(cost.stages.size());
+  for (int s = 0; s < n; ++s) {
+    z.forward += cost.duration(act(Kind::F, s, 0)) / n;
+    z.input_grad += cost.duration(act(Kind::I, s, 0)) / n;
+    z.weight_grad += cost.duration(act(Kind::W, s, 0)) / n;
+    z.comm += cost.p2p_time(s) / n;
+  }
+  return z;
+}
+
 }  // namespace pf

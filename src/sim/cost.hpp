@@ -3,6 +3,7 @@
 // (latency + bytes / bandwidth) and collectives (alpha + beta * bytes). Times are in whatever
 // unit the caller uses (the CLI: milliseconds); bytes in bytes.
 #include "schedule/action.hpp"
+#include "schedule/zb_auto.hpp"
 
 #include <vector>
 
@@ -43,6 +44,10 @@ struct CostModel {
 // each, both of their inputs' gradients). Splits a backward measured whole (the paper's CSV
 // profiles give only T_b) into I and W.
 double weight_grad_share(int hidden, int ffn, int seq_len);
+
+// The times zb-auto and zb-v are ordered for (one micro-batch's F, I and W, averaged over the
+// stages, and one message between devices), with the memory limit X.
+ZbSpec zb_spec(const CostModel& cost, double memory);
 
 // Activation recomputation (R, parallel.recompute): every backward (ZB-H1: its I, which runs
 // first) repeats the stage's forward. For costs measured without R.

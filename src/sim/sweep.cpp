@@ -21,7 +21,8 @@ std::vector<SweepRow> run_sweep(const SweepSpec& spec, const std::vector<Profile
         const int N = k * D;
         Schedule s;
         try {
-          s = make_schedule(spec.schedule, D, N, spec.virtual_stages, 1, prof.cost.backward_forward_ratio());
+          s = make_schedule(spec.schedule, D, N, spec.virtual_stages, 1, prof.cost.backward_forward_ratio(),
+                            zb_spec(prof.cost, spec.zb_memory));
         } catch (const UsageError&) {
           continue;  // undefined here
         }

@@ -36,6 +36,7 @@ struct SweepSpec {
   int virtual_stages = 2;
   double ms_per_unit = 1;  // throughput is per second: time unit in milliseconds
   bool recompute = false;  // activation recomputation (R)
+  double zb_memory = 1;    // zb-auto's memory limit (times 1F1B's peak)
 };
 
 // `profiles`: one uniform-stage Profile per micro-batch size. Combinations the schedule does not

@@ -391,16 +391,22 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
                                "--set kfac.ema=0.5");
 }
 
-// ZB-H1's W runs after its I, apart: nothing of a step is left for the next (every W of a step
-// runs before its OPT), so a resumed run continues bit for bit, with K-FAC in the bubbles too.
-TEST(Resume, ZeroBubbleH1IsBitIdentical) {
+// A zero-bubble schedule's W runs after its I, apart: nothing of a step is left for the next
+// (every W of a step runs before its OPT), so a resumed run continues bit for bit, with K-FAC in
+// the bubbles too.
+void expect_zero_bubble_resume_identical(const std::string& schedule) {
   tiny_config(dir());
-  const std::string zb = "--set parallel.stages=2 --set parallel.schedule=zb-h1";
-  Launch ref = run(mpi_train_cmd(2, dir(), "refzb", zb));
+  const std::string zb = "--set parallel.stages=2 --set parallel.schedule=" + schedule;
+  const std::string tag = schedule == "zb-h1" ? "zbh1" : "zbv";
+  Launch ref = run(mpi_train_cmd(2, dir(), "ref" + tag, zb));
   ASSERT_EQ(ref.status, 0) << ref.out;
-  expect_resume_identical("zbh1", 2, zb, read_log(dir() / "refzb.jsonl"));
-  expect_kfac_resume_identical("kfac-zbh1", 2, zb + " --set kfac.placement=bubbles");
+  expect_resume_identical(tag, 2, zb, read_log(dir() / ("ref" + tag + ".jsonl")));
+  expect_kfac_resume_identical("kfac-" + tag, 2, zb + " --set kfac.placement=bubbles");
 }
+
+TEST(Resume, ZeroBubbleH1IsBitIdentical) { expect_zero_bubble_resume_identical("zb-h1"); }
+// ZB-V: two chunks per rank, rank 0 holding the first and the last stage.
+TEST(Resume, ZeroBubbleVIsBitIdentical) { expect_zero_bubble_resume_identical("zb-v"); }
 
 // Data-parallel K-FAC is the executor with one stage: its checkpoints carry each replica's
 // DistributedKfac state too (the fusion plan made from the first two curvature steps' timings),

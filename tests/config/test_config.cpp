@@ -251,7 +251,7 @@ TEST(Config, EachSettingsNamesRoundTrip) {
   expect_names_round_trip<pf::Vocab>("bert, gpt2");
   expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd");
   expect_names_round_trip<pf::OnNonfinite>("skip, stop");
-  expect_names_round_trip<pf::ScheduleName>("naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2");
+  expect_names_round_trip<pf::ScheduleName>("naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
   expect_names_round_trip<pf::Placement>("bubbles, inline, skip");
   expect_names_round_trip<pf::KfacStrategy>("d-kfac, mpd-kfac, spd-kfac");
   // JSON writes a setting by its name, not its integer.
@@ -263,7 +263,7 @@ TEST(Config, AnUnknownSettingNameIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of("", {"kfac.placement=bubble"}),
             "kfac.placement: 'bubble' is not one of bubbles, inline, skip (did you mean bubbles?)");
   EXPECT_EQ(error_of("[parallel]\nschedule = \"pipedream\"\n"),
-            "parallel.schedule: 'pipedream' is not one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2");
+            "parallel.schedule: 'pipedream' is not one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
   EXPECT_EQ(error_of("", {"kfac.distributed=spd"}), "kfac.distributed: 'spd' is not one of d-kfac, mpd-kfac, spd-kfac");
   EXPECT_EQ(error_of("", {"model.arch=t5"}), "model.arch: 't5' is not one of bert, gpt");
   EXPECT_EQ(error_of("", {"model.gelu=relu"}), "model.gelu: 'relu' is not one of erf, tanh");
@@ -284,7 +284,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 69u);
+  EXPECT_EQ(keys.size(), 70u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;

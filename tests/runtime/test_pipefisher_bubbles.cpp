@@ -107,3 +107,14 @@ TEST(PipeFisherRuntime, NextSentencePredictionHeadIsPreconditionedOnTheLastStage
   EXPECT_TRUE(layers.count("bert.pooler.dense.weight")) << rec.dump(1);
   EXPECT_TRUE(layers.count("cls.seq_relationship.weight")) << rec.dump(1);
 }
+
+// The automatic zero-bubble orders: zb-auto at twice 1F1B's memory, and zb-v's two chunks per
+// rank in a V (rank 0 holds the first stage and the last). Planned from made-up timings, so the
+// refresh pattern (and a refresh within the run) does not depend on the machine's load.
+TEST(PipeFisherRuntime, BubblesWithAutomaticZeroBubbleOrdersEqualSingleProcessWithSamePattern) {
+  const std::string autos = "--set parallel.stages=2 --set parallel.schedule=zb-auto --set parallel.zb_memory=2";
+  expect_bubbles_match("zbauto", 2, autos + " --set kfac.plan_profile=" + made_up_plan_profile("zbauto", autos, 2).string(),
+                       {});
+  const std::string v = "--set parallel.stages=2 --set parallel.schedule=zb-v";
+  expect_bubbles_match("zbv", 2, v + " --set kfac.plan_profile=" + made_up_plan_profile("zbv", v, 2).string(), {});
+}

@@ -183,6 +183,15 @@ TEST(RuntimeEquivalence, ZeroBubbleH1IsOneF1BBitForBit) {
   EXPECT_EQ(losses("bits_1f1b").size(), 3u);
   EXPECT_EQ(weights("bits_1f1b"), weights("bits_zb-h1"));
 }
+TEST(RuntimeEquivalence, ZeroBubbleAuto_2x1) {
+  expect_same_as_reference("zbauto_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-auto");
+  expect_same_as_reference("zbauto2_2x1", 2,
+                           "--set parallel.stages=2 --set parallel.schedule=zb-auto --set parallel.zb_memory=2");
+}
+// Two chunks per rank in a V: rank 0 holds the embeddings' stage and the head's.
+TEST(RuntimeEquivalence, ZeroBubbleV_2x1) {
+  expect_same_as_reference("zbv_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-v");
+}
 TEST(RuntimeEquivalence, ExplicitPartition) {
   expect_same_as_reference("partition_2x1", 2, "--set parallel.stages=2 --set parallel.partition=[3,1]");
 }

@@ -34,7 +34,7 @@ TEST(Generators, EveryScheduleValidOrRefusedForSmallSizes) {
         EXPECT_NO_THROW(validate(s));
         // Each device does the same amount of work: 2 or 3 actions per (hosted stage, micro-batch).
         const size_t per = name.starts_with("zb-") ? 3 : 2;
-        const size_t hosted = name == "interleaved" ? 2 : 1;
+        const size_t hosted = name == "interleaved" || name == "zb-v" ? 2 : 1;
         for (int d = 0; d < D; ++d) EXPECT_EQ(s.per_device[d].size(), per * hosted * N);
       }
 }
