@@ -74,11 +74,10 @@ times = {(s, r): [mean_step(k, f"{s}-{r}") for k in range(1, repeat + 1)] for s 
 best_round = {key: 1 + min(range(repeat), key=lambda i: ts[i]) for key, ts in times.items()}
 # The simulator: every schedule timed from the best NVLAMB zb-h1 round's profile.
 zb = f"{out}/{best_round[('zb-h1', 'nvlamb')]}/zb-h1-nvlamb/profile/profile.json"
-def predicted(s):
-    j = subprocess.run([bin_, "plan", "--profile", zb, "--schedule", s, "--stages", "2",
-                        "--micro-batches", mb, "--no-kfac", "--json"],
-                       check=True, capture_output=True, text=True).stdout
-    return json.loads(j)["step_time"]
+def predicted(s):  # None where the profile's stages are not the schedule's (zb-v: 2D stages)
+    r = subprocess.run([bin_, "plan", "--profile", zb, "--schedule", s, "--stages", "2",
+                        "--micro-batches", mb, "--no-kfac", "--json"], capture_output=True, text=True)
+    return json.loads(r.stdout)["step_time"] if r.returncode == 0 else None
 pred = {s: predicted(s) for s in schedules}
 base = min(times[("1f1b", "nvlamb")]) if "1f1b" in schedules else None
 print(f"{'schedule':8} {'run':10} {'best ms':>8} {'median ms':>9} {'max ms':>8} {'/1f1b same run':>14} {'/1f1b nvlamb':>12}  refresh")
@@ -93,7 +92,8 @@ for (s, r), ts in times.items():
     print(f"{s:8} {r:10} {min(ts):8.1f} {statistics.median(ts):9.1f} {max(ts):8.1f} {ratio:>14} {ratio0:>12}  {plan}")
 print(f"simulator, every schedule from the zb-h1 NVLAMB profile of round {best_round[('zb-h1', 'nvlamb')]}:")
 for s in schedules:
-    print(f"  {s:8} predicted {pred[s]:8.1f} ms, measured best {min(times[(s, 'nvlamb')]):8.1f} ms")
+    p = "     n/a" if pred[s] is None else f"{pred[s]:8.1f}"
+    print(f"  {s:8} predicted {p} ms, measured best {min(times[(s, 'nvlamb')]):8.1f} ms")
 def own(s):  # the simulator on the run's own measured action times (its profile's "measured")
     k = best_round[(s, "nvlamb")]
     return json.load(open(f"{out}/{k}/{s}-nvlamb/profile/profile.json"))["measured"]["predicted_step_time"]
@@ -105,12 +105,14 @@ if "1f1b" in schedules:
         if s == "1f1b":
             continue
         m = min(times[("1f1b", "nvlamb")]) - min(times[(s, "nvlamb")])
-        p = pred["1f1b"] - pred[s]
-        err = f"{100 * (p - m) / m:+.1f}% of the measured" if m != 0 else "n/a"
         q = own("1f1b") - own(s)
         err2 = f"{100 * (q - m) / m:+.1f}%" if m != 0 else "n/a"
-        print(f"  {s} saves {m:.1f} ms per step measured (best of {repeat}), {p:.1f} ms predicted from one "
-              f"profile: {err}; {q:.1f} ms from their own profiles: {err2}")
+        one = "n/a"
+        if pred[s] is not None:
+            p = pred["1f1b"] - pred[s]
+            one = f"{p:.1f} ms" + (f" ({100 * (p - m) / m:+.1f}%)" if m != 0 else "")
+        print(f"  {s} saves {m:.1f} ms per step measured (best of {repeat}); predicted from one profile {one}, "
+              f"from their own profiles {q:.1f} ms ({err2})")
 if keep:
     shutil.copyfile(zb, f"{keep}/zb-h1-nvlamb.json")
     if "pipefisher" in runs:

@@ -262,7 +262,8 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
 
 
 def paired(out, a, b):
-    ra, rb = (json.load(open(f"{out}/records/{n}.json")) for n in (a, b))
+    """Records a and b (names in out/records, or paths of record files from other studies)."""
+    ra, rb = (json.load(open(n if n.endswith(".json") else f"{out}/records/{n}.json")) for n in (a, b))
     d = paired_difference(*((r.get("lm_shares"), r.get("batch_positions")) if r.get("lm_shares") else None
                             for r in (ra, rb)))
     if d is None:
