@@ -3,14 +3,15 @@
 # profile: W (zero-bubble schedules), K-FAC (PipeFisher on 1F1B), or both (PipeFisher on ZB-H1/H2).
 #
 #   bench/zero_bubble_sim.sh [build-dir] [svg-dir]
-#   env: PROFILE=data/profiles/bert-large_p100.csv BS=32 STAGES="8 16 32" SCHEDULES="1f1b zb-h1 zb-h2"
+#   env: PROFILE=data/profiles/bert-large_p100.csv BS=32 STAGES="8 16 32" SCHEDULES="1f1b zb-h1 zb-h2 zb-auto"
+#        PICTURES="1f1b zb-h1"
 #
 # `pipefisher plan` on one transformer block per stage (the paper's performance model), N = D and
 # N = 2D micro-batches, the CSV's backward split into I and W by flops (--model bert-large), with
 # and without --kfac. Prints per (D, N, schedule): the step without K-FAC, PipeFisher's step
 # (precondition included) and its ratio to 1F1B without K-FAC, the refresh period (steps per
-# device: the largest and the mean), and the bubble left per device after K-FAC. With svg-dir,
-# draws D = 8, N = 8 with PipeFisher for every schedule (SCHEDULE-d8.svg: K-FAC work and W where
+# device: the largest and the mean) and K-FAC's utilization over it. With svg-dir, draws
+# D = 8, N = 8 with PipeFisher for each of PICTURES (SCHEDULE-d8.svg: K-FAC work and W where
 # the planner put them, per device).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +21,8 @@ bin=$build/pipefisher
 profile=${PROFILE:-$root/data/profiles/bert-large_p100.csv}
 bs=${BS:-32}
 stages=${STAGES:-8 16 32}
-schedules=${SCHEDULES:-1f1b zb-h1 zb-h2}
+schedules=${SCHEDULES:-1f1b zb-h1 zb-h2 zb-auto}
+pictures=${PICTURES:-1f1b zb-h1}
 [[ -x $bin ]] || { echo "zero_bubble_sim.sh: no $bin (build the pipefisher target)" >&2; exit 2; }
 [[ -f $profile ]] || { echo "zero_bubble_sim.sh: no profile $profile" >&2; exit 2; }
 if [[ -n $svg ]]; then mkdir -p "$svg"; fi
@@ -36,7 +38,7 @@ for d in $stages; do
   done
 done
 if [[ -n $svg ]]; then
-  for s in $schedules; do
+  for s in $pictures; do
     "$bin" plan "${common[@]}" --schedule "$s" --stages 8 --micro-batches 8 --kfac --steps 2 \
       --svg "$svg/$s-d8.svg" > /dev/null
   done
