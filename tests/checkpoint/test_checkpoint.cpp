@@ -397,7 +397,8 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
 void expect_zero_bubble_resume_identical(const std::string& schedule) {
   tiny_config(dir());
   const std::string zb = "--set parallel.stages=2 --set parallel.schedule=" + schedule;
-  const std::string tag = schedule == "zb-h1" ? "zbh1" : "zbv";
+  std::string tag = schedule;
+  std::erase(tag, '-');
   Launch ref = run(mpi_train_cmd(2, dir(), "ref" + tag, zb));
   ASSERT_EQ(ref.status, 0) << ref.out;
   expect_resume_identical(tag, 2, zb, read_log(dir() / ("ref" + tag + ".jsonl")));
@@ -407,6 +408,10 @@ void expect_zero_bubble_resume_identical(const std::string& schedule) {
 TEST(Resume, ZeroBubbleH1IsBitIdentical) { expect_zero_bubble_resume_identical("zb-h1"); }
 // ZB-V: two chunks per rank, rank 0 holding the first and the last stage.
 TEST(Resume, ZeroBubbleVIsBitIdentical) { expect_zero_bubble_resume_identical("zb-v"); }
+TEST(Resume, ZeroBubbleH2AndAutoAreBitIdentical) {
+  expect_zero_bubble_resume_identical("zb-h2");
+  expect_zero_bubble_resume_identical("zb-auto");
+}
 
 // Data-parallel K-FAC is the executor with one stage: its checkpoints carry each replica's
 // DistributedKfac state too (the fusion plan made from the first two curvature steps' timings),

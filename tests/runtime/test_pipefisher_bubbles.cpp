@@ -118,3 +118,12 @@ TEST(PipeFisherRuntime, BubblesWithAutomaticZeroBubbleOrdersEqualSingleProcessWi
   const std::string v = "--set parallel.stages=2 --set parallel.schedule=zb-v";
   expect_bubbles_match("zbv", 2, v + " --set kfac.plan_profile=" + made_up_plan_profile("zbv", v, 2).string(), {});
 }
+
+// K-FAC in a zero-bubble schedule's bubbles with data + inversion parallelism: 2 stages x 2
+// replicas of ZB-H1, curvature summed and inverses broadcast among the replicas.
+TEST(PipeFisherRuntime, BubblesWithZeroBubbleAndTwoReplicasEqualSingleProcessWithSamePattern) {
+  const std::string sets = "--set parallel.stages=2 --set parallel.schedule=zb-h1 --set parallel.data_parallel=2 "
+                           "--set parallel.micro_batches=2";
+  expect_bubbles_match("zbh1_2x2", 4, sets + " --set kfac.plan_profile=" + made_up_plan_profile("zbh1_2x2", sets, 4).string(),
+                       {"parallel.data_parallel=2", "parallel.micro_batches=2"}, "--test-bcast-model 0,0");
+}

@@ -192,6 +192,13 @@ TEST(RuntimeEquivalence, ZeroBubbleAuto_2x1) {
 TEST(RuntimeEquivalence, ZeroBubbleV_2x1) {
   expect_same_as_reference("zbv_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-v");
 }
+// Zero-bubble schedules with data parallelism: each replica's W of a stage ends before the
+// gradient all-reduce of that stage, on 2 stages x 2 replicas.
+TEST(RuntimeEquivalence, ZeroBubble_2x2) {
+  const std::string dp = "--set parallel.stages=2 --set parallel.data_parallel=2 --set parallel.micro_batches=2 ";
+  expect_same_as_reference("zbh1_2x2", 4, dp + "--set parallel.schedule=zb-h1");
+  expect_same_as_reference("zbv_2x2", 4, dp + "--set parallel.schedule=zb-v");
+}
 TEST(RuntimeEquivalence, ExplicitPartition) {
   expect_same_as_reference("partition_2x1", 2, "--set parallel.stages=2 --set parallel.partition=[3,1]");
 }
