@@ -325,6 +325,23 @@ void check_model_relations(const Config& c) {
     usage_error("data.nsp", "a sentence pair needs model.seq_len >= 5 ([CLS] A [SEP] B [SEP]), got {}", m.seq_len);
 }
 
+// kfac.placement = replay: one process following a recorded refresh pattern, factors of one step each.
+void check_replay(const Config& c) {
+  const auto& k = c.kfac;
+  const bool replay = k.enabled && k.placement == Placement::Replay;
+  if (!k.refresh_record.empty() && !replay)
+    usage_error("kfac.refresh_record", "only applies with kfac.enabled = true and kfac.placement = replay");
+  if (!replay) return;
+  if (k.refresh_record.empty())
+    usage_error("kfac.refresh_record", "kfac.placement = replay follows a recorded refresh pattern: name the "
+                "kfac_refresh.json of a kfac.placement = bubbles run");
+  if (c.parallel.stages != 1 || c.parallel.data_parallel != 1)
+    usage_error("kfac.placement", "'replay' is one process following a pipeline's record: parallel.stages = 1 and "
+                "parallel.data_parallel = 1 (got {} and {})", c.parallel.stages, c.parallel.data_parallel);
+  require(k.ema == 0, "kfac.ema", "must be 0 with kfac.placement = replay: the record names one step's factors (got {})",
+          k.ema);
+}
+
 // The partition against the model, and K-FAC keys that only apply with others.
 void check_run_relations(const Config& c) {
   if (!c.parallel.partition.empty()) {
@@ -339,6 +356,7 @@ void check_run_relations(const Config& c) {
   const auto& k = c.kfac;
   if (!k.plan_profile.empty() && !(k.enabled && k.placement == Placement::Bubbles))
     usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles");
+  check_replay(c);
   if (k.distributed != KfacStrategy::SpdKfac) {
     require(k.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
             k.distributed);
@@ -481,6 +499,8 @@ std::string preset_of(const ModelConfig& m) {
 std::string optimizer_of(const Config& c) {
   if (!c.kfac.enabled) return name_of(c.optim.name);
   if (c.kfac.placement == Placement::Bubbles) return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles: PipeFisher)";
+  if (c.kfac.placement == Placement::Replay)
+    return name_of(c.optim.name) + " + K-FAC (replay: the refresh pattern of " + c.kfac.refresh_record + ")";
   const std::string where = c.kfac.placement == Placement::Skip
                                 ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every)
                                 : "inline";

@@ -117,7 +117,7 @@ struct KfacConfig {
   double kl_clip = 0.0;         // 0 = off
   int inverse_every = 1;        // refresh interval for placement = inline/skip
   int diag_limit = 10000;       // layers with more outputs keep only diag(B)
-  Placement placement = Placement::Bubbles;  // bubbles | inline | skip (unset with one stage and K-FAC on: inline)
+  Placement placement = Placement::Bubbles;  // bubbles | inline | skip | replay (unset with one stage and K-FAC on: inline)
   KfacStrategy distributed = KfacStrategy::SpdKfac;  // inline / skip, a stage with copies: d-kfac | mpd-kfac | spd-kfac
   bool spd_pipelining = true;   // spd-kfac: factor all-reduces overlapped with compute, fused (Table IV)
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
@@ -135,6 +135,9 @@ struct KfacConfig {
   // so every run of the same config refreshes the same way and gives the same losses. Empty =
   // profile online (the default). Set, it also turns re-planning on drift off.
   std::string plan_profile;
+  // replay: the refresh record (out_dir/kfac_refresh.json of a bubbles run) that one process
+  // follows, so it trains what that pipeline trained (kfac/refresh_record.hpp).
+  std::string refresh_record;
 
   bool operator==(const KfacConfig&) const = default;
 };

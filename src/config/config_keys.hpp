@@ -137,6 +137,7 @@ void kfac_keys(C& c, F& key) {
   key("kfac.replan_on_drift", k.replan_on_drift, kAny);
   key("kfac.split_inversions", k.split_inversions, kAny);
   key("kfac.plan_profile", k.plan_profile, kPath);
+  key("kfac.refresh_record", k.refresh_record, kPath);
 }
 
 template <typename C, typename F>

@@ -18,7 +18,7 @@ enum class Vocab { Bert, Gpt2 };           // data.vocab: the tokenizer
 enum class OptimName { NvLamb, AdamW, Sgd };  // optim.name
 enum class OnNonfinite { Skip, Stop };     // train.on_nonfinite
 enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, ZbH2, ZbAuto, ZbV };  // parallel.schedule
-enum class Placement { Bubbles, Inline, Skip };        // kfac.placement
+enum class Placement { Bubbles, Inline, Skip, Replay };  // kfac.placement
 enum class KfacStrategy { DKfac, MpdKfac, SpdKfac };   // kfac.distributed
 
 template <typename E>
@@ -61,7 +61,8 @@ struct EnumNames<ScheduleName> {
 template <>
 struct EnumNames<Placement> {
   static constexpr EnumName<Placement> table[] = {
-      {Placement::Bubbles, "bubbles"}, {Placement::Inline, "inline"}, {Placement::Skip, "skip"}};
+      {Placement::Bubbles, "bubbles"}, {Placement::Inline, "inline"}, {Placement::Skip, "skip"},
+      {Placement::Replay, "replay"}};
 };
 template <>
 struct EnumNames<KfacStrategy> {

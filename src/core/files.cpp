@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <cstdint>
 #include <optional>
 
 namespace pf {
@@ -202,6 +203,37 @@ void remove_stale_temporaries(const std::string& dir, const std::vector<std::str
     if (std::any_of(names.begin(), names.end(), ours) && it->symlink_status(e).type() == fs::file_type::regular)
       fs::remove(it->path(), e);
   }
+}
+
+std::string read_input_file(const std::string& path, const std::string& what, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int e = errno;
+    usage_error(what, "cannot open '{}': {}", path, std::strerror(e));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    usage_error(what, "'{}' is a {}, not a regular file", path, kind_of(st.st_mode));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    usage_error(what, "'{}' is {} bytes, over the bound of {} bytes for this input", path, st.st_size, max_bytes);
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      usage_error(what, "cannot read '{}': {}", path, std::strerror(e));
+    }
+    if (n == 0) break;  // shrank while read: what is there
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
 }
 
 void make_dirs(const std::string& path, const std::string& what) {

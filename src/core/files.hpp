@@ -76,6 +76,11 @@ void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<Nam
 // is being written).
 void remove_stale_temporaries(const std::string& dir, const std::vector<std::string>& names);
 
+// An input read whole: a regular file (followed through links) of at most max_bytes. A device,
+// FIFO or directory, or a larger file, is a UsageError naming `what` and the path, before it is
+// read: /dev/zero as a profile must not grow until the kernel kills the process.
+std::string read_input_file(const std::string& path, const std::string& what, size_t max_bytes);
+
 // Creates a directory and its parents; UsageError naming `what` if it cannot.
 void make_dirs(const std::string& path, const std::string& what);
 

@@ -50,6 +50,11 @@ void KfacPreconditioner::attach() {
   attached_ = true;
 }
 
+void KfacPreconditioner::attach(size_t i) {
+  layers_.at(i).linear->set_tap(this);
+  attached_ = true;
+}
+
 void KfacPreconditioner::detach() {
   if (!attached_) return;
   for (Entry& e : layers_)

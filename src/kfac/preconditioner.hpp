@@ -68,6 +68,7 @@ class KfacPreconditioner final : public LinearTap {
 
   // --- taps: attach before the step's forwards, detach after its last backward ---
   void attach();
+  void attach(size_t i);  // layer i only (a replay taps only the layers whose factors it uses)
   void detach();
   bool attached() const { return attached_; }
   void on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) override;

@@ -66,6 +66,7 @@
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
 #include "kfac/preconditioner.hpp"
+#include "kfac/refresh_record.hpp"
 #include "nn/model.hpp"
 #include "plan/planner.hpp"
 
@@ -83,29 +84,6 @@
 namespace pf {
 
 class DistributedKfac;
-
-// Which inverse a precondition uses: built from the factor of step curv_step, pi from the other
-// side's factor of step pi_step (-1 = none committed: pi = 1).
-struct InverseId {
-  int64_t curv_step = -1, pi_step = -1;
-  friend bool operator==(const InverseId&, const InverseId&) = default;
-};
-
-// One change: from step use_step on, (layer, side, block) uses inverse `id`. block -1 = whole.
-struct RefreshEvent {
-  std::string layer;
-  int side = 0;  // 0 = A, 1 = B
-  int block = -1;
-  int64_t use_step = 0;
-  InverseId id;
-};
-// A factor switched to `blocks` diagonal blocks before step from_step.
-struct SplitEvent {
-  std::string layer;
-  int side = 0;
-  int blocks = 1;
-  int64_t from_step = 0;
-};
 
 // Measured costs of one chunk's K-FAC units (sums; counts alongside), ms.
 struct ChunkKfacTimes {

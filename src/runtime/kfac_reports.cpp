@@ -14,15 +14,17 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <numeric>
+#include <set>
 #include <tuple>
 
 namespace pf {
 
 namespace {
 
-// Rank 0 writes every rank's refresh record (deduplicated by layer name) to `path` as JSON:
-// {"events": [{layer, side, block, use_step, curv_step, pi_step}], "splits": [...]}. Collective.
-void write_refresh_record(const std::vector<const ChunkKfac*>& mine, const std::string& path, int rank) {
+// Every rank's refresh changes, gathered on rank 0 (Chimera's twins and data-parallel replicas
+// record the same changes: kept once). Collective; the others get an empty record.
+RefreshRecord gather_refresh_record(const std::vector<const ChunkKfac*>& mine, int rank) {
   using nlohmann::json;
   json ev = json::array(), sp = json::array();
   for (const ChunkKfac* c : mine) {
@@ -31,25 +33,26 @@ void write_refresh_record(const std::vector<const ChunkKfac*>& mine, const std::
     for (const SplitEvent& s : c->splits()) sp.push_back({s.layer, s.side, s.blocks, s.from_step});
   }
   const std::vector<std::string> all = comm::gather_bytes(json{ev, sp}.dump(), 0, MPI_COMM_WORLD);
-  if (rank != 0) return;
-  // Chimera's twins and data-parallel replicas record the same changes: keep one of each.
-  std::map<std::string, json> events, splits;
+  RefreshRecord r;
+  if (rank != 0) return r;
+  std::set<std::string> seen;
   for (const std::string& s : all) {
     const json j = json::parse(s);
-    for (const json& e : j[0]) events.emplace(e.dump(), e);
-    for (const json& e : j[1]) splits.emplace(e.dump(), e);
+    for (const json& e : j[0])
+      if (seen.insert("e" + e.dump()).second)
+        r.events.push_back({e[0], e[1], e[2], e[3], {e[4].get<int64_t>(), e[5].get<int64_t>()}});
+    for (const json& e : j[1])
+      if (seen.insert("s" + e.dump()).second) r.splits.push_back({e[0], e[1], e[2], e[3]});
   }
-  json out = {{"events", json::array()}, {"splits", json::array()}};
-  auto key = [](const json& e) { return std::tuple(e[3].get<int64_t>(), e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>()); };
-  std::vector<json> evs;
-  for (auto& [k, e] : events) evs.push_back(e);
-  std::sort(evs.begin(), evs.end(), [&](const json& a, const json& b) { return key(a) < key(b); });
-  for (const json& e : evs)
-    out["events"].push_back({{"layer", e[0]}, {"side", e[1]}, {"block", e[2]}, {"use_step", e[3]},
-                             {"curv_step", e[4]}, {"pi_step", e[5]}});
-  for (auto& [k, e] : splits)
-    out["splits"].push_back({{"layer", e[0]}, {"side", e[1]}, {"blocks", e[2]}, {"from_step", e[3]}});
-  write_file_atomic(path, out.dump(1) + "\n");
+  return r;
+}
+
+// The plan's period: the least common multiple of the devices' refresh cycles (0: no plan).
+int plan_period(const KfacPlan* plan) {
+  if (!plan) return 0;
+  int p = 1;
+  for (int r : plan->refresh_steps) p = std::lcm(p, std::max(r, 1));
+  return p;
 }
 
 }  // namespace
@@ -216,7 +219,14 @@ void Executor::write_kfac_record(const std::string& path) {
   if (!kfac_) return;
   std::vector<const ChunkKfac*> mine;
   for (auto& c : kfac_->chunk) mine.push_back(c.get());
-  write_refresh_record(mine, path, groups_.rank);
+  RefreshRecord r = gather_refresh_record(mine, groups_.rank);
+  if (groups_.rank != 0) return;
+  r.steps = step_ + 1;
+  r.plan_start = kfac_->plan_start;
+  r.period = plan_period(kfac_->plan.get());
+  r.recorded_with = record_shape(cfg_);
+  r.layout = record_layout(cfg_);
+  write_refresh_record(std::move(r), path);
 }
 
 }  // namespace pf

@@ -123,6 +123,9 @@ MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions
   if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles && cfg.parallel.stages == 1)
     usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
                 "(the default with one stage) or 'skip'");
+  if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Replay)
+    usage_error("kfac.placement", "'replay' follows a pipeline's record in one process: run it without mpirun and "
+                "--profile-dir");
   try {
     layout_ = make_layout(cfg, world.size());
   } catch (const ScheduleError& e) {

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
+#include "train/kfac_replay.hpp"
 #include "nn/model.hpp"
 
 #include <cmath>
@@ -212,6 +213,8 @@ std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int s
   }
   NamedTensors kfac;
   if (st.kfac) kfac = st.kfac->state();
+  if (st.kfac_replay)
+    for (auto& kv : st.kfac_replay->state()) kfac.push_back(std::move(kv));
   for (const auto& [name, t] : kfac) state.push_back({name, t.shape(), t.span(), false});
   SafetensorsMetadata meta{{"optimizer", st.optim->name()}, {"optimizer_steps", std::to_string(st.optim->step_count())}};
   for (const auto& files : {std::pair{&weights, "weights"}, std::pair{&state, "state"}})
@@ -231,10 +234,17 @@ void load_train_state(const CheckpointReader& r, const TrainState& st) {
   const long long n = std::strtoll(steps.c_str(), &end, 10);
   if (steps.empty() || *end != '\0' || n < 0) usage_error(r.dir(), "no valid \"optimizer_steps\" in the state files");
   st.optim->set_step_count(n);
+  // A replay's factors are re-partitioned as of the checkpoint's step before they load.
+  if (st.kfac_replay) st.kfac_replay->prepare_resume(r.manifest().step);
   if (st.kfac) {
     NamedTensors kfac = st.kfac->state();  // names and shapes, filled from the checkpoint
     for (auto& [name, t] : kfac) r.read(name, t.shape(), t.span());
     st.kfac->load_state(kfac);
+  }
+  if (st.kfac_replay) {
+    NamedTensors kept = st.kfac_replay->state();
+    for (auto& [name, t] : kept) r.read(name, t.shape(), t.span());
+    st.kfac_replay->load_state(kept);
   }
 }
 

@@ -23,11 +23,14 @@
 
 namespace pf {
 
+class KfacReplay;
+
 // One process's share of the training state (one stage, or the whole model).
 struct TrainState {
   std::vector<Param*> params;         // mirrors included (they load like their owner)
   Optimizer* optim = nullptr;
   KfacPreconditioner* kfac = nullptr;  // null without K-FAC
+  KfacReplay* kfac_replay = nullptr;   // kfac.placement = replay: the factors it keeps
 };
 
 // The run facts a manifest records for a checkpoint after `step` steps.

@@ -2,11 +2,14 @@
 
 #include "core/error.hpp"
 
+#include <cstdio>
+
 namespace pf {
 
 void OneProcessEngine::build(const Config& cfg) {
   trainer_ = std::make_unique<Trainer>(cfg);
   trainer_->set_poison(poison_);
+  if (const KfacReplay* r = trainer_->kfac_replay()) std::printf("%s\n", r->describe().c_str());
 }
 
 void OneProcessEngine::load_init(const std::string& init, const CheckpointReader* ckpt) {

@@ -42,7 +42,7 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles)
     usage_error("kfac.placement", "'bubbles' places K-FAC work in pipeline bubbles: it needs a pipeline "
-                "(parallel.stages > 1); a single process runs 'inline' or 'skip'");
+                "(parallel.stages > 1); a single process runs 'inline', 'skip' or 'replay' (a bubbles run's record)");
   set_threads(cfg.train.threads);
   const auto& p = cfg.parallel;
   train_data_ = make_batcher(cfg.model, cfg.data, false);
@@ -57,6 +57,7 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   optim_->init(params_);
   lr_ = make_run_lr_schedule(cfg);
   if (cfg.kfac.enabled) kfac_ = std::make_unique<KfacPreconditioner>(model_->linears(), cfg.kfac, cfg.model.vocab);
+  if (kfac_ && cfg.kfac.placement == Placement::Replay) replay_ = std::make_unique<KfacReplay>(cfg, *kfac_);
 }
 
 int64_t Trainer::tokens_per_step() const {
@@ -71,10 +72,7 @@ StepStats Trainer::step() {
   poison_.poison_inputs(step_, mbs_);
   model_->zero_grad();
   model_->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step_));
-  s.kfac_curvature = kfac_ && kfac_->curvature_step(step_);
-  // With kfac.ema = 0 the factors accumulate in place: keep the previous ones in case this step's
-  // curvature turns out non-finite.
-  if (s.kfac_curvature) kfac_before_ = kfac_->state(), kfac_->attach();
+  s.kfac_curvature = kfac_ && kfac_begin(step_);
   for (MicroBatch& mb : mbs_) {
     s.loss += model_->forward(mb, no_input_, no_output_, state_);
     model_->backward(mb, no_output_, no_input_, state_);
@@ -85,11 +83,7 @@ StepStats Trainer::step() {
   s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
   if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(s.grad_norm))) {
     s.nonfinite = true;
-    if (s.kfac_curvature) {
-      kfac_->detach();
-      kfac_->load_state(kfac_before_);
-      kfac_->finish_curvature(1.0);  // nothing pending after the restore: only clears the row counts
-    }
+    kfac_abandon(s);
     s.grad_norm = std::numeric_limits<double>::quiet_NaN();
   } else {
     double clip_norm = s.grad_norm;  // what the optimizer clips by: after K-FAC's precondition
@@ -108,16 +102,41 @@ StepStats Trainer::step() {
   return s;
 }
 
-void Trainer::kfac_step(StepStats& s) {
+bool Trainer::kfac_begin(int64_t step) {
+  if (replay_) return replay_->begin_step(step);
+  if (!kfac_->curvature_step(step)) return false;
+  // With kfac.ema = 0 the factors accumulate in place: keep the previous ones in case this step's
+  // curvature turns out non-finite.
+  kfac_before_ = kfac_->state();
+  kfac_->attach();
+  return true;
+}
+
+void Trainer::kfac_abandon(const StepStats& s) {
+  if (replay_) return replay_->abandon_step();
+  if (!s.kfac_curvature) return;
+  kfac_->detach();
+  kfac_->load_state(kfac_before_);
+  kfac_->finish_curvature(1.0);  // nothing pending after the restore: only clears the row counts
+}
+
+void Trainer::kfac_refresh(StepStats& s) {
   if (s.kfac_curvature) {
     kfac_->detach();
     kfac_->finish_curvature(mbs_.front().loss_scale);
   }
   s.kfac_inversion = kfac_->inversion_step(step_);
-  if (s.kfac_inversion) {
-    const InversionSummary inv = kfac_->invert_all();
-    s.kfac_raised = inv.raised;
-    s.kfac_kept = inv.kept;
+  if (!s.kfac_inversion) return;
+  const InversionSummary inv = kfac_->invert_all();
+  s.kfac_raised = inv.raised;
+  s.kfac_kept = inv.kept;
+}
+
+void Trainer::kfac_step(StepStats& s) {
+  if (replay_) {
+    s.kfac_inversion = replay_->end_step(step_, mbs_.front().loss_scale) > 0;
+  } else {
+    kfac_refresh(s);
   }
   kfac_->precondition_all();
   s.kfac_nu = kfac_->kl_clip(s.lr);

@@ -22,6 +22,7 @@
 #include "optim/lr_schedule.hpp"
 #include "optim/optimizer.hpp"
 #include "train/checkpointing.hpp"
+#include "train/kfac_replay.hpp"
 #include "train/test_seams.hpp"
 
 #include <cstdint>
@@ -103,18 +104,25 @@ class Trainer {
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *optim_; }
   KfacPreconditioner* kfac() { return kfac_.get(); }  // null unless kfac.enabled
+  const KfacReplay* kfac_replay() const { return replay_.get(); }  // null unless kfac.placement = replay
   int64_t step_index() const { return step_; }
   // Resuming from a checkpoint: the next step() runs step `s`.
   void set_step_index(int64_t s) { step_ = s; }
   // Parameters, optimizer and K-FAC, for checkpoints (train/checkpointing.hpp).
-  TrainState state() { return {params_, optim_.get(), kfac_.get()}; }
+  TrainState state() { return {params_, optim_.get(), kfac_.get(), replay_.get()}; }
   int64_t tokens_per_step() const;
   // Tests only: a step made non-finite on purpose (train/test_seams.hpp).
   void set_poison(const PoisonStep& p) { poison_ = p; }
 
  private:
-  // K-FAC's part of a step after the last backward: commit, invert, precondition, KL-clip.
+  // K-FAC's part of a step before its forwards: whether it builds curvature (taps attached).
+  bool kfac_begin(int64_t step);
+  // After the last backward: commit, invert, precondition, KL-clip.
   void kfac_step(StepStats& s);
+  // inline / skip: commit this step's factors and invert them when the pattern says.
+  void kfac_refresh(StepStats& s);
+  // The step's loss or gradient was not finite: K-FAC as it was before the step.
+  void kfac_abandon(const StepStats& s);
 
   Config cfg_;
   std::unique_ptr<Model> model_;
@@ -124,6 +132,7 @@ class Trainer {
   std::vector<Param*> params_;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<KfacPreconditioner> kfac_;
+  std::unique_ptr<KfacReplay> replay_;  // kfac.placement = replay
   LrSchedule lr_;
   Tensor no_input_, no_output_;   // the whole model takes token ids and ends at the loss
   NamedTensors kfac_before_;      // K-FAC state before a curvature step, restored if it turns non-finite

@@ -119,6 +119,30 @@ TEST(Config, RoundTripsThroughToml) {
   EXPECT_EQ(b.parallel.partition, (std::vector<int>{3, 1}));
 }
 
+// kfac.placement = replay follows kfac.refresh_record in one process: both round-trip, and each
+// is refused without the other, with a pipeline or replicas, and with a factor EMA.
+TEST(Config, ReplayKeys) {
+  const Config a = Config::from_toml_string("", {"kfac.enabled=true", "kfac.placement=replay",
+                                                 "kfac.refresh_record=/tmp/r.json"});
+  EXPECT_EQ(a.kfac.placement, pf::Placement::Replay);
+  const Config b = Config::from_toml_string(a.to_toml());
+  EXPECT_TRUE(b == a) << b.to_toml();
+  EXPECT_EQ(error_of("", {"kfac.refresh_record=/tmp/r.json", "kfac.enabled=true"}),
+            "kfac.refresh_record: only applies with kfac.enabled = true and kfac.placement = replay");
+  EXPECT_EQ(error_of("", {"kfac.enabled=true", "kfac.placement=replay"}).rfind("kfac.refresh_record: kfac.placement = replay", 0),
+            0u);
+  const std::vector<std::string> replay = {"kfac.enabled=true", "kfac.placement=replay",
+                                           "kfac.refresh_record=/tmp/r.json"};
+  auto with = [&](const std::string& set) {
+    std::vector<std::string> v = replay;
+    v.push_back(set);
+    return v;
+  };
+  EXPECT_EQ(error_of("", with("parallel.stages=2")).rfind("kfac.placement: 'replay' is one process", 0), 0u);
+  EXPECT_EQ(error_of("", with("parallel.data_parallel=2")).rfind("kfac.placement: 'replay' is one process", 0), 0u);
+  EXPECT_EQ(error_of("", with("kfac.ema=0.5")).rfind("kfac.ema: must be 0 with kfac.placement = replay", 0), 0u);
+}
+
 // data.nsp (BERT's next-sentence prediction, off by default) reaches the model, round-trips, and
 // is refused where it cannot apply; kfac.plan_profile only with K-FAC in the bubbles.
 TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
@@ -252,7 +276,7 @@ TEST(Config, EachSettingsNamesRoundTrip) {
   expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd");
   expect_names_round_trip<pf::OnNonfinite>("skip, stop");
   expect_names_round_trip<pf::ScheduleName>("naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
-  expect_names_round_trip<pf::Placement>("bubbles, inline, skip");
+  expect_names_round_trip<pf::Placement>("bubbles, inline, skip, replay");
   expect_names_round_trip<pf::KfacStrategy>("d-kfac, mpd-kfac, spd-kfac");
   // JSON writes a setting by its name, not its integer.
   EXPECT_EQ(nlohmann::json(pf::Placement::Skip).dump(), "\"skip\"");
@@ -261,7 +285,7 @@ TEST(Config, EachSettingsNamesRoundTrip) {
 
 TEST(Config, AnUnknownSettingNameIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of("", {"kfac.placement=bubble"}),
-            "kfac.placement: 'bubble' is not one of bubbles, inline, skip (did you mean bubbles?)");
+            "kfac.placement: 'bubble' is not one of bubbles, inline, skip, replay (did you mean bubbles?)");
   EXPECT_EQ(error_of("[parallel]\nschedule = \"pipedream\"\n"),
             "parallel.schedule: 'pipedream' is not one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
   EXPECT_EQ(error_of("", {"kfac.distributed=spd"}), "kfac.distributed: 'spd' is not one of d-kfac, mpd-kfac, spd-kfac");
@@ -284,7 +308,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 70u);
+  EXPECT_EQ(keys.size(), 71u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;
