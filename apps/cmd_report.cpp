@@ -38,6 +38,10 @@ LossCurve read_run(const std::string& run, const std::string& label) {
   namespace fs = std::filesystem;
   const std::string path = fs::is_directory(run) ? run + "/log.jsonl" : run;
   if (fs::is_directory(path)) usage_error(run, "'{}' is a directory, not a run log", path);
+  // A FIFO would block and /dev/zero never end: a run log is a file.
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    usage_error(run, "'{}' is not a regular file (a run log is a file: log.jsonl)", path);
   std::ifstream f(path);
   if (!f) usage_error(run, "no run log '{}' (a run directory holds log.jsonl)", path);
   LossCurve c = read_loss_log(f, path);

@@ -4,6 +4,7 @@
 #include "config/paths.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "core/suggest.hpp"
 
 #include <toml++/toml.h>
@@ -114,10 +115,12 @@ class Reader {
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!n.is_number()) usage_error(key, "expected a number");
       const double v = *n.value<double>();
-      // inf and nan are TOML numbers; so is 1e39, which a float key turns into inf.
-      if (!std::isfinite(v) || std::abs(v) > static_cast<double>(std::numeric_limits<T>::max()))
-        usage_error(key, "must be a finite number{} (got {})",
-                    sizeof(T) < sizeof(double) ? " within single precision (|x| < 3.4e38)" : "", v);
+      // inf and nan are TOML numbers; so is 1e39, which a float key turns into inf. Every real
+      // key ends up in single-precision arithmetic (a learning rate times float32 weights), so
+      // double keys are held to the same bound.
+      if (!std::isfinite(v)) usage_error(key, "must be a finite number (got {})", v);
+      if (std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+        usage_error(key, "must be a finite number within single precision (|x| < 3.4e38) (got {})", v);
       out = static_cast<T>(v);
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!n.is_string()) usage_error(key, "expected a string");
@@ -406,13 +409,11 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   if (path.empty()) return from_toml_string("", overrides);
   // A directory opens as an empty stream (which would train with the defaults).
   if (std::filesystem::is_directory(path)) usage_error("--config", "'{}' is a directory, not a TOML file", path);
-  std::ifstream in(path);
-  if (!in) usage_error("--config", "cannot open configuration file '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // A configuration is kilobytes: /dev/zero or a FIFO is refused before it is read.
+  const std::string text = read_input_file(path, "--config", size_t{16} << 20);
   toml::table root;
   try {
-    root = toml::parse(ss.str(), path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     usage_error(path, "line {}: {}", e.source().begin.line, std::string(e.description()));
   }

@@ -2,6 +2,7 @@
 
 #include "config/paths.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "data/bpe.hpp"
 #include "data/text_util.hpp"
 #include "data/wordpiece.hpp"
@@ -17,12 +18,9 @@ std::string read_text_file(const std::string& path, const std::string& what) {
   // An ifstream opens a directory and reads it as empty: refused, not taken for an empty text.
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) usage_error(path, "is a directory, not {}", what);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) usage_error(path, "cannot read {}", what);
-  std::ostringstream s;
-  s << f.rdbuf();
-  if (f.bad()) usage_error(path, "read error in {}", what);
-  return std::move(s).str();
+  // A regular file, read whole: text to tokenize is gigabytes at most, and /dev/zero or a FIFO
+  // would never end.
+  return read_input_file(path, what, size_t{8} << 30);
 }
 
 void require_utf8(std::string_view text, const std::string& what) {

@@ -1,6 +1,7 @@
 #include "runtime/plan_record.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -161,11 +162,7 @@ nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const 
 PlanProfile read_plan_profile(const Config& cfg, const Layout& layout) {
   const std::string& path = cfg.kfac.plan_profile;
   const std::string key = "kfac.plan_profile";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) usage_error(key, "cannot open '{}'", path);
-  std::stringstream text;
-  text << f.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  const nlohmann::json j = nlohmann::json::parse(read_input_file(path, key, size_t{256} << 20), nullptr, false);
   if (j.is_discarded()) usage_error(key, "'{}' is not JSON", path);
   if (!j.is_object() || !j.contains("pipefisher_plan") || !j["pipefisher_plan"].is_object())
     usage_error(key, "'{}' holds no \"pipefisher_plan\" object (written by a kfac.placement = bubbles run)", path);

@@ -1,6 +1,7 @@
 #include "schedule/schedule.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "schedule/deps.hpp"
 
 #include <fmt/format.h>
@@ -166,12 +167,9 @@ Schedule parse_csv(const std::string& text, const std::string& source) {
 Schedule read_schedule_file(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) usage_error(what, "'{}' is a directory, not a schedule file", path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) usage_error(what, "cannot open '{}'", path);
-  std::stringstream buf;
-  buf << f.rdbuf();
+  const std::string text = read_input_file(path, what, size_t{64} << 20);
   bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
-  return csv ? parse_csv(buf.str(), path) : parse_text(buf.str(), path);
+  return csv ? parse_csv(text, path) : parse_text(text, path);
 }
 
 }  // namespace pf

@@ -1,6 +1,7 @@
 #include "sim/profile.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "sim/limits.hpp"
 
 #include <nlohmann/json.hpp>
@@ -15,12 +16,9 @@ namespace pf {
 
 namespace {
 
+// A profile is megabytes at most: /dev/zero or a FIFO is refused before it is read.
 std::string slurp(const std::string& path, const std::string& flag) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) usage_error(flag, "cannot open profile '{}'", path);
-  std::stringstream b;
-  b << f.rdbuf();
-  return b.str();
+  return read_input_file(path, flag, size_t{256} << 20);
 }
 
 // A finite number in [0, 2^53] (times in ms, memory in MB: sim/limits.hpp bounds what follows).

@@ -56,11 +56,29 @@ void add_record(const nlohmann::json& j, const std::string& where, LossCurve& c,
 
 }  // namespace
 
+namespace {
+
+// A log line is a few hundred bytes: one longer than this is no run log (a file of zeros without
+// a newline would otherwise be read whole into one line).
+constexpr size_t kMaxLogLine = size_t{1} << 20;
+
+bool read_line(std::istream& in, std::string& line, const std::string& path, int64_t ln) {
+  line.clear();
+  for (int ch; (ch = in.get()) != std::char_traits<char>::eof();) {
+    if (ch == '\n') return true;
+    if (line.size() == kMaxLogLine) usage_error(fmt::format("{}:{}", path, ln), "a line over 1 MiB: not a run log");
+    line.push_back(static_cast<char>(ch));
+  }
+  return !line.empty();
+}
+
+}  // namespace
+
 LossCurve read_loss_log(std::istream& in, const std::string& path) {
   LossCurve c;
   double t = 0;
   std::string line;
-  for (int64_t ln = 1; std::getline(in, line); ++ln) {
+  for (int64_t ln = 1; read_line(in, line, path, ln); ++ln) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     const std::string where = fmt::format("{}:{}", path, ln);

@@ -55,6 +55,10 @@ TEST(Hardening, BadConfigurationValuesAreRefusedBeforeAnythingIsWritten) {
       {"--set model.init_std=inf", "model.init_std: must be a finite number"},
       {"--set optim.weight_decay=inf", "optim.weight_decay: must be a finite number (got inf)"},
       {"--set optim.lr=nan", "optim.lr: must be a finite number (got nan)"},
+      // Every real key, double ones too: they all end in single-precision arithmetic (issue 34, item 7).
+      {"--set optim.lr=1e39", "optim.lr: must be a finite number within single precision (|x| < 3.4e38) (got 1e+39)"},
+      {"--set kfac.damping=1e300", "kfac.damping: must be a finite number within single precision"},
+      {"--set optim.beta2=-4e38", "optim.beta2: must be a finite number within single precision"},
       {"--set train.threads=65536", "train.threads: 65536 threads"},
       {"--set train.threads=32768", "train.threads: 32768 threads"},
       {"--set model.hidden=2147483646", "model.hidden: 2147483646 makes the run need at least"},

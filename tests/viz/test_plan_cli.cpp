@@ -34,7 +34,7 @@ TEST(PlanCli, BadOrContradictoryArgumentsExitTwoWithOneLine) {
   expect_usage("--schedule interleaved --stages 4 --micro-batches 6 --virtual-stages 2",
                "pipefisher: --micro-batches: interleaved 1F1B needs a multiple of --stages (4)");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --profile /nonexistent/p.csv",
-               "pipefisher: --profile: cannot open profile '/nonexistent/p.csv'");
+               "pipefisher: --profile: cannot open '/nonexistent/p.csv'");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --profile " + bad_csv, "pipefisher: --profile (");
   expect_usage("--schedule 1f1b --stages 4 --micro-batches 4 --profile " + bad_json, "pipefisher: --profile: profile '");
   expect_usage("--schedule 1f1b --stages 4", "pipefisher: --micro-batches: required with --schedule");

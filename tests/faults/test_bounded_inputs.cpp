@@ -1,0 +1,66 @@
+// Issue 34, item 5: every file input is read within a bound that fits what it is, and one that is
+// not a regular file (/dev/zero, a FIFO) is refused before it is read, naming the flag or key:
+// exit 2, one line. Each command runs under `ulimit -v` (a read of /dev/zero cannot take the
+// machine's memory) and `timeout` (a FIFO that blocked would fail the test, not hang it).
+#include "../checkpoint/cli.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+
+namespace {
+
+using namespace pf_test;
+
+fs::path dir() { return work_dir("bounded_inputs"); }
+
+// `args` of the program under a 4 GB address-space limit and a 60 s timeout.
+Launch limited(const std::string& args) {
+  return run("ulimit -v 4000000; " + kEnv + "timeout 60 " + kBinary + " " + args);
+}
+
+void expect_refusal(const Launch& r, const std::string& what, const std::string& context) {
+  EXPECT_EQ(r.status, 2) << context << "\n" << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << context << ": not one line\n" << r.out;
+  EXPECT_TRUE(contains(r.out, what)) << context << ": expected '" << what << "'\n" << r.out;
+}
+
+fs::path fifo() {
+  const fs::path p = dir() / "fifo";
+  if (!fs::exists(p)) EXPECT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  return p;
+}
+
+}  // namespace
+
+TEST(BoundedInputs, DevicesAndFifosAreRefusedBeforeTheyAreRead) {
+  const std::string f = fifo().string();
+  const std::string plan = "plan --schedule 1f1b --stages 2 --micro-batches 4 --profile ";
+  const struct {
+    std::string args, what;
+  } cases[] = {
+      {plan + "/dev/zero", "--profile: '/dev/zero' is a character device, not a regular file"},
+      {plan + "/dev/urandom", "--profile: '/dev/urandom' is a character device, not a regular file"},
+      {plan + f, "--profile: '" + f + "' is a FIFO, not a regular file"},
+      {"report /dev/zero --out " + (dir() / "r.svg").string(), "'/dev/zero' is not a regular file"},
+      {"report " + f + " --out " + (dir() / "r.svg").string(), "'" + f + "' is not a regular file"},
+      {"train --config /dev/zero", "--config: '/dev/zero' is a character device, not a regular file"},
+      {"train --config " + f, "--config: '" + f + "' is a FIFO, not a regular file"},
+      {"plan --schedule-file /dev/zero", "--schedule-file: '/dev/zero' is a character device"},
+      {"tokenize --in /dev/zero --vocab bert --out " + (dir() / "t.bin").string(), "'/dev/zero' is a character device"},
+  };
+  for (const auto& c : cases) expect_refusal(limited(c.args), c.what, c.args);
+}
+
+// A regular file may still be no log at all: one line of a megabyte without a newline is refused
+// at that line, not read until memory runs out.
+TEST(BoundedInputs, AReportLogWithAnEndlessLineIsRefused) {
+  const fs::path log = dir() / "long.jsonl";
+  {
+    std::ofstream out(log);
+    out << std::string((size_t{1} << 20) + 10, '0');
+  }
+  expect_refusal(limited("report " + log.string() + " --out " + (dir() / "l.svg").string()),
+                 log.string() + ":1: a line over 1 MiB: not a run log", "report of a 1 MiB line");
+}
