@@ -3,10 +3,11 @@
 
     study.py grid OUT STEPS "LRS" "RATIOS" "DAMPINGS" DEFAULT_DAMPING
         grid.csv and best.json (each optimizer's best setting by final validation loss)
-    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin [STEP_TIMES.csv]
+    study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin TRAIN.bin VOCAB [STEP_TIMES.csv]
         seeds.csv, summary.md, summary.json and figure7.svg from the seed runs of the best settings;
         beside the targets, the language model's context-free floor (unigram.py: the held-out
-        tokens' unigram entropy) against NVLAMB's final language-model validation loss (without
+        tokens' unigram entropy) and the plateau of a model that learned only the training tokens'
+        frequencies (their cross-entropy) against NVLAMB's final language-model validation loss (without
         next-sentence prediction: `pipefisher eval` of each seed's saved weights over the whole
         held-out split), which shows whether NVLAMB left the plateau
 
@@ -29,7 +30,7 @@ import subprocess
 import sys
 
 from record import final_eval
-from unigram import unigram_entropy
+from unigram import read_ids, unigram_cross_entropy, unigram_entropy
 
 
 def run_name(opt, lr, w, seed, damping=None):
@@ -62,6 +63,8 @@ def grid(out, steps, lrs, ratios, dampings, default_damping):
                 w = round(float(ratio) * steps)
                 for d in (dampings if opt == "kfac" else [None]):
                     name = run_name(opt, lr, w, 1, d if several else None)
+                    if not os.path.exists(f"{out}/runs/{name}/status"):
+                        continue  # a cross-shaped grid (tune.sh called with parts of it): not run
                     r = {"optimizer": opt, "lr": lr, "warmup_ratio": ratio, "warmup_steps": w,
                          "damping": d or "", **grid_row(out, name)}
                     table.append(r)
@@ -76,7 +79,8 @@ def grid(out, steps, lrs, ratios, dampings, default_damping):
     json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"], "damping": b["damping"] if several else ""}
                for o, b in best.items()}, open(f"{out}/best.json", "w"))
     for o, b in best.items():
-        edge = [k for k, vals in (("lr", lrs), ("damping", dampings if o == "kfac" and several else []))
+        edge = [k for k, vals in (("lr", lrs), ("warmup_ratio", ratios if len(ratios) > 1 else []),
+                                  ("damping", dampings if o == "kfac" and several else []))
                 if vals and b[k] in (vals[0], vals[-1])]
         if edge:
             print(f"tune.sh: {o}'s best setting is on the grid's edge in {', '.join(edge)}: widen the grid")
@@ -168,7 +172,8 @@ def paired_difference(a, b):
     return m, se
 
 
-def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
+def summary(out, steps, seeds, binary, model, tokens, floors, step_times):
+    floor, plateau, train_tokens = floors
     st = Study(out, steps, seeds, binary, model)
     per = st.per_seed()
     nv_evals = [final_lm_loss(binary, d) for d in st.runs["nvlamb"]]
@@ -195,6 +200,7 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     write_seeds_csv(out, per)
     js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
           "best": st.best, "target_valid_loss": target_valid, "unigram_entropy": floor,
+          "unigram_cross_entropy": plateau, "epochs": steps * tokens / train_tokens,
           "nvlamb_final_lm_valid_loss": nv_lm, "nvlamb_final_lm_valid_loss_se": nv_lm_se,
           "target_smoothed_training_loss": target_train,
           "steps_fraction": mean_or_none([r["vs"] for r in rows]),
@@ -207,7 +213,8 @@ def summary(out, steps, seeds, binary, model, tokens, floor, step_times):
     with open(f"{out}/summary.json.tmp", "w") as f:
         json.dump(js, f, indent=1)
     os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
-    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm, nv_lm_se), nv_time, ratio, diffs)
+    write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm, nv_lm_se, plateau), nv_time, ratio,
+                     diffs, steps * tokens / train_tokens)
 
 
 def write_seeds_csv(out, per):
@@ -219,8 +226,8 @@ def write_seeds_csv(out, per):
                 w.writerow([o, x["seed"], x["final"], x["smoothed"], x["valid"], x["time_s"]])
 
 
-def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
-    target_train, target_valid, floor, nv_lm, nv_lm_se = targets
+def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs, epochs):
+    target_train, target_valid, floor, nv_lm, nv_lm_se, plateau = targets
     lm = ("not measured (the runs kept no weights)" if nv_lm is None else
           f"{nv_lm:.4f} (standard error {nv_lm_se:.4f} over the held-out micro-batches), {floor - nv_lm:+.4f} below it")
     best = ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" +
@@ -229,7 +236,8 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
                  else "time = the runs' summed step_time_s")
     lines = [f"# {st.model}: NVLAMB vs K-FAC with PipeFisher, tuned with the same budget", "",
              open(f"{st.out}/machine.txt").read().strip(), "",
-             f"{st.steps} steps; best settings by final validation loss (grid.csv): {best}", "",
+             f"{st.steps} steps ({epochs:.2f} epochs of the training split's tokens); best settings by final "
+             f"validation loss (grid.csv): {best}", "",
              "## Final losses over seeds " + " ".join(st.seeds), "",
              "| optimizer | training loss (smoothed) | validation loss | training time (s) |", "|---|---|---|---|"]
     for o in per:
@@ -237,8 +245,10 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs):
                      f"{stats([x['time_s'] for x in per[o]])} |")
     lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
               f"validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
-              f"Time: {time_note}. The language model's context-free floor (the held-out "
-              f"tokens' unigram entropy): {floor:.4f}; NVLAMB's final language-model validation loss "
+              f"Time: {time_note}. The unigram plateau (the held-out tokens' cross-entropy under the "
+              f"training tokens' frequencies: a model that learned only those): {plateau:.4f}; the context-free "
+              f"floor (their own unigram entropy, which no such model reaches): {floor:.4f}; NVLAMB's final "
+              f"language-model validation loss "
               f"(whole held-out split, no next-sentence prediction; mean over seeds): {lm}.", "",
               "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
               "|---|---|---|---|---|"]
@@ -279,8 +289,8 @@ def main():
     if cmd == "grid":
         grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
     elif cmd == "summary":
-        floor = unigram_entropy(a[6])[0]
-        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floor, a[7] if len(a) > 7 else "")
+        floors = (unigram_entropy(a[6])[0], unigram_cross_entropy(a[6], a[7], int(a[8])), len(read_ids(a[7])))
+        summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floors, a[9] if len(a) > 9 else "")
     else:
         sys.exit(f"study.py: unknown command {cmd}")
 

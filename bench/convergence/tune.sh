@@ -12,6 +12,10 @@
 #   kfac    K-FAC (damping $DAMPING) then NVLAMB on the preconditioned gradients, placement bubbles
 #           (PipeFisher) planned from ONE recorded profile (kfac.plan_profile: a $PROFILE_STEPS-step
 #           run made first), so every K-FAC run refreshes the same way whatever the machine's load.
+#   RANKS=1: every run is one process with $THREADS threads (train.threads); K-FAC follows the
+#           refresh record of a short real PipeFisher run ($RECORD_STEPS steps, $RECORD_RANKS ranks x
+#           1F1B, made first: kfac.placement = replay, docs/kfac.md), which trains what that
+#           pipeline would train, at one process's speed.
 # 1. Grid, seed 1, the same for both: peak learning rate in $LRS x warm-up ratio in $WARMUP_RATIOS
 #    (the paper's: 2000 and 600 of 7038 steps), warm-up steps = round(ratio x STEPS) for both the
 #    learning rate and K-FAC. A run diverged if it stopped on a non-finite loss or its final
@@ -26,7 +30,7 @@
 # K-FAC's steps_fraction and time_fraction to NVLAMB's final validation loss), figure7.svg (+ .png with
 # rsvg-convert; `pipefisher report` of every seed run with the target), runs/ (each run's
 # directory), kfac_profile.json (the recorded PipeFisher profile).
-# Environment: MODEL STEPS SEQ MB MBS RANKS SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
+# Environment: MODEL STEPS SEQ MB MBS RANKS THREADS RECORD_RANKS RECORD_STEPS RECORD_ONLY SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
 # EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus);
 # KFAC_EVAL_EVERY (K-FAC's runs validate this often: the crossing's resolution; default EVAL_EVERY);
 # STEP_TIMES (bench/pipefisher.sh's CSV: time = steps x its step times at this shape; see study.py);
@@ -53,6 +57,7 @@ seq=${SEQ:-128}
 mb=${MB:-4}
 mbs=${MBS:-8}
 ranks=${RANKS:-2}
+threads=${THREADS:-1}
 schedule=${SCHEDULE:-1f1b}
 lrs=${LRS:-1e-3 2e-3 5e-3 1e-2}
 ratios=${WARMUP_RATIOS:-0.2843 0.0853}
@@ -74,18 +79,23 @@ nsp=${NSP:-$([[ $arch == bert ]] && echo true || echo false)}
 cd "$root"
 source "$root/bench/lib.sh"
 mkdir -p "$out/runs"
-pf_machine "$bin" 1 | tee "$out/machine.txt"
+pf_machine "$bin" "$threads" | tee "$out/machine.txt"
 
 common=(--config "configs/$model.toml" --set train.steps="$steps" --set model.seq_len="$seq"
         --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs"
-        --set parallel.stages="$ranks" --set parallel.schedule="$schedule" --set train.threads=1
+        --set parallel.stages="$ranks" --set parallel.schedule="$schedule" --set train.threads="$threads"
         --set train.eval_every="$eval_every" --set train.eval_batches="$eval_batches"
         --set train.log_every=1000000 --set train.on_nonfinite=stop)
 [[ $arch == bert ]] && common+=(--set data.nsp="$nsp")
 [[ -n ${TRAIN_FILE:-} ]] && common+=(--set data.train_file="$TRAIN_FILE")
 [[ -n ${VALID_FILE:-} ]] && common+=(--set data.valid_file="$VALID_FILE")
-kfac=(--set kfac.enabled=true --set kfac.placement=bubbles
-      --set kfac.plan_profile="$out/kfac_profile.json" --set train.eval_every="$kfac_eval_every")
+if ((ranks > 1)); then
+  kfac=(--set kfac.enabled=true --set kfac.placement=bubbles
+        --set kfac.plan_profile="$out/kfac_profile.json" --set train.eval_every="$kfac_eval_every")
+else  # one process following a real pipeline run's refresh record
+  kfac=(--set kfac.enabled=true --set kfac.placement=replay
+        --set kfac.refresh_record="$out/kfac_refresh.json" --set train.eval_every="$kfac_eval_every")
+fi
 
 train() {  # run-name, args...: trains into $out/runs/run-name; its exit status is kept in run-name/status
   local name=$1
@@ -113,7 +123,9 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
     echo "$args" > "$dir.args"
   fi
   local status=0
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$ranks" "$bin" train "${common[@]}" "$@" \
+  local launch=(scripts/pfrun -np "$ranks")
+  ((ranks > 1)) || launch=()
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=1 "${launch[@]}" "$bin" train "${common[@]}" "$@" \
     --set train.out_dir="$dir" --set train.checkpoint_dir="$dir/checkpoints" \
     --set train.checkpoint_every="$checkpoint_every" "${resume[@]}" >> "$dir.out" 2>&1 || status=$?
   mkdir -p "$dir"
@@ -139,7 +151,27 @@ run_name() {
   echo "$name-s$4"
 }
 
-if [[ $optimizers == *kfac* ]]; then
+# RANKS=1: the pattern every K-FAC run follows is the refresh record of a short real PipeFisher
+# run, $RECORD_RANKS ranks x 1F1B (one stage each, 1 thread per rank) at the study's shape, planned
+# from its own profile; kept as out-dir/kfac_refresh.json and never replaced (delete it with
+# out-dir/runs to start over). Its plan comes from the machine's timings: record it on a quiet one.
+record_refresh() {
+  [[ -f $out/kfac_refresh.json ]] && return 0
+  local dir=$out/runs/record rr=${RECORD_RANKS:-2}
+  echo "== recording the refresh pattern (${RECORD_STEPS:-12} steps, $rr ranks x 1F1B)"
+  rm -rf "$dir"
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$rr" "$bin" train "${common[@]}" \
+    --set parallel.stages="$rr" --set parallel.schedule=1f1b --set train.threads=1 \
+    --set train.steps="${RECORD_STEPS:-12}" --set kfac.enabled=true --set kfac.placement=bubbles \
+    --set kfac.damping="$damping" --set kfac.replan_on_drift=false --set train.out_dir="$dir" > "$dir.out" 2>&1 \
+    || { echo "tune.sh: the record run failed (see $dir.out)" >&2; exit 1; }
+  grep -h '^pipefisher: planned' "$dir.out" | tee "$out/kfac_refresh.plan.txt"
+  cp "$dir/kfac_refresh.json" "$out/kfac_refresh.json"
+}
+if [[ $optimizers == *kfac* ]] && ((ranks == 1)); then
+  record_refresh
+  [[ -n ${RECORD_ONLY:-} ]] && { echo "tune.sh: refresh record kept as $out/kfac_refresh.json (RECORD_ONLY)"; exit 0; }
+elif [[ $optimizers == *kfac* ]]; then
 echo "== recording the PipeFisher profile ($profile_steps steps)"
 train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
   --set kfac.damping="$damping" --set kfac.replan_on_drift=false
@@ -182,8 +214,9 @@ for opt in nvlamb kfac; do
 done
 
 # Targets, crossings, tables, Figure 7, summary.json.
-vocab=bert; [[ $arch == gpt ]] && vocab=gpt2
+vocab=bert vocab_size=30522; [[ $arch == gpt ]] && vocab=gpt2 vocab_size=50257
 python3 "$root/bench/convergence/study.py" summary "$out" "$steps" "$seeds" "$bin" "$model" $((mb * mbs * seq)) \
-  "${VALID_FILE:-data/corpus/valid.$vocab.bin}" "${STEP_TIMES:-}"
+  "${VALID_FILE:-data/corpus/valid.$vocab.bin}" "${TRAIN_FILE:-data/corpus/train.$vocab.bin}" "$vocab_size" \
+  "${STEP_TIMES:-}"
 rm -f "$out/.scratch.svg" "$out/.scratch.png"
 echo "outputs: $out/{summary.md, summary.json, grid.csv, seeds.csv, figure7.svg, kfac_profile.json, runs/}"
