@@ -55,8 +55,11 @@ int run(const TokenizeArgs& a) {
   if (!a.out.empty() && (a.out.size() < 5 || a.out.compare(a.out.size() - 4, 4, ".bin") != 0))
     usage_error("--out", "token files end in .bin, got '{}'", a.out);
   const OutputFile out{a.out, "--out", true}, docs{a.docs, "--docs", true};
-  check_outputs({out, docs}, {{a.in, "--in"}});
-  auto tok = load_tokenizer(a.vocab, a.vocab_dir.empty() ? find_vocab_dir(a.vocab) : a.vocab_dir);
+  const std::string vocab_dir = a.vocab_dir.empty() ? find_vocab_dir(a.vocab) : a.vocab_dir;
+  std::vector<NamedPath> inputs{{a.in, "--in"}};
+  for (const std::string& f : tokenizer_files(a.vocab, vocab_dir)) inputs.push_back({f, "the " + a.vocab + " vocabulary"});
+  check_outputs({out, docs}, inputs);
+  auto tok = load_tokenizer(a.vocab, vocab_dir);
   if (a.decode) {
     fmt::print("{}\n", tok->decode(parse_ids(a.text)));
     return 0;

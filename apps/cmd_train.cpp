@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 namespace {
 
 struct TrainArgs {
@@ -27,18 +29,39 @@ struct TrainArgs {
   std::string test_drift_at, test_kfac_cost_scale, test_bcast_model;  // hidden: tests/runtime
 };
 
+// Whether a --set chose `key`.
+bool set_on_command_line(const std::vector<std::string>& sets, const std::string& key) {
+  for (const std::string& s : sets)
+    if (s.rfind(key + "=", 0) == 0) return true;
+  return false;
+}
+
+// --resume of a run directory continues it where it now is (run_dir.hpp's relocate_run), when the
+// configuration is the run's own and no --set names another train.out_dir.
+void relocate_resumed_run(const TrainArgs& a, const std::string& config, pf::Config& cfg) {
+  const std::string run = pf::run_dir_of_resume(a.resume);
+  std::error_code ec;
+  if (run.empty() || set_on_command_line(a.sets, "train.out_dir") ||
+      !std::filesystem::equivalent(config, std::filesystem::path(run) / "config.toml", ec))
+    return;
+  pf::relocate_run(cfg, run, !a.log_json.empty() || set_on_command_line(a.sets, "train.log_json"));
+}
+
 int run_train(const TrainArgs& a) {
   using namespace pf;
   std::vector<std::string> sets = a.sets;
   if (a.steps > 0) sets.push_back(fmt::format("train.steps={}", a.steps));
   // A resumed run continues its own configuration (the config.toml beside its checkpoints).
-  Config cfg = Config::load(config_for(a.config, a.resume), sets);
+  const std::string config = config_for(a.config, a.resume);
+  Config cfg = Config::load(config, sets);
+  if (!a.resume.empty()) relocate_resumed_run(a, config, cfg);
   if (!a.log_json.empty()) cfg.train.log_json = absolute_path(a.log_json);
   if (a.print_config) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
-  const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg), a.profile_dir,
+  const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg),
+                         {config, a.config.empty() ? "the run's config.toml" : "--config"}, a.profile_dir,
                          !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
                           parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model)}};

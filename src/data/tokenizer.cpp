@@ -39,6 +39,12 @@ std::string vocab_file(const std::string& name) {
 
 }  // namespace
 
+std::vector<std::string> tokenizer_files(const std::string& name, const std::string& vocab_dir) {
+  std::vector<std::string> files{vocab_dir + "/" + vocab_file(name)};
+  if (name == "gpt2") files.push_back(vocab_dir + "/gpt2-vocab.bpe");
+  return files;
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir) {
   const std::string file = vocab_dir + "/" + vocab_file(name);
   if (name == "bert") return std::make_unique<WordPieceTokenizer>(WordPieceTokenizer::load(file));

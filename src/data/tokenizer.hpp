@@ -40,6 +40,8 @@ class Tokenizer {
 // "bert" -> vocab_dir/bert-base-uncased.txt, "gpt2" -> vocab_dir/gpt2-encoder.json + gpt2-vocab.bpe.
 // Throws UsageError naming the flag or file on an unknown name, a missing or malformed file.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& vocab_dir);
+// The files load_tokenizer(name, vocab_dir) reads (inputs no output may name).
+std::vector<std::string> tokenizer_files(const std::string& name, const std::string& vocab_dir);
 
 // The directory holding vocabulary `name`'s files when no --vocab-dir names one: beside the token
 // files (`token_file`'s directory, then a vocab/ beside that directory: data/corpus/x.bin ->

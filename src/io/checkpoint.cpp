@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 namespace pf {
@@ -162,6 +163,28 @@ void remove_checkpoint(const std::string& step_dir) {
   fs::remove_all(step_dir, ec);
 }
 
+namespace {
+
+// The manifest at `file` carries the run of `m` (info "run"; both without one: the same).
+bool same_run(const fs::path& file, const CheckpointManifest& m) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) > kMaxManifestBytes) return false;
+  std::ifstream f(file);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  try {
+    const CheckpointManifest other = parse_checkpoint_manifest(text, file.string());
+    const auto run = [](const CheckpointManifest& x) {
+      const auto it = x.info.find("run");
+      return it == x.info.end() ? std::string() : it->second;
+    };
+    return run(other) == run(m);
+  } catch (const UsageError&) {
+    return false;  // not a manifest of ours: not this run's to remove
+  }
+}
+
+}  // namespace
+
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& m, int keep) {
   const std::string step_dir = checkpoint_step_dir(dir, m.step);
   nlohmann::ordered_json j;
@@ -174,24 +197,18 @@ void commit_checkpoint(const std::string& dir, const CheckpointManifest& m, int 
   write_file_atomic(step_dir + "/manifest.json", j.dump(2) + "\n");
   write_file_atomic((fs::path(dir) / "latest").string(), fs::path(step_dir).filename().string() + "\n");
 
-  // Retention: the newest `keep` complete checkpoints stay (this one among them; 0 = all of them);
-  // everything older goes, complete or not. Newer directories (a later run's leftovers) are left alone.
+  // Retention: the newest `keep` complete checkpoints of this run stay (this one among them; 0 = all
+  // of them); its older ones go. Anything else (another run's checkpoint, a directory without a
+  // manifest, newer directories) is left alone: only what this run wrote is removed.
   std::vector<std::pair<int64_t, fs::path>> steps;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const int64_t s = step_of(e.path().filename().string());
-    if (s >= 0 && s <= m.step && e.is_directory()) steps.emplace_back(s, e.path());
+    if (s >= 0 && s <= m.step && e.is_directory() && same_run(e.path() / "manifest.json", m)) steps.emplace_back(s, e.path());
   }
   std::sort(steps.rbegin(), steps.rend());
-  int kept = 0;
-  for (const auto& [s, p] : steps) {
-    const bool complete = fs::exists(p / "manifest.json");
-    if (complete && (keep <= 0 || kept < keep)) {
-      ++kept;
-      continue;
-    }
-    remove_checkpoint(p.string());
-  }
+  for (size_t i = 0; keep > 0 && i < steps.size(); ++i)
+    if (i >= static_cast<size_t>(keep)) remove_checkpoint(steps[i].second.string());
 }
 
 CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::string& what) {

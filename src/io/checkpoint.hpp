@@ -54,8 +54,10 @@ CheckpointFile write_checkpoint_tensors(const std::string& step_dir, const std::
                                         const SafetensorsMetadata& metadata = {});
 
 // Rank 0, after every file of the step is complete: writes manifest.json (atomically), then points
-// DIR/latest at it, then deletes older step directories beyond the newest `keep` complete ones
-// (0: keeps every complete one) and incomplete leftovers older than this one.
+// DIR/latest at it, then deletes this run's older checkpoints beyond its newest `keep` (0: keeps
+// every one). This run's: a step directory whose manifest carries the same info "run" (the id in
+// the checkpoint directory's owner.json, train/preflight.hpp). Another run's checkpoints, and
+// directories without a manifest, stay: a step directory's own writer removes its leftovers.
 void commit_checkpoint(const std::string& dir, const CheckpointManifest& manifest, int keep);
 
 // Deletes a step directory, its manifest first: a directory that still has a manifest is always

@@ -2,19 +2,25 @@
 
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "data/token_file.hpp"
 #include "io/checkpoint.hpp"
 #include "train/checkpointing.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <random>
 
 namespace pf {
 
@@ -23,6 +29,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kLockName = ".pipefisher-lock";
+constexpr const char* kOwnerName = "owner.json";  // in the checkpoint directory
+constexpr size_t kMaxOwnerBytes = 1 << 16;
 
 // The files a training run writes into train.out_dir.
 constexpr const char* kRunFiles[] = {"config.toml",       "config.json",       "log.jsonl",  "metrics.csv",
@@ -188,6 +196,118 @@ void check_checkpoint_dir(const Config& cfg) {
     usage_error("train.checkpoint_dir", "'{}' is not a file (it names the newest checkpoint; remove it)",
                 latest.string());
   check_output({(fs::path(ck) / kLockName).string(), "train.checkpoint_dir"});
+  check_output({(fs::path(ck) / kOwnerName).string(), "train.checkpoint_dir"});
+}
+
+// --- what the run reads, and whose directories it writes into ---
+
+std::string normal(const std::string& path) {
+  std::error_code ec;
+  return fs::absolute(path, ec).lexically_normal().string();
+}
+
+// One directory: the same inode, or (for directories not there) the same normal path.
+bool same_dir(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::equivalent(a, b, ec) || (fs::path(normal(a)) / "") == (fs::path(normal(b)) / "");
+}
+
+// A run's own file it reads and rewrites (preflight.hpp): out_dir's config.toml, kfac_profile.json.
+bool is_own_file(const Config& cfg, const std::string& path) {
+  std::error_code ec;
+  for (const char* name : {"config.toml", "kfac_profile.json"})
+    if (fs::equivalent(path, fs::path(cfg.train.out_dir) / name, ec)) return true;
+  return false;
+}
+
+// Everything the run reads: the command's inputs and the configuration's files.
+std::vector<NamedPath> run_inputs(const Config& cfg, const RunOutputs& o) {
+  std::vector<NamedPath> in = o.inputs;
+  for (const auto& [path, key] : {std::pair{cfg.data.train_file, "data.train_file"}, {cfg.data.valid_file, "data.valid_file"}}) {
+    in.push_back({path, key});
+    in.push_back({doc_index_path(path), fmt::format("{}'s document index", key)});
+  }
+  in.push_back({cfg.parallel.schedule_file, "parallel.schedule_file"});
+  in.push_back({cfg.kfac.plan_profile, "kfac.plan_profile"});
+  std::error_code ec;
+  // Inputs not there are read by nobody (a document index without data.nsp).
+  std::erase_if(in, [&](const NamedPath& p) { return p.path.empty() || !fs::exists(p.path, ec) || is_own_file(cfg, p.path); });
+  return in;
+}
+
+// An out_dir holding something (but the run's own inputs) and no run of ours, named with a few
+// of its entries: a Hugging Face model folder would lose its config.json and model.safetensors.
+void check_is_run_dir(const Config& cfg, const std::vector<NamedPath>& inputs) {
+  const fs::path out = cfg.train.out_dir;
+  std::error_code ec;
+  if (!fs::is_directory(out, ec) || fs::exists(out / "config.toml", ec) ||
+      fs::exists(fs::symlink_status(out / kLockName, ec)))
+    return;
+  std::vector<std::string> names;
+  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const bool input = std::any_of(inputs.begin(), inputs.end(), [&](const NamedPath& p) {
+      std::error_code e;
+      return fs::equivalent(it->path(), p.path, e);
+    });
+    if (!input) names.push_back(it->path().filename().string());
+  }
+  if (names.empty()) return;
+  std::sort(names.begin(), names.end());
+  std::string listed;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) listed += (i ? ", " : "") + names[i];
+  if (names.size() > 4) listed += fmt::format(", ... ({} entries)", names.size());
+  usage_error("train.out_dir", "'{}' is not empty and not a pipefisher run directory (it holds {}): give this run a "
+              "new or empty train.out_dir, or --overwrite to write into it", cfg.train.out_dir, listed);
+}
+
+// A checkpoint directory's owner.json: its run's out_dir (absolute) and id.
+struct CheckpointOwner {
+  std::string out_dir, run;
+};
+
+std::optional<CheckpointOwner> read_owner(const std::string& ck) {
+  const fs::path file = fs::path(ck) / kOwnerName;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  std::ifstream f(file);
+  std::string text(kMaxOwnerBytes + 1, '\0');
+  text.resize(static_cast<size_t>(f.read(text.data(), static_cast<std::streamsize>(text.size())).gcount()));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (text.size() > kMaxOwnerBytes || !j.is_object() || !j.contains("out_dir") || !j["out_dir"].is_string() ||
+      !j.contains("run") || !j["run"].is_string())
+    usage_error("train.checkpoint_dir", "'{}' is not an owner file of pipefisher (it names the run that writes "
+                "there; remove it)", file.string());
+  const fs::path dir = j["out_dir"].get<std::string>();
+  return CheckpointOwner{(dir.is_absolute() ? dir : fs::absolute(ck, ec) / dir).lexically_normal().string(),
+                         j["run"].get<std::string>()};
+}
+
+// The checkpoint directory of another run directory is refused (preflight.hpp), except by a
+// run resuming from it whose owner is gone: the same run, moved.
+void check_checkpoint_owner(const Config& cfg, const RunOutputs& o) {
+  const std::string ck = checkpoint_dir_of(cfg);
+  const std::optional<CheckpointOwner> owner = read_owner(ck);
+  if (!owner || same_dir(owner->out_dir, cfg.train.out_dir)) return;
+  std::error_code ec;
+  const bool gone = !fs::exists(owner->out_dir, ec);
+  if (gone && !o.resume_dir.empty() && same_dir(o.resume_dir, ck)) return;
+  usage_error("train.checkpoint_dir", "'{}' holds the checkpoints of the run in '{}'{} ({}), not of this run "
+              "(train.out_dir '{}'): give this run its own train.checkpoint_dir{}", ck, owner->out_dir,
+              gone ? ", which is no longer there" : "", (fs::path(ck) / kOwnerName).string(), cfg.train.out_dir,
+              gone ? ", or --resume from it to continue that run here" : "");
+}
+
+// owner.json's out_dir: relative to the checkpoint directory inside the run directory (it moves
+// with it), else absolute.
+std::string owner_out_dir(const std::string& ck, const std::string& out) {
+  const fs::path rel = fs::path(normal(out)).lexically_relative(normal(ck));
+  const bool inside = !rel.empty() && std::all_of(rel.begin(), rel.end(), [](const fs::path& p) { return p == ".."; });
+  return inside ? rel.string() : normal(out);
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
 }
 
 }  // namespace
@@ -213,17 +333,26 @@ void check_output_paths(const Config& cfg, const RunOutputs& o) {
   check_file(save, out);
   outputs.push_back({save.path, save.what});
   outputs.push_back({log.path, log.what});
-  refuse_shared_files(outputs, {{cfg.data.train_file, "data.train_file"}, {cfg.data.valid_file, "data.valid_file"}});
+  if (checkpoints_on(cfg))
+    for (const char* name : {"latest", kOwnerName})
+      outputs.push_back({(fs::path(checkpoint_dir_of(cfg)) / name).string(), fmt::format("train.checkpoint_dir's {}", name)});
+  if (!o.profile_dir.empty())
+    for (const char* name : {"profile.json", "trace.json"})
+      outputs.push_back({(fs::path(o.profile_dir) / name).string(), "--profile-dir"});
+  const std::vector<NamedPath> inputs = run_inputs(cfg, o);
+  refuse_shared_files(outputs, inputs);
   if (checkpoints_on(cfg)) check_checkpoint_dir(cfg);
   check_dir(o.profile_dir, "--profile-dir");
   if (!o.profile_dir.empty())
     for (const char* name : {"profile.json", "trace.json"})
       check_output({(fs::path(o.profile_dir) / name).string(), "--profile-dir"});
   // A live run's outputs are "in use"; a finished one's are another run's unless the same job
-  // runs again.
+  // runs again; a folder that is no run directory is somebody else's.
   check_not_locked(out, "train.out_dir");
+  if (!o.overwrite) check_is_run_dir(cfg, inputs);
   if (!o.resuming && !o.overwrite) check_not_another_run(cfg, o.continuing);
   check_not_locked(checkpoint_dir_of(cfg), "train.checkpoint_dir");
+  if (checkpoints_on(cfg)) check_checkpoint_owner(cfg, o);
 }
 
 RunLocks::~RunLocks() {
@@ -243,6 +372,19 @@ std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& 
   if (!fs::equivalent(ck, cfg.train.out_dir, ec)) locks->add(take_lock(ck, "train.checkpoint_dir"));
   remove_stale_temporaries(ck, {"latest"});
   return locks;
+}
+
+std::string claim_checkpoint_dir(const Config& cfg) {
+  if (!checkpoints_on(cfg)) return "";
+  const std::string ck = checkpoint_dir_of(cfg);
+  const std::optional<CheckpointOwner> owner = read_owner(ck);
+  const std::string recorded = owner_out_dir(ck, cfg.train.out_dir);
+  const std::string run = owner ? owner->run : new_run_id();
+  // Rewritten when new, or when a moved run took it over (check_checkpoint_owner).
+  if (!owner || !same_dir(owner->out_dir, cfg.train.out_dir))
+    write_output({(fs::path(ck) / kOwnerName).string(), "train.checkpoint_dir"},
+                 nlohmann::ordered_json{{"out_dir", recorded}, {"run", run}}.dump(1) + "\n");
+  return run;
 }
 
 void remove_previous_outputs(const Config& cfg) {

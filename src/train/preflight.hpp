@@ -13,7 +13,21 @@
 //                          `latest`, if present, is a regular file; neither checked nor made
 //                          without checkpoints (train.checkpoint_every = 0)
 //   --profile-dir          a directory (made if missing)
-// No two of these outputs may name one file, nor name data.train_file or data.valid_file.
+// No two of these outputs may name one file, nor name an input of the run: the configuration file,
+// --init's and --resume's files, the token files and their document indexes,
+// parallel.schedule_file, kfac.plan_profile (compared by device and inode, by resolved path for a
+// file not yet there). Two of a run's own files are read and rewritten: out_dir's config.toml as
+// the configuration, and out_dir's kfac_profile.json as kfac.plan_profile.
+//
+// A checkpoint directory belongs to one run directory: its owner.json names that out_dir
+// (relative to the checkpoint directory when inside it, so that the run directory can be moved or
+// copied) and the run's id, which every manifest it writes carries. A run with another out_dir is
+// refused, naming the owner, unless it resumes from that directory and the owner's out_dir is gone
+// (a moved run). Retention removes only checkpoints that carry the run's id (io/checkpoint.hpp).
+//
+// An out_dir that exists, is not empty and is not a run directory of ours (it holds neither
+// config.toml nor .pipefisher-lock: a Hugging Face model folder, a home directory) is refused,
+// naming a few of its entries, unless --overwrite is given.
 //
 // Another run's outputs: an out_dir whose config.toml differs from this run's (Hugging Face's
 // overwrite_output_dir rule) is refused, naming the first key that differs and both values, unless
@@ -30,6 +44,7 @@
 // of a live run. Holding them, the run removes the temporaries (NAME.tmp.PID) a killed process
 // left of its own outputs there.
 #include "config/config.hpp"
+#include "core/files.hpp"
 
 #include <memory>
 #include <string>
@@ -44,6 +59,8 @@ struct RunOutputs {
   bool resuming = false;            // --resume: the run's own out_dir, appended to
   bool continuing = false;          // continues_its_run: the run in out_dir goes on
   bool overwrite = false;           // --overwrite: another run's outputs may be replaced
+  std::string resume_dir;           // the checkpoint directory the run resumes from ("" none)
+  std::vector<NamedPath> inputs;    // the configuration file, --init's and --resume's files
 };
 
 // Auto-resume (Hugging Face's resume_from_checkpoint=True, Megatron's --load): out_dir holds the
@@ -73,6 +90,10 @@ class RunLocks {
 // UsageError naming the key when another live process took one meanwhile (its pid and host are
 // in the message).
 std::unique_ptr<RunLocks> lock_output_dirs(const Config& cfg, const RunOutputs& outputs);
+
+// After the locks: writes the checkpoint directory's owner.json (this run's out_dir, and its id:
+// kept when the directory is already this run's) and returns the run's id. "" without checkpoints.
+std::string claim_checkpoint_dir(const Config& cfg);
 
 // --overwrite, after the locks: removes the files a training run writes in out_dir (an input of
 // this run among them stays) and the checkpoints of out_dir/checkpoints.

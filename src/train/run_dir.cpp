@@ -1,5 +1,6 @@
 #include "train/run_dir.hpp"
 
+#include "core/error.hpp"
 #include "train/checkpointing.hpp"
 
 #include <filesystem>
@@ -55,6 +56,40 @@ std::string resume_dir_of(const std::string& path, const Config& cfg) {
   std::error_code ec;
   if (path.empty() || !fs::is_directory(path, ec) || !is_file(fs::path(path) / "config.toml")) return path;
   return checkpoint_dir_of(cfg);
+}
+
+std::string run_dir_of_resume(const std::string& resume) {
+  const std::string config = run_config_of(resume);
+  return config.empty() ? "" : fs::path(config).parent_path().string();
+}
+
+namespace {
+
+// `path` under `from` (both absolute and normal) moved under `to`; other paths unchanged.
+std::string rebased(const std::string& path, const fs::path& from, const fs::path& to) {
+  if (path.empty()) return path;
+  const fs::path rel = fs::path(path).lexically_relative(from);
+  if (rel.empty() || *rel.begin() == "..") return path;
+  if (rel == ".") return to.string();
+  return (to / rel).lexically_normal().string();
+}
+
+}  // namespace
+
+void relocate_run(Config& cfg, const std::string& run_dir, bool log_given) {
+  std::error_code ec;
+  const fs::path from = fs::absolute(cfg.train.out_dir, ec).lexically_normal();
+  const fs::path to = fs::absolute(run_dir, ec).lexically_normal();
+  if (from == to || fs::equivalent(from, to, ec)) return;
+  const std::string& log = cfg.train.log_json;
+  const bool log_outside = !log.empty() && rebased(log, from, to) == log;
+  if (log_outside && !log_given && fs::exists(from, ec))
+    usage_error("train.log_json", "'{}' is the log of the run in '{}', which '{}' is a copy of: give this run its own "
+                "(--log-json FILE)", log, from.string(), to.string());
+  for (std::string* p : {&cfg.train.log_json, &cfg.train.checkpoint_dir, &cfg.kfac.plan_profile,
+                         &cfg.parallel.schedule_file, &cfg.data.train_file, &cfg.data.valid_file})
+    *p = rebased(*p, from, to);
+  cfg.train.out_dir = to.string();
 }
 
 std::string config_for(const std::string& config_flag, const std::string& path) {

@@ -30,6 +30,19 @@ std::string run_weights_of(const std::string& path);
 // otherwise PATH itself.
 std::string resume_dir_of(const std::string& path, const Config& cfg);
 
+// A run directory is relocatable (docs/checkpoints.md): `train --resume PATH` continues the run
+// directory that holds PATH's checkpoints, wherever it now is, not the out_dir its config.toml
+// recorded (a copy of the run would otherwise write into the original). The run directory of
+// PATH (RUN for RUN, RUN/checkpoints, RUN/checkpoints/step-N: the directory of run_config_of),
+// or "" when no run directory holds it.
+std::string run_dir_of_resume(const std::string& resume);
+
+// Moves the run `cfg` configures to `run_dir`: train.out_dir, and every path under the recorded
+// out_dir (checkpoints, log, plan profile), follow it. A train.log_json outside it, of a run whose
+// recorded out_dir still exists (a copy), is another run's log: UsageError naming the key and both
+// directories, unless `log_given` (--log-json or --set train.log_json chose it now).
+void relocate_run(Config& cfg, const std::string& run_dir, bool log_given);
+
 // The configuration file a command loads: --config when given, else the config.toml of the run
 // `path` names (run_config_of), else "" (the built-in defaults).
 std::string config_for(const std::string& config_flag, const std::string& path);

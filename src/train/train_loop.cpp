@@ -13,6 +13,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 namespace pf {
@@ -58,6 +59,7 @@ struct Run {
   double valid = 0;         // the latest validation loss
   std::string write_error;  // the root's first failed write (log, records): the run stops after the step
   bool continuing = false;  // auto-resume: the run in out_dir goes on from its checkpoint
+  std::string run_id;       // the root's: owner.json's id, carried by every manifest it writes
 };
 
 // The loop's steps run while in scope (the engine reports a death meanwhile).
@@ -90,6 +92,7 @@ void open_outputs(Run& r, const RunOutputs& outputs, const std::vector<std::stri
                   const CheckpointReader* resume) {
   r.locks = lock_output_dirs(r.cfg, outputs);
   if (outputs.overwrite && !outputs.resuming) remove_previous_outputs(r.cfg);
+  r.run_id = claim_checkpoint_dir(r.cfg);
   for (const std::string& n : notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
   if (!checkpoints_on(r.cfg))
     std::fprintf(stderr, "pipefisher train: checkpoints are off (train.checkpoint_every = 0): a stopped run cannot "
@@ -115,6 +118,13 @@ bool continues(Run& r) {
   return yes[0] > 0;
 }
 
+// The files a checkpoint's reader reads (its manifest and tensors), named `what`.
+void add_checkpoint_files(std::vector<NamedPath>& in, const CheckpointReader* r, const std::string& what) {
+  if (!r) return;
+  in.push_back({r->dir() + "/manifest.json", what});
+  for (const auto& f : r->files()) in.push_back({f->path(), what});
+}
+
 // Everything that can refuse the run, then its outputs: nothing is written before every check
 // (files, checkpoints, output paths and locks, the model's shapes against the tensors it loads).
 void set_up(Run& r) {
@@ -133,7 +143,11 @@ void set_up(Run& r) {
     resume = open_resume_checkpoint(r.cfg, resume_dir, r.continuing ? "train.checkpoint_dir" : "--resume", notes);
     e.check_resume(*resume, resume_dir);
   }
-  const RunOutputs outputs{a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), r.continuing, a.overwrite};
+  RunOutputs outputs{a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), r.continuing, a.overwrite, "", {}};
+  outputs.inputs = {a.config, {init_path, "--init"}};  // a checkpoint directory's files instead, below
+  add_checkpoint_files(outputs.inputs, init.get(), "--init");
+  add_checkpoint_files(outputs.inputs, resume.get(), r.continuing ? "train.checkpoint_dir" : "--resume");
+  if (resume) outputs.resume_dir = std::filesystem::path(resume->dir()).parent_path().string();
   e.on_root([&] { check_output_paths(r.cfg, outputs); });
   e.build(r.cfg);
   e.load_init(init_path, init.get());
@@ -237,6 +251,7 @@ void save_checkpoint(Run& r, int64_t steps_done) {
   const std::vector<std::string> all = e.gather(files_record(mine, error));
   e.on_root([&] {
     CheckpointManifest m{steps_done, checkpoint_info(r.cfg, steps_done, e.layout_name()), {}};
+    m.info["run"] = r.run_id;  // retention removes only this run's checkpoints
     try {
       for (const std::string& rec : all) {
         if (rec[0] == 'E') throw UsageError(rec.substr(1));
@@ -320,7 +335,7 @@ int finish(Run& r, double wall) {
 }  // namespace
 
 int run_training(TrainEngine& engine, Config cfg, const TrainRunArgs& args) {
-  Run r{engine, std::move(cfg), args, "", nullptr, nullptr, 0, 0, "", false};
+  Run r{engine, std::move(cfg), args, "", nullptr, nullptr, 0, 0, "", false, ""};
   r.ckpt_dir = checkpoint_dir_of(r.cfg);
   set_up(r);
   install_stop_signals();

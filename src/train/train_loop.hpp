@@ -33,6 +33,7 @@
 // one stays intact); SIGUSR1 is forwarded without killing anything, so `kill -USR1 <mpirun pid>`
 // always leaves time for it.
 #include "config/config.hpp"
+#include "core/files.hpp"
 #include "train/test_seams.hpp"
 #include "train/train_engine.hpp"
 
@@ -42,6 +43,7 @@ namespace pf {
 
 struct TrainRunArgs {
   std::string init, save, resume;   // --init, --save, --resume
+  NamedPath config;                 // the configuration file read ("" the defaults) and what names it
   std::string profile_dir;          // --profile-dir: checked writable here, written by the engine
   bool log_json_from_flag = false;  // train.log_json came from --log-json (named so in errors)
   bool overwrite = false;           // --overwrite: another run's outputs in out_dir are removed

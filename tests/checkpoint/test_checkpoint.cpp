@@ -206,7 +206,9 @@ void expect_resume_identical(const std::string& name, int np, const std::string&
   ASSERT_TRUE(fs::exists(ck / "step-000003" / "manifest.json"));
   ASSERT_TRUE(fs::exists(ck / "step-000006" / "manifest.json"));
   fs::remove_all(ck / "step-000006");
-  Launch resumed = run(cmd(name + "-resumed", " --resume " + ck.string()));
+  // Another run directory: its own checkpoint directory (ck belongs to the first run's).
+  Launch resumed = run(cmd(name + "-resumed", " --resume " + ck.string() + " --set train.checkpoint_dir=" + ck.string() +
+                                                 "-resumed"));
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   EXPECT_TRUE(contains(resumed.out, "resuming from " + (ck / "step-000003").string() + " (step 3)")) << resumed.out;
   const auto log = read_log(dir() / (name + "-resumed.jsonl"));
