@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -135,6 +136,12 @@ int run_eval(const EvalArgs& a) {
     print_json(a, cfg, r, p);
   else
     print_text(a, cfg, r, p);
+  // A diverged model (weights that overflow the forward) scores no loss: not a result.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.lm_loss)) {
+    std::fprintf(stderr, "eval: the loss of %s is not finite: its weights do not make a working model\n",
+                 a.model.init.c_str());
+    return 1;
+  }
   return 0;
 }
 

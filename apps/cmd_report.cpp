@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -74,15 +75,18 @@ std::string run_line(const nlohmann::json& r, const ReportArgs& a) {
 }
 
 // The PNG of `svg` by rsvg-convert (through argv: no shell reads the names), written to its stdout
-// and from there to `png` like every output; false when it is not installed or fails.
-bool write_png(const OutputFile& png, const std::string& svg) {
+// and from there to `png` like every output. Installed but failing is a failure of the report:
+// it promised a picture.
+enum class Png { made, no_converter, failed };
+Png write_png(const OutputFile& png, const std::string& svg) {
   OutputWriter w(png);
   // A relative name beginning with '-' would read as an option.
   const std::string input = svg.front() == '-' ? "./" + svg : svg;
   const ProgramResult r = run_program({"rsvg-convert", input}, w.fd());
-  if (!r.started || r.exit_status != 0) return false;  // the writer removes its temporary
+  if (!r.started) return Png::no_converter;  // the writer removes its temporary
+  if (r.exit_status != 0) return Png::failed;
   w.commit();
-  return true;
+  return Png::made;
 }
 
 // The note under a run too short for the paper's filter (viz/smooth.hpp), or "".
@@ -112,7 +116,13 @@ int run(const ReportArgs& a) {
   for (const std::string& r : a.runs) logs.push_back({fs::is_directory(r) ? r + "/log.jsonl" : r, "a run log"});
   check_outputs({svg, png_file}, logs);
   write_output(svg, loss_chart_svg(curves, {a.title, a.target}));
-  const std::string png = write_png(png_file, out) ? png_file.path : "";
+  const Png made = write_png(png_file, out);
+  if (made == Png::failed) {  // the SVG stays; the status says the picture is missing
+    std::fprintf(stderr, "pipefisher report: rsvg-convert could not draw '%s' as '%s'\n", out.c_str(),
+                 png_file.path.c_str());
+    return 1;
+  }
+  const std::string png = made == Png::made ? png_file.path : "";
   nlohmann::json runs = nlohmann::json::array();
   for (const LossCurve& c : curves) {
     nlohmann::json r = {{"name", c.name},

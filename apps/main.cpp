@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -52,6 +53,9 @@ std::string extras_message(CLI::App& app, const CLI::ExtrasError& e) {
 }  // namespace pf::app
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) would kill the process silently at the write that crosses it;
+  // ignored, the write fails with EFBIG and is refused like a full disk, naming the file.
+  std::signal(SIGXFSZ, SIG_IGN);
   pf::fit_process_to_machine(argv);  // may re-execute once: before MPI, threads or any BLAS call
   using namespace pf::app;
   CLI::App app{"pipefisher: pipeline-parallel transformer training with K-FAC in the bubbles\n"

@@ -128,8 +128,8 @@ Layout make_layout(const Config& cfg, int world_size) {
   L.replicas = p.data_parallel;
   L.micro_batches = p.micro_batches;
   if (world_size != p.stages * p.data_parallel)
-    usage_error("parallel.stages", "the MPI world has {} ranks but parallel.stages x parallel.data_parallel = {} x {} "
-                "= {} (launch with scripts/pfrun -np {})", world_size, p.stages, p.data_parallel,
+    usage_error("parallel.stages", "the MPI world has {} rank{} but parallel.stages x parallel.data_parallel = {} x {} "
+                "= {} (launch with scripts/pfrun -np {})", world_size, world_size == 1 ? "" : "s", p.stages, p.data_parallel,
                 p.stages * p.data_parallel, p.stages * p.data_parallel);
   Schedule s = compute_schedule(cfg);
   validate(s);  // ScheduleError (a UsageError) with the grid

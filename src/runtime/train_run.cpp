@@ -204,7 +204,8 @@ void MpiEngine::open_outputs() {
 EngineBanner MpiEngine::banner() const {
   const ParallelConfig& p = cfg_.parallel;
   EngineBanner b;
-  b.layout = fmt::format("; {} ranks: {} stages ({}{}) x {} data-parallel", world_.size(), p.stages,
+  b.layout = fmt::format("; {} rank{}: {} stages ({}{}) x {} data-parallel", world_.size(), world_.size() == 1 ? "" : "s",
+                         p.stages,
                          layout_.schedule.name,
                          layout_.stages() != p.stages ? fmt::format(", {} model chunks", layout_.stages()) : "",
                          p.data_parallel);

@@ -162,7 +162,7 @@ std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m) {
   // new length from here (Hugging Face's resume with a larger max_steps).
   if (cfg.train.steps > was)
     return fmt::format("train.steps = {} extends the checkpoint's run of {} steps: from here the learning rate follows "
-                       "the schedule of a {}-step run (optim.decay_steps chooses another)", cfg.train.steps, was,
+                       "the schedule of a run of {} steps (optim.decay_steps chooses another)", cfg.train.steps, was,
                        cfg.train.steps);
   o.decay_steps = static_cast<int>(was);
   return fmt::format("train.steps = {}: the run stops early, its learning rate keeps the checkpoint's schedule (decay "

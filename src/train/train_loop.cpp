@@ -60,7 +60,13 @@ struct Run {
   std::string write_error;  // the root's first failed write (log, records): the run stops after the step
   bool continuing = false;  // auto-resume: the run in out_dir goes on from its checkpoint
   std::string run_id;       // the root's: owner.json's id, carried by every manifest it writes
+  int64_t skipped_in_a_row = 0;   // non-finite steps since the last finite one
+  int64_t last_finite_step = -1;  // 1-based; 0: none yet in this process's steps
 };
+
+// train.on_nonfinite = skip skips a step whose loss or gradient is not finite (a bad batch), but
+// a run that produces nothing else has diverged: past this many in a row it stops, nonzero.
+constexpr int64_t kMaxSkippedInARow = 5;
 
 // The loop's steps run while in scope (the engine reports a death meanwhile).
 struct StepsRunning {
@@ -170,13 +176,25 @@ bool take_step(Run& r, int64_t s, StepStats& st) {
   EngineStep o = r.engine.step(s);
   if (r.write_error.empty()) r.write_error = o.write_error;
   st = o.stats;
-  if (!st.nonfinite) return true;
+  if (!st.nonfinite) {
+    r.skipped_in_a_row = 0;
+    r.last_finite_step = s + 1;
+    return true;
+  }
   const bool stop = r.cfg.train.on_nonfinite == OnNonfinite::Stop;
   if (r.engine.root())
     std::fprintf(stderr, "step %lld: non-finite %s (loss %g, gradient norm %g): no update%s\n",
                  static_cast<long long>(s + 1), std::isfinite(st.loss) ? "gradient" : "loss", st.loss, st.grad_norm,
                  stop ? "; stopping (train.on_nonfinite = stop)" : ", step skipped");
-  return !stop;
+  if (stop) return false;
+  if (++r.skipped_in_a_row <= kMaxSkippedInARow) return true;
+  if (r.engine.root())
+    std::fprintf(stderr, "pipefisher train: %lld steps in a row were not finite: the run diverged, stopping "
+                 "(train.on_nonfinite = skip skips at most %lld in a row); the last finite step was %s; %s\n",
+                 static_cast<long long>(r.skipped_in_a_row), static_cast<long long>(kMaxSkippedInARow),
+                 r.last_finite_step > 0 ? std::to_string(r.last_finite_step).c_str() : "none of this run's",
+                 last_checkpoint_note(r.ckpt_dir).c_str());
+  return false;
 }
 
 // Evaluate: after every train.eval_every steps and after the last.
@@ -291,6 +309,14 @@ std::optional<int> run_steps(Run& r) {
       if (r.engine.root()) say_stopped(r, sig, s + 1);
       return 128 + sig;
     }
+  }
+  // Weights the last steps could not update (they overflow the forward) are no result.
+  if (r.skipped_in_a_row > 0) {
+    if (r.engine.root())
+      std::fprintf(stderr, "pipefisher train: the last %lld steps were not finite: the run's weights are not written "
+                   "as its result; %s\n", static_cast<long long>(r.skipped_in_a_row),
+                   last_checkpoint_note(r.ckpt_dir).c_str());
+    return 1;
   }
   return std::nullopt;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace pf {
 
@@ -133,6 +134,36 @@ std::string panel_axes(const Panel& p, const std::vector<double>& xt, const std:
   return o;
 }
 
+// The points of a line that a drawing can show: within each pixel column, a piece's first and
+// last point and its lowest and highest (in their order), so a 300,000-step log draws as a few
+// thousand points (an SVG a renderer reads) and keeps its spikes.
+struct ColumnThinner {
+  std::vector<size_t> kept;
+  void add(size_t i, double column, double y) {
+    if (first_ == kNone || column != column_) {
+      flush();
+      first_ = low_ = high_ = i;
+      column_ = column;
+      lo_ = hi_ = y;
+    }
+    if (y < lo_) lo_ = y, low_ = i;
+    if (y > hi_) hi_ = y, high_ = i;
+    last_ = i;
+  }
+  void flush() {
+    if (first_ == kNone) return;
+    size_t pts[] = {first_, std::min(low_, high_), std::max(low_, high_), last_};
+    for (size_t i : pts)
+      if (kept.empty() || kept.back() != i) kept.push_back(i);
+    first_ = kNone;
+  }
+
+ private:
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t first_ = kNone, low_ = 0, high_ = 0, last_ = 0;
+  double column_ = 0, lo_ = 0, hi_ = 0;
+};
+
 // A run's raw and smoothed loss as lines, broken where a step was skipped (NaN).
 std::string panel_lines(const Panel& p, const LossCurve& c, const char* col) {
   const std::vector<double>& xs = p.by_time ? c.time_s : c.step;
@@ -144,7 +175,18 @@ std::string panel_lines(const Panel& p, const LossCurve& c, const char* col) {
       if (piece == 1) path += "l0,0 ";  // a point alone: a zero-length segment, a dot with round caps
       piece = 0;
     };
-    for (size_t i = 0; i < ys.size() && i < xs.size(); ++i) {
+    ColumnThinner thin;
+    const size_t n = std::min(ys.size(), xs.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (std::isfinite(ys[i])) {
+        thin.add(i, std::floor(p.X(xs[i])), ys[i]);
+      } else {  // the break stays
+        thin.flush();
+        thin.kept.push_back(i);
+      }
+    }
+    thin.flush();
+    for (size_t i : thin.kept) {
       if (!std::isfinite(ys[i])) {
         end_piece();
         continue;

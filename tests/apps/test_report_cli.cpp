@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -316,3 +317,35 @@ TEST(ReportCli, RunsNoCommandFromAName) {
 }
 
 }  // namespace
+
+// Issue 34, item 10: a 300,000-step log draws as the points each pixel column can show (its
+// first, last, lowest and highest), so the SVG stays small enough for a renderer and the PNG is
+// made; a one-step spike survives the thinning.
+TEST(ReportCli, ALongLogIsThinnedToThePixelsAndKeepsItsSpikes) {
+  const fs::path d = dir() / "long";
+  fs::create_directories(d);
+  {
+    std::ofstream f(d / "log.jsonl");
+    for (int s = 1; s <= 300000; ++s)
+      f << nlohmann::json({{"step", s}, {"loss", s == 150001 ? 9.0 : 5.0}, {"step_time_s", 0.01}}).dump() << "\n";
+  }
+  const pf_test::Launch r = report(d.string() + " --json --out " + (dir() / "long.svg").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_LT(fs::file_size(dir() / "long.svg"), size_t{1} << 20);
+  const bool converter = pf_test::run("command -v rsvg-convert").status == 0;
+  if (converter) EXPECT_TRUE(fs::exists(dir() / "long.png")) << r.out;
+  // The raw loss (the half-opaque path) of the steps panel still reaches two heights: 5 and the spike.
+  std::ifstream in(dir() / "long.svg");
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // (Searched by hand: std::regex recurses per character, too deep for a path this long.)
+  const size_t attrs = svg.find("stroke-opacity=\"0.5\"");
+  ASSERT_NE(attrs, std::string::npos);
+  const size_t begin = svg.rfind("<path d=\"", attrs) + 9, end = svg.find('"', begin);
+  const std::string d_attr = svg.substr(begin, end - begin);
+  std::set<std::string> ys;
+  for (size_t at = d_attr.find_first_of("ML"); at != std::string::npos; at = d_attr.find_first_of("ML", at + 1)) {
+    const size_t comma = d_attr.find(',', at), space = d_attr.find(' ', comma);
+    ys.insert(d_attr.substr(comma + 1, space - comma - 1));
+  }
+  EXPECT_EQ(ys.size(), 2u) << d_attr.substr(0, 400);
+}

@@ -1,7 +1,8 @@
-// Issue 34, item 5: every file input is read within a bound that fits what it is, and one that is
-// not a regular file (/dev/zero, a FIFO) is refused before it is read, naming the flag or key:
-// exit 2, one line. Each command runs under `ulimit -v` (a read of /dev/zero cannot take the
-// machine's memory) and `timeout` (a FIFO that blocked would fail the test, not hang it).
+// Issue 34, items 5 and 9: every file input is read within a bound that fits what it is, and one
+// that is not a regular file (/dev/zero, a FIFO) is refused before it is read, naming the flag or
+// key: exit 2, one line. Each command runs under `ulimit -v` (a read of /dev/zero cannot take the
+// machine's memory) and `timeout` (a FIFO that blocked would fail the test, not hang it). A write
+// past `ulimit -f` is refused like a full disk, naming the file and the last checkpoint.
 #include "../checkpoint/cli.hpp"
 
 #include <sys/stat.h>
@@ -63,4 +64,29 @@ TEST(BoundedInputs, AReportLogWithAnEndlessLineIsRefused) {
   }
   expect_refusal(limited("report " + log.string() + " --out " + (dir() / "l.svg").string()),
                  log.string() + ":1: a line over 1 MiB: not a run log", "report of a 1 MiB line");
+}
+
+// Item 9: SIGXFSZ is ignored, so the write that crosses the limit fails (EFBIG) and the run stops
+// with status 2 naming the file and the last complete checkpoint, instead of dying silently.
+TEST(BoundedInputs, AWritePastTheFileSizeLimitIsRefusedNamingTheFile) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "fsize-ck";
+  // 64 KiB: the logs and the configuration fit, a checkpoint's weights (about 1 MB) do not.
+  Launch r = run("ulimit -f 64; " + train_cmd(dir(), "fsize", "--set train.checkpoint_every=2 --set train.checkpoint_dir=" +
+                                                                      ck.string()));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "File too large")) << r.out;
+  EXPECT_TRUE(contains(r.out, ck.string())) << r.out;
+  EXPECT_TRUE(contains(r.out, "checkpoint")) << r.out;
+}
+
+// Issue 34, messages: pfrun's options that take values, given without one, are named (exit 2),
+// not reported by bash as "$2: unbound variable".
+TEST(Pfrun, AnOptionWithoutItsValueIsNamed) {
+  for (const std::string opt : {"-np", "--hostfile", "--mca x"}) {
+    const Launch r = run(kPfrun + " " + opt);
+    EXPECT_EQ(r.status, 2) << opt << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "pfrun: " + opt.substr(0, opt.find(' ')) + " needs a value")) << r.out;
+    EXPECT_FALSE(contains(r.out, "unbound variable")) << r.out;
+  }
 }

@@ -85,7 +85,10 @@ TEST(Hardening, DivergedRunWritesNoNonFiniteValue) {
   const fs::path ck = dir() / "div-ckpt";
   Launch r = run(train_cmd(dir(), "div", "--set optim.name=sgd --set optim.lr=1e30 --set train.checkpoint_every=2 "
                                          "--set train.checkpoint_dir=" + ck.string()));
-  EXPECT_TRUE(r.status == 0 || r.status == 2) << r.out;
+  // 1: it diverged, more than 5 non-finite steps in a row or its last (test_diverged.cpp); 2: a
+  // non-finite value refused at a write.
+  EXPECT_TRUE(r.status == 0 || r.status == 1 || r.status == 2) << r.out;
+  if (r.status == 1) EXPECT_TRUE(contains(r.out, "were not finite")) << r.out;
   if (r.status == 2) EXPECT_TRUE(contains(r.out, "holds a non-finite value")) << r.out;
   const fs::path model = dir() / "out-div" / "model.safetensors";
   if (fs::exists(model)) expect_all_finite(model);
@@ -337,7 +340,7 @@ TEST(Hardening, ResumeSaysWhatItSkipsAndKeepsTheSchedule) {
   Launch longer = run(train_cmd(dir(), "res3", "--resume " + ck.string() + " --steps 9"));
   ASSERT_EQ(longer.status, 0) << longer.out;
   EXPECT_TRUE(contains(longer.out, "--resume: train.steps = 9 extends the checkpoint's run of 6 steps: from here the "
-                                   "learning rate follows the schedule of a 9-step run")) << longer.out;
+                                   "learning rate follows the schedule of a run of 9 steps")) << longer.out;
   EXPECT_GT(read_log(dir() / "res3.jsonl").at(9)["lr"].get<double>(), 0.0);
   // Shorter: stops early on the same schedule (the same lr as the uninterrupted run).
   Launch shorter = run(train_cmd(dir(), "res4", "--resume " + ck.string() + " --steps 4"));

@@ -140,7 +140,9 @@ TEST(PipeFisherReplay, ResumeIsBitIdentical) {
   ASSERT_EQ(first.status, 0) << first.out;
   ASSERT_TRUE(fs::exists(ck / "step-000007" / "manifest.json"));
   for (const char* later : {"step-000014", "step-000021", "step-000024"}) fs::remove_all(ck / later);
-  Launched resumed = replay("replay_resumed", record, ckset + " --resume " + ck.string());
+  // Another run directory, so its own checkpoint directory (ck belongs to the first run's).
+  Launched resumed = replay("replay_resumed", record,
+                            ckset + " --resume " + ck.string() + " --set train.checkpoint_dir=" + ck.string() + "2");
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   const auto want = log_by_step(dir() / "replay_whole" / "log.jsonl");
   const auto got = log_by_step(dir() / "replay_resumed" / "log.jsonl");
