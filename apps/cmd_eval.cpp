@@ -151,7 +151,7 @@ Runner setup(CLI::App& cmd) {
   cmd.add_option("--batches", a->batches,
                  "micro-batches of parallel.micro_batch_size held-out sequences to score (default: "
                  "train.eval_batches, as training does; 0 = every window of the file once)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pf::app::kNonNegativeInteger);
   cmd.add_option("--baseline", a->baseline,
                  "other weights (as --init), scored on the same sequences: prints the LM loss difference and its "
                  "paired standard error");

@@ -60,11 +60,11 @@ Runner setup(CLI::App& cmd) {
   auto a = std::make_shared<GenerateArgs>();
   add_model_flags(cmd, a->model);
   cmd.add_option("--prompt", a->prompt, "the text to continue (empty: start from <|endoftext|>)");
-  cmd.add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber)
+  cmd.add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")->check(pf::app::kNonNegativeInteger)
       ->capture_default_str();
   cmd.add_option("--temperature", a->temperature, "softmax temperature; 0 = greedy (argmax)")->capture_default_str();
   cmd.add_option("--top-k", a->top_k, "sample among the K most likely tokens only (0 = all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pf::app::kNonNegativeInteger)
       ->capture_default_str();
   cmd.add_option("--seed", a->seed, "random seed of the sampling")->capture_default_str();
   cmd.add_option("--vocab-dir", a->vocab_dir,

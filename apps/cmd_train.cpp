@@ -88,7 +88,7 @@ pf::app::Runner setup(CLI::App& cmd) {
                  "continue from the newest complete checkpoint in this directory (train.checkpoint_dir; "
                  "RUN/checkpoints), with the run's own configuration (RUN/config.toml) and --set over it");
   cmd.add_option("--save", a->save, "also save the final weights here (safetensors)");
-  cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(CLI::PositiveNumber);
+  cmd.add_option("--steps", a->steps, "number of steps (overrides train.steps)")->check(pf::app::kPositiveInteger);
   cmd.add_option("--log-json", a->log_json, "write one JSON object per step to this file");
   cmd.add_flag("--overwrite", a->overwrite,
                "start over: replace the outputs and checkpoints of the run in train.out_dir instead of continuing "
@@ -99,7 +99,7 @@ pf::app::Runner setup(CLI::App& cmd) {
                  "(runs the MPI runtime, also for one process)");
   cmd.add_option("--profile-steps", a->profile_steps, "steps to profile, from 1 (default: all but the first)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(pf::app::kPositiveInteger);
   // Test seams, left out of --help (group ""): train/test_seams.hpp.
   cmd.add_option("--test-poison", a->test_poison, "STEP:KIND (nan, inf, loss): make a step non-finite")->group("");
   cmd.add_option("--test-signal", a->test_signal, "SIG@WHERE: raise a signal at step:N, eval:N or final-writes")

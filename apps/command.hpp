@@ -4,6 +4,7 @@
 // the function that runs it (its return value is the exit status).
 #include <CLI/CLI.hpp>
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -18,6 +19,26 @@ struct Command {
 };
 
 std::vector<Command>& commands();
+
+// Whole-number flags: CLI11's PositiveNumber and NonNegativeNumber print their range as
+// "0.000000 to 1797693...", 300 digits of DBL_MAX; these say what is wanted.
+inline CLI::Validator whole_number(long long lowest, const char* what) {
+  return CLI::Validator(
+      [lowest, what](std::string& s) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size() || v < lowest) return std::string("must be ") + what + ", got '" + s + "'";
+        return "";
+      },
+      what);
+}
+inline const CLI::Validator kPositiveInteger = whole_number(1, "a positive integer");
+inline const CLI::Validator kNonNegativeInteger = whole_number(0, "an integer >= 0");
 
 struct Register {
   Register(std::string name, std::string help, std::function<Runner(CLI::App&)> setup) {

@@ -90,3 +90,22 @@ TEST(Pfrun, AnOptionWithoutItsValueIsNamed) {
     EXPECT_FALSE(contains(r.out, "unbound variable")) << r.out;
   }
 }
+
+// Issue 34, messages: a whole-number flag out of range says what it wants, not CLI11's range of
+// "0.000000 to 1797693..." (300 digits of DBL_MAX).
+TEST(Messages, RangeErrorsSayWhatIsWanted) {
+  const struct {
+    std::string args, what;
+  } cases[] = {
+      {"train --steps -3", "--steps: must be a positive integer, got '-3'"},
+      {"train --steps 0", "--steps: must be a positive integer, got '0'"},
+      {"eval --batches -1", "--batches: must be an integer >= 0, got '-1'"},
+      {"generate --top-k x", "--top-k: must be an integer >= 0, got 'x'"},
+  };
+  for (const auto& c : cases) {
+    const Launch r = run(kEnv + kBinary + " " + c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, c.what)) << c.args << "\n" << r.out;
+    EXPECT_FALSE(contains(r.out, "1797693")) << r.out;
+  }
+}
