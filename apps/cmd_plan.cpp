@@ -42,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -54,8 +55,20 @@ namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix);
 
+// --profile DIR: the profile.json a run's --profile-dir (or a directory of the user's) holds.
+void resolve_profile_dir(PlanArgs& a) {
+  std::error_code ec;
+  if (a.profile.empty() || !std::filesystem::is_directory(a.profile, ec)) return;
+  const std::string inside = (std::filesystem::path(a.profile) / "profile.json").string();
+  if (!std::filesystem::exists(inside, ec))
+    usage_error("--profile", "'{}' is a directory without profile.json (give a profile file: a run's "
+                "--profile-dir holds profile.json)", a.profile);
+  a.profile = inside;
+}
+
 // A JSON profile that names its run fills every shape flag not given.
 void apply_profile_run(PlanArgs& a) {
+  resolve_profile_dir(a);
   if (a.profile.empty() || !ends_with(a.profile, ".json") || a.sweep) return;
   const Profile p = read_profile_json(a.profile);
   if (!p.run) return;

@@ -92,7 +92,7 @@ TEST(Pfrun, AnOptionWithoutItsValueIsNamed) {
 }
 
 // Issue 34, messages: a whole-number flag out of range says what it wants, not CLI11's range of
-// "0.000000 to 1797693..." (300 digits of DBL_MAX).
+// "0.000000 to 1797693..." (300 digits of DBL_MAX); plan --profile DIR names the directory.
 TEST(Messages, RangeErrorsSayWhatIsWanted) {
   const struct {
     std::string args, what;
@@ -101,6 +101,8 @@ TEST(Messages, RangeErrorsSayWhatIsWanted) {
       {"train --steps 0", "--steps: must be a positive integer, got '0'"},
       {"eval --batches -1", "--batches: must be an integer >= 0, got '-1'"},
       {"generate --top-k x", "--top-k: must be an integer >= 0, got 'x'"},
+      // A directory as --profile is looked into (a run's --profile-dir), not taken for a missing --schedule.
+      {"plan --profile " + dir().string(), "--profile: '" + dir().string() + "' is a directory without profile.json"},
   };
   for (const auto& c : cases) {
     const Launch r = run(kEnv + kBinary + " " + c.args);
