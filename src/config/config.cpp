@@ -435,10 +435,19 @@ void Config::check_files() const {
   namespace fs = std::filesystem;
   // Only whether they exist: what else a token file must be (a regular file, its size, its ids) is
   // map_token_file's check (data/token_file.hpp), which names the key and the file.
-  if (!fs::exists(data.train_file))
-    usage_error("data.train_file", "no such file '{}' (scripts/prepare-data.sh makes it)", data.train_file);
-  if (!fs::exists(data.valid_file))
-    usage_error("data.valid_file", "no such file '{}' (scripts/prepare-data.sh makes it)", data.valid_file);
+  // A default token file names every place it was looked for.
+  auto missing = [](const char* key, const std::string& path) {
+    const std::vector<std::string> looked = data_candidates("corpus/" + fs::path(path).filename().string());
+    if (looked.front() != path) usage_error(key, "no such file '{}' (scripts/prepare-data.sh makes it)", path);
+    std::string where;
+    for (const std::string& p : looked) where += (where.empty() ? "" : ", ") + p;
+    usage_error(key, "no token file: looked for {} (scripts/prepare-data.sh makes them)", where);
+  };
+  if (!fs::exists(data.train_file)) missing("data.train_file", data.train_file);
+  if (!fs::exists(data.valid_file)) missing("data.valid_file", data.valid_file);
+  if (!kfac.refresh_record.empty() && !fs::is_regular_file(kfac.refresh_record))
+    usage_error("kfac.refresh_record", "no such file '{}' (a K-FAC pipeline run writes out_dir/kfac_refresh.json)",
+                kfac.refresh_record);
   if (!kfac.plan_profile.empty() && !fs::is_regular_file(kfac.plan_profile))
     usage_error("kfac.plan_profile", "no such file '{}' (a PipeFisher run writes out_dir/kfac_profile.json)",
                 kfac.plan_profile);

@@ -23,6 +23,11 @@ std::vector<std::string> data_candidates(const std::string& rel) {
     const std::string built = (exe.parent_path().parent_path() / "data" / rel).lexically_normal().string();
     if (std::find(out.begin(), out.end(), built) == out.end()) out.push_back(built);
   }
+#ifdef PF_DATA_SOURCE_DIR
+  // An installed or copied program still finds the data of the tree it was built from.
+  const std::string source = (fs::path(PF_DATA_SOURCE_DIR) / "data" / rel).lexically_normal().string();
+  if (std::find(out.begin(), out.end(), source) == out.end()) out.push_back(source);
+#endif
   return out;
 }
 

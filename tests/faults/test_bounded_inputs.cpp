@@ -111,3 +111,20 @@ TEST(Messages, RangeErrorsSayWhatIsWanted) {
     EXPECT_FALSE(contains(r.out, "1797693")) << r.out;
   }
 }
+
+// Issue 34, messages: the default job run from outside the source tree (the program copied
+// elsewhere) finds the data of the tree it was built from, or names every place it looked.
+TEST(Messages, ACopiedProgramFindsItsSourceTreesData) {
+  const fs::path bin = dir() / "elsewhere" / "bin";
+  fs::create_directories(bin);
+  fs::copy_file(kBinary, bin / "pipefisher", fs::copy_options::overwrite_existing);
+  const std::string source_file = std::string(PF_SOURCE_DIR) + "/data/corpus/train.bert.bin";
+  const Launch r = run("cd " + (dir() / "elsewhere").string() + " && " + kEnv + (bin / "pipefisher").string() +
+                       " train --print-config");
+  if (fs::exists(source_file)) {
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "train_file = '" + source_file + "'")) << r.out;
+  } else {  // data not prepared: the message lists the source tree among the places looked in
+    EXPECT_TRUE(contains(r.out, source_file)) << r.out;
+  }
+}
