@@ -84,11 +84,15 @@ TEST_F(TrainCli, BadFlagValue) { expect_refused("--steps -3", "--steps"); }
 // and its length, not the value.
 TEST_F(TrainCli, AHugeValueIsClippedInTheMessage) {
   const fs::path cfg = dir_ / "huge.toml";
-  std::ofstream(cfg) << "[model]\narch = \"" << std::string(50'000'000, 'x') << "\"\n";
+  // 10 MB: within a configuration's 16 MiB bound (a larger file is refused before it is parsed).
+  std::ofstream(cfg) << "[model]\narch = \"" << std::string(10'000'000, 'x') << "\"\n";
   expect_refused("--config " + cfg.string(), "model.arch: '" + std::string(60, 'x') + "..." + std::string(20, 'x') +
-                                                 " (50000000 bytes)' is not one of");
+                                                 " (10000000 bytes)' is not one of");
   CliRun r = train("--config " + cfg.string(), dir_);
   EXPECT_LT(r.err.size(), 300u);
+  const fs::path larger = dir_ / "larger.toml";
+  std::ofstream(larger) << "[model]\narch = \"" << std::string(20'000'000, 'x') << "\"\n";
+  expect_refused("--config " + larger.string(), "--config: '" + larger.string() + "' is 20000018 bytes, over the bound");
 }
 
 // --- what a user sees ---

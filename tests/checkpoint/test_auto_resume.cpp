@@ -112,7 +112,7 @@ TEST(AutoResume, ExtendingSaysWhichScheduleItFollows) {
   Launch more = run(train_cmd(dir(), "sched", "--steps 6"));
   ASSERT_EQ(more.status, 0) << more.out;
   EXPECT_TRUE(contains(more.out, "train.checkpoint_dir: train.steps = 6 extends the checkpoint's run of 3 steps: from "
-                                 "here the learning rate follows the schedule of a 6-step run")) << more.out;
+                                 "here the learning rate follows the schedule of a run of 6 steps")) << more.out;
   EXPECT_GT(read_log(dir() / "out-sched" / "log.jsonl").at(4)["lr"].get<double>(), 0.0);
 }
 

@@ -250,7 +250,8 @@ TEST(Resume, GptCheckpointResumesAndLoadsAsInit) {
     EXPECT_EQ(r.status, 0) << r.out;
     return nlohmann::json::parse(r.out.substr(r.out.rfind('{'))).at("loss").get<double>();
   };
-  EXPECT_EQ(eval(dir() / "gpt-ckpt"), eval(dir() / "out-gpt-resumed" / "model.safetensors"));
+  // The resumed run's own checkpoint directory holds its last step: the final model.
+  EXPECT_EQ(eval(dir() / "gpt-ckpt-resumed"), eval(dir() / "out-gpt-resumed" / "model.safetensors"));
 }
 
 TEST(Resume, TwoStagePipelineIsBitIdentical) {
@@ -345,7 +346,9 @@ void expect_kfac_resume_identical(const std::string& name, int np, const std::st
   ASSERT_TRUE(fs::exists(ck / "step-000003" / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
   fs::remove_all(ck / "step-000006");
   fs::remove_all(ck / "step-000008");
-  Launch resumed = run(mpi_train_cmd(np, dir(), name + "-resumed", s + " --resume " + ck.string()));
+  // Another run directory: its own checkpoint directory (ck belongs to the first run's).
+  Launch resumed = run(mpi_train_cmd(np, dir(), name + "-resumed",
+                                     s + " --resume " + ck.string() + " --set train.checkpoint_dir=" + ck.string() + "-resumed"));
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   EXPECT_TRUE(contains(resumed.out, "(step 3)")) << resumed.out;
   const auto ref = read_log(dir() / (name + ".jsonl")), log = read_log(dir() / (name + "-resumed.jsonl"));
