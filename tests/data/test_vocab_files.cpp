@@ -42,7 +42,7 @@ class BadVocabTest : public test::VocabTest {
 
 TEST_F(BadVocabTest, BertVocabularyProblems) {
   std::string missing = dir_ + "/nope.txt";
-  expect_refused([&] { WordPieceTokenizer::load(missing); }, missing, "cannot read");
+  expect_refused([&] { WordPieceTokenizer::load(missing); }, missing, "cannot open");
   std::string empty = write("empty.txt", "");
   expect_refused([&] { WordPieceTokenizer::load(empty); }, empty, "empty");
   std::string v = real("bert-base-uncased.txt");
@@ -62,7 +62,7 @@ TEST_F(BadVocabTest, Gpt2EncoderProblems) {
   std::string bad_id = write("badid.json", R"({"a": "x"})");
   expect_refused([&] { Gpt2Tokenizer::load(bad_id, bpe); }, bad_id, "not an integer");
   std::string missing = dir_ + "/none.json";
-  expect_refused([&] { Gpt2Tokenizer::load(missing, bpe); }, missing, "cannot read");
+  expect_refused([&] { Gpt2Tokenizer::load(missing, bpe); }, missing, "cannot open");
 }
 
 TEST_F(BadVocabTest, Gpt2MergesProblems) {
@@ -77,7 +77,7 @@ TEST_F(BadVocabTest, Gpt2MergesProblems) {
   std::string unknown = write("unknown.bpe", "#version: 0.2\nqqqqqqqq zzzzzzzz\n");
   expect_refused([&] { Gpt2Tokenizer::load(enc, unknown); }, unknown, "missing from");
   std::string missing = dir_ + "/none.bpe";
-  expect_refused([&] { Gpt2Tokenizer::load(enc, missing); }, missing, "cannot read");
+  expect_refused([&] { Gpt2Tokenizer::load(enc, missing); }, missing, "cannot open");
 }
 
 TEST_F(BadVocabTest, UnknownVocabularyName) {
