@@ -30,18 +30,17 @@ RefreshRecord checked_record(const Config& cfg) {
 KfacReplay::KfacReplay(const Config& cfg, KfacPreconditioner& kfac)
     : kfac_(kfac),
       damping_(cfg.kfac.damping),
-      path_(cfg.kfac.refresh_record),
       record_(checked_record(cfg)),
       pattern_(record_, cfg.train.steps, kKey) {
   for (size_t i = 0; i < kfac_.size(); ++i) index_[kfac_.layer(i).name()] = i;
   std::map<std::string, int> changes;  // per K-FAC layer, over the record
   for (const RefreshEvent& e : record_.events) {
     if (!index_.count(e.layer))
-      usage_error(kKey, "'{}' names the layer '{}', which this model has no K-FAC layer of", path_, e.layer);
+      usage_error(kKey, "'{}' names the layer '{}', which this model has no K-FAC layer of", record_.path, e.layer);
     ++changes[e.layer];
   }
   for (const auto& [name, i] : index_)
-    if (!changes.count(name)) usage_error(kKey, "'{}' never refreshes the K-FAC layer '{}' of this model", path_, name);
+    if (!changes.count(name)) usage_error(kKey, "'{}' never refreshes the K-FAC layer '{}' of this model", record_.path, name);
 }
 
 size_t KfacReplay::layer_index(const std::string& name) const { return index_.at(name); }
@@ -133,7 +132,7 @@ std::string KfacReplay::describe() const {
     return it == record_.layout.end() ? std::string("?") : it->second;
   };
   return fmt::format("kfac: replaying '{}' ({} stages, {}: {} recorded steps, plan from step {}, period {} steps{})",
-                     path_, layout("parallel.stages"), layout("parallel.schedule"), record_.steps, record_.plan_start,
+                     record_.path, layout("parallel.stages"), layout("parallel.schedule"), record_.steps, record_.plan_start,
                      record_.period, pattern_.steps() > record_.steps ? ", repeated past its end" : "");
 }
 

@@ -53,7 +53,6 @@ class KfacReplay {
 
   KfacPreconditioner& kfac_;
   double damping_;
-  std::string path_;
   RefreshRecord record_;
   RefreshPattern pattern_;
   std::map<std::string, size_t> index_;  // layer name -> K-FAC layer
