@@ -25,7 +25,7 @@ struct TrainArgs {
   std::vector<int> profile_steps;
   bool print_config = false;
   bool overwrite = false;
-  std::string test_poison, test_signal;  // hidden: tests/faults (train/test_seams.hpp)
+  std::string test_poison, test_signal, test_oom_counter;  // hidden: tests/faults (train/test_seams.hpp)
   std::string test_drift_at, test_kfac_cost_scale, test_bcast_model;  // hidden: tests/runtime
 };
 
@@ -64,7 +64,8 @@ int run_train(const TrainArgs& a) {
                          {config, a.config.empty() ? "the run's config.toml" : "--config"}, a.profile_dir,
                          !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
-                          parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model)}};
+                          parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model),
+                          a.test_oom_counter}};
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
   if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
     return run_parallel_training(cfg, run, {a.profile_steps.begin(), a.profile_steps.end()});
@@ -108,6 +109,7 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--test-kfac-cost-scale", a->test_kfac_cost_scale, "X: the planner sees K-FAC costs times X")->group("");
   cmd.add_option("--test-bcast-model", a->test_bcast_model, "ALPHA,BETA: the broadcast model, ms and ms per byte")
       ->group("");
+  cmd.add_option("--test-oom-counter", a->test_oom_counter, "FILE: read the out-of-memory kill count here")->group("");
   return [a] {
     try {
       return run_train(*a);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 
 namespace pf::comm {
 
@@ -23,6 +24,7 @@ std::atomic<int64_t> g_step{0};
 std::atomic<int> g_running{0};
 std::atomic<int> g_rank{-1};
 std::function<std::string()>* g_note_fn = nullptr;  // set while a RankMonitor lives
+std::vector<std::pair<int, int>> g_local_peers;       // (rank, pid) of the other ranks on this host, likewise
 
 // The note for the crash handler, preformatted (a signal handler cannot format): two buffers, the
 // index of the current one swapped atomically after the other is written.
@@ -55,14 +57,49 @@ std::string host_identity() {
   return boot + " " + std::string(ns, n > 0 ? static_cast<size_t>(n) : 0);
 }
 
-bool gone(int pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  // A zombie (dead, not yet reaped by mpirun's daemon) still answers kill().
+// "oom_kill N" of a /proc/vmstat-like file, or -1 (absent: kernels before 4.13, or unreadable).
+int64_t oom_kills(const std::string& path) {
+  std::ifstream f(path);
+  std::string key;
+  int64_t n = 0;
+  while (f >> key >> n)
+    if (key == "oom_kill") return n;
+  return -1;
+}
+
+// A peer seen from this host: gone or not, and the signal that ended it when its exit code could
+// be read (a zombie, dead and not yet reaped by mpirun's daemon: field 52 of /proc/PID/stat).
+struct PeerState {
+  bool gone = false;
+  int signal = -1;
+};
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie, ...), or 0.
+char process_state(int pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(stat, line)) return true;
+  const size_t close = std::getline(stat, line) ? line.rfind(')') : std::string::npos;
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+}
+
+PeerState peer_state(int pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return {true, -1};
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return {true, -1};
   const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
+  if (close == std::string::npos || close + 2 >= line.size()) return {};
+  const char state = line[close + 2];
+  if (state != 'Z' && state != 'X') return {};
+  // Fields 3.. follow the command's closing parenthesis; exit_code is field 52.
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int k = 3; k <= 52 && rest >> field; ++k)
+    if (k == 52) {
+      const int code = std::atoi(field.c_str());
+      return {true, (code & 0x7f) ? code & 0x7f : -1};
+    }
+  return {true, -1};
 }
 
 // --- the crash handler (async-signal-safe: write(2) of preformatted text and integers) ---
@@ -120,11 +157,7 @@ extern "C" void on_fatal_signal(int sig) {
   put("; ");
   put(g_note_buf[g_note_cur.load()].data());
   put("\n");
-  if (g_marker[0]) {
-    // Never through a link another user put in the shared directory.
-    const int fd = ::open(g_marker.data(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0) ::close(fd);
-  }
+  mark_reported();
   // The previous disposition (the default, or a sanitizer's) takes it from here.
   sigaction(sig, &g_old[sig], nullptr);
   errno = saved;
@@ -133,7 +166,9 @@ extern "C" void on_fatal_signal(int sig) {
 
 }  // namespace
 
-RankMonitor::RankMonitor(const World& world, std::function<std::string()> checkpoint_note) : rank_(world.rank()) {
+RankMonitor::RankMonitor(const World& world, std::function<std::string()> checkpoint_note,
+                         const std::string& oom_counter)
+    : oom_counter_(oom_counter), oom_kills_at_start_(oom_kills(oom_counter)), rank_(world.rank()) {
   struct Id {
     int pid;
     char host[220];
@@ -147,6 +182,8 @@ RankMonitor::RankMonitor(const World& world, std::function<std::string()> checkp
   for (int r = 0; r < world.size(); ++r)
     peers_.push_back({r, all[r].pid, std::strncmp(all[r].host, mine.host, sizeof mine.host) == 0 && !host.empty()});
 
+  for (const Peer& p : peers_)
+    if (p.local && p.rank != rank_) g_local_peers.emplace_back(p.rank, p.pid);
   g_rank.store(rank_);
   std::snprintf(g_marker.data(), g_marker.size(), "%s", marker_path(static_cast<int>(::getpid())).c_str());
   g_note_fn = new std::function<std::string()>(std::move(checkpoint_note));
@@ -163,6 +200,7 @@ RankMonitor::~RankMonitor() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
   for (int sig : kFatal) sigaction(sig, &g_old[sig], nullptr);
+  g_local_peers.clear();
   delete g_note_fn;  // (the handler reads only the note buffers, which stay)
   g_note_fn = nullptr;
 }
@@ -174,7 +212,9 @@ void RankMonitor::watch() {
     std::this_thread::sleep_for(50ms);
     if (!g_running.load()) continue;
     for (const Peer& p : peers_) {
-      if (p.rank == rank_ || !p.local || reported[p.rank] || !gone(p.pid)) continue;
+      if (p.rank == rank_ || !p.local || reported[p.rank]) continue;
+      const PeerState end = peer_state(p.pid);
+      if (!end.gone) continue;
       // Not a rank leaving after an error every rank found: those leave the loop together.
       std::this_thread::sleep_for(250ms);
       if (stop_.load() || !g_running.load()) return;
@@ -182,16 +222,34 @@ void RankMonitor::watch() {
       // The lowest-ranked live rank of this host speaks.
       bool speaker = true;
       for (const Peer& q : peers_)
-        if (q.rank < rank_ && q.local && q.rank != p.rank && !gone(q.pid)) speaker = false;
+        if (q.rank < rank_ && q.local && q.rank != p.rank && !peer_state(q.pid).gone) speaker = false;
       if (!speaker) continue;
       if (::unlink(marker_path(p.pid).c_str()) == 0) continue;  // it said so itself
-      const std::string note = g_note_fn ? (*g_note_fn)() : std::string();
-      const std::string line = fmt::format("pipefisher: rank {} (pid {}) died during step {}; {}\n", p.rank, p.pid,
-                                           g_step.load() + 1, note);
-      std::fputs(line.c_str(), stderr);
-      std::fflush(stderr);
+      report(p, end.signal);
     }
   }
+}
+
+void RankMonitor::report(const Peer& p, int signal) const {
+  const std::string note = g_note_fn ? (*g_note_fn)() : std::string();
+  const int64_t oom = oom_kills(oom_counter_);
+  const int64_t step = g_step.load() + 1;
+  std::string line;
+  if (oom_kills_at_start_ >= 0 && oom > oom_kills_at_start_) {
+    const int64_t n = oom - oom_kills_at_start_;
+    line = fmt::format("pipefisher: rank {} (pid {}) was killed during step {} (signal 9, likely out of memory: the "
+                       "kernel's out-of-memory killer ran {} since the run began); {}\n", p.rank, p.pid, step,
+                       n == 1 ? std::string("once") : fmt::format("{} times", n), note);
+  } else if (signal > 0) {
+    const char* abbrev = sigabbrev_np(signal);
+    line = fmt::format("pipefisher: rank {} (pid {}) was killed by signal {}{} during step {}; {}\n", p.rank, p.pid,
+                       signal, abbrev ? fmt::format(" (SIG{})", abbrev) : "", step, note);
+  } else {
+    line = fmt::format("pipefisher: rank {} (pid {}) died during step {} without a word (a signal it cannot catch, "
+                       "such as SIGKILL); {}\n", p.rank, p.pid, step, note);
+  }
+  std::fputs(line.c_str(), stderr);
+  std::fflush(stderr);
 }
 
 StepsRunning::StepsRunning() { g_running.store(1); }
@@ -200,5 +258,22 @@ StepsRunning::~StepsRunning() { g_running.store(0); }
 void monitor_step(int64_t step) { g_step.store(step); }
 
 void checkpoint_written() { refresh_note(); }
+
+std::string stopped_peers_note() {
+  std::string note;
+  for (const auto& [rank, pid] : g_local_peers) {
+    const char state = process_state(pid);
+    if (state == 'T' || state == 't')
+      note += fmt::format("; rank {} (pid {}) is stopped (SIGSTOP or a debugger)", rank, pid);
+  }
+  return note;
+}
+
+void mark_reported() {
+  if (!g_marker[0]) return;
+  // Never through a link another user put in the shared directory.
+  const int fd = ::open(g_marker.data(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+}
 
 }  // namespace pf::comm

@@ -1,5 +1,7 @@
 #include "comm/wait.hpp"
 
+#include "comm/rank_monitor.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -45,11 +47,11 @@ std::string members(MPI_Comm comm) {
 [[noreturn]] void stalled(const WaitSite& site, double seconds) {
   int q = to_world(site.comm, site.peer);
   std::string msg =
-      q >= 0 ? fmt::format("rank {}: no progress from rank {} for {:.0f} s (peer lost?) waiting for {}",
+      q >= 0 ? fmt::format("rank {}: no progress from rank {} for {:.0f} s (peer lost or stopped?) waiting for {}",
                            world_rank(), q, seconds, site.what)
-             : fmt::format("rank {}: no progress from ranks {{{}}} for {:.0f} s (peer lost?) waiting for {}",
+             : fmt::format("rank {}: no progress from ranks {{{}}} for {:.0f} s (peer lost or stopped?) waiting for {}",
                            world_rank(), members(site.comm), seconds, site.what);
-  abort_job(msg);
+  abort_job(msg + stopped_peers_note());
 }
 
 // The backoff loop shared by every wait: `poll` returns true when everything is done and
@@ -59,7 +61,7 @@ void backoff_loop(const WaitSite& site, bool sleep, Poll&& poll) {
   bool progressed = false;
   if (poll(&progressed)) return;
   const double timeout = progress_timeout();
-  auto last = Clock::now();
+  auto last = Clock::now(), prev = last;
   const long max_sleep = g_max_sleep_ns.load();
   long sleep_ns = std::min(20'000L, max_sleep);
   for (;;) {
@@ -71,6 +73,10 @@ void backoff_loop(const WaitSite& site, bool sleep, Poll&& poll) {
     progressed = false;
     if (poll(&progressed)) return;
     auto now = Clock::now();
+    // A pass of this loop takes microseconds: one that took seconds means this rank itself was
+    // stopped (SIGSTOP, a debugger) or starved, and that time is not its peers' silence.
+    if (now - prev > std::chrono::seconds(1)) last += now - prev;
+    prev = now;
     if (progressed) {
       last = now;
       sleep_ns = std::min(20'000L, max_sleep);
@@ -101,6 +107,7 @@ int world_rank() {
 void abort_job(const std::string& message, int code) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
+  mark_reported();  // the neighbours that see this rank go do not blame it
   // Give mpirun a moment to forward the message before MPI_Abort tears the job's I/O down.
   timespec ts{0, 200'000'000};
   nanosleep(&ts, nullptr);

@@ -10,7 +10,7 @@
 // -> ~80-160 us late, 2-3% CPU. Pipeline steps wait many times per step, so latency wins.
 //
 // The same loop is the watchdog: a wait that sees no request complete for progress_timeout()
-// seconds prints "rank R: no progress from rank Q for N s (peer lost?)" and calls MPI_Abort, so a
+// seconds prints "rank R: no progress from rank Q for N s (peer lost or stopped?)" and calls MPI_Abort, so a
 // lost peer ends the whole job with a message instead of a hang. (Under mpirun a SIGKILLed rank is
 // normally noticed by OpenMPI itself, which aborts the job within ~2 s; the watchdog covers
 // what it misses: a hung peer, a lost host, a mismatched schedule.)

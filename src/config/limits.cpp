@@ -30,12 +30,13 @@ double read_number(const std::string& path) {
   return std::strtod(s.c_str(), nullptr);
 }
 
-double meminfo_total() {
+// A field of /proc/meminfo in bytes, or -1.
+double meminfo(const std::string& field) {
   std::ifstream f("/proc/meminfo");
   std::string key, unit;
   double kb = 0;
   while (f >> key >> kb >> unit)
-    if (key == "MemTotal:") return kb * 1024;
+    if (key == field + ":") return kb * 1024;
   return -1;
 }
 
@@ -58,10 +59,24 @@ double omp_stacksize() {
 struct Terms {
   double state = 0;    // parameters, gradients, optimizer state
   double kfac = 0;     // factors and inverses
-  double acts = 0;     // one micro-batch's activations through the whole model
+  double acts = 0;     // the activations of the micro-batches a rank holds at once, through the whole model
   double stacks = 0;   // the threads' stacks
   double total() const { return state + kfac + acts + stacks; }
+  // What the processes hold at their peak, at most: measured up to 1.7 times the allocations above
+  // (backward's gradients beside the activations, the logits' softmax, K-FAC's inversions and the
+  // factors a refresh keeps), plus each process's own (libraries, MPI's buffers, OpenBLAS's
+  // buffers as touched). bench/memory.sh measures the margin (docs/training.md).
+  double peak(int processes) const { return 2 * (state + kfac + acts) + stacks + processes * kProcessBytes; }
+  static constexpr double kProcessBytes = 96.0 * 1024 * 1024;
 };
+
+// Micro-batches whose activations a rank holds at once, at most: one process runs them one at a
+// time; the MPI runtime gives every micro-batch of the step a state of its own (runtime/executor.cpp),
+// whatever the schedule.
+double in_flight(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  return p.stages * p.data_parallel == 1 ? 1 : p.micro_batches;
+}
 
 Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_bytes) {
   const ModelConfig& m = cfg.model;
@@ -80,12 +95,17 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
     // A (d_in^2) and B (d_out^2, or its diagonal past kfac.diag_limit), factor and inverse.
     auto lin = [&](double in, double out) { return in * in + (out <= cfg.kfac.diag_limit ? out * out : out); };
     const double per_block = 4 * lin(C, C) + lin(C, F) + lin(F, C);
-    t.kfac = W * 4 * 2 * (L * per_block + (bert ? lin(C, C) : 0));
+    // Three copies: the factors, their inverses, and the factors a refresh keeps (or the
+    // eigendecomposition's work) while the next ones build.
+    t.kfac = W * 4 * 3 * (L * per_block + (bert ? lin(C, C) : 0));
+    // The MPI runtime saves each micro-batch's Linear inputs and output errors for the curvature
+    // its bubbles compute later (runtime/chunk_kfac.hpp): per block and token 10C + 2F floats.
+    if (in_flight(cfg) > 1) t.kfac += W * 4 * in_flight(cfg) * N * L * (10 * C + 2 * F);
   }
   // make_state of each block for one micro-batch of B sequences of S tokens: per block eight
   // (N, C) tensors, two (N, F), the attention probabilities (B, H, S, S); the head's logits (N, V).
   const double acts = N * C + L * (8 * N * C + 2 * N * F + B * H * S * S) + (bert ? 4 : 2) * N * C + N * V + 2 * N * C;
-  t.acts = W * 4 * acts;
+  t.acts = W * 4 * acts * in_flight(cfg);
   // The host's share of the job; stacks are per process.
   const double share = static_cast<double>(local_ranks) / std::max(1, world_ranks);
   t.state *= share, t.kfac *= share, t.acts *= share;
@@ -119,13 +139,18 @@ std::string format_bytes(double b) {
 }
 
 MachineMemory machine_memory() {
-  MachineMemory m{meminfo_total(), "MemTotal"};
-  // A container's limit (cgroup v2, then v1); "max" or an absurd v1 value means none.
-  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    const double v = read_number(p);
-    if (v > 0 && (m.bytes <= 0 || v < m.bytes)) m = {v, std::string("cgroup limit ") + p};
+  MachineMemory m{meminfo("MemAvailable"), "MemAvailable of /proc/meminfo"};
+  if (m.bytes < 0) m = {meminfo("MemTotal"), "MemTotal of /proc/meminfo"};  // kernels before 3.14
+  // A container's limit less what it uses (cgroup v2, then v1); "max" or an absurd v1 value means none.
+  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                     std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                               "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const double lim = read_number(limit);
+    if (lim <= 0) continue;
+    const double left = std::max(0.0, lim - std::max(0.0, read_number(usage)));
+    if (m.bytes < 0 || left < m.bytes) m = {left, fmt::format("the cgroup's {} less its {}", limit, usage)};
   }
-  if (m.bytes <= 0) m = {std::numeric_limits<double>::infinity(), "unknown"};
+  if (m.bytes < 0) m = {std::numeric_limits<double>::infinity(), "unknown"};
   return m;
 }
 
@@ -155,6 +180,10 @@ ThreadLimits thread_limits() {
 
 double estimate_run_bytes(const Config& cfg, int local_ranks, int world_ranks) {
   return terms(cfg, local_ranks, world_ranks, thread_limits().stack_bytes).total();
+}
+
+double estimate_peak_bytes(const Config& cfg, int local_ranks, int world_ranks) {
+  return terms(cfg, local_ranks, world_ranks, thread_limits().stack_bytes).peak(local_ranks);
 }
 
 AddressSpace address_space() {
@@ -242,20 +271,23 @@ void check_threads(const Config& cfg, int local_ranks, const ThreadLimits& tl, c
        [&](Config& c) { c.parallel.micro_batch_size = std::min(c.parallel.micro_batch_size, d.parallel.micro_batch_size); }},
   };
   std::string key = "model.hidden";
-  double best = t.total();
+  double best = t.peak(local_ranks);
   for (const auto& [k, reset] : keys) {
     Config c = cfg;
     reset(c);
-    const double e = terms(c, local_ranks, world_ranks, stack_bytes).total();
+    const double e = terms(c, local_ranks, world_ranks, stack_bytes).peak(local_ranks);
     if (e < best) best = e, key = k;
   }
   std::string parts = "parameters, gradients and optimizer state " + format_bytes(t.state);
   if (t.kfac > 0) parts += ", K-FAC factors and inverses " + format_bytes(t.kfac);
-  parts += ", activations of one micro-batch " + format_bytes(t.acts);
-  if (t.stacks > 0) parts += ", thread stacks " + format_bytes(t.stacks);
-  usage_error(key, "{} makes the run need at least {} of memory{} ({}); this machine has {} ({})", value_of(cfg, key),
-              format_bytes(t.total()), local_ranks > 1 ? fmt::format(" on this host ({} ranks)", local_ranks) : "",
-              parts, format_bytes(mem.bytes), mem.source);
+  const double mbs = in_flight(cfg);
+  parts += fmt::format(", activations of {} micro-batch{} {}", mbs, mbs == 1 ? "" : "es", format_bytes(t.acts));
+  std::string besides = fmt::format("{} per process", format_bytes(Terms::kProcessBytes));
+  if (t.stacks > 0) besides += ", thread stacks " + format_bytes(t.stacks);
+  usage_error(key, "{} makes the run need an estimated {} of memory at its peak{} (twice what it allocates: {}; "
+              "and {}); this machine has {} available ({})", value_of(cfg, key),
+              format_bytes(t.peak(local_ranks)), local_ranks > 1 ? fmt::format(" on this host ({} ranks)", local_ranks) : "",
+              parts, besides, format_bytes(mem.bytes), mem.source);
 }
 
 }  // namespace
@@ -282,7 +314,7 @@ void check_resources(const Config& cfg, int local_ranks, int world_ranks) {
   const MachineMemory mem = machine_memory();
   check_threads(cfg, local_ranks, tl, mem);
   const Terms t = terms(cfg, local_ranks, world_ranks, tl.stack_bytes);
-  if (t.total() > mem.bytes) refuse_memory(cfg, local_ranks, world_ranks, t, tl.stack_bytes, mem);
+  if (t.peak(local_ranks) > mem.bytes) refuse_memory(cfg, local_ranks, world_ranks, t, tl.stack_bytes, mem);
   check_address_space(cfg, local_ranks, world_ranks);
 }
 

@@ -2,8 +2,10 @@
 // What a configuration asks of the machine, checked before anything is allocated: the memory its
 // sizes imply (parameters, gradients, optimizer state, K-FAC factors and inverses, the activations
 // of a micro-batch, the threads' stacks) against the memory this machine has, and its thread count
-// against the machine's limits. Estimates are lower bounds (what the run certainly allocates), so a
-// refusal is never wrong; the message names the key most responsible and both amounts.
+// against the machine's limits. The memory estimate is an upper bound of the run's peak resident
+// memory (measured against it for several shapes by bench/memory.sh, docs/training.md), compared
+// with the memory available now, so a run that starts has room; the message names the key most
+// responsible and both amounts.
 #include "config/config.hpp"
 
 #include <cstdint>
@@ -12,8 +14,8 @@
 namespace pf {
 
 struct MachineMemory {
-  double bytes = 0;    // the smaller of MemTotal and the cgroup's memory limit
-  std::string source;  // "MemTotal" or "cgroup memory.max"
+  double bytes = 0;    // available now: the smaller of MemAvailable and the cgroup's limit less its usage
+  std::string source;  // where it was read
 };
 MachineMemory machine_memory();
 
@@ -48,9 +50,11 @@ AddressNeed address_need(const Config& cfg, int local_ranks, int world_ranks, co
 // Bytes the run allocates at least, on the host of a rank: the job's share of `local_ranks` of
 // `world_ranks` processes (pipeline stages split the model, data-parallel replicas copy it).
 double estimate_run_bytes(const Config& cfg, int local_ranks = 1, int world_ranks = 1);
+// At most what those processes hold at their peak (resident memory): what the memory check compares.
+double estimate_peak_bytes(const Config& cfg, int local_ranks = 1, int world_ranks = 1);
 
 // Refuses (UsageError naming the key) a configuration whose thread count exceeds the machine's
-// limits, or whose memory estimate exceeds the machine's memory; and (naming ulimit -v) one that
+// limits, or whose peak memory estimate exceeds the memory available; and (naming ulimit -v) one that
 // would not fit this process's address-space limit. `local_ranks` processes of `world_ranks`
 // share this host.
 void check_resources(const Config& cfg, int local_ranks = 1, int world_ranks = 1);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace pf {
 
@@ -148,6 +149,20 @@ std::string machine_line(const MachineInfo& m) {
   return fmt::format("{}, {} kernel {} ({}), {} thread{}, {}, load {:.2f}", m.cpu, m.blas,
                      m.kernel, m.kernel_chosen_by, m.threads, m.threads == 1 ? "" : "s",
                      m.wait_policy.empty() ? "OpenMP waits by default" : m.wait_policy, m.load_average);
+}
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  double kb = 0;
+  for (std::string line; std::getline(status, line);) {
+    std::istringstream in(line);
+    if (!(in >> key >> kb)) continue;
+    if (key == "VmHWM:") m.peak_rss = kb * 1024;
+    if (key == "RssFile:") m.file_rss = kb * 1024;
+  }
+  return m;
 }
 
 }  // namespace pf

@@ -65,4 +65,13 @@ MachineInfo machine_info();
 // 2 threads, GOMP_SPINCOUNT=10000, load 0.12".
 std::string machine_line(const MachineInfo& m);
 
+// This process's memory from /proc/self/status, in bytes (0 when unknown): its peak resident set
+// (VmHWM) and the part of its resident set that maps files now (RssFile: the binary, libraries,
+// token files; pages the kernel may drop under pressure rather than kill for).
+struct ProcessMemory {
+  double peak_rss = 0;
+  double file_rss = 0;
+};
+ProcessMemory process_memory();
+
 }  // namespace pf

@@ -301,7 +301,8 @@ int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> pr
     // Memory and threads of the ranks on this host, before anything is allocated.
     check_resources(cfg, launcher_local_size(), world.size());
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
-    comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); });
+    comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); },
+                              args.seams.oom_counter.empty() ? "/proc/vmstat" : args.seams.oom_counter);
     MpiEngine engine(world, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams);
     return run_training(engine, std::move(cfg), args);
   } catch (const UsageError&) {

@@ -1,5 +1,6 @@
 #include "train/run_log.hpp"
 
+#include "config/limits.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "core/machine.hpp"
@@ -14,6 +15,7 @@
 #include <ctime>
 #include <fstream>
 #include <limits>
+#include <numeric>
 
 namespace pf {
 
@@ -168,7 +170,8 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
   }
 }
 
-std::string RunLog::summary(double final_valid_loss, double wall_s) const {
+std::string RunLog::summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const {
+  const double peak = std::accumulate(memory.peak_rss.begin(), memory.peak_rss.end(), 0.0);
   nlohmann::json j{{"steps", steps_},
                    {"first_loss", first_loss_},
                    {"final_loss", last_loss_},
@@ -183,10 +186,17 @@ std::string RunLog::summary(double final_valid_loss, double wall_s) const {
                      {"blas_kernel_chosen_by", machine_.kernel_chosen_by},
                      {"threads", machine_.threads},
                      {"openmp_wait", machine_.wait_policy},
-                     {"load_average_at_start", machine_.load_average}}}};
-  std::fprintf(stdout, "summary: %lld steps, loss %.4f -> %.4f, validation loss %.4f, %.0f tokens/s, %.1f s\n",
+                     {"load_average_at_start", machine_.load_average}}},
+                   {"memory",
+                    {{"peak_rss_bytes", memory.peak_rss},
+                     {"file_rss_bytes", memory.file_rss},
+                     {"estimate_bytes", memory.estimate}}}};
+  const size_t ranks = memory.peak_rss.size();
+  std::fprintf(stdout, "summary: %lld steps, loss %.4f -> %.4f, validation loss %.4f, %.0f tokens/s, %.1f s, "
+               "peak memory %s%s (estimated at most %s)\n",
                static_cast<long long>(steps_), first_loss_, last_loss_, final_valid_loss,
-               j["tokens_per_s"].get<double>(), j["wall_time_s"].get<double>());
+               j["tokens_per_s"].get<double>(), j["wall_time_s"].get<double>(), format_bytes(peak).c_str(),
+               ranks > 1 ? fmt::format(" over {} ranks", ranks).c_str() : "", format_bytes(memory.estimate).c_str());
   return j.dump(2) + "\n";
 }
 

@@ -32,6 +32,14 @@
 
 namespace pf {
 
+// The run's memory, for the summary: each rank's peak resident set and the part of it that maps
+// files (core/machine.hpp), and the memory check's estimate of the whole job's peak (config/limits.hpp).
+struct MemoryUse {
+  std::vector<double> peak_rss;  // bytes, by world rank
+  std::vector<double> file_rss;  // bytes, by world rank, at the end
+  double estimate = 0;           // bytes, every rank together
+};
+
 struct RunLogOptions {
   int total_steps = 0;
   int log_every = 1;
@@ -51,7 +59,7 @@ class RunLog {
   void step(const StepStats& s, std::optional<double> valid_loss);
   // Prints the final summary and returns it as a JSON object (written to summary.json). The
   // counts and times cover the whole run: wall_s is this segment's, earlier ones' are added.
-  std::string summary(double final_valid_loss, double wall_s) const;
+  std::string summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const;
 
   double first_loss() const { return first_loss_; }
   double last_loss() const { return last_loss_; }

@@ -62,6 +62,9 @@ struct TestSeams {
   PoisonStep poison;
   SignalSeam signal;
   KfacSeams kfac;
+  // --test-oom-counter FILE: the ranks' monitor reads the kernel's out-of-memory kill count from
+  // FILE ("oom_kill N") instead of /proc/vmstat (comm/rank_monitor.hpp), so a test can raise it.
+  std::string oom_counter;
 };
 
 // The flags' values, parsed; a malformed one is a UsageError naming the flag. "" gives none.

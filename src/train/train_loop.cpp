@@ -1,6 +1,8 @@
 #include "train/train_loop.hpp"
 
+#include "config/limits.hpp"
 #include "core/error.hpp"
+#include "core/machine.hpp"
 #include "core/files.hpp"
 #include "io/hf_model.hpp"
 #include "train/checkpointing.hpp"
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <sstream>
 
 namespace pf {
 
@@ -323,8 +326,23 @@ std::optional<int> run_steps(Run& r) {
 
 // --- finish ---
 
+// Collective: every rank's peak memory at the root, with the check's estimate of the whole job.
+MemoryUse memory_use(Run& r) {
+  const ProcessMemory mine = process_memory();
+  MemoryUse use;
+  for (const std::string& s : r.engine.gather(fmt::format("{} {}", mine.peak_rss, mine.file_rss))) {
+    double peak = 0, file = 0;
+    std::istringstream(s) >> peak >> file;
+    use.peak_rss.push_back(peak);
+    use.file_rss.push_back(file);
+  }
+  const int ranks = static_cast<int>(use.peak_rss.size());
+  use.estimate = estimate_peak_bytes(r.cfg, ranks, ranks);
+  return use;
+}
+
 // A write error (a full disk) names the last complete checkpoint, as during the steps.
-void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
+void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memory, double wall) {
   const std::string& out = r.cfg.train.out_dir;
   try {
     if (!rec.write_error.empty()) throw UsageError(rec.write_error);
@@ -333,7 +351,7 @@ void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
     r.args.seams.signal.at(SignalSeam::Where::final_writes);
     if (!r.args.save.empty()) save_trained_weights(r.args.save, rec.params);
     for (const auto& [name, text] : rec.files) write_file_atomic(out + "/" + name, text);
-    write_file_atomic(out + "/summary.json", r.log->summary(r.valid, wall));
+    write_file_atomic(out + "/summary.json", r.log->summary(r.valid, wall, memory));
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("{}; {}", e.what(), last_checkpoint_note(r.ckpt_dir)));
   }
@@ -351,7 +369,8 @@ void write_final_outputs(Run& r, const FinalRecords& rec, double wall) {
 int finish(Run& r, double wall) {
   if (r.first_step == r.cfg.train.steps) r.valid = r.engine.evaluate();
   const FinalRecords rec = r.engine.finish(r.cfg.train.out_dir);
-  r.engine.on_root([&] { write_final_outputs(r, rec, wall); });
+  const MemoryUse memory = memory_use(r);
+  r.engine.on_root([&] { write_final_outputs(r, rec, memory, wall); });
   if (g_stop && r.engine.root())
     std::fprintf(stderr, "pipefisher train: %s after the last step: the final outputs were written, the run is "
                  "complete\n", signal_name(g_stop));

@@ -10,7 +10,9 @@
 
 #include <signal.h>
 
+#include <array>
 #include <cmath>
+#include <fstream>
 #include <thread>
 
 namespace {
@@ -162,6 +164,23 @@ TEST(Signals, UnderMpirunTheRanksAgreeAndCheckpoint) {
   }
 }
 
+// A 2-rank pipeline of the tiny config that prints each rank's pid ("RANKPID r pid") before exec.
+std::string rankpid_cmd(const std::string& name, const fs::path& ck, const std::string& env, const std::string& sets) {
+  return kEnv + env + " timeout -k 10 600 " + kPfrun + " -np 2 sh -c \"echo RANKPID \\$OMPI_COMM_WORLD_RANK \\$\\$; exec " +
+         kBinary + " train --config " + (dir() / "tiny.toml").string() + " --set parallel.stages=2 --steps 100000 "
+         "--set train.checkpoint_every=10 --set train.checkpoint_dir=" + ck.string() +
+         " --set train.out_dir=" + (dir() / ("out-" + name)).string() + " " + sets + "\"";
+}
+
+// The pids of ranks 0 and 1, read from the job's output as they start ({-1, -1} if it ended first).
+std::array<int, 2> rank_pids(Job& job) {
+  std::array<int, 2> pid{-1, -1};
+  for (std::string l = job.line(); !l.empty() && (pid[0] < 0 || pid[1] < 0); l = job.line())
+    for (int r : {0, 1})
+      if (l.rfind("RANKPID " + std::to_string(r) + " ", 0) == 0) pid[r] = std::stoi(l.substr(10));
+  return pid;
+}
+
 // A rank SIGKILLed mid-run: the job ends by itself (before the guard, `timeout`, far beyond any
 // run here, would end it), non-zero, naming the lost rank (OpenMPI's "process rank 1 ... exited
 // on signal 9", and pipefisher's own line with the step and the last checkpoint); the run
@@ -169,14 +188,8 @@ TEST(Signals, UnderMpirunTheRanksAgreeAndCheckpoint) {
 TEST(Kills, KilledRankIsNamedAndTheRunResumes) {
   tiny_config(dir());
   const fs::path ck = dir() / "kill-ckpt";
-  const std::string cmd = kEnv + "timeout -k 10 600 " + kPfrun + " -np 2 sh -c \"echo RANKPID \\$OMPI_COMM_WORLD_RANK \\$\\$; exec " + kBinary +
-                          " train --config " + (dir() / "tiny.toml").string() + " --set parallel.stages=2 --steps 100000 "
-                          "--set train.checkpoint_every=10 --set train.checkpoint_dir=" + ck.string() +
-                          " --set train.out_dir=" + (dir() / "out-kill").string() + "\"";
-  Job job(cmd);
-  int victim = -1;
-  for (std::string l = job.line(); !l.empty() && victim < 0; l = job.line())
-    if (l.rfind("RANKPID 1 ", 0) == 0) victim = std::stoi(l.substr(10));
+  Job job(rankpid_cmd("kill", ck, "", ""));
+  const int victim = rank_pids(job)[1];
   ASSERT_GT(victim, 0) << job.out;
   ASSERT_TRUE(job.until("step     15/")) << job.out;
   const auto t0 = std::chrono::steady_clock::now();
@@ -186,8 +199,12 @@ TEST(Kills, KilledRankIsNamedAndTheRunResumes) {
   EXPECT_NE(status, 0) << job.out;
   EXPECT_NE(status, 124) << "the guard ended the job\n" << job.out;
   EXPECT_TRUE(contains(job.out, "rank 1") && contains(job.out, "signal 9")) << job.out;
-  // pipefisher's own line besides mpirun's banner: which rank, which step, where to resume from.
-  EXPECT_TRUE(contains(job.out, "pipefisher: rank 1 (pid " + std::to_string(victim) + ") died during step ")) << job.out;
+  // pipefisher's own line besides mpirun's banner: which rank, how (the signal when its exit code
+  // was read before mpirun's daemon reaped it), which step, where to resume from.
+  const std::string who = "pipefisher: rank 1 (pid " + std::to_string(victim) + ") ";
+  EXPECT_TRUE(contains(job.out, who + "died during step ") || contains(job.out, who + "was killed by signal 9 (SIGKILL) during step "))
+      << job.out;
+  EXPECT_FALSE(contains(job.out, "likely out of memory")) << job.out;
   EXPECT_TRUE(contains(job.out, "; the last complete checkpoint is " + ck.string() + "/step-0000")) << job.out;
   EXPECT_TRUE(contains(job.out, ": continue with --resume " + ck.string() + "\n")) << job.out;
   std::printf("[ killed ] job ended %.2f s after the SIGKILL of rank 1\n", seconds);
@@ -196,6 +213,50 @@ TEST(Kills, KilledRankIsNamedAndTheRunResumes) {
   Launch r = run(mpi_train_cmd(2, dir(), "kill2", "--set parallel.stages=2 --steps " + std::to_string(m.step + 2) +
                                                   " --resume " + ck.string()));
   EXPECT_EQ(r.status, 0) << r.out;
+}
+
+// Issue 34 item 8: a rank killed while the kernel's out-of-memory killer ran (its kill count,
+// here a file of the test's raised from 5 to 6 just before the SIGKILL) is reported as such.
+TEST(Kills, RankKilledWhenTheOomKillerRanSaysOutOfMemory) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "oom-ckpt", counter = dir() / "vmstat";
+  std::ofstream(counter) << "nr_free_pages 1000\noom_kill 5\n";
+  Job job(rankpid_cmd("oom", ck, "", "--test-oom-counter " + counter.string()));
+  const int victim = rank_pids(job)[1];
+  ASSERT_GT(victim, 0) << job.out;
+  ASSERT_TRUE(job.until("step     15/")) << job.out;
+  std::ofstream(counter) << "nr_free_pages 10\noom_kill 6\n";
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  EXPECT_NE(job.finish(), 0) << job.out;
+  EXPECT_TRUE(contains(job.out, "pipefisher: rank 1 (pid " + std::to_string(victim) + ") was killed during step "))
+      << job.out;
+  EXPECT_TRUE(contains(job.out, " (signal 9, likely out of memory: the kernel's out-of-memory killer ran once since "
+                                "the run began); the last complete checkpoint is " + ck.string() + "/step-0000"))
+      << job.out;
+}
+
+// Issue 34, messages: a SIGSTOPped rank 1 is named by rank 0's watchdog, and rank 0, which ends
+// the job, is not blamed for dying when mpirun continues the stopped rank to end it.
+TEST(Kills, StoppedRankIsNamedNotItsNeighbour) {
+  tiny_config(dir());
+  const fs::path ck = dir() / "stop-ckpt";
+  Job job(rankpid_cmd("stop", ck, "PF_COMM_TIMEOUT=3", ""));
+  const auto [pid0, victim] = rank_pids(job);
+  ASSERT_GT(pid0, 0) << job.out;
+  ASSERT_GT(victim, 0) << job.out;
+  ASSERT_TRUE(job.until("step     15/")) << job.out;
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  const int status = job.finish();
+  kill(victim, SIGKILL);  // in case anything outlived the job
+  EXPECT_NE(status, 0) << job.out;
+  EXPECT_NE(status, 124) << "the guard ended the job\n" << job.out;
+  EXPECT_TRUE(contains(job.out, "rank 0: no progress from rank")) << job.out;
+  EXPECT_TRUE(contains(job.out, "(peer lost or stopped?)")) << job.out;
+  EXPECT_TRUE(contains(job.out, "; rank 1 (pid " + std::to_string(victim) + ") is stopped (SIGSTOP or a debugger)\n"))
+      << job.out;
+  // Rank 1's own waits do not count the time it was stopped as its peers' silence.
+  EXPECT_FALSE(contains(job.out, "rank 1: no progress")) << job.out;
+  EXPECT_FALSE(contains(job.out, "pipefisher: rank 0 (pid " + std::to_string(pid0) + ")")) << job.out;
 }
 
 // SIGKILL at spread-out moments of a run that checkpoints every step (writing dominates its time):
