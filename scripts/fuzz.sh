@@ -25,7 +25,7 @@ cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 # Seeds: valid examples of each format (the fuzzer mutates from there).
 seeds="$build/seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_config,fuzz_config_overrides,fuzz_plan_flags,fuzz_safetensors,fuzz_manifest,fuzz_profile_csv,fuzz_profile_json,fuzz_schedule,fuzz_tokenizer_files,fuzz_tokenize_text,fuzz_token_file,fuzz_run_log,fuzz_tokenize_input}
+mkdir -p "$seeds"/{fuzz_config,fuzz_config_overrides,fuzz_plan_flags,fuzz_safetensors,fuzz_manifest,fuzz_profile_csv,fuzz_profile_json,fuzz_schedule,fuzz_tokenizer_files,fuzz_tokenize_text,fuzz_token_file,fuzz_run_log,fuzz_tokenize_input,fuzz_refresh_record}
 cp "$root"/configs/*.toml "$seeds/fuzz_config/"
 # TOML, a NUL, then one `key=value` override per line (pipefisher train --set).
 for f in "$root"/configs/*.toml; do
@@ -94,6 +94,10 @@ for s in $(seq 1 40); do
     "$s" "$(awk -v s="$s" 'BEGIN { printf "%.4f", 10 - s / 10 }')" "$([[ $((s % 10)) == 0 ]] && echo ',"valid_loss":9.1' || true)"
 done > "$seeds/fuzz_run_log/kfac"
 { cat "$seeds/fuzz_run_log/skipped"; printf '{"step":4,"loss":10.2,"step_ti'; } > "$seeds/fuzz_run_log/cut"
+# Refresh records of real PipeFisher runs (bench/convergence/*/kfac_refresh.json: 1F1B, 2 ranks).
+for f in "$root"/bench/convergence/*/kfac_refresh.json; do
+  [[ -f $f ]] && cp "$f" "$seeds/fuzz_refresh_record/$(basename "$(dirname "$f")").json"
+done
 { printf '\x3a\x77'; head -c 2000 "$root/data/sample/moby-dick-1-20.bert.bin"; } > "$seeds/fuzz_token_file/a"
 
 status=0
@@ -106,9 +110,12 @@ for t in "${targets[@]}"; do
   findings="$build/findings/$t"
   mkdir -p "$corpus" "$findings"
   echo "== $t: ${seconds} s"
-  # -rss_limit_mb: a loader must refuse an oversized declaration before allocating it.
+  # -rss_limit_mb: a loader must refuse an oversized declaration before allocating it. A refresh
+  # record of a real run is about 90 kB.
+  max_len=65536
+  [[ $t == fuzz_refresh_record ]] && max_len=131072
   if ! ASAN_OPTIONS=detect_leaks=1 "$build/fuzz/$t" "$corpus" "$seeds/$t" -max_total_time="$seconds" \
-      -timeout=10 -rss_limit_mb=2048 -max_len=65536 -artifact_prefix="$findings/" -print_final_stats=1 \
+      -timeout=10 -rss_limit_mb=2048 -max_len="$max_len" -artifact_prefix="$findings/" -print_final_stats=1 \
       >"$findings/log.txt" 2>&1; then
     echo "!! $t found a problem: $findings (log.txt and the crash input)"
     tail -n 40 "$findings/log.txt"

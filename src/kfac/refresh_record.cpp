@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
+#include <type_traits>
 
 namespace pf {
 
@@ -31,8 +33,17 @@ auto split_key(const SplitEvent& s) { return std::tie(s.from_step, s.layer, s.si
 template <typename T>
 T field(const json& j, const char* name, const std::string& key, const std::string& path) {
   if (!j.is_object() || !j.contains(name)) usage_error(key, "'{}': no \"{}\" in {}", path, name, j.dump().substr(0, 80));
+  const json& v = j.at(name);
+  if constexpr (std::is_integral_v<T>) {
+    // nlohmann converts a float or an out-of-range integer with a cast (undefined behaviour).
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                      : v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                            v.get<int64_t>() <= std::numeric_limits<T>::max();
+    if (!fits) usage_error(key, "'{}': \"{}\" is not an integer in [{}, {}]", path, name, std::numeric_limits<T>::min(),
+                           std::numeric_limits<T>::max());
+  }
   try {
-    return j.at(name).get<T>();
+    return v.get<T>();
   } catch (const json::exception&) {
     usage_error(key, "'{}': \"{}\" is not {}", path, name, std::is_same_v<T, std::string> ? "text" : "a number");
   }

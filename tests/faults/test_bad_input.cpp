@@ -9,6 +9,7 @@
 #include "data/wordpiece.hpp"
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
+#include "kfac/refresh_record.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/limits.hpp"
 #include "sim/profile.hpp"
@@ -312,6 +313,27 @@ TEST(Hardening, ResumeChecksAndSaysWhatItPassedOver) {
   EXPECT_EQ(longer.optim.decay_steps, 0);
   pf::Config chosen = pf::Config::from_toml_string("", {"train.steps=20", "optim.decay_steps=20"});
   EXPECT_NE(pf::keep_lr_schedule(chosen, m).find("optim.decay_steps = 20"), std::string::npos);
+}
+
+// Issue 34, the fuzz pass: a refresh record's integer fields must be integers of their range
+// (nlohmann casts 1e23 or 1.5 to an integer with undefined behaviour: found by fuzz_refresh_record).
+TEST(Hardening, RefreshRecordIntegersAreCheckedIntegers) {
+  auto record = [](const std::string& use_step, const std::string& side) {
+    return R"({"format": "pipefisher-refresh", "version": 1, "steps": 4, "plan_start": 0, "period": 1,
+               "recorded_with": {}, "layout": {}, "splits": [], "events": [{"layer": "l", "side": )" + side +
+           R"(, "block": -1, "use_step": )" + use_step + R"(, "curv_step": 0, "pi_step": -1}]})";
+  };
+  EXPECT_EQ(pf::read_refresh_record(file("r0.json", record("2", "0")).string(), "kfac.refresh_record").events.size(), 1u);
+  expect_refused([&] { pf::read_refresh_record(file("r1.json", record("105555555555555555555555", "0")).string(), "kfac.refresh_record"); },
+                 "kfac.refresh_record: '");
+  expect_refused([&] { pf::read_refresh_record(file("r2.json", record("105555555555555555555555", "0")).string(), "kfac.refresh_record"); },
+                 "\"use_step\" is not an integer in [");
+  expect_refused([&] { pf::read_refresh_record(file("r3.json", record("1.5", "0")).string(), "kfac.refresh_record"); },
+                 "\"use_step\" is not an integer");
+  expect_refused([&] { pf::read_refresh_record(file("r4.json", record("2", "4294967296")).string(), "kfac.refresh_record"); },
+                 "\"side\" is not an integer in [-2147483648, 2147483647]");
+  expect_refused([&] { pf::read_refresh_record(file("r5.json", record("18446744073709551615", "0")).string(), "kfac.refresh_record"); },
+                 "\"use_step\" is not an integer");
 }
 
 }  // namespace
