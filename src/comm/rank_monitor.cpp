@@ -74,28 +74,30 @@ struct PeerState {
   int signal = -1;
 };
 
-// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie, ...), or 0.
-char process_state(int pid) {
+// The fields of /proc/PID/stat from the third (the state letter) on, after the command's closing
+// parenthesis; "" when there is no such process.
+std::string stat_fields(int pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   const size_t close = std::getline(stat, line) ? line.rfind(')') : std::string::npos;
-  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+  return close != std::string::npos && close + 2 < line.size() ? line.substr(close + 2) : std::string();
+}
+
+// 'R', 'S', 'T' (stopped), 'Z' (zombie), ..., or 0 when there is no such process.
+char process_state(int pid) {
+  const std::string f = stat_fields(pid);
+  return f.empty() ? 0 : f[0];
 }
 
 PeerState peer_state(int pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return {true, -1};
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return {true, -1};
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return {};
-  const char state = line[close + 2];
-  if (state != 'Z' && state != 'X') return {};
-  // Fields 3.. follow the command's closing parenthesis; exit_code is field 52.
-  std::istringstream rest(line.substr(close + 2));
+  const std::string f = stat_fields(pid);
+  if (f.empty()) return {true, -1};
+  if (f[0] != 'Z' && f[0] != 'X') return {};
+  std::istringstream rest(f);
   std::string field;
   for (int k = 3; k <= 52 && rest >> field; ++k)
-    if (k == 52) {
+    if (k == 52) {  // exit_code, as waitpid would give it
       const int code = std::atoi(field.c_str());
       return {true, (code & 0x7f) ? code & 0x7f : -1};
     }
