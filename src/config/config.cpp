@@ -347,6 +347,8 @@ void check_replay(const Config& c) {
 
 // The partition against the model, and K-FAC keys that only apply with others.
 void check_run_relations(const Config& c) {
+  if (c.optim.min_lr > c.optim.lr)
+    usage_error("optim.min_lr", "must be at most optim.lr = {} (got {})", c.optim.lr, c.optim.min_lr);
   if (!c.parallel.partition.empty()) {
     int64_t sum = 0;
     for (int b : c.parallel.partition) {

@@ -55,7 +55,11 @@ struct OptimConfig {
   OptimName name = OptimName::NvLamb;  // nvlamb | adamw | sgd
   double lr = 1e-2;
   int warmup_steps = 10;
-  double decay_power = 0.5;     // polynomial decay after warm-up
+  // After the linear warm-up the rate decays from lr to min_lr (optim/lr_schedule.hpp): poly (the
+  // BERT recipe's (1 - p)^decay_power, the paper's), linear, cosine, or constant (stays at lr).
+  LrDecay schedule = LrDecay::Poly;
+  double decay_power = 0.5;     // poly's power
+  double min_lr = 0;            // the floor the decay reaches, in [0, lr]
   // Steps over which the rate decays to 0 (0 = train.steps). A resume with a smaller train.steps
   // keeps the checkpoint's schedule, a larger one decays over the new train.steps from the
   // checkpoint's step (train/checkpointing.hpp).

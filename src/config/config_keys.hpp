@@ -71,7 +71,9 @@ void optim_keys(C& c, F& key) {
   key("optim.name", o.name, kAny);
   key("optim.lr", o.lr, kPositive);
   key("optim.warmup_steps", o.warmup_steps, kNonNegative);
+  key("optim.schedule", o.schedule, kAny);
   key("optim.decay_power", o.decay_power, kNonNegative);
+  key("optim.min_lr", o.min_lr, kNonNegative);
   key("optim.decay_steps", o.decay_steps, kNonNegative);
   key("optim.weight_decay", o.weight_decay, kNonNegative);
   key("optim.beta1", o.beta1, kFraction);

@@ -18,6 +18,7 @@ enum class Vocab { Bert, Gpt2 };           // data.vocab: the tokenizer
 enum class OptimName { NvLamb, AdamW, Sgd };  // optim.name
 enum class OnNonfinite { Skip, Stop };     // train.on_nonfinite
 enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, ZbH2, ZbAuto, ZbV };  // parallel.schedule
+enum class LrDecay { Poly, Linear, Cosine, Constant };  // optim.schedule
 enum class Placement { Bubbles, Inline, Skip, Replay };  // kfac.placement
 enum class KfacStrategy { DKfac, MpdKfac, SpdKfac };   // kfac.distributed
 
@@ -57,6 +58,13 @@ struct EnumNames<ScheduleName> {
       {ScheduleName::Naive, "naive"},     {ScheduleName::GPipe, "gpipe"},     {ScheduleName::OneFOneB, "1f1b"},
       {ScheduleName::Interleaved, "interleaved"}, {ScheduleName::Chimera, "chimera"}, {ScheduleName::ZbH1, "zb-h1"},
       {ScheduleName::ZbH2, "zb-h2"},     {ScheduleName::ZbAuto, "zb-auto"}, {ScheduleName::ZbV, "zb-v"}};
+};
+template <>
+struct EnumNames<LrDecay> {
+  static constexpr EnumName<LrDecay> table[] = {{LrDecay::Poly, "poly"},
+                                                {LrDecay::Linear, "linear"},
+                                                {LrDecay::Cosine, "cosine"},
+                                                {LrDecay::Constant, "constant"}};
 };
 template <>
 struct EnumNames<Placement> {

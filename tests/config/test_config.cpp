@@ -303,12 +303,12 @@ TEST(Config, AnUnknownSettingNameIsRefusedNamingTheKey) {
 TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
   const Config a = Config::from_toml_string(
       "", {"model.preset=gpt2-tiny", "model.dropout=0.1", "data.nsp=false", "optim.name=sgd", "optim.lr=3e-4",
-           "train.on_nonfinite=stop", "train.seed=7", "parallel.stages=2", "parallel.schedule=chimera",
-           "parallel.partition=[1,1]", "kfac.enabled=true", "kfac.placement=skip", "kfac.distributed=d-kfac",
+           "optim.schedule=cosine", "optim.min_lr=3e-5", "train.on_nonfinite=stop", "train.seed=7",
+           "parallel.stages=2", "parallel.schedule=chimera", "parallel.partition=[1,1]", "kfac.enabled=true", "kfac.placement=skip", "kfac.distributed=d-kfac",
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 71u);
+  EXPECT_EQ(keys.size(), 73u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;
