@@ -37,6 +37,9 @@
 # DAMPINGS (K-FAC's grid also over these dampings; default DAMPING alone) and OPTIMIZERS (the
 # grid's optimizers, default "nvlamb kfac"; with one of them the script stops after its grid, so
 # NVLAMB's grid can run before K-FAC's runs are ready and both resume into the same out-dir).
+# GRID_FROM_RECORDS=1: the grid is the settings that have a record (a cross-shaped grid run in
+# parts, each with its own LRS and WARMUP_RATIOS): LRS x WARMUP_RATIOS x DAMPINGS name the axes,
+# settings without a record are left out instead of run, then the seeds and the summary.
 # Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
 # kept, and one stopped part-way resumes from its last checkpoint (every CHECKPOINT_EVERY steps,
 # default EVAL_EVERY; not part of the arguments), so an interrupted tuning goes on where it
@@ -144,6 +147,16 @@ optim_args() {
   [[ $1 == kfac ]] && args+=("${kfac[@]}" --set kfac.damping="${5:-$damping}")
   return 0
 }
+# One setting of the grid, seed 1: trained, or with GRID_FROM_RECORDS only restored from its record.
+grid_run() {
+  local name=$1
+  shift
+  if [[ -n ${GRID_FROM_RECORDS:-} && ! -f $out/records/$name.json ]]; then
+    echo "  $name: no record, left out of the grid (GRID_FROM_RECORDS)"
+    return 0
+  fi
+  train "$name" "$@"
+}
 # Its directory's name; K-FAC's names the damping only when the grid has several.
 run_name() {
   local name="$1-lr$2-w$3"
@@ -189,11 +202,11 @@ for opt in $optimizers; do
       if [[ $opt == kfac ]]; then
         for d in $dampings; do
           optim_args kfac "$lr" "$w" 1 "$d"
-          train "$(run_name kfac "$lr" "$w" 1 "$d")" "${args[@]}"
+          grid_run "$(run_name kfac "$lr" "$w" 1 "$d")" "${args[@]}"
         done
       else
         optim_args "$opt" "$lr" "$w" 1
-        train "$(run_name "$opt" "$lr" "$w" 1)" "${args[@]}"
+        grid_run "$(run_name "$opt" "$lr" "$w" 1)" "${args[@]}"
       fi
     done
   done
