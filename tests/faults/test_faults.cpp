@@ -119,20 +119,25 @@ TEST(NonFinite, InfStopsTheRunBeforeItsCheckpoint) {
 
 // --- signals and kills ---
 
+// SIGTERM, and SIGHUP (a closed terminal) the same way.
 TEST(Signals, SigtermWritesAFinalCheckpointThenResumes) {
   tiny_config(dir());
-  const fs::path ck = dir() / "term-ckpt";
-  Job job(train_cmd(dir(), "term", "--steps 100000 --set train.checkpoint_dir=" + ck.string()));
-  ASSERT_TRUE(job.until("step ")) << job.out;
-  ASSERT_EQ(kill(job.pid, SIGTERM), 0);
-  EXPECT_EQ(job.finish(), 128 + SIGTERM) << job.out;
-  EXPECT_TRUE(contains(job.out, "pipefisher train: SIGTERM after step ")) << job.out;
-  const pf::CheckpointManifest m = pf::read_checkpoint(pf::find_latest_checkpoint(ck.string()));
-  EXPECT_TRUE(contains(job.out, "checkpoint written to " + pf::checkpoint_step_dir(ck.string(), m.step))) << job.out;
-  // Resume (train.steps is not a run fact: the run may be extended or shortened).
-  Launch r = run(train_cmd(dir(), "term2", "--steps " + std::to_string(m.step + 2) + " --resume " + ck.string()));
-  EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(read_log(dir() / "term2.jsonl").size(), 2u);
+  for (const auto& [sig, name] : {std::pair{SIGTERM, "term"}, std::pair{SIGHUP, "hup"}}) {
+    const fs::path ck = dir() / (std::string(name) + "-ckpt");
+    Job job(train_cmd(dir(), name, "--steps 100000 --set train.checkpoint_dir=" + ck.string()));
+    ASSERT_TRUE(job.until("step ")) << job.out;
+    ASSERT_EQ(kill(job.pid, sig), 0);
+    EXPECT_EQ(job.finish(), 128 + sig) << job.out;
+    EXPECT_TRUE(contains(job.out, std::string("pipefisher train: SIG") + (sig == SIGTERM ? "TERM" : "HUP") + " after step "))
+        << job.out;
+    const pf::CheckpointManifest m = pf::read_checkpoint(pf::find_latest_checkpoint(ck.string()));
+    EXPECT_TRUE(contains(job.out, "checkpoint written to " + pf::checkpoint_step_dir(ck.string(), m.step))) << job.out;
+    // Resume (train.steps is not a run fact: the run may be extended or shortened).
+    const std::string again = std::string(name) + "2";
+    Launch r = run(train_cmd(dir(), again, "--steps " + std::to_string(m.step + 2) + " --resume " + ck.string()));
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(read_log(dir() / (again + ".jsonl")).size(), 2u);
+  }
 }
 
 // Under mpirun: SIGUSR1 to mpirun is forwarded to every rank; they agree on the stop step and
