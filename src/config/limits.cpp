@@ -2,6 +2,7 @@
 
 #include "core/blas.hpp"
 #include "core/error.hpp"
+#include "core/machine.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -62,11 +63,13 @@ struct Terms {
   double acts = 0;     // the activations of the micro-batches a rank holds at once, through the whole model
   double stacks = 0;   // the threads' stacks
   double total() const { return state + kfac + acts + stacks; }
-  // What the processes hold at their peak, at most: measured up to 1.7 times the allocations above
-  // (backward's gradients beside the activations, the logits' softmax, K-FAC's inversions and the
-  // factors a refresh keeps), plus each process's own (libraries, MPI's buffers, OpenBLAS's
-  // buffers as touched). bench/memory.sh measures the margin (docs/training.md).
-  double peak(int processes) const { return 2 * (state + kfac + acts) + stacks + processes * kProcessBytes; }
+  // The model, optimizer, K-FAC and activations at their peak, at most: twice the allocations
+  // above (backward's gradients beside the activations, the logits' softmax, K-FAC's inversions).
+  double held() const { return 2 * (state + kfac + acts); }
+  // What the processes hold at their peak, at most: held() plus the stacks and each process's own
+  // (libraries, MPI's buffers, OpenBLAS's buffers as touched). bench/memory.sh measures the margin
+  // (docs/training.md).
+  double peak(int processes) const { return held() + stacks + processes * kProcessBytes; }
   static constexpr double kProcessBytes = 96.0 * 1024 * 1024;
 };
 
@@ -190,11 +193,7 @@ AddressSpace address_space() {
   AddressSpace a{std::numeric_limits<double>::infinity(), 0, 0};
   rlimit r{};
   if (getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY) a.limit = static_cast<double>(r.rlim_cur);
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  double kb = 0;
-  for (std::string line; std::getline(status, line);)
-    if (std::istringstream(line) >> key >> kb && key == "VmSize:") a.mapped = kb * 1024;
+  a.mapped = process_memory().mapped;
   // OpenBLAS's workers map their buffers as they start, racing with this check: count them from
   // the anonymous read-write mappings ("lo-hi rw-p 00000000 00:00 0", no name), in whole buffers
   // (adjacent ones merge into one mapping). Before the run allocates, nothing else that large is.
@@ -214,12 +213,9 @@ AddressSpace address_space() {
 
 AddressNeed address_need(const Config& cfg, int local_ranks, int world_ranks, const AddressSpace& now) {
   AddressNeed n;
-  // This process's share (stacks are counted below), twice: the estimate is what the run certainly
-  // holds, and its peak measured up to 1.7 times that (backward's gradients beside the
-  // activations, the logits' softmax, K-FAC's inversions), while under ulimit -v an underestimate
+  // This process's share at its peak (stacks are counted below): under ulimit -v an underestimate
   // is a hang or a bad_alloc mid-run rather than a refusal.
-  const Terms t = terms(cfg, 1, world_ranks, 0);
-  n.run = 2 * (t.state + t.kfac + t.acts);
+  n.run = terms(cfg, 1, world_ranks, 0).held();
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   n.threads = cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / std::max(1, local_ranks));
   // OpenBLAS's pool grows to the run's thread count and its workers never exit, each holding the

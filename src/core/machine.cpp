@@ -161,6 +161,7 @@ ProcessMemory process_memory() {
     if (!(in >> key >> kb)) continue;
     if (key == "VmHWM:") m.peak_rss = kb * 1024;
     if (key == "RssFile:") m.file_rss = kb * 1024;
+    if (key == "VmSize:") m.mapped = kb * 1024;
   }
   return m;
 }

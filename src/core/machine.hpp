@@ -66,11 +66,13 @@ MachineInfo machine_info();
 std::string machine_line(const MachineInfo& m);
 
 // This process's memory from /proc/self/status, in bytes (0 when unknown): its peak resident set
-// (VmHWM) and the part of its resident set that maps files now (RssFile: the binary, libraries,
-// token files; pages the kernel may drop under pressure rather than kill for).
+// (VmHWM), the part of its resident set that maps files now (RssFile: the binary, libraries,
+// token files; pages the kernel may drop under pressure rather than kill for), and its address
+// space (VmSize, what ulimit -v limits).
 struct ProcessMemory {
   double peak_rss = 0;
   double file_rss = 0;
+  double mapped = 0;
 };
 ProcessMemory process_memory();
 
