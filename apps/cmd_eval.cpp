@@ -9,6 +9,7 @@
 // positions only.
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/progress.hpp"
 #include "data/batches.hpp"
 #include "model_flags.hpp"
 #include "train/trainer.hpp"
@@ -17,7 +18,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -47,14 +50,19 @@ int batches_to_score(const EvalArgs& a, const Config& cfg, const Batcher& valid)
   return batches == 0 ? static_cast<int>(most) : batches;
 }
 
-// `model` on the held-out sequences `cfg` names (data.valid_file, micro-batch size, masks).
-EvalResult score(Model& model, const Config& cfg, int batches) {
+// `model` on the held-out sequences `cfg` names (data.valid_file, micro-batch size, masks), with
+// a status line on a terminal ("eval --init 12/40 | 0:03 elapsed, ETA 0:07").
+EvalResult score(Model& model, const Config& cfg, int batches, const std::string& which) {
   std::unique_ptr<Batcher> valid = make_batcher(cfg.model, cfg.data, true);
   const int rows = cfg.parallel.micro_batch_size;
   ModelState st = model.make_state(rows, cfg.model.seq_len);
   MicroBatch mb;
   mb.resize(rows, cfg.model.seq_len);
-  return evaluate_model(model, st, *valid, batches, rows, mb);
+  std::unique_ptr<ProgressLine> line;
+  return evaluate_model(model, st, *valid, batches, rows, mb, [&](int done, int total) {
+    if (!line) line = std::make_unique<ProgressLine>("eval " + which + " micro-batch", total);
+    line->update(done);
+  });
 }
 
 // The baseline's weights, configured as --init's are (--config, else its run's config.toml, with
@@ -129,9 +137,9 @@ int run_eval(const EvalArgs& a) {
   const int batches = batches_to_score(a, cfg, *make_batcher(cfg.model, cfg.data, true));
   std::optional<LoadedModel> base;
   if (!a.baseline.empty()) base = load_baseline(a, cfg);  // refused before any scoring
-  const EvalResult r = score(*m.model, cfg, batches);
+  const EvalResult r = score(*m.model, cfg, batches, "--init");
   std::optional<Paired> p;
-  if (base) p = paired_with(r, score(*base->model, cfg, batches));
+  if (base) p = paired_with(r, score(*base->model, cfg, batches, "--baseline"));
   if (a.json)
     print_json(a, cfg, r, p);
   else

@@ -1,8 +1,10 @@
 // `pipefisher generate`: text from a trained GPT model, through the GPT-2 tokenizer.
 //   pipefisher generate --config configs/gpt2-tiny.toml --init runs/gpt2-tiny/model.safetensors
 //       --prompt "Call me Ishmael." --max-new-tokens 40 --temperature 0.8 --top-k 40 --seed 1
-// --temperature 0 is greedy decoding. Generation stops early after <|endoftext|>. With --json, one
-// object: the prompt's ids, the new ids and their text (train/generate.hpp says how tokens are drawn).
+// --temperature 0 is greedy decoding. Generation stops early after <|endoftext|>. The text is printed
+// as each token comes; Ctrl-C stops there, keeps what was printed and exits 130. With --json, one
+// object at the end: the prompt's ids, the new ids and their text (train/generate.hpp says how
+// tokens are drawn).
 #include "command.hpp"
 #include "core/error.hpp"
 #include "data/tokenizer.hpp"
@@ -13,11 +15,28 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <csignal>
+#include <span>
+#include <string>
+#include <cstdio>
 
 namespace pf::app {
 namespace {
 
 constexpr int32_t kEndOfText = 50256;  // GPT-2's <|endoftext|>
+
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_interrupt(int sig) { g_interrupted = sig; }
+
+// Ctrl-C (or SIGTERM) ends the generation after the token being computed; a second one kills.
+void stop_on_interrupt() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 struct GenerateArgs {
   ModelFlags model;
@@ -45,13 +64,33 @@ int run_generate(const GenerateArgs& a) {
   o.sample = {a.temperature, a.top_k, a.seed};
   o.stop_token = kEndOfText;
   o.vocab = tok->vocab_size();
+  // The text streams: the prompt, then each token's bytes as it comes (a character split between
+  // two byte-level tokens is whole once both are out, as a terminal shows it).
+  if (!a.json) {
+    std::fputs(a.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  o.on_token = [&](int32_t id) {
+    if (!a.json) {
+      const std::string bytes = tok->decode(std::span<const int32_t>(&id, 1));
+      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+      std::fflush(stdout);
+    }
+    return g_interrupted == 0;
+  };
+  stop_on_interrupt();
   const std::vector<int32_t> ids = generate(*m.model, prompt, o);
-  const std::string text = tok->decode(ids);
   if (a.json) {
-    nlohmann::json j{{"prompt", a.prompt}, {"prompt_ids", prompt}, {"ids", ids}, {"text", text}};
+    nlohmann::json j{{"prompt", a.prompt}, {"prompt_ids", prompt}, {"ids", ids}, {"text", tok->decode(ids)}};
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("{}{}\n", a.prompt, text);
+    std::fputs("\n", stdout);
+  }
+  std::fflush(stdout);
+  if (g_interrupted) {
+    std::fprintf(stderr, "pipefisher generate: %s after %zu new tokens\n", g_interrupted == SIGINT ? "SIGINT" : "SIGTERM",
+                 ids.size());
+    return 128 + g_interrupted;  // as a shell reports a process the signal stopped: 130 for Ctrl-C
   }
   return 0;
 }

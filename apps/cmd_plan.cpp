@@ -417,8 +417,10 @@ void print_text(const PlanArgs& a, const SimulatedStep& r) {
                run->devices, run->micro_batches, run->replicas,
                run->kfac != "off" ? fmt::format(" with K-FAC ({})", run->kfac) : "", run->step_time,
                predicted_step_time(a, r));
-  fmt::print("step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n", tl.step_time,
-             tl.mean_bubble(), 100 * tl.mean_utilization(), r.peak_in_flight);
+  // With --kfac a second step time follows: this one is named as the schedule's alone.
+  fmt::print("{}step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n",
+             a.kfac ? "without K-FAC: " : "", tl.step_time, tl.mean_bubble(), 100 * tl.mean_utilization(),
+             r.peak_in_flight);
   fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "
              "M_kfac+ {:.1f} MB\n\n",
              mem.device, mem.m_pipe, mem.m_pipe_in_flight, mem.m_kfac);

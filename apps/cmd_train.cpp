@@ -49,7 +49,9 @@ void relocate_resumed_run(const TrainArgs& a, const std::string& config, pf::Con
 
 int run_train(const TrainArgs& a) {
   using namespace pf;
-  std::vector<std::string> sets = a.sets;
+  // A Hugging Face folder's model shape first (from_pretrained), the command's --set over it.
+  std::vector<std::string> sets = init_model_sets(a.init);
+  sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   if (a.steps > 0) sets.push_back(fmt::format("train.steps={}", a.steps));
   // A resumed run continues its own configuration (the config.toml beside its checkpoints).
   const std::string config = config_for(a.config, a.resume);
@@ -83,7 +85,8 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--set", a->sets, "override a configuration key: --set model.layers=4 (repeatable)")
       ->allow_extra_args(false);
   cmd.add_option("--init", a->init,
-                 "initial weights: a run directory (its model.safetensors), a safetensors file or a checkpoint "
+                 "initial weights: a run directory (its model.safetensors), a Hugging Face model folder "
+                 "(model.safetensors, and config.json for the model's shape), a safetensors file or a checkpoint "
                  "directory");
   cmd.add_option("--resume", a->resume,
                  "continue from the newest complete checkpoint in this directory (train.checkpoint_dir; "

@@ -15,12 +15,15 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
   cmd.add_option("--set", f.sets, "override a configuration key: --set model.layers=4 (repeatable)")
       ->allow_extra_args(false);
   cmd.add_option("--init", f.init,
-                 "the weights: a run directory (train.out_dir: its model.safetensors and config.toml), a "
-                 "safetensors file or a checkpoint directory (required)");
+                 "the weights: a run directory (train.out_dir: its model.safetensors and config.toml), a Hugging "
+                 "Face model folder (model.safetensors and config.json), a safetensors file or a checkpoint "
+                 "directory (required)");
 }
 
 Config load_model_config(const ModelFlags& f, const char* command) {
-  Config cfg = Config::load(config_for(f.config, f.init), f.sets);
+  std::vector<std::string> sets = init_model_sets(f.init);  // a Hugging Face folder's shape, then --set
+  sets.insert(sets.end(), f.sets.begin(), f.sets.end());
+  Config cfg = Config::load(config_for(f.config, f.init), sets);
   if (f.init.empty())
     usage_error("--init", "{} needs the weights: --init RUN_DIR (a run's out_dir), FILE.safetensors or a checkpoint "
                 "directory", command);

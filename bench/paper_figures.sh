@@ -24,6 +24,8 @@ command -v jq >/dev/null || { echo "bench/paper_figures.sh: needs jq (apt-get in
 [ -x "$bin" ] || { echo "bench/paper_figures.sh: no $bin (build it first)" >&2; exit 2; }
 
 pct() { jq -r '. * 1000 | round / 10 | tostring + "%"'; }
+# What is being computed, on stderr (stdout is the markdown).
+say() { echo "bench/paper_figures.sh: $*" >&2; }
 
 # One planner row: label, paper's (util w/o, util w/, refresh, step ratio), the K-FAC-only flags
 # (one word, comma-separated), then plan's flags.
@@ -31,6 +33,7 @@ row() {
   local label=$1 p_plain=$2 p_kfac=$3 p_refresh=$4 p_ratio=$5 extra
   IFS=, read -r -a extra <<<"$6"
   shift 6
+  say "planning $label"
   local plain kfac
   plain=$("$bin" plan "$@" --json)
   kfac=$("$bin" plan --kfac "$@" "${extra[@]}" --json)
@@ -89,6 +92,7 @@ echo "recomputation (R) in the next section."
 echo
 for f in "$prof"/*.csv; do
   name=$(basename "$f" .csv)
+  say "sweeping $name (Figures 5, 6, 9-16)"
   sweep=$("$bin" plan --sweep --schedule chimera --profile "$f" --json)
   echo "**$name**"
   echo
@@ -107,6 +111,7 @@ echo "activations (its inputs per micro-batch are not in the profiles: not count
 echo "(worst device, MB) without / with R; M_kfac+ is the same with and without R."
 echo
 for name in bert-base_p100 bert-large_p100; do
+  say "sweeping $name with and without recomputation (Figures 5, 9, 10)"
   plain=$("$bin" plan --sweep --schedule chimera --profile "$prof/$name.csv" --json)
   rec=$("$bin" plan --sweep --schedule chimera --recompute --profile "$prof/$name.csv" --json)
   echo "**$name**"

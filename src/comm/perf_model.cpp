@@ -63,13 +63,6 @@ PerfModel perf_model_from_json(const std::string& text) {
 
 namespace {
 
-std::string sanitize(std::string s) {
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
-  return s;
-}
-
-
 // Seconds of one collective `op` (posted non-blocking, waited for without spinning), the slowest
 // member's, averaged over reps after one warm-up.
 // Median over reps (after one warm-up) of the slowest member's time: the cores are shared with
@@ -99,15 +92,8 @@ std::string machine_key(int world_size, int threads) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   // The BLAS kernel family too: inversion costs change with it (Prescott's are ~5x SkylakeX's).
-  return sanitize(std::string(host) + "-" + cpu_model_name() + "-" + blas_kernel_name() + "-w" + std::to_string(world_size) + "-t" +
+  return file_name_safe(std::string(host) + "-" + cpu_model_name() + "-" + blas_kernel_name() + "-w" + std::to_string(world_size) + "-t" +
                   std::to_string(threads));
-}
-
-std::string perf_cache_dir() {
-  if (const char* d = std::getenv("PF_CACHE_DIR"); d && *d) return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/pipefisher";
-  if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/pipefisher";
-  return "runs/.cache";
 }
 
 PerfModel measure_perf_model(MPI_Comm comm, const InversionTimer& invert, int threads) {
@@ -168,7 +154,7 @@ PerfModel load_or_measure_perf_model(MPI_Comm comm, const InversionTimer& invert
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const std::string key = machine_key(size, threads);
-  const std::string dir = cache_dir.empty() ? perf_cache_dir() : cache_dir;
+  const std::string dir = cache_dir.empty() ? pf::cache_dir() : cache_dir;
   const std::string path = dir + "/perf-model-" + key + ".json";
   // Rank 0 reads; the six numbers (or "none") travel by broadcast.
   double v[7] = {0, 0, 0, 0, 0, 0, 0};

@@ -54,9 +54,6 @@ PerfModel perf_model_from_json(const std::string& text);
 
 // "<hostname>-<cpu model>-w<world>-t<threads>", with characters outside [A-Za-z0-9._-] replaced.
 std::string machine_key(int world_size, int threads);
-// $PF_CACHE_DIR, else $XDG_CACHE_HOME/pipefisher, else $HOME/.cache/pipefisher, else
-// runs/.cache (relative to the working directory).
-std::string perf_cache_dir();
 
 // Times one inversion of a d x d factor (seconds), e.g. a KfacFactor's invert on a made-up SPD
 // matrix. The comm layer does not know K-FAC; the caller supplies this.
@@ -68,7 +65,7 @@ using InversionTimer = std::function<double(int64_t d)>;
 PerfModel measure_perf_model(MPI_Comm comm, const InversionTimer& invert, int threads);
 // The cached model for this machine, world size and thread count, or a fresh measurement
 // (written to the cache atomically by rank 0; a cache that cannot be written is only a warning).
-// Collective. cache_dir empty = perf_cache_dir().
+// Collective. cache_dir empty = core/machine.hpp's cache_dir().
 PerfModel load_or_measure_perf_model(MPI_Comm comm, const InversionTimer& invert, int threads,
                                      const std::string& cache_dir = "");
 

@@ -264,7 +264,7 @@ void drop_preset_sizes(toml::table& root) {
 // overrides, which stay relative to the current directory).
 void resolve_file_paths(toml::table& root, const std::string& dir) {
   const Config defaults;
-  for_each_key(defaults, [&](const std::string& key, const auto&, const Bounds& b) {
+  for_each_key(defaults, [&](const std::string& key, const auto&, const Bounds& b, const char*) {
     if (!b.path) return;
     toml::table* t = root[key.substr(0, key.find('.'))].as_table();
     toml::value<std::string>* v = t ? t->get_as<std::string>(key.substr(key.find('.') + 1)) : nullptr;
@@ -281,9 +281,9 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides, 
   }
   Reader r(root);
   Config c = defaults_for(r);
-  for_each_key(c, [&](const char* key, auto& member, const Bounds& b) { r.get(key, member, b); });
+  for_each_key(c, [&](const char* key, auto& member, const Bounds& b, const char*) { r.get(key, member, b); });
   fill_unset(c, r);
-  for_each_key(c, [](const char*, auto& member, const Bounds& b) {
+  for_each_key(c, [](const char*, auto& member, const Bounds& b, const char*) {
     if constexpr (std::is_same_v<std::decay_t<decltype(member)>, std::string>)
       if (b.path) member = absolute_path(member);
   });
@@ -426,8 +426,8 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
 void Config::validate() const {
   // Every real finite first (the TOML reader refuses inf and nan already; this covers a Config
   // built in code), then each key's bounds, then what keys say about each other.
-  for_each_key(*this, [](const char* key, const auto& v, const Bounds&) { check_bounds(key, v, kAny); });
-  for_each_key(*this, [](const char* key, const auto& v, const Bounds& b) { check_bounds(key, v, b); });
+  for_each_key(*this, [](const char* key, const auto& v, const Bounds&, const char*) { check_bounds(key, v, kAny); });
+  for_each_key(*this, [](const char* key, const auto& v, const Bounds& b, const char*) { check_bounds(key, v, b); });
   check_model_relations(*this);
   check_run_relations(*this);
 }
@@ -458,7 +458,7 @@ void Config::check_files() const {
 
 std::string Config::to_toml() const {
   toml::table t;
-  for_each_key(*this, [&](const std::string& key, const auto& v, const Bounds&) {
+  for_each_key(*this, [&](const std::string& key, const auto& v, const Bounds&, const char*) {
     const size_t dot = key.find('.');
     toml::table* table = t.insert(key.substr(0, dot), toml::table{}).first->second.as_table();
     table->insert(key.substr(dot + 1), toml_value(v));
@@ -483,7 +483,7 @@ Gelu gelu_of(const ModelConfig& m) { return m.gelu.value_or(m.arch == Arch::Gpt 
 std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
   const Config defaults;
-  for_each_key(defaults, [&](const char* key, const auto&, const Bounds&) { keys.push_back(key); });
+  for_each_key(defaults, [&](const char* key, const auto&, const Bounds&, const char*) { keys.push_back(key); });
   return keys;
 }
 

@@ -172,6 +172,10 @@ struct Config {
 // Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
 std::vector<std::string> config_keys();
 
+// Every key with its type, default, allowed values and meaning, as markdown: what
+// `pipefisher config --describe` prints and docs/config.md holds (config/describe.cpp).
+std::string describe_config();
+
 // The first key whose value differs between two texts in config.toml's layout ("[table]" lines,
 // then "key = value" lines), in the order of `a`, then keys only `b` has, with both values
 // ("(absent)" for a missing key); empty `key` when they agree. Keys are dotted ("train.steps"); those

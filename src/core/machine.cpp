@@ -166,4 +166,17 @@ ProcessMemory process_memory() {
   return m;
 }
 
+std::string cache_dir() {
+  if (const char* d = std::getenv("PF_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/pipefisher";
+  if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/pipefisher";
+  return "runs/.cache";
+}
+
+std::string file_name_safe(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return s;
+}
+
 }  // namespace pf

@@ -76,4 +76,11 @@ struct ProcessMemory {
 };
 ProcessMemory process_memory();
 
+// Where measurements of this machine are cached (the perf model, the sgemm peak): $PF_CACHE_DIR,
+// else $XDG_CACHE_HOME/pipefisher, else $HOME/.cache/pipefisher, else runs/.cache (relative to the
+// working directory).
+std::string cache_dir();
+// `s` with every character outside [A-Za-z0-9._-] replaced by '_': a cache file's key.
+std::string file_name_safe(std::string s);
+
 }  // namespace pf

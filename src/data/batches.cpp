@@ -112,9 +112,8 @@ BertMlmBatcher::BertMlmBatcher(Tokens tokens, int seq_len, bool shuffle, uint64_
   if (!(mask_prob >= 0.0f && mask_prob <= 1.0f)) usage_error("data.mask_prob", "{} is not in [0, 1]", mask_prob);
   if (vocab.cls < 0 || vocab.sep < 0 || vocab.mask < 0)
     usage_error("data.vocab", "'{}' has no [CLS]/[SEP]/[MASK] tokens; BERT needs the bert vocabulary", vocab.name);
-  const int body = seq_len - 2;
-  n_mask_ = std::clamp(static_cast<int>(std::lround(mask_prob * body)), 1, body);
-  positions_.resize(static_cast<size_t>(body));
+  n_mask_ = pf::masked_per_sequence(seq_len, mask_prob);  // the free function, not the member
+  positions_.resize(static_cast<size_t>(seq_len - 2));
 }
 
 void BertMlmBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
@@ -140,6 +139,16 @@ void BertMlmBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   std::fill(out.attn_mask.begin(), out.attn_mask.end(), uint8_t{1});
   std::fill(out.token_types.begin(), out.token_types.end(), 0);
   std::fill(out.nsp_labels.begin(), out.nsp_labels.end(), -1);
+}
+
+int masked_per_sequence(int seq_len, float mask_prob) {
+  const int body = seq_len - 2;
+  return std::clamp(static_cast<int>(std::lround(mask_prob * body)), 1, body);
+}
+
+double labelled_per_sequence(const ModelConfig& model, const DataConfig& data) {
+  if (model.arch == Arch::Gpt) return model.seq_len;
+  return masked_per_sequence(data.nsp ? model.seq_len - 1 : model.seq_len, data.mask_prob);
 }
 
 std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig& data, bool validation) {

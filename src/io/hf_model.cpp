@@ -1,7 +1,10 @@
 #include "io/hf_model.hpp"
 
+#include "core/error.hpp"
 #include "core/files.hpp"
 #include "io/safetensors.hpp"
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
@@ -63,6 +66,77 @@ std::string hf_config_json(const ModelConfig& m) {
          {"torch_dtype", "float32"}};
   }
   return j.dump(2) + "\n";
+}
+
+namespace {
+
+// A whole number field of config.json; `fallback` when it is absent or null (< 0: required).
+int64_t hf_int(const nlohmann::json& j, const char* field, const std::string& file, int64_t fallback = -1) {
+  if (!j.contains(field) || j[field].is_null()) {
+    if (fallback >= 0) return fallback;
+    usage_error("--init", "'{}' has no {}", file, field);
+  }
+  if (!j[field].is_number_integer() || j[field].get<int64_t>() <= 0 || j[field].get<int64_t>() > (int64_t{1} << 30))
+    usage_error("--init", "'{}': {} is {}, not a positive whole number", file, field, j[field].dump());
+  return j[field].get<int64_t>();
+}
+
+// A real field as its shortest text, or "" when absent.
+std::string hf_real(const nlohmann::json& j, const char* field, const std::string& file) {
+  if (!j.contains(field) || j[field].is_null()) return "";
+  if (!j[field].is_number()) usage_error("--init", "'{}': {} is {}, not a number", file, field, j[field].dump());
+  return fmt::format("{}", j[field].get<double>());
+}
+
+// transformers' activation names of the two GELUs we compute.
+std::string hf_gelu(const nlohmann::json& j, const char* field, const std::string& file) {
+  const std::string act = j.value(field, "gelu");
+  if (act == "gelu") return "erf";
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast") return "tanh";
+  usage_error("--init", "'{}': {} '{}' is not a GELU we compute (gelu, gelu_new)", file, field, act);
+}
+
+}  // namespace
+
+std::vector<std::string> hf_model_sets(const std::string& json_text, const std::string& file) {
+  const auto j = nlohmann::json::parse(json_text, nullptr, false);
+  if (!j.is_object()) usage_error("--init", "'{}' is not a JSON object (a Hugging Face config.json)", file);
+  const std::string type = j.value("model_type", "");
+  std::vector<std::string> sets;
+  auto set = [&](const char* key, const auto& v) {
+    if (!fmt::format("{}", v).empty()) sets.push_back(fmt::format("{}={}", key, v));
+  };
+  if (type == "bert") {
+    if (j.value("position_embedding_type", "absolute") != "absolute")
+      usage_error("--init", "'{}': position_embedding_type '{}' is not ours (absolute)", file,
+                  j["position_embedding_type"].get<std::string>());
+    set("model.arch", "bert");
+    set("model.layers", hf_int(j, "num_hidden_layers", file));
+    set("model.hidden", hf_int(j, "hidden_size", file));
+    set("model.heads", hf_int(j, "num_attention_heads", file));
+    set("model.ffn", hf_int(j, "intermediate_size", file));
+    set("model.vocab", hf_int(j, "vocab_size", file));
+    set("model.max_position", hf_int(j, "max_position_embeddings", file));
+    set("model.type_vocab", hf_int(j, "type_vocab_size", file, 2));
+    set("model.layer_norm_eps", hf_real(j, "layer_norm_eps", file));
+    set("model.dropout", hf_real(j, "hidden_dropout_prob", file));
+    set("model.gelu", hf_gelu(j, "hidden_act", file));
+  } else if (type == "gpt2") {
+    const int64_t hidden = hf_int(j, "n_embd", file);
+    set("model.arch", "gpt");
+    set("model.layers", hf_int(j, "n_layer", file));
+    set("model.hidden", hidden);
+    set("model.heads", hf_int(j, "n_head", file));
+    set("model.ffn", hf_int(j, "n_inner", file, 4 * hidden));  // null: 4 x n_embd, as GPT2MLP
+    set("model.vocab", hf_int(j, "vocab_size", file));
+    set("model.max_position", hf_int(j, "n_positions", file));
+    set("model.layer_norm_eps", hf_real(j, "layer_norm_epsilon", file));
+    set("model.dropout", hf_real(j, "resid_pdrop", file));
+    set("model.gelu", hf_gelu(j, "activation_function", file));
+  } else {
+    usage_error("--init", "'{}': model_type '{}' is not one we train (bert, gpt2)", file, type);
+  }
+  return sets;
 }
 
 void save_hf_model(const std::string& dir, const std::vector<const Param*>& params, const ModelConfig& m) {

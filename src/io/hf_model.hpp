@@ -19,6 +19,13 @@ namespace pf {
 // The config.json text transformers reads for a model of this shape.
 std::string hf_config_json(const ModelConfig& m);
 
+// The other way, as from_pretrained reads a folder: the model keys a Hugging Face config.json
+// (ours, or one transformers wrote for a BERT or GPT-2) sets, as `--set key=value` texts:
+// model.arch, layers, hidden, heads, ffn, vocab, max_position, type_vocab (bert), layer_norm_eps,
+// gelu and dropout (the hidden states'). A model we do not train (another model_type, relative
+// positions, another activation) is a UsageError naming `file` and the field.
+std::vector<std::string> hf_model_sets(const std::string& json_text, const std::string& file);
+
 // Writes dir/model.safetensors and dir/config.json (each through a temporary file, renamed).
 void save_hf_model(const std::string& dir, const std::vector<const Param*>& params, const ModelConfig& m);
 

@@ -54,7 +54,8 @@ std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, con
     const int32_t next = sample_token(std::span<const float>(logits).first(vocab), o.sample, static_cast<uint64_t>(k));
     out.push_back(next);
     context.push_back(next);
-    if (next == o.stop_token) break;
+    const bool go_on = !o.on_token || o.on_token(next);
+    if (next == o.stop_token || !go_on) break;
   }
   model.set_training(true);
   return out;

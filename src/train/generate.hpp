@@ -10,6 +10,7 @@
 #include "nn/model.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -29,6 +30,8 @@ struct GenerateOptions {
   SampleOptions sample;
   int32_t stop_token = -1;  // generation ends after this token (GPT-2: <|endoftext|>); -1 = none
   int vocab = 0;            // only ids below this are drawn (the tokenizer's size); 0 = model.vocab
+  // Called with each new token as it is drawn (streaming); false stops the generation there.
+  std::function<bool(int32_t)> on_token;
 };
 
 // The new tokens after `prompt` (which must not be empty). `model` is the whole model, with its

@@ -144,8 +144,13 @@ int take_lock(const std::string& dir, const std::string& what) {
   return fd;
 }
 
-// The keys a run may change and still continue: its length and the schedule's.
-const std::vector<std::string> kLengthKeys = {"train.steps", "optim.decay_steps"};
+// The keys a run may change and still continue (Trainer's resume_from_checkpoint takes new
+// logging and output arguments too): its length and its schedule's, and how it runs and reports
+// rather than what it trains (the thread count, where and how often it logs, evaluates and
+// checkpoints). A new thread count changes the bits of the steps after it (README: determinism).
+const std::vector<std::string> kContinuingKeys = {"train.steps",       "optim.decay_steps", "train.threads",
+                                                  "train.log_json",    "train.log_every",   "train.eval_every",
+                                                  "train.checkpoint_every", "train.keep_checkpoints"};
 
 // The first key whose value differs between the run's config.toml (theirs) and this command's,
 // with both values: "'[train] steps': run has 5, this command 6"; "" when none.
@@ -167,12 +172,12 @@ std::string previous_config(const Config& cfg) {
 }
 
 // out_dir holding the outputs of a run with another configuration is refused: a new run would
-// overwrite its weights and interleave its log. One that differs in its length alone is this
+// overwrite its weights and interleave its log. One that differs only in kContinuingKeys is this
 // run's, continued when it has a checkpoint (`continuing`).
 void check_not_another_run(const Config& cfg, bool continuing) {
   const std::string theirs = previous_config(cfg), ours = cfg.to_toml();
   if (theirs.empty() || theirs == ours) return;
-  std::string at = config_difference(theirs, ours, kLengthKeys), why;
+  std::string at = config_difference(theirs, ours, kContinuingKeys), why;
   if (at.empty() && !continuing) {
     at = config_difference(theirs, ours, {});
     why = fmt::format(" and no checkpoint in '{}' to continue it from", checkpoint_dir_of(cfg));
@@ -314,7 +319,7 @@ std::string new_run_id() {
 
 bool continues_its_run(const Config& cfg) {
   const std::string theirs = previous_config(cfg);
-  return !theirs.empty() && config_difference(theirs, cfg.to_toml(), kLengthKeys).empty() &&
+  return !theirs.empty() && config_difference(theirs, cfg.to_toml(), kContinuingKeys).empty() &&
          has_checkpoint(checkpoint_dir_of(cfg));
 }
 

@@ -64,8 +64,10 @@ struct RunOutputs {
 };
 
 // Auto-resume (Hugging Face's resume_from_checkpoint=True, Megatron's --load): out_dir holds the
-// config.toml of this configuration, but for train.steps and optim.decay_steps, and the
-// checkpoint directory a checkpoint (has_checkpoint: verified when opened). Reads only.
+// config.toml of this configuration, but for keys that do not change what is trained (the length:
+// train.steps, optim.decay_steps; how it runs and reports: train.threads, log_json, log_every,
+// eval_every, checkpoint_every, keep_checkpoints), and the checkpoint directory a checkpoint
+// (has_checkpoint: verified when opened). Reads only.
 bool continues_its_run(const Config& cfg);
 
 // UsageError naming the key or flag of the first path that cannot be written, of a directory

@@ -1,6 +1,8 @@
 #include "train/run_dir.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
+#include "io/hf_model.hpp"
 #include "train/checkpointing.hpp"
 
 #include <filesystem>
@@ -43,13 +45,32 @@ std::string run_config_of(const std::string& path) {
   return holds_checkpoints(dir) ? existing(dir.parent_path() / "config.toml") : "";
 }
 
+namespace {
+
+// A folder Hugging Face's save_pretrained wrote (or ours without its config.toml).
+bool hf_folder(const std::string& path) {
+  std::error_code ec;
+  const fs::path dir(path);
+  return !path.empty() && fs::is_directory(dir, ec) && !is_file(dir / "config.toml") && is_file(dir / "config.json") &&
+         is_file(dir / "model.safetensors");
+}
+
+}  // namespace
+
 std::string run_weights_of(const std::string& path) {
   std::error_code ec;
+  if (hf_folder(path)) return (fs::path(path) / "model.safetensors").string();
   if (path.empty() || !fs::is_directory(path, ec) || !is_file(fs::path(path) / "config.toml")) return path;
   const fs::path run(path);
   if (is_file(run / "model.safetensors")) return (run / "model.safetensors").string();
   if (fs::is_directory(run / "checkpoints", ec)) return (run / "checkpoints").string();
   return path;
+}
+
+std::vector<std::string> init_model_sets(const std::string& path) {
+  if (!hf_folder(path)) return {};
+  const std::string file = (fs::path(path) / "config.json").string();
+  return hf_model_sets(read_input_file(file, "--init", 1 << 20), file);
 }
 
 std::string resume_dir_of(const std::string& path, const Config& cfg) {

@@ -11,6 +11,7 @@
 #include "config/config.hpp"
 
 #include <string>
+#include <vector>
 
 namespace pf {
 
@@ -21,9 +22,16 @@ namespace pf {
 std::string run_config_of(const std::string& path);
 
 // The weights `--init PATH` names: for a run directory (it holds config.toml), its
-// model.safetensors, else its checkpoints/ (a run stopped before its final outputs); otherwise
-// PATH itself (a safetensors file or a checkpoint directory).
+// model.safetensors, else its checkpoints/ (a run stopped before its final outputs); for a
+// Hugging Face model folder (config.json and model.safetensors, no config.toml) its
+// model.safetensors; otherwise PATH itself (a safetensors file or a checkpoint directory).
 std::string run_weights_of(const std::string& path);
+
+// The model keys `--init PATH` brings, as from_pretrained takes the architecture from the folder:
+// for a Hugging Face model folder, its config.json's (io/hf_model.hpp's hf_model_sets), applied
+// before the command's own --set; none for anything else (a run directory's config.toml is the
+// configuration itself).
+std::vector<std::string> init_model_sets(const std::string& path);
 
 // The checkpoint directory `--resume PATH` names: for a run directory (it holds config.toml), the
 // checkpoints of `cfg` (the run's configuration: train.checkpoint_dir, else RUN/checkpoints);

@@ -4,6 +4,9 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "core/machine.hpp"
+#include "core/progress.hpp"
+#include "data/batches.hpp"
+#include "nn/flops.hpp"
 
 #include <fmt/format.h>
 #include <fcntl.h>
@@ -22,8 +25,10 @@ namespace pf {
 namespace {
 
 // The CSV columns, in order: the JSON record's fields (absent ones are empty cells).
-const std::vector<std::string> kColumns = {"step", "time", "elapsed_s", "loss", "valid_loss", "lr", "grad_norm",
-                                           "tokens", "step_time_s", "tokens_per_s"};
+const std::vector<std::string> kColumns = {"step",        "time",        "elapsed_s",   "loss",
+                                           "valid_loss",  "lr",          "grad_norm",   "tokens",
+                                           "step_time_s", "tokens_per_s", "model_flops_per_token", "flops_per_s",
+                                           "mfu",         "peak_rss_bytes"};
 const std::vector<std::string> kKfacColumns = {"precond_grad_norm", "kfac_curvature", "kfac_inversion", "kfac_damping_raised",
                                                "kfac_time_s"};
 
@@ -38,17 +43,24 @@ std::string utc_now() {
   return fmt::format("{}.{:03d}Z", buf, ms);
 }
 
-// 75 -> "1:15", 3725 -> "1:02:05".
-std::string clock_time(double s) {
-  const auto t = static_cast<long long>(s + 0.5);
-  return t >= 3600 ? fmt::format("{}:{:02d}:{:02d}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02d}", t / 60, t % 60);
-}
-
 std::string csv_cell(const nlohmann::json& v) {
   if (v.is_null()) return "";
   if (v.is_boolean()) return v.get<bool>() ? "1" : "0";
   if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {  // one value per rank, separated by spaces (no comma inside a cell)
+    std::string cell;
+    for (const auto& x : v) cell += (cell.empty() ? "" : " ") + csv_cell(x);
+    return cell;
+  }
   return v.dump();
+}
+
+// "12.3 GFLOP/s".
+std::string format_flops(double flops_per_s) {
+  const char* unit[] = {"", "k", "M", "G", "T", "P"};
+  int u = 0;
+  while (flops_per_s >= 1000 && u < 5) flops_per_s /= 1000, ++u;
+  return fmt::format("{:.3g} {}FLOP/s", flops_per_s, unit[u]);
 }
 
 // The step a record line is about (JSON: "step"; CSV: the first cell); -1 for a header or junk.
@@ -118,7 +130,7 @@ void RunLog::count_previous(const std::string& line) {
   elapsed_before_ = num("elapsed_s", busy_s_);  // logs from before elapsed_s: their busy time
 }
 
-void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
+void RunLog::step(const StepStats& s, std::optional<double> valid_loss, const std::vector<double>& peak_rss) {
   if (steps_ == 0) first_loss_ = s.loss;
   last_loss_ = s.loss;
   ++steps_;
@@ -131,7 +143,11 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
   nlohmann::ordered_json j{{"step", s.step + 1},         {"time", utc_now()}, {"elapsed_s", elapsed_before_ + segment_s},
                            {"loss", s.loss},             {"lr", s.lr},        {"grad_norm", s.grad_norm},
                            {"tokens", s.tokens},         {"step_time_s", s.step_time_s},
-                           {"tokens_per_s", tps}};
+                           {"tokens_per_s", tps},
+                           {"model_flops_per_token", o_.throughput.model_flops_per_token},
+                           {"flops_per_s", o_.throughput.flops_per_s(tps)},
+                           {"mfu", o_.throughput.mfu(tps, peak_rss.size())},
+                           {"peak_rss_bytes", std::vector<int64_t>(peak_rss.begin(), peak_rss.end())}};
   if (valid_loss) j["valid_loss"] = *valid_loss;
   if (o_.kfac) {
     j["precond_grad_norm"] = s.precond_grad_norm;
@@ -170,14 +186,22 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss) {
   }
 }
 
-std::string RunLog::summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const {
+RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const {
   const double peak = std::accumulate(memory.peak_rss.begin(), memory.peak_rss.end(), 0.0);
+  const size_t ranks = memory.peak_rss.size();
+  const double tps = busy_s_ > 0 ? tokens_ / busy_s_ : 0.0;
+  const Throughput& t = o_.throughput;
+  auto bytes = [](const std::vector<double>& v) { return std::vector<int64_t>(v.begin(), v.end()); };
   nlohmann::json j{{"steps", steps_},
                    {"first_loss", first_loss_},
                    {"final_loss", last_loss_},
                    {"final_valid_loss", final_valid_loss},
                    {"tokens", tokens_},
-                   {"tokens_per_s", busy_s_ > 0 ? tokens_ / busy_s_ : 0.0},
+                   {"tokens_per_s", tps},
+                   {"model_flops_per_token", t.model_flops_per_token},
+                   {"flops_per_s", t.flops_per_s(tps)},
+                   {"peak_flops_per_s", static_cast<double>(ranks) * t.peak.flops_per_s},
+                   {"mfu", t.mfu(tps, ranks)},
                    {"wall_time_s", elapsed_before_ + wall_s},
                    {"machine",
                     {{"cpu", machine_.cpu},
@@ -186,18 +210,20 @@ std::string RunLog::summary(double final_valid_loss, double wall_s, const Memory
                      {"blas_kernel_chosen_by", machine_.kernel_chosen_by},
                      {"threads", machine_.threads},
                      {"openmp_wait", machine_.wait_policy},
-                     {"load_average_at_start", machine_.load_average}}},
+                     {"load_average_at_start", machine_.load_average},
+                     {"sgemm_peak_flops_per_s", t.peak.flops_per_s},
+                     {"sgemm_peak_cache", t.peak.cache_path}}},
                    {"memory",
-                    {{"peak_rss_bytes", memory.peak_rss},
-                     {"file_rss_bytes", memory.file_rss},
-                     {"estimate_bytes", memory.estimate}}}};
-  const size_t ranks = memory.peak_rss.size();
-  std::fprintf(stdout, "summary: %lld steps, loss %.4f -> %.4f, validation loss %.4f, %.0f tokens/s, %.1f s, "
-               "peak memory %s%s (estimated at most %s)\n",
-               static_cast<long long>(steps_), first_loss_, last_loss_, final_valid_loss,
-               j["tokens_per_s"].get<double>(), j["wall_time_s"].get<double>(), format_bytes(peak).c_str(),
-               ranks > 1 ? fmt::format(" over {} ranks", ranks).c_str() : "", format_bytes(memory.estimate).c_str());
-  return j.dump(2) + "\n";
+                    {{"peak_rss_bytes", bytes(memory.peak_rss)},
+                     {"file_rss_bytes", bytes(memory.file_rss)},
+                     {"estimate_bytes", static_cast<int64_t>(memory.estimate)}}}};
+  const std::string line = fmt::format(
+      "summary: {} steps, loss {:.4f} -> {:.4f}, validation loss {:.4f}, {:.0f} tokens/s, {} = {:.1f}% MFU (peak {}), "
+      "{:.1f} s, peak memory {}{} (estimated at most {})",
+      steps_, first_loss_, last_loss_, final_valid_loss, tps, format_flops(t.flops_per_s(tps)), 100 * t.mfu(tps, ranks),
+      format_flops(static_cast<double>(ranks) * t.peak.flops_per_s), elapsed_before_ + wall_s, format_bytes(peak),
+      ranks > 1 ? fmt::format(" over {} ranks", ranks) : "", format_bytes(memory.estimate));
+  return {j.dump(2) + "\n", line};
 }
 
 std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step, bool kfac_metrics) {
@@ -206,7 +232,8 @@ std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step,
   write_output({out + "/config.toml", "train.out_dir"}, cfg.to_toml());
   std::vector<OutputFile> logs{{out + "/log.jsonl", "train.out_dir"}};
   if (!cfg.train.log_json.empty()) logs.push_back({cfg.train.log_json, "train.log_json", true});
-  const RunLogOptions o{cfg.train.steps, cfg.train.log_every, kfac_metrics, resume_step};
+  const Throughput throughput{model_flops_per_token(cfg.model, labelled_per_sequence(cfg.model, cfg.data)), sgemm_peak()};
+  const RunLogOptions o{cfg.train.steps, cfg.train.log_every, kfac_metrics, resume_step, throughput};
   auto log = std::make_unique<RunLog>(o, std::move(logs), OutputFile{out + "/metrics.csv", "train.out_dir"});
   std::fflush(stdout);  // the machine line first, then what may not be meant
   for (const std::string& w : config_warnings(cfg)) std::fprintf(stderr, "pipefisher: warning: %s\n", w.c_str());

@@ -8,7 +8,10 @@
 //   step, time (UTC, ISO 8601), elapsed_s (training seconds since the run's first step, resumed
 //   segments continuing the count), loss, valid_loss (steps that evaluated), lr, grad_norm (the
 //   loss gradient's global norm, before K-FAC and clipping: comparable across optimizers),
-//   tokens, step_time_s, tokens_per_s, and with K-FAC precond_grad_norm (after the precondition:
+//   tokens, step_time_s, tokens_per_s, model_flops_per_token, flops_per_s (model FLOPs per second
+//   achieved: the two before multiplied), mfu (flops_per_s over the peak of the job's processes),
+//   peak_rss_bytes (each rank's peak resident set so far; in CSV the ranks' values separated by
+//   spaces), and with K-FAC precond_grad_norm (after the precondition:
 //   what clipping sees), kfac_curvature / kfac_inversion (this step did curvature / inversion work: a refresh, or in
 //   PipeFisher's bubbles a part of one), kfac_damping_raised (factors whose inversion needed more
 //   damping; one process only, empty under MPI) and kfac_time_s (the step's K-FAC work: in one
@@ -21,6 +24,7 @@
 // logs hold each step once and the summary covers the whole run.
 #include "core/files.hpp"
 #include "core/machine.hpp"
+#include "core/peak_flops.hpp"
 #include "train/trainer.hpp"
 
 #include <chrono>
@@ -40,11 +44,30 @@ struct MemoryUse {
   double estimate = 0;           // bytes, every rank together
 };
 
+// How well the run uses the machine: model FLOPs per token (nn/flops.hpp) times tokens per
+// second, over the peak of the job's processes (processes x one process's sgemm peak,
+// core/peak_flops.hpp: each rank is assumed to have its threads' cores to itself).
+struct Throughput {
+  double model_flops_per_token = 0;
+  PeakFlops peak;  // one process's
+  double flops_per_s(double tokens_per_s) const { return model_flops_per_token * tokens_per_s; }
+  double mfu(double tokens_per_s, size_t processes) const {
+    return peak.flops_per_s > 0 ? flops_per_s(tokens_per_s) / (static_cast<double>(processes) * peak.flops_per_s) : 0.0;
+  }
+};
+
+// What a run ends with: summary.json's text, and the line printed last.
+struct RunSummary {
+  std::string json;
+  std::string line;
+};
+
 struct RunLogOptions {
   int total_steps = 0;
   int log_every = 1;
   bool kfac = false;              // records carry the K-FAC fields
   int64_t resume_step = -1;       // >= 0: continue the files' records after this step
+  Throughput throughput;
 };
 
 class RunLog {
@@ -55,11 +78,12 @@ class RunLog {
   // and never read back on resume.
   RunLog(const RunLogOptions& o, std::vector<OutputFile> json, OutputFile csv);
   ~RunLog();
-  // UsageError naming the file when a log line cannot be written (full disk).
-  void step(const StepStats& s, std::optional<double> valid_loss);
-  // Prints the final summary and returns it as a JSON object (written to summary.json). The
-  // counts and times cover the whole run: wall_s is this segment's, earlier ones' are added.
-  std::string summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const;
+  // UsageError naming the file when a log line cannot be written (full disk). `peak_rss`: each
+  // rank's peak resident set so far, by world rank.
+  void step(const StepStats& s, std::optional<double> valid_loss, const std::vector<double>& peak_rss);
+  // The final summary. The counts and times cover the whole run: wall_s is this segment's,
+  // earlier ones' are added.
+  RunSummary summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const;
 
   double first_loss() const { return first_loss_; }
   double last_loss() const { return last_loss_; }

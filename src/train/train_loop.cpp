@@ -88,11 +88,14 @@ void print_banner(const Run& r) {
   const ModelConfig& m = r.cfg.model;
   const ParallelConfig& p = r.cfg.parallel;
   const long long tokens = static_cast<long long>(p.data_parallel) * p.micro_batches * p.micro_batch_size * m.seq_len;
-  std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%d x %d x %d sequences "
-              "of %d), %s, %d steps%s\n",
-              preset_of(m).c_str(), name_of(m.arch).c_str(), m.layers, m.hidden, m.heads, tokens, p.data_parallel,
-              p.micro_batches, p.micro_batch_size, m.seq_len, optimizer_of(r.cfg).c_str(), r.cfg.train.steps,
-              b.layout.c_str());
+  auto count = [](int n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
+  std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%s x %s x %s of %d "
+              "tokens), %s, %d steps%s\n",
+              preset_of(m).c_str(), name_of(m.arch).c_str(), m.layers, m.hidden, m.heads, tokens,
+              count(p.data_parallel, "replica", "replicas").c_str(),
+              count(p.micro_batches, "micro-batch", "micro-batches").c_str(),
+              count(p.micro_batch_size, "sequence", "sequences").c_str(), m.seq_len, optimizer_of(r.cfg).c_str(),
+              r.cfg.train.steps, b.layout.c_str());
   for (const std::string& n : b.notes) std::printf("%s\n", n.c_str());
   std::fflush(stdout);
 }
@@ -210,10 +213,19 @@ std::optional<double> evaluate_after(Run& r, int64_t s) {
   return r.valid = r.engine.evaluate();
 }
 
+// Collective: every rank's peak resident set so far at the root, by rank (empty elsewhere).
+std::vector<double> rank_peaks(Run& r) {
+  std::vector<double> peaks;
+  for (const std::string& s : r.engine.gather(fmt::format("{}", process_memory().peak_rss))) peaks.push_back(std::stod(s));
+  return peaks;
+}
+
+// Collective (the ranks' peaks); the root writes the step's record.
 void log_step(Run& r, const StepStats& st, std::optional<double> valid) {
+  const std::vector<double> peaks = rank_peaks(r);
   if (!r.engine.root() || !r.write_error.empty()) return;
   try {
-    r.log->step(st, valid);
+    r.log->step(st, valid, peaks);
   } catch (const UsageError& e) {  // a full disk: the run stops (exit 2), naming its last checkpoint
     r.write_error = e.what();
   }
@@ -346,6 +358,7 @@ MemoryUse memory_use(Run& r) {
 // A write error (a full disk) names the last complete checkpoint, as during the steps.
 void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memory, double wall) {
   const std::string& out = r.cfg.train.out_dir;
+  const RunSummary summary = r.log->summary(r.valid, wall, memory);
   try {
     if (!rec.write_error.empty()) throw UsageError(rec.write_error);
     require_finite(rec.params, out + "/model.safetensors");
@@ -353,7 +366,7 @@ void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memor
     r.args.seams.signal.at(SignalSeam::Where::final_writes);
     if (!r.args.save.empty()) save_trained_weights(r.args.save, rec.params);
     for (const auto& [name, text] : rec.files) write_file_atomic(out + "/" + name, text);
-    write_file_atomic(out + "/summary.json", r.log->summary(r.valid, wall, memory));
+    write_file_atomic(out + "/summary.json", summary.json);
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("{}; {}", e.what(), last_checkpoint_note(r.ckpt_dir)));
   }
@@ -365,6 +378,7 @@ void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memor
   if (checkpoints_on(r.cfg)) elsewhere += ", " + r.ckpt_dir + "/";
   std::printf("outputs: %s/{config.toml, log.jsonl, metrics.csv, model.safetensors, config.json, summary.json%s}%s\n",
               out.c_str(), listed.c_str(), elsewhere.c_str());
+  std::printf("%s\n", summary.line.c_str());  // last: what the run achieved
 }
 
 // The final evaluation when no step ran (a run resumed at its end), then the final outputs.

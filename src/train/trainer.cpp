@@ -159,9 +159,12 @@ double batch_mean_standard_error(std::span<const double> share, std::span<const 
   return std::sqrt(static_cast<double>(batches) / static_cast<double>(batches - 1) * sum_sq);
 }
 
-EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb) {
+EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb,
+                          const EvalProgress& progress) {
   EvalResult r;
   const EvalScales scale = eval_scales(valid, batches, rows, mb);
+  const int forwards = scale.nsp > 0 ? 2 * batches : batches;
+  int done = 0;
   const Tensor none;
   Tensor no_output;
   // Each micro-batch's forward loss with these scales: its share of the mean LM loss (+ the mean
@@ -176,6 +179,7 @@ EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batc
       mb.nsp_scale = nsp_scale;
       share[b] = model.forward(mb, none, no_output, st);
       positions[b] = mb.loss_positions();
+      if (progress) progress(++done, forwards);
     }
     return share;
   };

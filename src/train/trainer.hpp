@@ -26,6 +26,7 @@
 #include "train/test_seams.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -83,7 +84,11 @@ struct EvalResult {
   std::vector<double> lm_shares;        // [micro-batch] its share of lm_loss (they sum to it)
   std::vector<int64_t> batch_positions; // [micro-batch] positions it scores
 };
-EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb);
+// `progress` (may be empty) is called with the forwards done of all it makes (batches, or twice
+// that with NSP pairs).
+using EvalProgress = std::function<void(int done, int total)>;
+EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb,
+                          const EvalProgress& progress = {});
 
 // The standard error of a mean over B micro-batches whose scored positions differ (n_b of N in
 // all): batch b adds share[b] = n_b m_b / N to the mean m = sum(share), and the micro-batches, not

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 #include <vector>
 
 namespace pf {
@@ -249,6 +251,22 @@ std::string loss_panel(const std::vector<LossCurve>& curves, const LossChartOpti
   return o;
 }
 
+// The smoothing the subtitle names: the cutoff the curves were actually smoothed with (a short
+// run's is larger than the paper's 0.05, and a very short one is not smoothed).
+std::string smoothing_text(const std::vector<LossCurve>& curves) {
+  auto one = [](double cutoff) { return cutoff >= 1 ? std::string("none") : fmt::format("{:.3g}", cutoff); };
+  std::set<std::string> cutoffs;
+  for (const LossCurve& c : curves) cutoffs.insert(one(c.smoothing_cutoff));
+  if (cutoffs.size() <= 1) {
+    const std::string c = cutoffs.empty() ? "0.05" : *cutoffs.begin();
+    return c == "none" ? "thick: not smoothed (too few steps)"
+                       : "thick: smoothed (Butterworth, 3rd order, cutoff " + c + ", forward-backward)";
+  }
+  std::vector<std::string> each;
+  for (const LossCurve& c : curves) each.push_back(c.name + " " + one(c.smoothing_cutoff));
+  return fmt::format("thick: smoothed (Butterworth, 3rd order, forward-backward; cutoff {})", fmt::join(each, ", "));
+}
+
 }  // namespace
 
 std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChartOptions& opt) {
@@ -263,15 +281,15 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
     y.lo -= pad, y.hi += pad;
   }
   const std::vector<double> yt = nice_ticks(y.lo, y.hi, 6);
-  const double ylo = std::min(y.lo, yt.front()), yhi = std::max(y.hi, yt.back());
+  // Room below the lowest point, so that its line is not cut in half by the panel's edge.
+  const double ylo = std::min(y.lo - 0.03 * (y.hi - y.lo), yt.front()), yhi = std::max(y.hi, yt.back());
   std::string o = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
                               "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
                               "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
                               "<text x=\"{:.0f}\" y=\"26\" font-size=\"16\" font-weight=\"bold\">{}</text>\n"
                               "<text x=\"{:.0f}\" y=\"44\" font-size=\"11\" fill=\"#555\">thin: training loss per step; "
-                              "thick: smoothed (Butterworth, 3rd order, cutoff 0.05, forward-backward); dots: "
-                              "validation</text>\n",
-                              width, height, left, xml_escape(opt.title), left);
+                              "{}; dots: validation</text>\n",
+                              width, height, left, xml_escape(opt.title), left, xml_escape(smoothing_text(curves)));
   o += loss_panel(curves, opt, {0, false, left, top, pw, ph, 1, ylo, yhi}, yt);
   o += loss_panel(curves, opt, {1, true, left + pw + gapx, top, pw, ph, 1, ylo, yhi}, yt);
   double ly = top + ph + 52;

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <ostream>
@@ -99,6 +101,22 @@ TEST_P(EvalCli, StandardErrorOfTheLossFromTheMicroBatchesMeans) {
   ASSERT_GT(want, 0);
   // Both sides from float32 forwards summed in double: equal to float32 rounding of the losses.
   EXPECT_NEAR(two.at("lm_loss_se").get<double>(), want, 1e-5 * m) << two.dump();
+}
+
+// On a terminal (script(1) gives it one) eval shows its progress over the micro-batches, as
+// training's status line does; into a pipe it prints its result alone.
+TEST(EvalProgress, ShownOnATerminalOnly) {
+  const auto sets = tiny_sets("bert");
+  const fs::path w = pf_test::scratch_dir("infer_cli") / "progress.safetensors";
+  train_and_save(sets, w, 1);
+  const std::string eval = std::string(PF_BINARY) + " eval" + set_flags(sets) + " --init " + w.string() + " --batches 3";
+  const pf_test::Launch tty = run("script -qec \"" + eval + "\" /dev/null");
+  EXPECT_EQ(tty.status, 0) << tty.out;
+  EXPECT_NE(tty.out.find("\reval --init micro-batch 3/3 | "), std::string::npos) << tty.out;
+  EXPECT_NE(tty.out.find("eval: "), std::string::npos) << tty.out;
+  const pf_test::Launch pipe = run(eval);
+  EXPECT_EQ(pipe.status, 0) << pipe.out;
+  EXPECT_EQ(pipe.out.find("micro-batch"), std::string::npos) << pipe.out;
 }
 
 // --baseline: the difference is --init's LM loss minus the baseline's, each as eval alone prints
@@ -195,6 +213,28 @@ std::vector<double> reference_logits(pf::Model& body, const std::map<std::string
     logits[v] = s;
   }
   return logits;
+}
+
+// The text streams token by token; Ctrl-C stops it there, keeps what was printed and exits 130.
+TEST(GenerateCli, PrintsEachTokenAsItComesAndCtrlCKeepsThem) {
+  const auto sets = tiny_sets("gpt");
+  const fs::path w = pf_test::scratch_dir("infer_cli") / "stream.safetensors";
+  train_and_save(sets, w, 1);
+  const std::string prompt = "Ishmael";  // Job runs the command inside sh -c '...': no quotes in it
+  pf_test::Job job(std::string(PF_BINARY) + " generate" + set_flags(sets) + " --init " + w.string() + " --vocab-dir " +
+                   PF_SOURCE_DIR + "/data/vocab --prompt " + prompt + " --max-new-tokens 1000000 --seed 3");
+  ASSERT_GT(job.pid, 0);
+  // Tokens arrive without a newline: read bytes until a few follow the prompt, while it runs.
+  std::string seen;
+  for (int c; seen.size() < prompt.size() + 8 && (c = std::fgetc(job.p)) != EOF;) seen += static_cast<char>(c);
+  ASSERT_EQ(seen.substr(0, prompt.size()), prompt) << seen;
+  ASSERT_GT(seen.size(), prompt.size()) << "tokens printed before the generation ended";
+  kill(job.pid, SIGINT);
+  std::string rest;
+  for (int c; (c = std::fgetc(job.p)) != EOF;) rest += static_cast<char>(c);
+  EXPECT_EQ(job.finish(), 130) << seen << rest;
+  EXPECT_NE(rest.find("pipefisher generate: SIGINT after "), std::string::npos) << rest;
+  EXPECT_LT(rest.size(), 10000u) << "it stopped at the interrupt, not after a million tokens";
 }
 
 TEST(GenerateCli, GreedyIsTheArgmaxOfTheLogits) {

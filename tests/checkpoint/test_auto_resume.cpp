@@ -105,6 +105,29 @@ TEST(AutoResume, TwoStagePipelineExtendsBitExactly) {
   expect_extension_identical("ext2", 2, "--set parallel.stages=2");
 }
 
+// Only what changes the training refuses (issue 35, item 7): new outputs (--log-json elsewhere),
+// another thread count and other logging, evaluation and checkpoint cadences continue the run.
+TEST(AutoResume, NewOutputsThreadsAndCadencesContinueTheRun) {
+  tiny_config(dir());
+  const std::string s = "--set optim.decay_steps=6 --set train.checkpoint_every=2 ";
+  Launch first = run(train_cmd(dir(), "outs", s + "--steps 3"));
+  ASSERT_EQ(first.status, 0) << first.out;
+  EXPECT_TRUE(contains(first.out, "tokens/step (1 replica x 4 micro-batches x 2 sequences of 16 tokens)")) << first.out;
+  const fs::path out = dir() / "out-outs", other = dir() / "other.jsonl";
+  const auto before = read_log(out / "log.jsonl");
+  Launch more = run(kEnv + kBinary + " train --config " + (dir() / "tiny.toml").string() + " --set train.out_dir=" +
+                    out.string() + " --log-json " + other.string() + " " + s +
+                    "--steps 6 --set train.threads=2 --set train.log_every=2 --set train.eval_every=2 "
+                    "--set train.keep_checkpoints=1 --set train.checkpoint_every=3");
+  ASSERT_EQ(more.status, 0) << more.out;
+  EXPECT_TRUE(contains(more.out, " (step 3): the run in " + out.string() + " continues")) << more.out;
+  const auto after = read_log(out / "log.jsonl");
+  ASSERT_EQ(after.size(), 6u);
+  for (int64_t st = 1; st <= 3; ++st) EXPECT_EQ(after.at(st), before.at(st)) << "step " << st << " kept as it was";
+  EXPECT_EQ(read_log(other).rbegin()->first, 6) << "the new --log-json file has the new steps";
+  EXPECT_EQ(step_dirs(out / "checkpoints"), (std::vector<std::string>{"step-000006"}));
+}
+
 // A larger train.steps without optim.decay_steps continues on the schedule of the longer run.
 TEST(AutoResume, ExtendingSaysWhichScheduleItFollows) {
   tiny_config(dir());

@@ -103,6 +103,48 @@ TEST(RunDir, EvalReadsTheRunsConfiguration) {
   EXPECT_EQ(last_json(fewer).at("sequences").get<int>(), 2);
 }
 
+// --init accepts a Hugging Face model folder (model.safetensors and config.json, no config.toml),
+// taking the model's shape from config.json as from_pretrained does: the run's own weights in such
+// a folder score as the run does, under a configuration of another shape (the built-in bert-mini)
+// and under a config.json transformers would write (more fields, its own order). A model we do
+// not train is refused naming the file and the field.
+TEST(RunDir, InitTakesAHuggingFaceFolderWithItsShape) {
+  const fs::path run = tiny_run("tiny-hf");
+  const std::string data = " --set data.valid_file=" + sample("bert") + " --set train.eval_batches=2"
+                           " --set parallel.micro_batch_size=2 --set model.seq_len=16 --json";
+  Launch own = pf_test::run(in("/", "eval --init " + run.string() + " --json"));
+  ASSERT_EQ(own.status, 0) << own.out;
+  const double loss = last_json(own).at("loss").get<double>();
+  const fs::path hf = dir() / "hf-folder";
+  fs::create_directories(hf);
+  fs::copy_file(run / "model.safetensors", hf / "model.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(run / "config.json", hf / "config.json", fs::copy_options::overwrite_existing);
+  Launch ours = pf_test::run(in("/", "eval --init " + hf.string() + data));
+  ASSERT_EQ(ours.status, 0) << ours.out;
+  EXPECT_EQ(last_json(ours).at("loss").get<double>(), loss);
+  // bert-tiny's config.json as transformers writes it (BertConfig.to_json_string).
+  std::ofstream(hf / "config.json")
+      << R"({"_name_or_path": "prajjwal1/bert-tiny", "architectures": ["BertForPreTraining"],
+           "attention_probs_dropout_prob": 0.1, "classifier_dropout": null, "hidden_act": "gelu",
+           "hidden_dropout_prob": 0.0, "hidden_size": 128, "initializer_range": 0.02,
+           "intermediate_size": 512, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+           "model_type": "bert", "num_attention_heads": 2, "num_hidden_layers": 2, "pad_token_id": 0,
+           "position_embedding_type": "absolute", "torch_dtype": "float32", "transformers_version": "4.35.2",
+           "type_vocab_size": 2, "use_cache": true, "vocab_size": 30522})";
+  Launch theirs = pf_test::run(in("/", "eval --init " + hf.string() + data));
+  ASSERT_EQ(theirs.status, 0) << theirs.out;
+  EXPECT_EQ(last_json(theirs).at("loss").get<double>(), loss);
+  // Training from the folder: its shape, not the configuration's.
+  Launch train = pf_test::run(in(dir(), "train --init " + hf.string() + " --print-config"));  // the default: bert-mini
+  ASSERT_EQ(train.status, 0) << train.out;
+  EXPECT_TRUE(contains(train.out, "hidden = 128\n")) << train.out;
+  std::ofstream(hf / "config.json") << R"({"model_type": "roberta", "hidden_size": 128})";
+  Launch roberta = pf_test::run(in("/", "eval --init " + hf.string() + data));
+  EXPECT_EQ(roberta.status, 2) << roberta.out;
+  EXPECT_EQ(roberta.out, "pipefisher: --init: '" + (hf / "config.json").string() +
+                             "': model_type 'roberta' is not one we train (bert, gpt2)\n");
+}
+
 // A config file in another directory names its data, out_dir and log relative to itself; trained
 // from a third directory, everything lands beside the file and config.toml holds absolute paths.
 // --set's relative paths resolve against the current directory.

@@ -3,6 +3,9 @@
 // and, with K-FAC, what the step refreshed and how long K-FAC's work took.
 #include "cli.hpp"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <fstream>
 #include <regex>
 
@@ -61,7 +64,8 @@ TEST(RunLog, ResumeIntoTheSameRunAppendsAndSummarisesTheWholeRun) {
   // metrics.csv: the header, then the same six steps.
   const auto csv = lines_of(out / "metrics.csv");
   ASSERT_EQ(csv.size(), 7u);
-  EXPECT_EQ(csv[0].rfind("step,time,elapsed_s,loss,valid_loss,lr,grad_norm,tokens,step_time_s,tokens_per_s", 0), 0u);
+  EXPECT_EQ(csv[0].rfind("step,time,elapsed_s,loss,valid_loss,lr,grad_norm,tokens,step_time_s,tokens_per_s,"
+                         "model_flops_per_token,flops_per_s,mfu,peak_rss_bytes", 0), 0u);
   for (int s = 1; s <= 6; ++s) EXPECT_EQ(csv[s].rfind(std::to_string(s) + ",", 0), 0u) << csv[s];
 }
 
@@ -105,10 +109,71 @@ TEST(RunLog, PipeFisherRecordsCarryKfacWork) {
     inversion += j.at("kfac_inversion").get<bool>();
     EXPECT_GT(j.at("kfac_time_s").get<double>(), 0.0) << "every step preconditions: " << j.dump();
     EXPECT_TRUE(j.at("kfac_damping_raised").is_null()) << "not gathered under MPI";
+    EXPECT_EQ(j.at("peak_rss_bytes").size(), 2u) << "every rank's peak: " << j.dump();
   }
+  const auto summary = json_file(dir() / "out-kfac-pipe" / "summary.json");
+  EXPECT_EQ(summary.at("peak_flops_per_s").get<double>(),
+            2 * summary.at("machine").at("sgemm_peak_flops_per_s").get<double>()) << "two processes' peak";
   // The first steps profile K-FAC inline (a whole refresh each), later ones run the plan's units.
   EXPECT_GE(curvature, 1);
   EXPECT_GE(inversion, 1);
+}
+
+// MFU: model FLOPs per token (counted by hand below) x tokens per second, over the sgemm peak,
+// which the first run on a machine measures and caches and later runs read: a cache holding
+// 1 TFLOP/s is what the next run divides by. Peak memory: what the kernel says of the process.
+TEST(RunLog, RecordsAndSummaryGiveMfuAgainstTheCachedPeakAndThePeakMemory) {
+  tiny_config(dir());
+  const fs::path cache = dir() / "peak-cache";
+  const std::string env = "PF_CACHE_DIR=" + cache.string() + " ";
+  Launch first = run(env + train_cmd(dir(), "mfu-measured", ""));
+  ASSERT_EQ(first.status, 0) << first.out;
+  rusage children{};
+  getrusage(RUSAGE_CHILDREN, &children);  // the largest peak of this program's children: that run
+  const double kernel_peak = static_cast<double>(children.ru_maxrss) * 1024;
+  const auto measured = json_file(dir() / "out-mfu-measured" / "summary.json");
+  const double run_peak = measured.at("memory").at("peak_rss_bytes").at(0).get<double>();
+  EXPECT_NEAR(run_peak, kernel_peak, 0.1 * kernel_peak);
+  const auto last = read_log(dir() / "out-mfu-measured" / "log.jsonl").at(6);
+  EXPECT_NEAR(last.at("peak_rss_bytes").at(0).get<double>(), kernel_peak, 0.1 * kernel_peak);
+
+  std::vector<fs::path> cached;
+  for (const auto& e : fs::directory_iterator(cache))
+    if (e.path().filename().string().rfind("sgemm-peak-", 0) == 0) cached.push_back(e.path());
+  ASSERT_EQ(cached.size(), 1u) << "the run measured the peak and cached it";
+  nlohmann::json entry = json_file(cached[0]);
+  EXPECT_EQ(measured.at("machine").at("sgemm_peak_flops_per_s"), entry.at("flops_per_s"));
+  EXPECT_GT(entry.at("flops_per_s").get<double>(), 1e8);
+  entry["flops_per_s"] = 1e12;
+  std::ofstream(cached[0]) << entry.dump();
+
+  Launch second = run(env + train_cmd(dir(), "mfu-cached", ""));
+  ASSERT_EQ(second.status, 0) << second.out;
+  // tiny.toml: 4 layers, h 32, f 64, s 16, V 30522, round(0.15 x 14) = 2 masked positions. A block:
+  // 4 x 32^2 + 2 x 32 x 64 + 2 x 16 x 32 = 9216, four: 36864; the head 2 x (32^2 + 32 x 30522) / 16
+  // = 122216; a training step 6 x (36864 + 122216) = 954480 per token.
+  const double flops_per_token = 954480;
+  const auto summary = json_file(dir() / "out-mfu-cached" / "summary.json");
+  EXPECT_EQ(summary.at("model_flops_per_token").get<double>(), flops_per_token);
+  EXPECT_EQ(summary.at("peak_flops_per_s").get<double>(), 1e12);
+  const double flops = summary.at("flops_per_s").get<double>();
+  EXPECT_NEAR(flops, flops_per_token * summary.at("tokens_per_s").get<double>(), 1e-12 * flops);
+  EXPECT_NEAR(summary.at("mfu").get<double>(), flops / 1e12, 1e-12 * flops / 1e12);
+  double previous_peak = 0;
+  for (const auto& [step, j] : read_log(dir() / "out-mfu-cached" / "log.jsonl")) {
+    const double f = j.at("flops_per_s").get<double>();
+    EXPECT_EQ(j.at("model_flops_per_token").get<double>(), flops_per_token);
+    EXPECT_NEAR(f, flops_per_token * j.at("tokens_per_s").get<double>(), 1e-12 * f) << j.dump();
+    EXPECT_NEAR(j.at("mfu").get<double>(), f / 1e12, 1e-12 * f / 1e12) << j.dump();
+    const double peak = j.at("peak_rss_bytes").at(0).get<double>();
+    EXPECT_GE(peak, previous_peak) << "a peak so far never falls";
+    previous_peak = peak;
+  }
+  // The last line says it all.
+  const std::string last_line = second.out.substr(second.out.rfind("summary: "));
+  EXPECT_TRUE(std::regex_search(last_line, std::regex(R"(FLOP/s = \d+\.\d% MFU \(peak 1 TFLOP/s\), [0-9.]+ s, peak memory)")))
+      << last_line;
+  EXPECT_EQ(std::count(last_line.begin(), last_line.end(), '\n'), 1) << "the summary is the run's last line";
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // What transformers reads: config.json's fields for each architecture, and the hub's other names
 // for our tensors.
 #include "io/hf_model.hpp"
+#include "core/error.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -47,6 +48,38 @@ TEST(HfModel, GptConfigIsGpt2LMHeadModels) {
   EXPECT_EQ(j.at("activation_function"), "gelu_new");  // tanh
   EXPECT_EQ(j.at("layer_norm_epsilon"), 1e-5);
   EXPECT_EQ(j.at("tie_word_embeddings"), true);
+}
+
+// from_pretrained's direction: the hub's gpt2/config.json (n_inner null: 4 x n_embd) gives
+// GPT-2 small's keys; ours round-trips; what we do not train is refused naming the field.
+TEST(HfModel, ConfigJsonGivesTheModelKeys) {
+  const std::string gpt2 = R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_inner": null,
+    "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "scale_attn_weights": true, "summary_activation": null,
+    "use_cache": true, "vocab_size": 50257})";
+  EXPECT_EQ(pf::hf_model_sets(gpt2, "gpt2/config.json"),
+            (std::vector<std::string>{"model.arch=gpt", "model.layers=12", "model.hidden=768", "model.heads=12",
+                                      "model.ffn=3072", "model.vocab=50257", "model.max_position=1024",
+                                      "model.layer_norm_eps=1e-05", "model.dropout=0.1", "model.gelu=tanh"}));
+  pf::ModelConfig m;  // bert-mini
+  const auto sets = pf::hf_model_sets(pf::hf_config_json(m), "ours");
+  EXPECT_TRUE(has(sets, "model.arch=bert") && has(sets, "model.hidden=256") && has(sets, "model.ffn=1024") &&
+              has(sets, "model.gelu=erf") && has(sets, "model.layer_norm_eps=1e-12"));
+  auto refusal = [](const std::string& text) {
+    try {
+      pf::hf_model_sets(text, "c.json");
+    } catch (const pf::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal(R"({"model_type": "t5"})"), "--init: 'c.json': model_type 't5' is not one we train (bert, gpt2)");
+  EXPECT_EQ(refusal(R"({"model_type": "gpt2", "n_embd": 64, "n_layer": "two"})"),
+            "--init: 'c.json': n_layer is \"two\", not a positive whole number");
+  EXPECT_EQ(refusal(R"({"model_type": "bert", "position_embedding_type": "relative_key"})"),
+            "--init: 'c.json': position_embedding_type 'relative_key' is not ours (absolute)");
+  EXPECT_EQ(refusal("[1]"), "--init: 'c.json' is not a JSON object (a Hugging Face config.json)");
 }
 
 TEST(HfModel, HubNamesOfOurTensors) {

@@ -1,5 +1,6 @@
 // The paper's loss smoothing (viz/smooth.hpp), checked by properties that do not need scipy: the
 // bilinear Butterworth's exact squared magnitude, unit DC gain, zero phase of filtfilt.
+#include "viz/loss_chart.hpp"
 #include "viz/smooth.hpp"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,8 @@
 #include <cmath>
 #include <complex>
 #include <numbers>
+#include <regex>
+#include <string>
 #include <vector>
 
 namespace pf {
@@ -131,6 +134,40 @@ TEST(LossSmoothing, ShortRunsEndNearTheirCurve) {
   // Four steps or fewer: nothing to smooth over.
   const std::vector<double> four = {10, 9.5, 9.7, 9};
   EXPECT_EQ(smooth_loss(four), four);
+}
+
+// A falling curve of n steps named `name`.
+LossCurve falling(const std::string& name, size_t n) {
+  LossCurve c;
+  c.name = name;
+  for (size_t t = 0; t < n; ++t) {
+    c.step.push_back(static_cast<double>(t + 1));
+    c.time_s.push_back(0.5 * static_cast<double>(t + 1));
+    c.loss.push_back(6 + 5 * std::exp(-static_cast<double>(t) / 10) + (t % 2 ? 0.03 : -0.03));
+  }
+  return c;
+}
+
+// report's picture names the cutoff its curves were smoothed with, and keeps their lowest point
+// inside the panel (not on its clipped edge, where half the line's width is cut away).
+TEST(LossChart, SubtitleNamesTheCutoffUsedAndTheLowestPointIsNotClipped) {
+  std::vector<LossCurve> one = {falling("long", 400)};
+  smooth_curves(one);
+  std::string svg = loss_chart_svg(one, {});
+  EXPECT_NE(svg.find("smoothed (Butterworth, 3rd order, cutoff 0.05, forward-backward)"), std::string::npos);
+  std::vector<LossCurve> two = {falling("long", 400), falling("short", 20)};
+  smooth_curves(two);
+  svg = loss_chart_svg(two, {});
+  EXPECT_NE(svg.find("forward-backward; cutoff long 0.05, short 0.2)"), std::string::npos) << svg.substr(0, 600);
+
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(svg, m, std::regex(R"re(<clipPath id="plot0"><rect x="\d+" y="(\d+)" width="\d+" height="(\d+)")re")));
+  const double bottom = std::stod(m[1]) + std::stod(m[2]);
+  double lowest = 0;  // the largest y of any line's point (SVG's y grows downwards)
+  const std::regex point(R"([ML](-?[0-9.]+),(-?[0-9.]+))");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), point); it != std::sregex_iterator(); ++it)
+    lowest = std::max(lowest, std::stod((*it)[2]));
+  EXPECT_LT(lowest, bottom - 2.2) << "a 2.2-wide line at y " << lowest << " against the panel's edge at " << bottom;
 }
 
 }  // namespace

@@ -1,0 +1,74 @@
+// Model FLOPs (nn/flops.hpp), what MFU counts: by hand for one preset, and against the
+// multiply-adds the model's sgemm calls actually make in one forward and backward.
+#include "fd.hpp"
+#include "nn/flops.hpp"
+#include "nn/model.hpp"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+using namespace pf;
+using namespace pf::test;
+
+namespace {
+std::atomic<double> g_macs{0};  // m n k of every cblas_sgemm of this program
+}
+
+// This program's cblas_sgemm: counts, then calls OpenBLAS's (the next definition of the name).
+extern "C" void cblas_sgemm(OPENBLAS_CONST enum CBLAS_ORDER o, OPENBLAS_CONST enum CBLAS_TRANSPOSE ta,
+                            OPENBLAS_CONST enum CBLAS_TRANSPOSE tb, OPENBLAS_CONST blasint m,
+                            OPENBLAS_CONST blasint n, OPENBLAS_CONST blasint k, OPENBLAS_CONST float alpha,
+                            OPENBLAS_CONST float* a, OPENBLAS_CONST blasint lda, OPENBLAS_CONST float* b,
+                            OPENBLAS_CONST blasint ldb, OPENBLAS_CONST float beta, float* c, OPENBLAS_CONST blasint ldc) {
+  using Fn = decltype(&cblas_sgemm);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "cblas_sgemm"));
+  g_macs.fetch_add(static_cast<double>(m) * n * k, std::memory_order_relaxed);
+  real(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+TEST(Flops, BertTinyByHand) {
+  // bert-tiny: 2 layers, h 128, f 512, s 128, V 30522; 19 masked positions of 126 (round(0.15 x 126)).
+  ModelConfig m;
+  m.arch = Arch::Bert, m.layers = 2, m.hidden = 128, m.ffn = 512, m.seq_len = 128, m.vocab = 30522;
+  // A block: 4 x 128^2 + 2 x 128 x 512 + 2 x 128 x 128 = 65536 + 131072 + 32768 = 229376, twice: 458752.
+  // The head over 19 of 128 positions: 19 x (128^2 + 128 x 30522) / 128 = 19 x 30650 = 582350.
+  EXPECT_EQ(forward_macs_per_token(m, 19), 458752.0 + 582350.0);
+  EXPECT_EQ(model_flops_per_token(m, 19), 6 * 1041102.0);
+  // NSP adds the pooler and the classifier once per sequence: (128^2 + 2 x 128) / 128 = 130 per token.
+  m.nsp = true;
+  EXPECT_EQ(forward_macs_per_token(m, 19), 1041102.0 + 130);
+  // gpt: every position through the decoder, h V = 128 x 30522 = 3906816.
+  m.arch = Arch::Gpt, m.nsp = false;
+  EXPECT_EQ(forward_macs_per_token(m, 128), 458752.0 + 3906816.0);
+}
+
+class FlopsTest : public ::testing::TestWithParam<const char*> {};
+
+// A forward and a backward of one micro-batch make 3 x the forward's multiply-adds, all counted by
+// the formula (exact: the products' sizes are integers well below 2^53).
+TEST_P(FlopsTest, FormulaCountsTheProductsTheModelComputes) {
+  ModelConfig c = tiny_config(GetParam());
+  c.nsp = false;
+  auto model = build_model(c, 0, num_blocks(c) - 1);
+  model->init(3);
+  MicroBatch mb = tiny_batch(c);
+  ModelState st = model->make_state(mb.rows, mb.seq);
+  Tensor none;
+  int labelled = 0;
+  for (int i = 0; i < mb.rows * mb.seq; ++i) labelled += mb.labels[i] >= 0;
+  g_macs = 0;
+  model->forward(mb, none, none, st);
+  const double forward = g_macs;
+  model->backward(mb, none, none, st);
+  const double tokens = double(mb.rows) * mb.seq;
+  const double per_sequence = double(labelled) / mb.rows;
+  const double want = forward_macs_per_token(c, per_sequence) * tokens;
+  EXPECT_NEAR(forward, want, 1e-12 * want);
+  EXPECT_NEAR(g_macs.load(), 3 * want, 3e-12 * want) << "the backward: two products per forward product";
+  EXPECT_NEAR(2 * g_macs.load(), model_flops_per_token(c, per_sequence) * tokens, 6e-12 * want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, FlopsTest, ::testing::Values("bert", "gpt"));
