@@ -27,6 +27,7 @@
 #include "nn/names.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/lower.hpp"
+#include "schedule/torch_csv.hpp"
 #include "schedule/validate.hpp"
 #include "sim/limits.hpp"
 #include "sim/memory.hpp"
@@ -172,6 +173,7 @@ void print_outputs(const PlanArgs& a) {
 
 int run_sweep_mode(const PlanArgs& a) {
   if (!a.schedule_file.empty()) usage_error("--sweep", "sweeps generated schedules, not --schedule-file");
+  if (a.given("--csv-format")) usage_error("--csv-format", "is the schedule's form; --sweep's --csv is its table");
   if (a.given("--trace")) usage_error("--trace", "not available with --sweep");
   if (a.given("--stages") || a.given("--micro-batches"))
     usage_error(a.given("--stages") ? "--stages" : "--micro-batches", "--sweep chooses D and N itself (see --sweep-stages)");
@@ -356,6 +358,8 @@ SimulatedStep simulate_step(const PlanArgs& a, Schedule s) {
 
 // --svg, --trace (the step's own; --kfac draws its refresh period) and --csv.
 void write_files(const PlanArgs& a, const SimulatedStep& r) {
+  // The CSV first: a schedule torch's form cannot hold (Chimera) is refused before any file is written.
+  const std::string csv = a.csv.empty() ? "" : a.csv_format == "torch" ? to_torch_csv(r.schedule) : to_csv(r.schedule);
   if (!a.kfac && !a.svg.empty()) {
     SvgOptions o;
     o.title = r.title;
@@ -364,7 +368,7 @@ void write_files(const PlanArgs& a, const SimulatedStep& r) {
     write_output({a.svg, "--svg", true}, timeline_svg(r.timeline, o));
   }
   if (!a.kfac && !a.trace.empty()) write_output({a.trace, "--trace", true}, chrome_trace(r.timeline, r.title));
-  if (!a.csv.empty()) write_output({a.csv, "--csv", true}, to_csv(r.schedule));
+  if (!a.csv.empty()) write_output({a.csv, "--csv", true}, csv);
 }
 
 nlohmann::json memory_json(const MemoryReport& mem) {
@@ -510,6 +514,10 @@ void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
       ->check(v.positive);
   app.add_option("--trace", a.trace, "Write a Chrome trace-event JSON (open in Perfetto)");
   app.add_option("--csv", a.csv, "Write the schedule as CSV (or the sweep table)");
+  app.add_option("--csv-format", a.csv_format,
+                 "--csv's form: pipefisher (ours, with its header) or torch (torch.distributed.pipelining's: one "
+                 "row per rank, cells such as 0F0 and 2I3; --schedule-file reads either)")
+      ->check(CLI::IsMember({"pipefisher", "torch"}));
 }
 
 // PipeFisher (--kfac), data parallelism, recomputation and the sweep.

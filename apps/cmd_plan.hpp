@@ -16,6 +16,7 @@ namespace pf::app {
 
 struct PlanArgs {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
+  std::string csv_format = "pipefisher";  // --csv-format: ours, or torch.distributed.pipelining's
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
   double tf = 1, tb = 2, tw = 0, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
   bool json = false, sweep = false, kfac = false, no_kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;

@@ -6,6 +6,7 @@
 #include "config/paths.hpp"
 #include "core/error.hpp"
 #include "runtime/train_run.hpp"
+#include "train_dry_run.hpp"
 #include "train/one_process.hpp"
 #include "train/run_dir.hpp"
 #include "train/test_seams.hpp"
@@ -24,6 +25,7 @@ struct TrainArgs {
   std::string profile_dir;
   std::vector<int> profile_steps;
   bool print_config = false;
+  bool dry_run = false;
   bool overwrite = false;
   std::string test_poison, test_signal, test_oom_counter;  // hidden: tests/faults (train/test_seams.hpp)
   std::string test_drift_at, test_kfac_cost_scale, test_bcast_model;  // hidden: tests/runtime
@@ -62,6 +64,7 @@ int run_train(const TrainArgs& a) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
+  if (a.dry_run) return pf::app::train_dry_run(cfg, a.init, resume_dir_of(a.resume, cfg));
   const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg),
                          {config, a.config.empty() ? "the run's config.toml" : "--config"}, a.profile_dir,
                          !a.log_json.empty(), a.overwrite,
@@ -98,6 +101,9 @@ pf::app::Runner setup(CLI::App& cmd) {
                "start over: replace the outputs and checkpoints of the run in train.out_dir instead of continuing "
                "it (the same config) or refusing (another)");
   cmd.add_flag("--print-config", a->print_config, "print the resolved configuration (every key) and exit");
+  cmd.add_flag("--dry-run", a->dry_run,
+               "check the configuration and every input, print the memory estimate and, for a pipeline, plan's "
+               "report of its schedule (with PipeFisher, its plan); write nothing");
   cmd.add_option("--profile-dir", a->profile_dir,
                  "record every action of every rank: timeline SVG, Chrome trace and profile.json here "
                  "(runs the MPI runtime, also for one process)");

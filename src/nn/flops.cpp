@@ -2,9 +2,14 @@
 
 namespace pf {
 
+double block_forward_macs_per_token(const ModelConfig& m) {
+  const double h = m.hidden, f = m.ffn, s = m.seq_len;
+  return 4 * h * h + 2 * h * f + 2 * s * h;
+}
+
 double forward_macs_per_token(const ModelConfig& m, double labelled) {
-  const double h = m.hidden, f = m.ffn, s = m.seq_len, v = m.vocab;
-  const double block = 4 * h * h + 2 * h * f + 2 * s * h;
+  const double h = m.hidden, s = m.seq_len, v = m.vocab;
+  const double block = block_forward_macs_per_token(m);
   double head = h * v;
   if (m.arch == Arch::Bert) head = labelled * (h * h + h * v) / s + (m.nsp ? (h * h + 2 * h) / s : 0.0);
   return m.layers * block + head;

@@ -15,6 +15,8 @@
 
 namespace pf {
 
+// Multiply-adds of one token's forward through one transformer block.
+double block_forward_macs_per_token(const ModelConfig& m);
 // Multiply-adds of one token's forward; `labelled` = r, the head's positions per sequence (gpt: s).
 double forward_macs_per_token(const ModelConfig& m, double labelled);
 // 6 x forward_macs_per_token: one token of a training step.

@@ -1,4 +1,5 @@
 #include "schedule/schedule.hpp"
+#include "schedule/torch_csv.hpp"
 
 #include "core/error.hpp"
 #include "core/files.hpp"
@@ -169,6 +170,7 @@ Schedule read_schedule_file(const std::string& path, const std::string& what) {
   if (std::filesystem::is_directory(path, ec)) usage_error(what, "'{}' is a directory, not a schedule file", path);
   const std::string text = read_input_file(path, what, size_t{64} << 20);
   bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+  if (csv && is_torch_csv(text)) return parse_torch_csv(text, path);  // torch.distributed.pipelining's form
   return csv ? parse_csv(text, path) : parse_text(text, path);
 }
 

@@ -44,7 +44,8 @@ std::string to_text(const Schedule& s);
 Schedule parse_text(const std::string& text, const std::string& source);
 std::string to_csv(const Schedule& s);
 Schedule parse_csv(const std::string& text, const std::string& source);
-// Reads a schedule file: ".csv" as CSV, anything else as text. UsageError names the file.
+// Reads a schedule file: ".csv" as CSV (ours, or torch.distributed.pipelining's: torch_csv.hpp),
+// anything else as text. UsageError names the file.
 Schedule read_schedule_file(const std::string& path, const std::string& what = "--schedule-file");
 
 }  // namespace pf

@@ -237,3 +237,39 @@ TEST_F(TrainCli, EveryCommandsHelpLineStartsWithACapital) {
   }
   EXPECT_EQ(commands, 7) << r.out;
 }
+
+// --dry-run checks what the run would read and prints what it would need and do, writing nothing:
+// the memory per rank, and for a 2-stage PipeFisher layout plan's report of its schedule and plan
+// (from the FLOPs cost model); a bad token file is refused as the run would refuse it.
+TEST_F(TrainCli, DryRunChecksPredictsAndWritesNothing) {
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const std::string sets = "--set model.preset=bert-tiny --set model.seq_len=32 --set data.train_file=" + sample +
+                           " --set data.valid_file=" + sample + " --set train.out_dir=" + out_.string() +
+                           " --set parallel.micro_batches=4 --set parallel.micro_batch_size=2 --dry-run";
+  const fs::path out = dir_ / "stdout.txt";
+  auto dry = [&](const std::string& extra) {
+    const std::string cmd = std::string(PF_BINARY) + " train " + sets + " " + extra + " > " + out.string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream f(out);
+    return CliRun{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string((std::istreambuf_iterator<char>(f)), {})};
+  };
+  const CliRun one = dry("");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_NE(one.err.find("dry run: the configuration and every input check out; nothing was written"), std::string::npos)
+      << one.err;
+  EXPECT_NE(one.err.find("memory: at most "), std::string::npos) << one.err;
+  EXPECT_EQ(one.err.find("plan: "), std::string::npos) << "one process: no schedule";
+  const CliRun pipe = dry("--set parallel.stages=2 --set kfac.enabled=true --set kfac.placement=bubbles");
+  ASSERT_EQ(pipe.status, 0) << pipe.err;
+  EXPECT_NE(pipe.err.find("plan: pipefisher plan --schedule 1f1b --stages 2 --micro-batches 4 --tf "), std::string::npos)
+      << pipe.err;
+  EXPECT_NE(pipe.err.find("PipeFisher (bert-tiny model shapes"), std::string::npos) << pipe.err;
+  EXPECT_NE(pipe.err.find(" 1 |"), std::string::npos) << "the schedule's grid, device 1's row: " << pipe.err;
+  EXPECT_FALSE(fs::exists(out_)) << "a dry run wrote its out_dir";
+  const fs::path odd = dir_ / "odd.bin";
+  std::ofstream(odd) << "abc";  // 3 bytes: no whole uint16 token file
+  const CliRun bad = dry("--set data.train_file=" + odd.string());
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_EQ(bad.err.rfind("pipefisher: data.train_file: ", 0), 0u) << bad.err;
+  EXPECT_FALSE(fs::exists(out_));
+}

@@ -183,6 +183,29 @@ TEST(PlanCli, CsvOutputFeedsBackThroughScheduleFile) {
   expect_usage("--schedule-file " + csv + " --stages 4", "pipefisher: --stages: comes from --schedule-file");
 }
 
+// torch.distributed.pipelining's form both ways: zb-v written for torchtitan reads back to the same
+// step, and --kfac answers how much K-FAC fits its bubbles; Chimera has no torch form and is
+// refused before any file is written.
+TEST(PlanCli, TorchScheduleCsvBothWays) {
+  const std::string csv = tmp("zbv.csv"), svg = tmp("zbv.svg");
+  PlanRun a = plan("--schedule zb-v --stages 2 --micro-batches 4 --json --csv " + csv + " --csv-format torch");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(slurp(csv).rfind("0F0,", 0), 0u) << slurp(csv);
+  PlanRun b = plan("--schedule-file " + csv + " --json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["step_time"], nlohmann::json::parse(b.out)["step_time"]);
+  PlanRun k = plan("--schedule-file " + csv + " --kfac --tcurv 0.2 --tinv 1 --tprec 0.1 --model bert-tiny "
+                   "--layers-per-stage 1");
+  ASSERT_EQ(k.status, 0) << k.err;
+  EXPECT_NE(k.out.find("PipeFisher (bert-tiny model shapes"), std::string::npos) << k.out;
+  const std::string chimera = tmp("chimera.csv");
+  PlanRun c = plan("--schedule chimera --stages 2 --micro-batches 2 --csv " + chimera + " --csv-format torch --svg " + svg);
+  EXPECT_EQ(c.status, 2);
+  EXPECT_NE(c.err.find("--csv-format: 'chimera' runs 2 pipelines"), std::string::npos) << c.err;
+  EXPECT_FALSE(std::filesystem::exists(chimera));
+  EXPECT_FALSE(std::filesystem::exists(svg)) << "refused before the first file";
+}
+
 TEST(PlanCli, BrokenScheduleFilePrintsTheMarkedGrid) {
   const std::string f = tmp("dead.txt");
   std::ofstream(f) << "# pipefisher schedule name=mine devices=2 stages=2 pipelines=1 micro_batches=2\n"

@@ -1,0 +1,117 @@
+#include "train_dry_run.hpp"
+
+#include "command.hpp"
+#include "config/limits.hpp"
+#include "core/error.hpp"
+#include "core/peak_flops.hpp"
+#include "data/batches.hpp"
+#include "kfac/factor.hpp"
+#include "nn/flops.hpp"
+#include "runtime/layout.hpp"
+#include "sim/kfac_cost.hpp"
+#include "train/checkpointing.hpp"
+#include "train/run_dir.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+namespace pf::app {
+
+namespace {
+
+// The inputs a run reads, checked as the run checks them (the first fault is a UsageError).
+void check_inputs(const Config& cfg, const std::string& init, const std::string& resume) {
+  cfg.check_files();
+  make_batcher(cfg.model, cfg.data, false);  // maps the token files: sizes, vocabulary, token ranges
+  make_batcher(cfg.model, cfg.data, true);
+  const std::string weights = run_weights_of(init);
+  if (!weights.empty() || !resume.empty()) {
+    const auto ckpt = open_init_checkpoint(weights, resume, cfg.model);  // checks directories' weights
+    if (!ckpt && !weights.empty()) check_weights_fit(cfg.model, weights, nullptr);
+  }
+}
+
+// What a pipeline's stage costs at the sgemm peak, as `plan` flags (ms): forward and backward of
+// its share of the blocks for one micro-batch, and K-FAC's curvature (per micro-batch), inversions
+// and precondition from the Linears' shapes (kfac/factor.hpp's flop counts).
+std::vector<std::string> cost_model_flags(const Config& cfg, int stages, double peak) {
+  const ModelConfig& m = cfg.model;
+  const double blocks = static_cast<double>(m.layers) / stages;
+  const double rows = static_cast<double>(cfg.parallel.micro_batch_size) * m.seq_len;
+  const double block_macs = block_forward_macs_per_token(m);
+  const double ms = 1e3 / peak;
+  const double tf = 2 * block_macs * blocks * rows * ms;
+  double curv = 0, inv = 0, prec = 0;
+  for (const LinearShape& l : block_linears(name_of(m.arch), m.hidden, m.ffn)) {
+    curv += curvature_flops(l.d_in, 1, static_cast<int64_t>(rows)) + curvature_flops(l.d_out, 1, static_cast<int64_t>(rows));
+    inv += inversion_flops(l.d_in, 1) + inversion_flops(l.d_out, 1);
+    prec += 2.0 * l.d_out * l.d_in * (l.d_in + l.d_out);
+  }
+  return {"--tf",    fmt::format("{:.6g}", tf),
+          "--tb",    fmt::format("{:.6g}", 2 * tf),
+          "--tcurv", fmt::format("{:.6g}", curv * blocks * ms),
+          "--tinv",  fmt::format("{:.6g}", inv * blocks * ms),
+          "--tprec", fmt::format("{:.6g}", prec * blocks * ms)};
+}
+
+// `pipefisher plan`'s flags for this run's layout.
+std::vector<std::string> plan_flags(const Config& cfg, const Layout& layout, bool pipefisher) {
+  const ParallelConfig& p = cfg.parallel;
+  if (pipefisher && !cfg.kfac.plan_profile.empty()) return {"--kfac", "--profile", cfg.kfac.plan_profile};
+  std::vector<std::string> f;
+  if (!p.schedule_file.empty()) f = {"--schedule-file", p.schedule_file};
+  else f = {"--schedule", name_of(p.schedule), "--stages", std::to_string(layout.devices), "--micro-batches",
+            std::to_string(layout.micro_batches)};
+  if (p.schedule == ScheduleName::Interleaved) f.insert(f.end(), {"--virtual-stages", std::to_string(p.virtual_stages)});
+  if (layout.replicas > 1) f.insert(f.end(), {"--data-parallel", std::to_string(layout.replicas)});
+  const std::vector<std::string> costs = cost_model_flags(cfg, layout.stages(), sgemm_peak().flops_per_s);
+  f.insert(f.end(), costs.begin(), costs.end());
+  if (pipefisher) {
+    f.insert(f.end(), {"--kfac", "--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages()))});
+    if (!cfg.model.preset.empty()) f.insert(f.end(), {"--model", cfg.model.preset});
+  }
+  return f;
+}
+
+// Runs `pipefisher plan` with these flags, in this process (its report on stdout).
+int run_plan(const std::vector<std::string>& flags) {
+  for (const Command& c : commands()) {
+    if (c.name != "plan") continue;
+    CLI::App app;
+    const Runner run = c.setup(app);
+    std::vector<std::string> reversed(flags.rbegin(), flags.rend());  // CLI11 takes them last first
+    app.parse(reversed);
+    fmt::print("plan: pipefisher plan {}\n", fmt::join(flags, " "));
+    std::fflush(stdout);
+    return run();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int train_dry_run(const Config& cfg, const std::string& init, const std::string& resume) {
+  check_inputs(cfg, init, resume);
+  const ParallelConfig& p = cfg.parallel;
+  const int ranks = p.stages * p.data_parallel;
+  check_resources(cfg, ranks, ranks);
+  const double peak = estimate_peak_bytes(cfg, ranks, ranks);
+  const MachineMemory available = machine_memory();
+  fmt::print("dry run: the configuration and every input check out; nothing was written\n");
+  fmt::print("memory: at most {} per rank ({} for {} rank{} on this host), {} available ({})\n",
+             format_bytes(peak / ranks), format_bytes(peak), ranks, ranks > 1 ? "s" : "", format_bytes(available.bytes),
+             available.source);
+  if (ranks == 1) return 0;
+  const Layout layout = make_layout(cfg, ranks);
+  const bool pipefisher = cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles;
+  if (pipefisher && cfg.kfac.plan_profile.empty())
+    fmt::print("costs: a model of the FLOPs at this machine's sgemm peak (kfac.plan_profile names a recorded profile "
+               "instead)\n");
+  std::fflush(stdout);
+  return run_plan(plan_flags(cfg, layout, pipefisher));
+}
+
+}  // namespace pf::app
