@@ -198,6 +198,10 @@ TEST(PlanCli, TorchScheduleCsvBothWays) {
                    "--layers-per-stage 1");
   ASSERT_EQ(k.status, 0) << k.err;
   EXPECT_NE(k.out.find("PipeFisher (bert-tiny model shapes"), std::string::npos) << k.out;
+  // Two step times, each named; the bound says what it bounds.
+  EXPECT_NE(k.out.find("without K-FAC: step time "), std::string::npos) << k.out;
+  EXPECT_NE(k.out.find("; step time with K-FAC "), std::string::npos) << k.out;
+  EXPECT_NE(k.out.find("its bubbles alone would need at least ["), std::string::npos) << k.out;
   const std::string chimera = tmp("chimera.csv");
   PlanRun c = plan("--schedule chimera --stages 2 --micro-batches 2 --csv " + chimera + " --csv-format torch --svg " + svg);
   EXPECT_EQ(c.status, 2);
