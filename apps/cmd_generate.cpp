@@ -7,6 +7,7 @@
 // tokens are drawn).
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/signals.hpp"
 #include "data/tokenizer.hpp"
 #include "model_flags.hpp"
 #include "train/generate.hpp"
@@ -27,16 +28,6 @@ constexpr int32_t kEndOfText = 50256;  // GPT-2's <|endoftext|>
 
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_interrupt(int sig) { g_interrupted = sig; }
-
-// Ctrl-C (or SIGTERM) ends the generation after the token being computed; a second one kills.
-void stop_on_interrupt() {
-  struct sigaction sa {};
-  sa.sa_handler = on_interrupt;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 struct GenerateArgs {
   ModelFlags model;
@@ -78,7 +69,7 @@ int run_generate(const GenerateArgs& a) {
     }
     return g_interrupted == 0;
   };
-  stop_on_interrupt();
+  catch_stop_signals(on_interrupt, {SIGINT, SIGTERM});  // the generation ends after the token being computed
   const std::vector<int32_t> ids = generate(*m.model, prompt, o);
   if (a.json) {
     nlohmann::json j{{"prompt", a.prompt}, {"prompt_ids", prompt}, {"ids", ids}, {"text", tok->decode(ids)}};

@@ -3,6 +3,7 @@
 #include "config/limits.hpp"
 #include "core/error.hpp"
 #include "core/machine.hpp"
+#include "core/signals.hpp"
 #include "core/files.hpp"
 #include "io/hf_model.hpp"
 #include "train/checkpointing.hpp"
@@ -29,18 +30,8 @@ volatile std::sig_atomic_t g_stop = 0;
 
 extern "C" void on_stop_signal(int sig) { g_stop = sig; }
 
-void install_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  // A second signal takes the default action (the impatient user wins); interrupted system calls
-  // (a checkpoint being written) restart instead of failing with EINTR.
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);  // the terminal closed: stop as for SIGTERM rather than lose the steps
-}
+// SIGHUP: the terminal closed; stop as for SIGTERM rather than lose the steps.
+void install_stop_signals() { catch_stop_signals(on_stop_signal, {SIGINT, SIGTERM, SIGUSR1, SIGHUP}); }
 
 const char* signal_name(int sig) {
   switch (sig) {
