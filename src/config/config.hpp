@@ -2,8 +2,8 @@
 // The run configuration: one struct per TOML table. Every key has a default; a TOML file and
 // `--set key=value` overrides change them; `validate()` refuses impossible values with a
 // UsageError naming the key. Unknown keys are refused too, so a typo never goes unnoticed.
-// Each key is declared once (config.cpp's key tables: name, member, bounds), and reading,
-// validating and printing all follow that declaration.
+// Each key is declared once (config_keys.hpp: name, member, bounds, meaning), and reading,
+// validating, printing and describing (docs/config.md) all follow that declaration.
 #include "config/enums.hpp"
 
 #include <cstdint>
