@@ -10,6 +10,7 @@ PKGS=(
   libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   librsvg2-bin
+  jq                                            # bench/paper_figures.sh and its test
   clang libclang-rt-14-dev libomp-dev python3   # scripts/fuzz.sh: libFuzzer + sanitizers, clang's OpenMP, seeds
   iproute2                                      # tests/faults: two "hosts" in network namespaces
   python3-torch                                 # tests/apps/hf_check.py: saved models read back by PyTorch

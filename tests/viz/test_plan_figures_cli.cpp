@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -227,6 +229,21 @@ TEST(PlanFigures, OlderProfilesStillLoad) {
     "stages": [{"forward": 1, "backward": 2, "kfac_layers": []}]})";
   expect_usage("--schedule 1f1b --stages 2 --micro-batches 2 --profile " + empty,
                "pipefisher: --profile (" + empty + "): 'stages[0].kfac_layers' must be a non-empty array");
+}
+
+// bench/paper_figures.sh regenerates bench/paper_figures.md byte for byte (the planner's numbers on
+// the paper's own profiles: no timing, any machine), and says on stderr which figure it computes.
+TEST(PlanFigures, PaperFiguresScriptReproducesItsMarkdownAndSaysWhatItComputes) {
+  const std::string build = std::filesystem::path(PF_BINARY).parent_path().string();
+  const std::string out = tmp("paper_figures.md"), err = tmp("paper_figures.err");
+  const int rc = std::system(("bash " PF_SOURCE_DIR "/bench/paper_figures.sh " + build + " > " + out + " 2> " + err).c_str());
+  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << slurp(err);
+  EXPECT_TRUE(slurp(out) == slurp(PF_SOURCE_DIR "/bench/paper_figures.md")) << "bench/paper_figures.md is stale";
+  const std::string said = slurp(err);
+  for (const char* what : {"planning Fig. 3 GPipe BERT-Base D=N=4", "planning Fig. 4 Chimera BERT-Large D=N=8",
+                           "planning Fig. 7 Chimera BERT-Base D=N=4", "sweeping bert-base_p100 (Figures 5, 6, 9-16)",
+                           "sweeping bert-large_p100 with and without recomputation"})
+    EXPECT_NE(said.find(std::string("bench/paper_figures.sh: ") + what), std::string::npos) << what << "\n" << said;
 }
 
 }  // namespace
