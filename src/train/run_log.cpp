@@ -212,16 +212,18 @@ RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryU
                      {"openmp_wait", machine_.wait_policy},
                      {"load_average_at_start", machine_.load_average},
                      {"sgemm_peak_flops_per_s", t.peak.flops_per_s},
-                     {"sgemm_peak_cache", t.peak.cache_path}}},
+                     {"sgemm_peak_cache", t.peak.busy ? "" : t.peak.cache_path},
+                     {"sgemm_peak_measured_busy", t.peak.busy}}},
                    {"memory",
                     {{"peak_rss_bytes", bytes(memory.peak_rss)},
                      {"file_rss_bytes", bytes(memory.file_rss)},
                      {"estimate_bytes", static_cast<int64_t>(memory.estimate)}}}};
   const std::string line = fmt::format(
-      "summary: {} steps, loss {:.4f} -> {:.4f}, validation loss {:.4f}, {:.0f} tokens/s, {} = {:.1f}% MFU (peak {}), "
+      "summary: {} steps, loss {:.4f} -> {:.4f}, validation loss {:.4f}, {:.0f} tokens/s, {} = {:.1f}% MFU (peak {}{}), "
       "{:.1f} s, peak memory {}{} (estimated at most {})",
       steps_, first_loss_, last_loss_, final_valid_loss, tps, format_flops(t.flops_per_s(tps)), 100 * t.mfu(tps, ranks),
-      format_flops(static_cast<double>(ranks) * t.peak.flops_per_s), elapsed_before_ + wall_s, format_bytes(peak),
+      format_flops(static_cast<double>(ranks) * t.peak.flops_per_s), t.peak.busy ? ", measured on a busy machine" : "",
+      elapsed_before_ + wall_s, format_bytes(peak),
       ranks > 1 ? fmt::format(" over {} ranks", ranks) : "", format_bytes(memory.estimate));
   return {j.dump(2) + "\n", line};
 }
