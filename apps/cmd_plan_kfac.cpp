@@ -238,7 +238,7 @@ void print_kfac(const nlohmann::json& k) {
   const std::string bounds = lower_bound_text(k["lower_bound_refresh_steps"]);
   fmt::print("PipeFisher ({} model shapes, margin {:g}, W={}): refresh steps per device {}; its bubbles alone "
              "would need at least {} (K-FAC work / bubble per step, rounded up{}), a device refreshing sooner runs "
-             "the rest inline: {:.3f} on the critical path per refresh; step time with K-FAC {:.3f} (the refresh "
+             "the rest inline; inline work on the critical path {:.3f} per refresh; step time with K-FAC {:.3f} (the refresh "
              "period's mean, precondition included), utilization {:.1f}% over the refresh period\n",
              k["model"].get<std::string>(), k["margin"].get<double>(), k["data_parallel"].get<int>(),
              k["refresh_steps"].dump(), bounds, bounds.find('-') != std::string::npos ? "; -: no bubble" : "",
