@@ -179,13 +179,13 @@ int run_sweep_mode(const PlanArgs& a) {
     usage_error(a.given("--stages") ? "--stages" : "--micro-batches", "--sweep chooses D and N itself (see --sweep-stages)");
   SweepSpec spec;
   spec.schedule = a.schedule.empty() ? "chimera" : a.schedule;
-  make_schedule(spec.schedule, 2, 2, 2);  // refuse an unknown name up front
+  const ScheduleName name = schedule_name(spec.schedule, "--schedule");  // an unknown name refused up front
   for (int d : a.sweep_stages) {
     // One stage has no bubbles: the ratio of K-FAC work to bubble time would be infinite.
     if (d < 2) usage_error("--sweep-stages", "depths must be >= 2 (a pipeline with bubbles), got {}", d);
     // The sweep's largest schedule: N = 3D micro-batches.
-    check_schedule_size(d, int64_t{6} * d * 3 * d * (a.given("--virtual-stages") ? a.virtual_stages : 2), false,
-                        "--sweep-stages");
+    check_schedule_size(d, schedule_size_bound(name, d, 3 * d, a.given("--virtual-stages") ? a.virtual_stages : 2),
+                        false, "--sweep-stages");
   }
   spec.stages = a.sweep_stages;
   spec.recompute = a.recompute;
@@ -276,19 +276,16 @@ void check_flag_combinations(const PlanArgs& a) {
 Schedule generated_schedule(const PlanArgs& a) {
   if (!a.has("--stages")) usage_error("--stages", "required with --schedule");
   if (!a.has("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
-  // The work bound before the schedule is made: each micro-batch passes each stage (of each
-  // model chunk) as F and B with a send and a receive each way.
+  // The work bound before the schedule is made.
   const int v = a.has("--virtual-stages") ? a.virtual_stages : 2;
-  const int64_t estimate =
-      int64_t{6} * a.stages * a.micro_batches * (a.schedule == "interleaved" ? v : a.schedule == "zb-v" ? 2 : 1);
-  check_schedule_size(a.stages, estimate, a.kfac,
-                      a.stages > kMaxDevices                                     ? "--stages"
-                      : a.schedule == "interleaved" && v > a.micro_batches ? "--virtual-stages"
-                                                                             : "--micro-batches");
+  const ScheduleName name = schedule_name(a.schedule, "--schedule");
+  check_schedule_size(a.stages, schedule_size_bound(name, a.stages, a.micro_batches, v), a.kfac,
+                      a.stages > kMaxDevices                                        ? "--stages"
+                      : name == ScheduleName::Interleaved && v > a.micro_batches ? "--virtual-stages"
+                                                                                   : "--micro-batches");
   // Chimera's and the zero-bubble heuristic's orders are chosen for the durations (the profile's, or the flags).
   const CostModel cost = profile_of(a).cost;
-  return make_schedule(a.schedule, a.stages, a.micro_batches, v, 1, cost.backward_forward_ratio(),
-                       zb_spec(cost, a.zb_memory));
+  return make_schedule(name, a.stages, a.micro_batches, v, 1, cost.backward_forward_ratio(), zb_spec(cost, a.zb_memory));
 }
 
 // The schedule to simulate: read from --schedule-file or generated, then validated (the

@@ -250,7 +250,7 @@ void fill_unset(Config& c, const Reader& r) {
   // One stage has no bubbles: there K-FAC's default placement is inline (a pipeline's is
   // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
   // change with the layout.
-  if (!r.has("kfac.placement") && c.parallel.stages == 1 && c.kfac.enabled) c.kfac.placement = Placement::Inline;
+  if (!r.has("kfac.placement") && c.kfac.enabled) c.kfac.placement = default_kfac_placement(c.parallel.stages);
 }
 
 // `--set model.preset=P` over a file (a run's config.toml holds every size): P's sizes, not the file's.
@@ -487,7 +487,6 @@ std::vector<std::string> config_keys() {
   return keys;
 }
 
-
 double float_as_written(float f) { return std::stod(fmt::format("{}", f)); }
 
 std::string shortest_double(double d) {
@@ -495,86 +494,6 @@ std::string shortest_double(double d) {
   std::string s = fmt::format("{}", d);  // fmt's default: the shortest round-trip form
   if (s.find_first_of(".eE") == std::string::npos) s += ".0";  // stays a float in TOML
   return s;
-}
-
-std::string preset_of(const ModelConfig& m) {
-  ModelConfig p;
-  for (const std::string& name : model_preset_names()) {
-    apply_model_preset(p, name);
-    if (p.arch == m.arch && p.layers == m.layers && p.hidden == m.hidden && p.heads == m.heads && p.ffn == m.ffn &&
-        p.vocab == m.vocab && p.max_position == m.max_position)
-      return name;
-  }
-  return m.preset.empty() ? "custom" : "custom (" + m.preset + ", resized)";
-}
-
-std::string optimizer_of(const Config& c) {
-  if (!c.kfac.enabled) return name_of(c.optim.name);
-  if (c.kfac.placement == Placement::Bubbles) return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles: PipeFisher)";
-  if (c.kfac.placement == Placement::Replay)
-    return name_of(c.optim.name) + " + K-FAC (replay: the refresh pattern of " + c.kfac.refresh_record + ")";
-  const std::string where = c.kfac.placement == Placement::Skip
-                                ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every)
-                                : "inline";
-  // Stages with several copies (replicas, Chimera's twins) share factors and inversions by kfac.distributed.
-  const bool copies = c.parallel.data_parallel > 1 || c.parallel.schedule == ScheduleName::Chimera;
-  return fmt::format("{} + K-FAC ({}{})", c.optim.name, where, copies ? ", " + name_of(c.kfac.distributed) : "");
-}
-
-std::vector<std::string> config_warnings(const Config& c) {
-  std::vector<std::string> w;
-  // The warm-up in effect (make_run_lr_schedule): K-FAC's own when it sets one.
-  const bool kfac_own = c.kfac.enabled && c.kfac.warmup_steps >= 0;
-  const int warmup = kfac_own ? c.kfac.warmup_steps : c.optim.warmup_steps;
-  if (warmup > c.train.steps)
-    w.push_back(fmt::format("{} = {} exceeds train.steps = {}: the learning rate never reaches optim.lr = {}",
-                            kfac_own ? "kfac.warmup_steps" : "optim.warmup_steps", warmup, c.train.steps,
-                            shortest_double(c.optim.lr)));
-  // One stage runs each micro-batch's backward right after its forward: one micro-batch's
-  // activations are held either way, so there is nothing to recompute.
-  if (c.parallel.recompute && c.parallel.stages == 1)
-    w.push_back("parallel.recompute = true has no effect with parallel.stages = 1: each micro-batch's backward "
-                "follows its forward, so only one micro-batch's activations are held anyway");
-  return w;
-}
-
-namespace {
-
-// (key, value) in the text's order: "[table]" prefixes the keys after it; a line that is not
-// "key = value" continues the previous value (a long array printed over several lines).
-std::vector<std::pair<std::string, std::string>> key_values(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  std::istringstream in(text);
-  std::string table;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const size_t eq = line.find(" = ");
-    if (line.front() == '[' && line.back() == ']' && eq == std::string::npos) {
-      table = line.substr(1, line.size() - 2) + ".";
-    } else if (eq != std::string::npos && line.front() != ' ') {
-      out.emplace_back(table + line.substr(0, eq), line.substr(eq + 3));
-    } else if (!out.empty()) {
-      out.back().second += " " + line;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-KeyDifference first_difference(const std::string& a, const std::string& b, const std::vector<std::string>& ignored) {
-  const auto in_a = key_values(a), in_b = key_values(b);
-  const std::map<std::string, std::string> map_a(in_a.begin(), in_a.end()), map_b(in_b.begin(), in_b.end());
-  auto compared = [&](const std::string& key) { return std::find(ignored.begin(), ignored.end(), key) == ignored.end(); };
-  for (const auto& [key, value] : in_a) {
-    if (!compared(key)) continue;
-    const auto it = map_b.find(key);
-    if (it == map_b.end()) return {key, value, "(absent)"};
-    if (it->second != value) return {key, value, it->second};
-  }
-  for (const auto& [key, value] : in_b)
-    if (compared(key) && !map_a.count(key)) return {key, "(absent)", value};
-  return {};
 }
 
 }  // namespace pf

@@ -127,7 +127,7 @@ struct KfacConfig {
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
   int warmup_steps = -1;        // K-FAC's own warm-up; -1 = optim.warmup_steps
   // bubbles: re-profile and re-plan when step durations drift (timing-driven, so a run that
-  // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/chunk_kfac.hpp)
+  // re-plans is not repeatable bit for bit; false keeps the first plan: runtime/units/chunk_kfac.hpp)
   bool replan_on_drift = true;
   // bubbles: true lets the planner split an inversion into diagonal blocks (a block-diagonal
   // factor) when that shortens a device's refresh period (plan/planner.hpp). Off by default: the
@@ -195,6 +195,14 @@ std::string shortest_double(double d);
 std::string preset_of(const ModelConfig& m);
 // The optimizer as a banner says it: "nvlamb", "nvlamb + K-FAC (inline)", ... (with K-FAC's placement).
 std::string optimizer_of(const Config& c);
+
+// Which kfac.placement a run allows, in one place: `bubbles` fills a pipeline's bubbles
+// (parallel.stages > 1, under mpirun); `replay` follows a pipeline's record in one process;
+// `inline` and `skip` run anywhere. UsageError naming kfac.placement otherwise (nothing without K-FAC).
+enum class KfacRunner { one_process, mpi };
+void check_kfac_placement(const Config& c, KfacRunner runner);
+// K-FAC's placement when the key is unset: inline with one stage (no bubbles), bubbles otherwise.
+Placement default_kfac_placement(int stages);
 
 // Settings that work but are probably not what was meant (warm-up longer than the run, ...): one
 // sentence each, naming the keys.

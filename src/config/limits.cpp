@@ -102,7 +102,7 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
     // eigendecomposition's work) while the next ones build.
     t.kfac = W * 4 * 3 * (L * per_block + (bert ? lin(C, C) : 0));
     // The MPI runtime saves each micro-batch's Linear inputs and output errors for the curvature
-    // its bubbles compute later (runtime/chunk_kfac.hpp): per block and token 10C + 2F floats.
+    // its bubbles compute later (runtime/units/chunk_kfac.hpp): per block and token 10C + 2F floats.
     if (in_flight(cfg) > 1) t.kfac += W * 4 * in_flight(cfg) * N * L * (10 * C + 2 * F);
   }
   // make_state of each block for one micro-batch of B sequences of S tokens: per block eight

@@ -17,7 +17,6 @@ namespace {
 
 double now_s() { return static_cast<double>(comm::steady_now_ns()) / 1e9; }
 
-int side_of(Side s) { return s == Side::A ? 0 : 1; }
 
 // Length of the union of intervals [a, b].
 double union_length(std::vector<std::pair<double, double>> v) {
@@ -138,11 +137,11 @@ void DistributedKfac::tap(const Linear& l, Side s, int micro_batch, const float*
   if (micro_batch == last_mb_) {
     const int f = factor_index(static_cast<size_t>(i), s);
     ready_now_[f] = now_s();
-    first_seen_[side_of(s)].push_back(f);
+    first_seen_[side_index(s)].push_back(f);
     if (pipelined_now_) {
       // The first B of the last backward: the forward is over, every A is final.
       if (s == Side::B && seq_[0].next_group < seq_[0].groups.size()) post_ready(seq_[0], static_cast<int>(factors_.size()));
-      post_ready(seq_[side_of(s)], -1);
+      post_ready(seq_[side_index(s)], -1);
     }
   }
   progress();
@@ -272,7 +271,7 @@ void DistributedKfac::profile_readiness() {
       std::vector<bool> seen(factors_.size(), false);
       for (int f : order) seen[f] = true;
       for (size_t f = 0; f < factors_.size(); ++f)  // never seen on rank 0: last (posted at the end)
-        if (factors_[f].side == (side == 0 ? Side::A : Side::B) && !seen[f]) order.push_back(static_cast<int>(f));
+        if (factors_[f].side == side_at(side) && !seen[f]) order.push_back(static_cast<int>(f));
       q.order = order;
       for (size_t p = 0; p < order.size(); ++p) q.pos[order[p]] = static_cast<int>(p);
       q.ready_sum.assign(order.size(), 0.0);

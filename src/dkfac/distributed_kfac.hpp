@@ -2,7 +2,7 @@
 // Data-parallel K-FAC over the holders of one model chunk (a pipeline stage's data-parallel
 // replicas and Chimera's twin; the whole model with parallel.stages = 1): the factor sums across
 // holders and the placement of inversions. The executor uses it for kfac.placement = inline and
-// skip wherever a stage has several holders (runtime/chunk_kfac.hpp: ChunkKfac forwards its taps
+// skip wherever a stage has several holders (runtime/units/chunk_kfac.hpp: ChunkKfac forwards its taps
 // here and calls finish_curvature / invert_all at PREC). kfac.distributed chooses the strategy:
 //
 //   d-kfac    after the backward, every factor is all-reduced (threshold-fused into messages of
@@ -94,7 +94,7 @@ class DistributedKfac final : public LinearTap {
   InversionSummary invert_all();
 
   const InversionPlacement& placement() const { return placement_; }
-  const std::vector<FusionGroup>& groups(Side s) const { return seq_[s == Side::A ? 0 : 1].groups; }
+  const std::vector<FusionGroup>& groups(Side s) const { return seq_[side_index(s)].groups; }
   const DkfacTimes& times() const { return times_; }
   size_t factors() const { return factors_.size(); }
 
@@ -131,7 +131,7 @@ class DistributedKfac final : public LinearTap {
     size_t next_group = 0;               // groups posted so far in this step
   };
 
-  int factor_index(size_t layer, Side s) const { return static_cast<int>(2 * layer + (s == Side::A ? 0 : 1)); }
+  int factor_index(size_t layer, Side s) const { return static_cast<int>(2 * layer + side_index(s)); }
   void tap(const Linear& l, Side s, int micro_batch, const float* x, int64_t rows);
   void make_plan();
   void profile_readiness();  // finish_curvature in a profile step (pipelining)

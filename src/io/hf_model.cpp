@@ -88,9 +88,16 @@ std::string hf_real(const nlohmann::json& j, const char* field, const std::strin
   return fmt::format("{}", j[field].get<double>());
 }
 
+// A text field of config.json, `fallback` when absent or null.
+std::string hf_text(const nlohmann::json& j, const char* field, const std::string& file, const char* fallback) {
+  if (!j.contains(field) || j[field].is_null()) return fallback;
+  if (!j[field].is_string()) usage_error("--init", "'{}': {} is {}, not a string", file, field, j[field].dump());
+  return j[field].get<std::string>();
+}
+
 // transformers' activation names of the two GELUs we compute.
 std::string hf_gelu(const nlohmann::json& j, const char* field, const std::string& file) {
-  const std::string act = j.value(field, "gelu");
+  const std::string act = hf_text(j, field, file, "gelu");
   if (act == "gelu") return "erf";
   if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast") return "tanh";
   usage_error("--init", "'{}': {} '{}' is not a GELU we compute (gelu, gelu_new)", file, field, act);
@@ -101,15 +108,15 @@ std::string hf_gelu(const nlohmann::json& j, const char* field, const std::strin
 std::vector<std::string> hf_model_sets(const std::string& json_text, const std::string& file) {
   const auto j = nlohmann::json::parse(json_text, nullptr, false);
   if (!j.is_object()) usage_error("--init", "'{}' is not a JSON object (a Hugging Face config.json)", file);
-  const std::string type = j.value("model_type", "");
+  const std::string type = hf_text(j, "model_type", file, "");
   std::vector<std::string> sets;
   auto set = [&](const char* key, const auto& v) {
     if (!fmt::format("{}", v).empty()) sets.push_back(fmt::format("{}={}", key, v));
   };
   if (type == "bert") {
-    if (j.value("position_embedding_type", "absolute") != "absolute")
-      usage_error("--init", "'{}': position_embedding_type '{}' is not ours (absolute)", file,
-                  j["position_embedding_type"].get<std::string>());
+    const std::string positions = hf_text(j, "position_embedding_type", file, "absolute");
+    if (positions != "absolute")
+      usage_error("--init", "'{}': position_embedding_type '{}' is not ours (absolute)", file, positions);
     set("model.arch", "bert");
     set("model.layers", hf_int(j, "num_hidden_layers", file));
     set("model.hidden", hf_int(j, "hidden_size", file));

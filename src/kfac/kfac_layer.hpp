@@ -61,6 +61,10 @@ struct KfacLayerOptions {
 };
 
 enum class Side { A, B };
+// The one mapping of a side to an index (arrays [side], records, checkpoints): A = 0, B = 1.
+inline int side_index(Side s) { return s == Side::A ? 0 : 1; }
+inline Side side_at(int index) { return index == 0 ? Side::A : Side::B; }
+inline Side other_side(Side s) { return s == Side::A ? Side::B : Side::A; }
 
 class KfacLayer {
  public:

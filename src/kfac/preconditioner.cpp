@@ -7,10 +7,6 @@
 
 namespace pf {
 
-namespace {
-int side_index(Side s) { return s == Side::A ? 0 : 1; }
-}  // namespace
-
 KfacPreconditioner::KfacPreconditioner(const std::vector<Linear*>& linears, const KfacConfig& cfg, int64_t vocab)
     : cfg_(cfg) {
   KfacLayerOptions opt;
@@ -37,13 +33,6 @@ int KfacPreconditioner::index_of(const Linear& l) const {
   auto it = index_.find(&l);
   return it == index_.end() ? -1 : static_cast<int>(it->second);
 }
-
-bool KfacPreconditioner::curvature_step(int64_t step) const {
-  // bubbles: the pipeline runtime's plan decides; a single process answers as for skip.
-  return cfg_.placement == Placement::Inline || step % cfg_.inverse_every == 0;
-}
-
-bool KfacPreconditioner::inversion_step(int64_t step) const { return step % cfg_.inverse_every == 0; }
 
 void KfacPreconditioner::attach() {
   for (Entry& e : layers_) e.linear->set_tap(this);

@@ -17,12 +17,8 @@
 // see only the masked tokens, the blocks every token). A data-parallel sync all-reduces the
 // accumulators and passes the global row count.
 //
-// Refresh pattern (step numbers from 0; k = kfac.inverse_every):
-//   inline  curvature every step; inversion at steps s with s % k == 0 (k = 1: all K-FAC work
-//           every step, on the critical path; k > 1: KAISA's pattern, factors every step)
-//   skip    curvature and inversion only at steps s % k == 0 ("K-FAC + skip")
-// Step 0 always refreshes. Between refreshes the previous inverses precondition every step.
-// `bubbles` is PipeFisher's placement: the pipeline runtime decides when units run.
+// Refresh pattern: the caller's (kfac/cadence.hpp for an inline refresh, PipeFisher's plan in a
+// pipeline). Between refreshes the previous inverses precondition every step.
 //
 // The precondition of every layer runs every step: G <- B^-1 G A^-1, bias <- B^-1 g_b. The base
 // optimizer then sees these gradients for K-FAC layers and the plain ones for every other param.
@@ -62,10 +58,6 @@ class KfacPreconditioner final : public LinearTap {
   int index_of(const Linear& l) const;
   const KfacConfig& config() const { return cfg_; }
 
-  // --- refresh pattern ---
-  bool curvature_step(int64_t step) const;
-  bool inversion_step(int64_t step) const;
-
   // --- taps: attach before the step's forwards, detach after its last backward ---
   void attach();
   void attach(size_t i);  // layer i only (a replay taps only the layers whose factors it uses)
@@ -77,8 +69,8 @@ class KfacPreconditioner final : public LinearTap {
   // --- per-layer work units ---
   // One micro-batch's curvature of one factor: adds x^T x (x: [rows, d] row-major), unscaled.
   void curvature(size_t i, Side s, const float* x, int64_t rows);
-  int64_t pending_rows(size_t i, Side s) const { return layers_[i].rows[s == Side::A ? 0 : 1]; }
-  void set_pending_rows(size_t i, Side s, int64_t n) { layers_[i].rows[s == Side::A ? 0 : 1] = n; }  // checkpoints
+  int64_t pending_rows(size_t i, Side s) const { return layers_[i].rows[side_index(s)]; }
+  void set_pending_rows(size_t i, Side s, int64_t n) { layers_[i].rows[side_index(s)] = n; }  // checkpoints
   // Scales the step's sum by the convention and commits it. total_rows: T (-1 = the rows counted
   // here; a data-parallel sync passes the sum over replicas). False when nothing was accumulated.
   bool finish_curvature(size_t i, Side s, double loss_scale, int64_t total_rows = -1);

@@ -100,8 +100,15 @@ class TransformerBlock : public ModelBlock {
   bool bert_;
   Gelu gelu_;
   std::string name_;
-  // bert: q, k, v, attn_out, inter, out; gpt: c_attn, c_proj, c_fc, mlp_proj
-  std::vector<std::unique_ptr<Linear>> lin_;
+  // The Linears by their role, one set per architecture (the other stays empty); in_order()
+  // lists them in Hugging Face's order (block_linear_names).
+  struct BertLinears {
+    std::unique_ptr<Linear> query, key, value, attn_out, intermediate, output;
+  } bert_lin_;
+  struct GptLinears {
+    std::unique_ptr<Linear> c_attn, attn_proj, c_fc, mlp_proj;  // attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
+  } gpt_lin_;
+  std::vector<Linear*> in_order() const;
   std::unique_ptr<LayerNorm> ln1_, ln2_;  // bert: attention.output.LayerNorm, output.LayerNorm; gpt: ln_1, ln_2
   uint64_t drop_attn_key_, drop_mlp_key_;
   // Backward temporaries shared by all states (sized by make_state).

@@ -75,9 +75,10 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
     name_ = "bert.encoder.layer." + std::to_string(layer);
     const std::string p = name_ + ".";
     const std::vector<std::string> n = block_linear_names(Arch::Bert, layer);
-    for (int k = 0; k < 4; ++k) lin_.push_back(std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", C, C));
-    lin_.push_back(std::make_unique<Linear>(n[4] + ".weight", n[4] + ".bias", C, F));
-    lin_.push_back(std::make_unique<Linear>(n[5] + ".weight", n[5] + ".bias", F, C));
+    auto linear = [&](int k, int64_t in, int64_t out) {
+      return std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", in, out);
+    };
+    bert_lin_ = {linear(0, C, C), linear(1, C, C), linear(2, C, C), linear(3, C, C), linear(4, C, F), linear(5, F, C)};
     ln1_ = std::make_unique<LayerNorm>(p + "attention.output.LayerNorm", C, eps);
     ln2_ = std::make_unique<LayerNorm>(p + "output.LayerNorm", C, eps);
     drop_attn_key_ = stream_key(0, p + "attention.output.dropout");
@@ -86,10 +87,10 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
     name_ = "transformer.h." + std::to_string(layer);
     const std::string p = name_ + ".";
     const std::vector<std::string> n = block_linear_names(Arch::Gpt, layer);
-    lin_.push_back(std::make_unique<Linear>(n[0] + ".weight", n[0] + ".bias", C, 3 * C, true));
-    lin_.push_back(std::make_unique<Linear>(n[1] + ".weight", n[1] + ".bias", C, C, true));
-    lin_.push_back(std::make_unique<Linear>(n[2] + ".weight", n[2] + ".bias", C, F, true));
-    lin_.push_back(std::make_unique<Linear>(n[3] + ".weight", n[3] + ".bias", F, C, true));
+    auto conv1d = [&](int k, int64_t in, int64_t out) {  // GPT-2's Conv1D: weight stored [in, out]
+      return std::make_unique<Linear>(n[k] + ".weight", n[k] + ".bias", in, out, true);
+    };
+    gpt_lin_ = {conv1d(0, C, 3 * C), conv1d(1, C, C), conv1d(2, C, F), conv1d(3, F, C)};
     ln1_ = std::make_unique<LayerNorm>(p + "ln_1", C, eps);
     ln2_ = std::make_unique<LayerNorm>(p + "ln_2", C, eps);
     drop_attn_key_ = stream_key(0, p + "attn.resid_dropout");
@@ -97,33 +98,38 @@ TransformerBlock::TransformerBlock(const ModelConfig& cfg, int layer)
   }
 }
 
+std::vector<Linear*> TransformerBlock::in_order() const {
+  if (bert_) {
+    const BertLinears& l = bert_lin_;
+    return {l.query.get(), l.key.get(), l.value.get(), l.attn_out.get(), l.intermediate.get(), l.output.get()};
+  }
+  const GptLinears& l = gpt_lin_;
+  return {l.c_attn.get(), l.attn_proj.get(), l.c_fc.get(), l.mlp_proj.get()};
+}
+
 std::vector<Param*> TransformerBlock::params() {
   std::vector<Param*> ps;
   auto add_ln = [&](LayerNorm& ln) { ps.push_back(&ln.weight), ps.push_back(&ln.bias); };
   if (!bert_) add_ln(*ln1_);
-  for (size_t i = 0; i < lin_.size(); ++i) {
-    ps.push_back(&lin_[i]->weight());
-    ps.push_back(lin_[i]->bias());
-    if (bert_ && i == 3) add_ln(*ln1_);   // HF order: attention.output.{dense, LayerNorm}
-    if (!bert_ && i == 1) add_ln(*ln2_);  // ln_2 before the MLP
+  for (Linear* l : in_order()) {
+    ps.push_back(&l->weight());
+    ps.push_back(l->bias());
+    if (l == bert_lin_.attn_out.get()) add_ln(*ln1_);   // HF order: attention.output.{dense, LayerNorm}
+    if (l == gpt_lin_.attn_proj.get()) add_ln(*ln2_);   // ln_2 before the MLP
   }
   if (bert_) add_ln(*ln2_);
   return ps;
 }
 
-std::vector<Linear*> TransformerBlock::linears() {
-  std::vector<Linear*> ls;
-  for (auto& l : lin_) ls.push_back(l.get());
-  return ls;
-}
+std::vector<Linear*> TransformerBlock::linears() { return in_order(); }
 
 void TransformerBlock::init(uint64_t seed) {
-  for (size_t i = 0; i < lin_.size(); ++i) {
+  for (Linear* l : in_order()) {
     float std = cfg_.init_std;
     // GPT-2 scales the residual projections by 1/sqrt(2 * layers) (as Hugging Face's _init_weights).
-    if (!bert_ && (i == 1 || i == 3)) std /= std::sqrt(2.0f * cfg_.layers);
-    init_normal(lin_[i]->weight(), seed, std);
-    lin_[i]->bias()->value.zero();
+    if (l == gpt_lin_.attn_proj.get() || l == gpt_lin_.mlp_proj.get()) std /= std::sqrt(2.0f * cfg_.layers);
+    init_normal(l->weight(), seed, std);
+    l->bias()->value.zero();
   }
   init_layernorm(*ln1_);
   init_layernorm(*ln2_);
@@ -181,7 +187,8 @@ void TransformerBlock::backward_weight(const MicroBatch& mb, BlockState& bs) {
   const auto& g = end_weight_grads<TransformerGrads>(bs, name_);
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
   if (bert_) {
-    Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
+    Linear &wq = *bert_lin_.query, &wk = *bert_lin_.key, &wv = *bert_lin_.value, &wo = *bert_lin_.attn_out,
+         &wfc = *bert_lin_.intermediate, &wout = *bert_lin_.output;
     wout.backward_weight(g.mlp_out.data(), st.g.data(), N);
     wfc.backward_weight(g.fc.data(), st.h1.data(), N);
     wo.backward_weight(g.proj.data(), st.a.data(), N);
@@ -189,7 +196,7 @@ void TransformerBlock::backward_weight(const MicroBatch& mb, BlockState& bs) {
     wk.backward_weight(g.qkv.data() + N * C, st.x.data(), N);
     wv.backward_weight(g.qkv.data() + 2 * N * C, st.x.data(), N);
   } else {
-    Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
+    Linear &wqkv = *gpt_lin_.c_attn, &wproj = *gpt_lin_.attn_proj, &wfc = *gpt_lin_.c_fc, &wproj2 = *gpt_lin_.mlp_proj;
     wproj2.backward_weight(g.mlp_out.data(), st.g.data(), N);
     wfc.backward_weight(g.fc.data(), st.h2r2.data(), N);
     wproj.backward_weight(g.proj.data(), st.a.data(), N);
@@ -202,7 +209,8 @@ float TransformerBlock::forward_bert(const MicroBatch& mb, float* out, BlockStat
   auto& st = static_cast<TransformerState&>(bs);
   const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   const int i = mb.index;
-  Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
+  Linear &wq = *bert_lin_.query, &wk = *bert_lin_.key, &wv = *bert_lin_.value, &wo = *bert_lin_.attn_out,
+         &wfc = *bert_lin_.intermediate, &wout = *bert_lin_.output;
   wq.forward(i, st.x.data(), N, st.q.data());
   wk.forward(i, st.x.data(), N, st.k.data());
   wv.forward(i, st.x.data(), N, st.v.data());
@@ -228,7 +236,8 @@ void TransformerBlock::backward_input_bert(const MicroBatch& mb, const float* do
   const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   const int i = mb.index;
   const float p = cfg_.dropout;
-  Linear &wq = *lin_[0], &wk = *lin_[1], &wv = *lin_[2], &wo = *lin_[3], &wfc = *lin_[4], &wout = *lin_[5];
+  Linear &wq = *bert_lin_.query, &wk = *bert_lin_.key, &wv = *bert_lin_.value, &wo = *bert_lin_.attn_out,
+         &wfc = *bert_lin_.intermediate, &wout = *bert_lin_.output;
   float *dA = d_a_.data(), *dB = d_b_.data(), *dF = g.fc.data();
   // out = LN2(r2): dB = dr2
   ln2_->backward(dB, dout, st.h2r2.data(), st.mean2.data(), st.rstd2.data(), N, false);
@@ -256,7 +265,7 @@ float TransformerBlock::forward_gpt(const MicroBatch& mb, float* out, BlockState
   auto& st = static_cast<TransformerState&>(bs);
   const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   const int i = mb.index;
-  Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
+  Linear &wqkv = *gpt_lin_.c_attn, &wproj = *gpt_lin_.attn_proj, &wfc = *gpt_lin_.c_fc, &wproj2 = *gpt_lin_.mlp_proj;
   ln1_->forward(st.h1.data(), st.mean1.data(), st.rstd1.data(), st.x.data(), N);
   wqkv.forward(i, st.h1.data(), N, st.qkv.data());
   const float* qkv = st.qkv.data();
@@ -280,7 +289,7 @@ void TransformerBlock::backward_input_gpt(const MicroBatch& mb, const float* dou
   const int64_t B = mb.rows, T = mb.seq, N = B * T, C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads;
   const int i = mb.index;
   const float p = cfg_.dropout;
-  Linear &wqkv = *lin_[0], &wproj = *lin_[1], &wfc = *lin_[2], &wproj2 = *lin_[3];
+  Linear &wqkv = *gpt_lin_.c_attn, &wproj = *gpt_lin_.attn_proj, &wfc = *gpt_lin_.c_fc, &wproj2 = *gpt_lin_.mlp_proj;
   float *dB = d_b_.data(), *dC = d_c_.data(), *dF = g.fc.data(), *dqkv = g.qkv.data();
   // out = r1 + Drop(mlp): the MLP branch sees Drop'(dout)
   dropout_grad(g.mlp_out.data(), dout, st.keep2, N * C, p);

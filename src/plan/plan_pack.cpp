@@ -401,7 +401,7 @@ void split_to_shorten(const PlanState& state, int device, int needed, PackedDevi
     ForcedSplits force;
     for (int i : large) {
       const Action& a = units[i].action;
-      force[{a.pipeline, a.stage, a.kind == Kind::INV_A ? 0 : 1, a.layer}] = k;
+      force[{a.pipeline, a.stage, side_index(a.kind), a.layer}] = k;
       DeviceUnits trial = device_units(state.in, state.plan.base, device, state.largest_shared_gap[device], force);
       BestPacking best = place_best(state, trial.units, device, state.pins[device]);
       if (best.needed < needed) {

@@ -100,7 +100,7 @@ void add_curvature_units(const PlanInput& in, const Timeline& step, DeviceUnits&
       const StageKfacCost& c = stage_cost(in, a.stage);
       for (int l = 0; l < c.layers(); ++l) {
         Unit x;
-        x.action = Action{side == 0 ? Kind::CURV_A : Kind::CURV_B, a.stage, a.pipeline, a.micro_batch, l};
+        x.action = Action{curvature_kind(side), a.stage, a.pipeline, a.micro_batch, l};
         x.duration = side == 0 ? c.curv_a[l] : c.curv_b[l];
         x.ready = t.end;
         curv_of_stage[{a.pipeline, a.stage}].push_back(static_cast<int>(u.size()));
@@ -134,7 +134,7 @@ void add_inversion_units(const PlanInput& in, DeviceUnits& dev_units, double max
   for (int side = 0; side < 2; ++side)
     for (auto [p, s] : dev_units.stages) {
       const StageKfacCost& c = stage_cost(in, s);
-      const Kind kind = side == 0 ? Kind::INV_A : Kind::INV_B;
+      const Kind kind = inversion_kind(side);
       for (int l = 0; l < c.layers(); ++l) {
         const double whole = side == 0 ? c.inv_a[l] : c.inv_b[l];
         const int dim = side == 0 ? c.dim_a[l] : c.dim_b[l];

@@ -43,7 +43,7 @@ InlineStep profiling_actions(const Schedule& step, int device) {
   const std::vector<Action>& list = step.per_device.at(device);
   std::set<std::pair<int, int>> hosted;  // (stage, pipeline): stage order
   for (const Action& a : list)
-    if (a.kind == Kind::F || a.kind == Kind::B || a.kind == Kind::I || a.kind == Kind::W)
+    if (is_pass(a.kind))
       hosted.insert({a.stage, a.pipeline});
   const auto first_opt = std::find_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::OPT; });
   const size_t at = static_cast<size_t>(first_opt - list.begin());

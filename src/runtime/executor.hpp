@@ -18,15 +18,14 @@
 //   OPT              the first OPT of a step finishes the gradients (all-reduces, the tied word
 //                    embedding summed over every rank holding a copy, the global gradient norm
 //                    over the pipeline); every OPT steps its chunk's optimizer
-// K-FAC's kinds (CURV_A/B, SYNC_CURV, INV_A/B, BCAST_INV_A/B, PREC) are PipeFisher's, handled in
-// kfac_units.cpp. One table (Executor::handlers) maps every kind to its handler; anything else,
-// or a K-FAC kind without K-FAC, is refused with a message naming the kind.
+// K-FAC's kinds (CURV_A/B, SYNC_CURV, INV_A/B, BCAST_INV_A/B, PREC) go to the K-FAC handlers the
+// executor is given (kfac_handlers.hpp; runtime/units/). One table (Executor::handlers) maps every
+// kind to its handler; anything else, or a K-FAC kind without K-FAC, is refused with a message
+// naming the kind. Which list a step runs is not the executor's business: without K-FAC the
+// lowered schedule (actions()), with it what the K-FAC placement says (runtime/kfac_placement.hpp).
 //
 // Every MPI layout runs here, one stage included (data-parallel training, with or without
-// K-FAC: the schedule is then F and B per micro-batch, the gradient all-reduce, OPT). With
-// kfac.placement = inline or skip, a stage with several copies sums its factors and places its
-// inversions through a DistributedKfac (dkfac/distributed_kfac.hpp) as kfac.distributed,
-// kfac.spd_pipelining and kfac.spd_balance say; kfac.kl_clip scales by v.g summed over the stages.
+// K-FAC: the schedule is then F and B per micro-batch, the gradient all-reduce, OPT).
 //
 // Activation recomputation (parallel.recompute, the paper's R; pipelines only): F keeps only the
 // stage's input of the micro-batch (the receive buffer, the local predecessor's output, or the
@@ -34,7 +33,7 @@
 // micro-batch: B / I first re-run the chunk's forward into it, then run the backward. The re-run
 // is bit-identical to F (the same kernels on the same input; dropout masks are drawn from (seed,
 // step, micro-batch)), so losses and weights equal the run without it. Its loss is not counted
-// again; K-FAC's A is taken from it only (ChunkKfac::skip_inputs during F), and with K-FAC in the
+// again; K-FAC's A is taken from it only (KfacHandlers::skip_inputs during F), and with K-FAC in the
 // bubbles the planner makes CURV_A wait for the backward (PlanInput::recompute).
 //
 // Micro-batches: replica w runs global micro-batches w*N .. w*N+N-1 of the step (MicroBatch
@@ -48,28 +47,18 @@
 #include "data/batches.hpp"
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
+#include "runtime/action_time.hpp"
+#include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
 #include "train/checkpointing.hpp"
 #include "train/test_seams.hpp"
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 namespace pf {
-
-struct PlanProfile;  // sim/profile.hpp
-
-// Start and end (steady clock, ns) of each action of the device's list in one step.
-// `wait` is the part spent waiting for other ranks inside a compute handler (the first OPT of a
-// step finishing the gradients: all-reduces, embedding sum, norm), drawn as idle time.
-struct ActionTime {
-  int64_t start = 0, end = 0, wait = 0;
-};
 
 // Activation memory of this rank's device: what forwards keep for backwards. Without recompute a
 // forward keeps its whole ModelState (every block's activations) until the micro-batch's backward;
@@ -91,21 +80,27 @@ struct StepOutcome {
   double loss = 0;       // mean token loss of the global batch (every rank gets it)
   double grad_norm = 0;          // global norm of the loss gradient (before K-FAC and clipping)
   double precond_grad_norm = 0;  // after K-FAC's precondition (what clipping sees); grad_norm without K-FAC
-  // K-FAC's work in the step, summed over the ranks (every rank gets it): factor pieces whose
-  // curvature / inversion ran (placed units, or an inline refresh's layers), and the seconds
-  // spent in K-FAC actions (curvature, sync, inversion, broadcast, precondition).
+  // K-FAC's work in the step, summed over the ranks (every rank gets it): KfacWork's counts, and
+  // the seconds spent in K-FAC actions (curvature, sync, inversion, broadcast, precondition).
   int kfac_curvature = 0, kfac_inversion = 0;
   double kfac_time_s = 0;
 };
 
 class Executor {
  public:
-  Executor(const Config& cfg, const Layout& layout, const comm::Groups& groups);
+  Executor(const Config& cfg, const Layout& layout, const comm::Groups& groups, const PoisonStep& poison);
   ~Executor();
 
-  // One training step. `mbs` holds all W*N micro-batches of the step (filled by fill_step).
+  // The K-FAC handlers of this rank (kfac_handlers.hpp), given once after construction (they are
+  // made from hosted_chunks()); none: a K-FAC kind is refused.
+  void set_kfac(KfacHandlers* kfac) { kfac_ = kfac; }
+  std::vector<HostedChunk> hosted_chunks() const;  // in (pipeline, stage) order
+
+  // One training step: runs `list` (the lowered schedule, actions(), or the K-FAC placement's
+  // list of the step). `mbs` holds all W*N micro-batches of the step (filled by fill_step).
   // `times`, if given, receives each action's start and end. Collective over the world.
-  StepOutcome step(int64_t step, const std::vector<MicroBatch>& mbs, double lr, std::vector<ActionTime>* times);
+  StepOutcome run(int64_t step, const std::vector<Action>& list, const std::vector<MicroBatch>& mbs, double lr,
+                  std::vector<ActionTime>* times);
   // Mean validation loss of train.eval_batches micro-batches (replica 0's pipeline 0 computes;
   // every rank gets the result). Collective.
   double evaluate(Batcher& valid);
@@ -115,49 +110,17 @@ class Executor {
   // replica 0), for saving; null elsewhere.
   std::unique_ptr<Model> gather_model();
   // Checkpoints (train/checkpointing.hpp): each hosted chunk's parameters and optimizer, in
-  // (pipeline, stage) order.
+  // (pipeline, stage) order (TrainState::kfac left null: the K-FAC units hold it).
   struct ChunkState {
     int pipeline = 0, stage = 0;
     TrainState state;
   };
   std::vector<ChunkState> chunk_states();
 
-  const std::vector<Action>& actions() const { return actions_; }
-  // The action list of step `step` (the lowered schedule, or with K-FAC: kfac_step_lists.cpp).
-  const std::vector<Action>& step_actions(int64_t step) const;
-  // Checkpoints: this rank's K-FAC state (every hosted chunk's ChunkKfac, the PipeFisher plan's
-  // inputs and position, the profile in progress) as `kfac-rank-R.safetensors` in step_dir; the
-  // file written, or nothing without K-FAC. load_kfac_state restores it (same layout only: the
-  // caller checks) and remakes the plan from the saved profile, never from new timings.
-  std::vector<CheckpointFile> write_kfac_state(const std::string& step_dir) const;
-  void load_kfac_state(const CheckpointReader& r);
-  // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp: its record is
-  // out_dir/kfac_profile.json); null before planning or without bubbles.
-  const PlanProfile* plan_profile() const;
-  // For the profiler: the step's list and stamps with each PREC that ran an inline refresh
-  // replaced by the refresh's units as they ran (curvature, curvature sync, inversions per
-  // layer), then the PREC itself from the last unit's end. No-op without K-FAC.
-  void expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const;
-  // This rank's K-FAC layers: (pipeline, stage, layer within the stage, the layer's name).
-  std::vector<std::tuple<int, int, int, std::string>> kfac_layer_names() const;
-  // Collective: rank 0 writes the K-FAC refresh record (chunk_kfac.hpp) to `path`; no-op without K-FAC.
-  void write_kfac_record(const std::string& path);
-  // With a DistributedKfac per stage (inline / skip, several copies per stage): one line for the
-  // start of the run (strategy, factors, inverses broadcast, perf model measured or cached), on
-  // world rank 0 (its stage); "" otherwise.
-  std::string kfac_distributed_line() const;
-  // Collective, no-op without DistributedKfacs: rank 0 writes `path` (dkfac.json): the strategy,
-  // per stage the fusion and the inversion placement, and the K-FAC time totals averaged over
-  // ranks (factor all-reduces in flight and waited for, inversions, broadcast waits) with the
-  // mean step time of the steps given (step_time_sum over timed_steps, per rank).
-  void write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps);
+  const std::vector<Action>& actions() const { return actions_; }  // the lowered schedule's list
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
   int64_t stage_param_bytes(int pipeline, int stage) const;
   ActivationMemory activation_memory() const;
-  // Tests only: a step whose loss is reported NaN on purpose (train/test_seams.hpp, kind loss).
-  void set_poison(const PoisonStep& p) { poison_ = p; }
-  // Tests only: K-FAC's planning fixed (train/test_seams.hpp).
-  void set_kfac_seams(const KfacSeams& k) { kfac_seams_ = k; }
 
  private:
   struct Chunk;
@@ -169,6 +132,7 @@ class Executor {
   void make_gradient_sync(Chunk& c);
   void make_embedding_sync();
   void post_receives();
+  void start_step(int64_t step);
   // What every handler may need of the step.
   struct StepInputs {
     const std::vector<MicroBatch>& mbs;
@@ -178,7 +142,7 @@ class Executor {
   static const std::array<Handler, kNumKinds>& handlers();  // [kind], null: no handler
   void run_action(const Action& a, const StepInputs& in);
   const MicroBatch& global_micro_batch(const StepInputs& in, int m) const;
-  // Handlers: the pipeline's (executor.cpp), K-FAC's units (kfac_units.cpp).
+  // Handlers: the pipeline's, and K-FAC's (passed on to kfac_).
   void on_receive(const Action& a, const StepInputs& in);
   void on_forward(const Action& a, const StepInputs& in);
   void on_backward(const Action& a, const StepInputs& in);
@@ -201,25 +165,9 @@ class Executor {
   void input_gradient(Chunk& c, const MicroBatch& mb, int m);
   void weight_gradient(Chunk& c, const MicroBatch& mb, int m, bool last);
   void finish_gradients(double lr);
-  // K-FAC (runtime/README.md: kfac_units, kfac_step_lists, kfac_replan, kfac_reports, kfac_checkpoint).
-  struct KfacState;
-  void kfac_setup();
-  bool kfac_begin_step(int64_t step, const std::vector<MicroBatch>& mbs);  // true: a profiling step
-  size_t kfac_chunk_index(const Action& a) const;  // the hosted chunk a K-FAC action names
-  void kfac_end_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
-  void kfac_plan();
-  std::pair<double, double> kfac_bcast_model();
-  void kfac_make_plan(bool restoring);
-  void kfac_split_as_planned();
-  void kfac_drain_lists();
-  void kfac_discard_step();
-  void kfac_drift(int64_t step, double compute_ms);
-  void kfac_precondition(Chunk& c, size_t index);
-  const comm::PerfModel& kfac_perf_model();
-  void kfac_setup_distributed();
-  void kfac_kl_clip(double lr);
-  void kfac_finish_precondition(double lr);
-  void kfac_split_preconditions();
+  void sum_word_embedding();
+  void gradient_norms();
+  StepOutcome outcome();
 
   Config cfg_;
   bool recompute_ = false;  // parallel.recompute (pipelines only)
@@ -236,19 +184,15 @@ class Executor {
   comm::Comm embedding_comm_;
   std::vector<Param*> word_copies_;  // this rank's copies
   std::unique_ptr<comm::BucketedAllReduce> word_sync_;
+  KfacHandlers* kfac_ = nullptr;
+  PoisonStep poison_;  // tests only: a step whose loss is reported NaN on purpose (train/test_seams.hpp)
   // Per step.
+  int64_t step_ = 0;
   double loss_ = 0, grad_norm_ = 0, precond_grad_norm_ = 0;
   bool gradients_finished_ = false;
   bool step_finite_ = true;  // loss and gradient norm finite on every rank (finish_gradients)
   int64_t finish_ns_ = 0;  // time finish_gradients took in this step
-  int kfac_curv_ = 0, kfac_inv_ = 0;  // this step's K-FAC work on this rank (StepOutcome)
-  int64_t kfac_ns_ = 0;
-  std::unique_ptr<KfacState> kfac_;  // null unless kfac.enabled
-  int64_t step_ = 0;
-  PoisonStep poison_;
-  KfacSeams kfac_seams_;
-  int64_t step_ns_ = 0;  // duration of the last step's action list
-  std::vector<ActionTime> kfac_times_;  // K-FAC profiling steps
+  int64_t kfac_ns_ = 0;    // time in K-FAC actions
 };
 
 }  // namespace pf

@@ -79,16 +79,13 @@ Schedule compute_schedule(const Config& cfg) {
                 p.virtual_stages, p.schedule);
   // The simulator's bound (sim/limits.hpp): each micro-batch passes each model chunk as F and B
   // with a send and a receive each way.
-  check_schedule_size(p.stages,
-                      int64_t{6} * p.stages * p.micro_batches * p.virtual_stages * (p.schedule == ScheduleName::ZbV ? 2 : 1),
-                      false,
+  check_schedule_size(p.stages, schedule_size_bound(p.schedule, p.stages, p.micro_batches, p.virtual_stages), false,
                       p.stages > kMaxDevices ? "parallel.stages" : "parallel.micro_batches");
   try {
     // Zero-bubble orders for T_F = 1 and T_I = T_W = T_b / 2, as Chimera's for T_b / T_f.
     const ZbSpec zb{.forward = 1, .input_grad = p.backward_forward_ratio / 2, .weight_grad = p.backward_forward_ratio / 2,
                     .memory = p.zb_memory};
-    return make_schedule(name_of(p.schedule), p.stages, p.micro_batches, p.virtual_stages, 1, p.backward_forward_ratio,
-                         zb);
+    return make_schedule(p.schedule, p.stages, p.micro_batches, p.virtual_stages, 1, p.backward_forward_ratio, zb);
   } catch (const UsageError& e) {
     rethrow_with_keys(e);
   }

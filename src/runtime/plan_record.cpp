@@ -19,7 +19,7 @@ size_t layer_slot(size_t Lmax, size_t field, size_t layer) { return kFirstLayerF
 size_t sync_slot(size_t Lmax) { return kFirstLayerField + kLayerFields * Lmax; }
 }  // namespace
 
-bool planner_measures(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W || k == Kind::OPT; }
+bool planner_measures(Kind k) { return is_pass(k) || k == Kind::OPT; }
 
 ProfileLayout::ProfileLayout(const Layout& layout)
     : off(layout.devices + 1, 0),

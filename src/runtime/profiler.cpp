@@ -104,7 +104,7 @@ std::vector<StageBytes> gather_stage_bytes(int stages, const comm::Groups& group
 }  // namespace
 
 Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& groups, const Executor& exec,
-                   ProfileOptions opt)
+                   const KfacLayerNames& kfac_layers, ProfileOptions opt)
     : cfg_(cfg), layout_(layout), groups_(groups), opt_(std::move(opt)), total_steps_(cfg.train.steps) {
   if (!enabled()) return;
   check_profile_steps(opt_, total_steps_);
@@ -113,7 +113,7 @@ Profiler::Profiler(const Config& cfg, const Layout& layout, const comm::Groups& 
   stage_bytes_ = gather_stage_bytes(layout.stages(), groups, exec);
   // Every rank's K-FAC layer names to rank 0, one "pipeline stage layer name" line each.
   std::string mine;
-  for (const auto& [p, st, l, name] : exec.kfac_layer_names()) mine += fmt::format("{} {} {} {}\n", p, st, l, name);
+  for (const auto& [p, st, l, name] : kfac_layers) mine += fmt::format("{} {} {} {}\n", p, st, l, name);
   for (const std::string& text : comm::gather_bytes(mine, 0, MPI_COMM_WORLD)) {
     std::istringstream in(text);
     int p = 0, st = 0, l = 0;

@@ -1,7 +1,7 @@
 #pragma once
 // The runtime's profiler: the start and end of every action on every rank for chosen steps.
 //
-// Each rank stamps its actions with its own steady clock (Executor::step); at the end of a
+// Each rank stamps its actions with its own steady clock (Executor::run); at the end of a
 // profiled step the stamps are gathered to world rank 0, moved onto rank 0's clock with the
 // offsets comm::estimate_clock_offsets measured at start-up, and turned into the simulator's
 // Timeline type (one row per rank), so the same renderers draw it:
@@ -39,9 +39,12 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace pf {
+
+struct PlanProfile;  // sim/profile.hpp
 
 struct ProfileOptions {
   std::string dir;        // empty = off
@@ -69,9 +72,11 @@ struct StageBytes {
 
 class Profiler {
  public:
-  // Collective (estimates the clock offsets) when profiling is on.
+  // A K-FAC layer of this rank: (pipeline, stage, layer within the stage, its name).
+  using KfacLayerNames = std::vector<std::tuple<int, int, int, std::string>>;
+  // Collective (estimates the clock offsets) when profiling is on. kfac_layers: KfacUnits::layer_names.
   Profiler(const Config& cfg, const Layout& layout, const comm::Groups& groups, const Executor& exec,
-           ProfileOptions opt);
+           const KfacLayerNames& kfac_layers, ProfileOptions opt);
   bool enabled() const { return !opt_.dir.empty(); }
   bool wants(int64_t step) const;  // 0-based step index
   // Collective: gathers the step's action times to rank 0, which writes its SVG and trace.
@@ -79,7 +84,7 @@ class Profiler {
   // The same for a step whose action list is not the lowered schedule (K-FAC units inserted).
   void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions);
   // Rank 0: writes profile.json and trace.json and prints one summary line. Call after the last
-  // step. plan: the profile the PipeFisher plan was made from (Executor::plan_profile), carried
+  // step. plan: the profile the PipeFisher plan was made from (KfacPlacement::plan_profile), carried
   // into profile.json so that kfac.plan_profile can name it; null for none.
   void finish(const PlanProfile* plan);
 

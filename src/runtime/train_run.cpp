@@ -11,8 +11,13 @@
 #include "optim/lr_schedule.hpp"
 #include "runtime/config_agreement.hpp"
 #include "runtime/executor.hpp"
+#include "runtime/kfac_checkpoint.hpp"
+#include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/pipefisher/controller.hpp"
 #include "runtime/profiler.hpp"
+#include "runtime/units/inline_placement.hpp"
+#include "runtime/units/kfac_units.hpp"
 #include "schedule/validate.hpp"
 #include "train/checkpointing.hpp"
 #include "train/train_engine.hpp"
@@ -65,7 +70,16 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
   return out.dump(2) + "\n";
 }
 
-// The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor.
+// The placement of kfac.placement (runtime/kfac_placement.hpp): PipeFisher's controller for
+// bubbles, the inline list otherwise.
+std::unique_ptr<KfacPlacement> make_placement(const Config& cfg, const Layout& layout, const comm::Groups& groups,
+                                              KfacUnits& units, const KfacSeams& seams) {
+  if (cfg.kfac.placement == Placement::Bubbles) return std::make_unique<Controller>(cfg, layout, groups, units, seams);
+  return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+}
+
+// The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor;
+// with K-FAC, its units (the executor's K-FAC handlers) and the placement choosing each step's list.
 class MpiEngine final : public TrainEngine {
  public:
   MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams);
@@ -96,7 +110,9 @@ class MpiEngine final : public TrainEngine {
  private:
   // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
   void agreed(const std::function<void()>& fn);
-  void record_profile(int64_t step, std::string& write_error);
+  void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
+  StepOutcome run_step(int64_t step, double lr, bool profiled);
+  std::vector<Executor::ChunkState> chunk_states();  // the executor's, with the units' K-FAC
 
   const comm::World& world_;
   Config cfg_;
@@ -108,24 +124,23 @@ class MpiEngine final : public TrainEngine {
   comm::Groups groups_;
   std::unique_ptr<Batcher> train_data_, valid_data_;
   std::unique_ptr<Executor> exec_;
+  // K-FAC (null without): after exec_, so destroyed before it (the units tap its layers).
+  std::unique_ptr<KfacUnits> kfac_units_;
+  std::unique_ptr<KfacPlacement> placement_;
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<comm::StepsRunning> running_;
   std::unique_ptr<Model> model_;  // the gathered final model (rank 0)
   std::vector<MicroBatch> mbs_;
   LrSchedule lr_;
   std::vector<ActionTime> times_;
+  int64_t last_step_ = 0;     // the refresh record's length: last_step_ + 1
   double step_time_sum_ = 0;  // step times after the first two (dkfac.json)
   int timed_steps_ = 0;
 };
 
 MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams)
     : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), poison_(seams.poison), kfac_seams_(seams.kfac) {
-  if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles && cfg.parallel.stages == 1)
-    usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
-                "(the default with one stage) or 'skip'");
-  if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Replay)
-    usage_error("kfac.placement", "'replay' follows a pipeline's record in one process: run it without mpirun and "
-                "--profile-dir");
+  check_kfac_placement(cfg, KfacRunner::mpi);
   try {
     layout_ = make_layout(cfg, world.size());
   } catch (const ScheduleError& e) {
@@ -155,9 +170,13 @@ void MpiEngine::build(const Config& cfg) {
   set_threads(comm::threads_per_rank(cfg.train.threads));
   train_data_ = make_batcher(cfg.model, cfg.data, false);
   valid_data_ = make_batcher(cfg.model, cfg.data, true);
-  exec_ = std::make_unique<Executor>(cfg, layout_, groups_);
-  exec_->set_poison(poison_);
-  exec_->set_kfac_seams(kfac_seams_);
+  exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, poison_);
+  if (cfg_.kfac.enabled) {
+    const bool planned = cfg_.kfac.placement == Placement::Bubbles;
+    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), planned);
+    placement_ = make_placement(cfg_, layout_, groups_, *kfac_units_, kfac_seams_);
+    exec_->set_kfac(kfac_units_.get());
+  }
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
   lr_ = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
@@ -194,11 +213,13 @@ void MpiEngine::load_resume(const CheckpointReader& r) {
       load_train_state(r, c.state);
     }
   });
-  exec_->load_kfac_state(r);
+  if (placement_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
 }
 
 void MpiEngine::open_outputs() {
-  profiler_ = std::make_unique<Profiler>(cfg_, layout_, groups_, *exec_, profile_opt_);
+  profiler_ = std::make_unique<Profiler>(cfg_, layout_, groups_, *exec_,
+                                         kfac_units_ ? kfac_units_->layer_names() : Profiler::KfacLayerNames{},
+                                         profile_opt_);
 }
 
 EngineBanner MpiEngine::banner() const {
@@ -209,7 +230,7 @@ EngineBanner MpiEngine::banner() const {
                          layout_.schedule.name,
                          layout_.stages() != p.stages ? fmt::format(", {} model chunks", layout_.stages()) : "",
                          p.data_parallel);
-  const std::string shared = exec_->kfac_distributed_line();
+  const std::string shared = kfac_units_ ? kfac_units_->distributed_line() : "";
   if (!shared.empty()) b.notes.push_back(shared);
   return b;
 }
@@ -224,7 +245,7 @@ EngineStep MpiEngine::step(int64_t s) {
   poison_.poison_inputs(s, mbs_);
   st.lr = lr_.at(s);
   const bool prof = profiler_->wants(s);
-  const StepOutcome o = exec_->step(s, mbs_, st.lr, prof ? &times_ : nullptr);
+  const StepOutcome o = run_step(s, st.lr, prof);
   st.loss = o.loss;
   st.grad_norm = o.grad_norm;
   if (cfg_.kfac.enabled) st.precond_grad_norm = o.precond_grad_norm;
@@ -238,19 +259,37 @@ EngineStep MpiEngine::step(int64_t s) {
   st.tokens = static_cast<int64_t>(mbs_.size()) * cfg_.parallel.micro_batch_size * cfg_.model.seq_len;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (s >= 2) step_time_sum_ += st.step_time_s, ++timed_steps_;
-  if (prof) record_profile(s, r.write_error);
+  if (prof) record_profile(s, placement_ ? placement_->actions_for(s) : exec_->actions(), r.write_error);
   return r;
 }
 
-void MpiEngine::record_profile(int64_t s, std::string& write_error) {
+// The step's list from the placement (the lowered schedule without K-FAC), run by the executor,
+// then handed back to the placement with its stamps.
+StepOutcome MpiEngine::run_step(int64_t s, double lr, bool profiled) {
+  last_step_ = s;
+  if (!placement_) return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
+  const std::vector<Action>& list = placement_->actions_for(s);
+  const bool stamps = placement_->begin_step(s, mbs_);
+  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr);
+  placement_->after_step(s, list, stamps || profiled ? times_ : std::vector<ActionTime>{});
+  return o;
+}
+
+void MpiEngine::record_profile(int64_t s, std::vector<Action> actions, std::string& write_error) {
   try {
-    std::vector<Action> actions = exec_->step_actions(s);
     std::vector<ActionTime> stamps = times_;
-    exec_->expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
+    if (kfac_units_) kfac_units_->expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
     profiler_->record(s, stamps, actions);         // collective; rank 0 writes
   } catch (const UsageError& e) {
     write_error = e.what();
   }
+}
+
+std::vector<Executor::ChunkState> MpiEngine::chunk_states() {
+  std::vector<Executor::ChunkState> out = exec_->chunk_states();
+  if (kfac_units_)
+    for (auto& c : out) c.state.kfac = kfac_units_->preconditioner(c.pipeline, c.stage);
+  return out;
 }
 
 // Rank 0 makes the step directory (the loop); the ranks holding pipeline 0 of replica 0 write
@@ -259,10 +298,12 @@ void MpiEngine::record_profile(int64_t s, std::string& write_error) {
 std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_dir) {
   std::vector<CheckpointFile> files;
   if (groups_.replica == 0)
-    for (auto& c : exec_->chunk_states())
+    for (auto& c : chunk_states())
       if (c.pipeline == 0)
         for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, c.state)) files.push_back(f);
-  for (const CheckpointFile& f : exec_->write_kfac_state(step_dir)) files.push_back(f);
+  if (placement_)
+    for (const CheckpointFile& f : write_kfac_state(step_dir, groups_.rank, cfg_, *kfac_units_, *placement_))
+      files.push_back(f);
   return files;
 }
 
@@ -272,9 +313,12 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   const std::string activations = activation_memory_json(*exec_, groups_, MPI_COMM_WORLD);
   // Rank 0's write errors here (collectives inside) are agreed on by the loop.
   try {
-    if (cfg_.kfac.enabled) exec_->write_kfac_record(out + "/kfac_refresh.json");
-    exec_->write_dkfac_record(out + "/dkfac.json", step_time_sum_, timed_steps_);
-    profiler_->finish(exec_->plan_profile());
+    if (placement_) {
+      kfac_units_->write_refresh_record(out + "/kfac_refresh.json", last_step_ + 1, placement_->plan_start(),
+                                        placement_->plan_period());
+      kfac_units_->write_dkfac_record(out + "/dkfac.json", step_time_sum_, timed_steps_);
+    }
+    profiler_->finish(placement_ ? placement_->plan_profile() : nullptr);
   } catch (const UsageError& e) {
     r.write_error = e.what();
   }
@@ -284,7 +328,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   r.listed.push_back("activations.json");
   if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
   if (cfg_.kfac.enabled && cfg_.kfac.placement == Placement::Bubbles) r.listed.push_back("kfac_profile.json");
-  if (!exec_->kfac_distributed_line().empty()) r.listed.push_back("dkfac.json");
+  if (kfac_units_ && !kfac_units_->distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;
 }
 

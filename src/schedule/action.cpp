@@ -39,6 +39,13 @@ bool is_bcast_inv(Kind k) { return k == Kind::BCAST_INV_A || k == Kind::BCAST_IN
 bool is_inversion(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
 bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV || is_bcast_inv(k); }
 bool is_compute(Kind k) { return !is_p2p(k) && !is_collective(k); }
+bool is_pass(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W; }
+int side_index(Kind k) {
+  PF_CHECK(k == Kind::CURV_A || k == Kind::CURV_B || is_inversion(k) || is_bcast_inv(k), "{} has no factor side", kind_name(k));
+  return k == Kind::CURV_A || k == Kind::INV_A || k == Kind::BCAST_INV_A ? 0 : 1;
+}
+Kind curvature_kind(int side) { return side == 0 ? Kind::CURV_A : Kind::CURV_B; }
+Kind inversion_kind(int side) { return side == 0 ? Kind::INV_A : Kind::INV_B; }
 bool is_kfac(Kind k) {
   return k == Kind::CURV_A || k == Kind::CURV_B || k == Kind::SYNC_CURV || k == Kind::INV_A ||
          k == Kind::INV_B || k == Kind::PREC || is_bcast_inv(k);

@@ -45,11 +45,17 @@ std::string_view kind_name(Kind k);             // "F", "SEND_F", "CURV_A", ...
 std::optional<Kind> kind_from_name(std::string_view name);
 bool has_micro_batch(Kind k);                   // F B I W SEND/RECV CURV_A/B
 bool is_compute(Kind k);                        // counts as busy device time
+bool is_pass(Kind k);                           // F, B, I, W: a forward or backward pass over a chunk
 bool is_p2p(Kind k);                            // SEND_* / RECV_*
 bool is_collective(Kind k);                     // ALLREDUCE, SYNC_CURV, BCAST_INV_*: all copies start together
 bool is_kfac(Kind k);                           // CURV_*, SYNC_CURV, INV_*, BCAST_INV_*, PREC
 bool is_bcast_inv(Kind k);                      // BCAST_INV_A / BCAST_INV_B
 bool is_inversion(Kind k);                      // INV_A / INV_B (a whole factor or one diagonal block)
+// K-FAC's kinds by factor side, 0 = A (the layer's input), 1 = B (its output gradient):
+// side_index(CURV_A) == side_index(INV_A) == side_index(BCAST_INV_A) == 0, the _B kinds 1.
+int side_index(Kind curv_inv_or_bcast);
+Kind curvature_kind(int side);  // CURV_A / CURV_B
+Kind inversion_kind(int side);  // INV_A / INV_B
 
 struct Action {
   Kind kind = Kind::F;

@@ -83,7 +83,7 @@ void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<
     case Kind::SYNC_CURV: need_all(ix.any_curvature, std::pair{p, st}); break;
     case Kind::INV_A:
     case Kind::INV_B: {
-      Kind c = a.kind == Kind::INV_A ? Kind::CURV_A : Kind::CURV_B;
+      Kind c = curvature_kind(side_index(a.kind));
       need_all(ix.curvature, std::tuple{p, st, static_cast<int>(c) * 65536 + a.layer});
       need(ix.find(Kind::SYNC_CURV, p, st, -1));
       break;

@@ -293,21 +293,21 @@ struct GeneratorArgs {
 };
 
 struct Generator {
-  const char* name;
+  ScheduleName name;
   Schedule (*make)(const GeneratorArgs&);
 };
 
-// The one table of schedule names.
+// The one table of generators, keyed by the schedule's name (its text: config/enums.hpp).
 constexpr Generator kGenerators[] = {
-    {"naive", [](const GeneratorArgs& a) { return make_naive(a.D, a.N); }},
-    {"gpipe", [](const GeneratorArgs& a) { return make_gpipe(a.D, a.N); }},
-    {"1f1b", [](const GeneratorArgs& a) { return make_1f1b(a.D, a.N); }},
-    {"interleaved", [](const GeneratorArgs& a) { return make_interleaved(a.D, a.N, a.V); }},
-    {"chimera", [](const GeneratorArgs& a) { return make_chimera(a.D, a.N, a.tf, a.tb); }},
-    {"zb-h1", [](const GeneratorArgs& a) { return make_zb_h1(a.D, a.N); }},
-    {"zb-h2", [](const GeneratorArgs& a) { return make_zb_h2(a.D, a.N); }},
-    {"zb-auto", [](const GeneratorArgs& a) { return make_zb_auto(a.D, a.N, a.zb); }},
-    {"zb-v", [](const GeneratorArgs& a) { return make_zb_v(a.D, a.N, a.zb); }},
+    {ScheduleName::Naive, [](const GeneratorArgs& a) { return make_naive(a.D, a.N); }},
+    {ScheduleName::GPipe, [](const GeneratorArgs& a) { return make_gpipe(a.D, a.N); }},
+    {ScheduleName::OneFOneB, [](const GeneratorArgs& a) { return make_1f1b(a.D, a.N); }},
+    {ScheduleName::Interleaved, [](const GeneratorArgs& a) { return make_interleaved(a.D, a.N, a.V); }},
+    {ScheduleName::Chimera, [](const GeneratorArgs& a) { return make_chimera(a.D, a.N, a.tf, a.tb); }},
+    {ScheduleName::ZbH1, [](const GeneratorArgs& a) { return make_zb_h1(a.D, a.N); }},
+    {ScheduleName::ZbH2, [](const GeneratorArgs& a) { return make_zb_h2(a.D, a.N); }},
+    {ScheduleName::ZbAuto, [](const GeneratorArgs& a) { return make_zb_auto(a.D, a.N, a.zb); }},
+    {ScheduleName::ZbV, [](const GeneratorArgs& a) { return make_zb_v(a.D, a.N, a.zb); }},
 };
 
 }  // namespace
@@ -315,16 +315,32 @@ constexpr Generator kGenerators[] = {
 const std::vector<std::string>& schedule_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (const Generator& g : kGenerators) v.push_back(g.name);
+    for (const Generator& g : kGenerators) v.push_back(name_of(g.name));
     return v;
   }();
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int D, int N, int V, double tf, double tb, const ZbSpec& zb) {
+ScheduleName schedule_name(const std::string& name, const std::string& flag) {
+  const std::optional<ScheduleName> s = parse_name<ScheduleName>(name);
+  if (!s) usage_error(flag, "unknown schedule '{}' (expected one of {})", name, fmt::join(schedule_names(), ", "));
+  return *s;
+}
+
+Schedule make_schedule(ScheduleName name, int D, int N, int V, double tf, double tb, const ZbSpec& zb) {
   for (const Generator& g : kGenerators)
     if (name == g.name) return g.make({D, N, V, tf, tb, zb});
-  usage_error("--schedule", "unknown schedule '{}' (expected one of {})", name, fmt::join(schedule_names(), ", "));
+  PF_CHECK(false, "no generator for schedule #{}", static_cast<int>(name));
+  return {};
+}
+
+Schedule make_schedule(const std::string& name, int D, int N, int V, double tf, double tb, const ZbSpec& zb) {
+  return make_schedule(schedule_name(name, "--schedule"), D, N, V, tf, tb, zb);
+}
+
+int64_t schedule_size_bound(ScheduleName name, int D, int N, int V) {
+  const int chunks_per_device = name == ScheduleName::Interleaved ? V : name == ScheduleName::ZbV ? 2 : 1;
+  return int64_t{6} * D * N * chunks_per_device;
 }
 
 }  // namespace pf

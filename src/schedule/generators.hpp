@@ -13,6 +13,7 @@
 //                and a memory limit of X times 1F1B's peak
 //   zb-v         the same heuristic on 2D stages placed in a V (stage s on device s for s < D, on
 //                2D-1-s otherwise), within 1F1B's peak memory
+#include "config/enums.hpp"
 #include "schedule/schedule.hpp"
 #include "schedule/zb_auto.hpp"
 
@@ -33,10 +34,18 @@ Schedule make_zb_h2(int D, int N);
 Schedule make_zb_auto(int D, int N, const ZbSpec& zb);
 Schedule make_zb_v(int D, int N, const ZbSpec& zb);
 
-// By name (schedule_names()); V is used by interleaved only, tf/tb (one micro-batch's forward
-// and backward on one stage) by chimera only, whose order is chosen for them, zb by zb-auto and zb-v.
+// V is used by interleaved only, tf/tb (one micro-batch's forward and backward on one stage) by
+// chimera only, whose order is chosen for them, zb by zb-auto and zb-v.
+Schedule make_schedule(ScheduleName name, int D, int N, int V = 2, double tf = 1, double tb = 2, const ZbSpec& zb = {});
+// The same by the name a user writes ("1f1b"): UsageError naming --schedule when unknown.
 Schedule make_schedule(const std::string& name, int D, int N, int V = 2, double tf = 1, double tb = 2,
                        const ZbSpec& zb = {});
-const std::vector<std::string>& schedule_names();
+// A schedule's name parsed once at the edge: UsageError naming `flag` when unknown.
+ScheduleName schedule_name(const std::string& name, const std::string& flag);
+const std::vector<std::string>& schedule_names();  // in the generators' order
+// The work bound of a generated schedule before it is made (sim/limits.hpp's check_schedule_size):
+// each micro-batch passes each model chunk as F and B with a send and a receive each way, 6 D N
+// actions per chunk a device holds (interleaved V, zb-v 2, the others 1).
+int64_t schedule_size_bound(ScheduleName name, int D, int N, int V);
 
 }  // namespace pf

@@ -28,7 +28,7 @@ void append_step_end(Schedule& s, LowerOptions opt) {
   for (auto& list : s.per_device) {
     std::set<std::pair<int, int>> hosted;  // (stage, pipeline), ordered by stage
     for (const Action& a : list)
-      if (a.kind == Kind::F || a.kind == Kind::B || a.kind == Kind::I || a.kind == Kind::W)
+      if (is_pass(a.kind))
         hosted.insert({a.stage, a.pipeline});
     for (auto [st, p] : hosted) {
       if (opt.grad_sync) list.push_back(act(Kind::ALLREDUCE, st, -1, p));

@@ -17,8 +17,6 @@ namespace {
 // torch's _action_regex: stage, type, optional micro-batch.
 const std::regex kTorchAction(R"((\d{1,6})(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d{0,6}))");
 
-bool is_torch_compute(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W; }
-
 std::string trimmed(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
@@ -64,7 +62,7 @@ std::string to_torch_csv(const Schedule& s, const std::string& what) {
     std::vector<std::string> cells;
     for (size_t i = 0; i < s.per_device[d].size(); ++i) {
       const Action& a = s.per_device[d][i];
-      if (!is_torch_compute(a.kind))
+      if (!is_pass(a.kind))
         usage_error(what, "'{}' has a {} action: torch's compute_only form holds F, B, I and W only", s.name,
                     kind_name(a.kind));
       const size_t at = st.complete ? static_cast<size_t>(st.step[d][i]) : cells.size();
@@ -94,7 +92,7 @@ Schedule parse_torch_csv(const std::string& text, const std::string& source) {
         usage_error(where, "'{}' is not a torch.distributed.pipelining action (stage, F/I/B/W or a communication, "
                     "micro-batch: 0F0, 2I3)", cells[c]);
       const std::optional<Kind> kind = kind_from_name(m[2].str());
-      if (!kind || !is_torch_compute(*kind)) continue;  // communication and sharding: derived or not ours
+      if (!kind || !is_pass(*kind)) continue;  // communication and sharding: derived or not ours
       if (m[3].length() == 0) usage_error(where, "'{}' has no micro-batch (0F0, not 0F)", cells[c]);
       const int stage = std::stoi(m[1]), mb = std::stoi(m[3]);
       const auto [it, fresh] = rank_of.emplace(stage, static_cast<int>(r));

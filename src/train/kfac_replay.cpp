@@ -12,7 +12,6 @@ namespace {
 
 constexpr const char* kKey = "kfac.refresh_record";
 
-Side side_of(int s) { return s == 0 ? Side::A : Side::B; }
 
 std::string kept_name(const std::string& layer, int side, int64_t step) {
   return fmt::format("{}.kfac.{}@{}", layer, side == 0 ? "A" : "B", step);
@@ -47,7 +46,7 @@ size_t KfacReplay::layer_index(const std::string& name) const { return index_.at
 
 void KfacReplay::apply_splits(int64_t t) {
   for (const SplitEvent& s : pattern_.splits_at(t))
-    kfac_.layer(layer_index(s.layer)).factor(side_of(s.side)).set_blocks(s.blocks);
+    kfac_.layer(layer_index(s.layer)).factor(side_at(s.side)).set_blocks(s.blocks);
 }
 
 bool KfacReplay::begin_step(int64_t t) {
@@ -68,7 +67,7 @@ void KfacReplay::apply_change(const RefreshEvent& e) {
   KfacLayer& layer = kfac_.layer(i);
   for (int side : {0, 1}) {
     const int64_t from = side == e.side ? e.id.curv_step : e.id.pi_step;
-    KfacFactor& f = layer.factor(side_of(side));
+    KfacFactor& f = layer.factor(side_at(side));
     if (from < 0) {
       f.set_value(Tensor(f.value().shape()));  // none committed yet: pi = 1
       continue;
@@ -82,9 +81,9 @@ void KfacReplay::apply_change(const RefreshEvent& e) {
     f.set_value(it->second);
   }
   if (e.block < 0)
-    layer.invert(side_of(e.side), damping_);
+    layer.invert(side_at(e.side), damping_);
   else
-    layer.invert_block(side_of(e.side), e.block, damping_);
+    layer.invert_block(side_at(e.side), e.block, damping_);
 }
 
 int KfacReplay::end_step(int64_t t, double loss_scale) {
@@ -92,8 +91,8 @@ int KfacReplay::end_step(int64_t t, double loss_scale) {
   for (const auto& [name, i] : index_) {
     if (!pattern_.builds(name, t)) continue;
     for (int side : {0, 1}) {
-      kfac_.finish_curvature(i, side_of(side), loss_scale);
-      kept_[{i, side, t}] = kfac_.layer(i).factor(side_of(side)).value();
+      kfac_.finish_curvature(i, side_at(side), loss_scale);
+      kept_[{i, side, t}] = kfac_.layer(i).factor(side_at(side)).value();
     }
   }
   const std::vector<RefreshEvent>& changes = pattern_.events_at(t);
@@ -117,7 +116,7 @@ void KfacReplay::prepare_resume(int64_t t) {
   for (int64_t x = std::max<int64_t>(0, t - pattern_.max_lag()); x < t && x < pattern_.steps(); ++x)
     for (const auto& [name, i] : index_)
       if (pattern_.builds(name, x))
-        for (int side : {0, 1}) kept_[{i, side, x}] = Tensor(kfac_.layer(i).factor(side_of(side)).value().shape());
+        for (int side : {0, 1}) kept_[{i, side, x}] = Tensor(kfac_.layer(i).factor(side_at(side)).value().shape());
 }
 
 void KfacReplay::load_state(const NamedTensors& in) {

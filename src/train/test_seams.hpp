@@ -43,7 +43,7 @@ struct SignalSeam {
   void at(Where w, int64_t step_number = 0) const;
 };
 
-// K-FAC's planning in the MPI runtime (runtime/kfac_replan.cpp), fixed so that a test knows
+// K-FAC's planning in the MPI runtime (runtime/pipefisher/controller.hpp), fixed so that a test knows
 // what the planner will decide whatever the machine's load:
 //   --test-drift-at STEP        steps STEP..STEP+2 (from 1) count as 10x their forward/backward time
 //   --test-kfac-cost-scale X    the planner sees the measured K-FAC unit costs times X

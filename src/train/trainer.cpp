@@ -39,10 +39,12 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
   return make_lr_schedule(o, o.decay_steps > 0 ? o.decay_steps : cfg.train.steps);
 }
 
+KfacCadence refresh_cadence(const KfacConfig& k) {
+  return {k.placement == Placement::Inline ? 1 : k.inverse_every, k.inverse_every};
+}
+
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
-  if (cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles)
-    usage_error("kfac.placement", "'bubbles' places K-FAC work in pipeline bubbles: it needs a pipeline "
-                "(parallel.stages > 1); a single process runs 'inline', 'skip' or 'replay' (a bubbles run's record)");
+  check_kfac_placement(cfg, KfacRunner::one_process);
   set_threads(cfg.train.threads);
   const auto& p = cfg.parallel;
   train_data_ = make_batcher(cfg.model, cfg.data, false);
@@ -104,7 +106,7 @@ StepStats Trainer::step() {
 
 bool Trainer::kfac_begin(int64_t step) {
   if (replay_) return replay_->begin_step(step);
-  if (!kfac_->curvature_step(step)) return false;
+  if (!refresh_cadence(cfg_.kfac).curvature_step(step)) return false;
   // With kfac.ema = 0 the factors accumulate in place: keep the previous ones in case this step's
   // curvature turns out non-finite.
   kfac_before_ = kfac_->state();
@@ -125,7 +127,7 @@ void Trainer::kfac_refresh(StepStats& s) {
     kfac_->detach();
     kfac_->finish_curvature(mbs_.front().loss_scale);
   }
-  s.kfac_inversion = kfac_->inversion_step(step_);
+  s.kfac_inversion = refresh_cadence(cfg_.kfac).inversion_step(step_);
   if (!s.kfac_inversion) return;
   const InversionSummary inv = kfac_->invert_all();
   s.kfac_raised = inv.raised;

@@ -42,8 +42,7 @@ int timeline_width(const Timeline& tl, const SvgOptions& opt) {
   std::vector<double> d;
   for (const auto& row : tl.per_device)
     for (const TimedAction& t : row)
-      if ((t.action.kind == Kind::F || t.action.kind == Kind::B || t.action.kind == Kind::I ||
-           t.action.kind == Kind::W) && t.end > t.start)
+      if (is_pass(t.action.kind) && t.end > t.start)
         d.push_back(t.end - t.start);
   const int copies = opt.step_starts.empty() ? opt.steps : 1;
   const double span = tl.step_time * copies;

@@ -80,6 +80,13 @@ TEST(HfModel, ConfigJsonGivesTheModelKeys) {
   EXPECT_EQ(refusal(R"({"model_type": "bert", "position_embedding_type": "relative_key"})"),
             "--init: 'c.json': position_embedding_type 'relative_key' is not ours (absolute)");
   EXPECT_EQ(refusal("[1]"), "--init: 'c.json' is not a JSON object (a Hugging Face config.json)");
+  // A text field that is not text is refused naming it, not with the JSON library's type error.
+  EXPECT_EQ(refusal(R"({"model_type": 7})"), "--init: 'c.json': model_type is 7, not a string");
+  std::string listed_gelu = gpt2;
+  listed_gelu.replace(listed_gelu.find("\"gelu_new\""), 10, "[\"gelu\"]");
+  EXPECT_EQ(refusal(listed_gelu), "--init: 'c.json': activation_function is [\"gelu\"], not a string");
+  EXPECT_EQ(refusal(R"({"model_type": "bert", "position_embedding_type": false})"),
+            "--init: 'c.json': position_embedding_type is false, not a string");
 }
 
 TEST(HfModel, HubNamesOfOurTensors) {

@@ -1,6 +1,6 @@
 #pragma once
 // Shared set-up of the PipeFisher runtime tests (tests/runtime/test_pipefisher_*.cpp): runtime/
-// chunk_kfac.hpp under real mpirun, 1 thread per rank, training a tiny BERT with K-FAC; the run's
+// units/chunk_kfac.hpp under real mpirun, 1 thread per rank, training a tiny BERT with K-FAC; the run's
 // weights must equal single-process K-FAC with the same refresh pattern (same staleness), to 1e-5.
 //
 // bubbles: the run's refresh record (kfac_refresh.json: from which step each factor's inverse is

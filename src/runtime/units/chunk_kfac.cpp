@@ -1,4 +1,4 @@
-#include "runtime/chunk_kfac.hpp"
+#include "runtime/units/chunk_kfac.hpp"
 
 #include "comm/clock.hpp"
 #include "comm/collectives.hpp"
@@ -19,12 +19,10 @@ namespace pf {
 namespace {
 // Milliseconds from t0 (comm::steady_now_ns) to now.
 double ms_since(int64_t t0) { return static_cast<double>(comm::steady_now_ns() - t0) / 1e6; }
-int side_of(Side s) { return s == Side::A ? 0 : 1; }
-Side other(Side s) { return s == Side::A ? Side::B : Side::A; }
 }  // namespace
 
 ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of,
-                     int64_t rows, bool overlap)
+                     int64_t rows, bool planned, bool overlap)
     : cfg_(cfg), replica_(replica), micro_batches_(micro_batches), overlap_(overlap), slot_of_(std::move(slot_of)),
       rows_(rows) {
   pre_ = std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab);
@@ -32,7 +30,7 @@ ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_bat
   const int L = layers();
   curv_count_.assign(L, {0, 0});
   committed_.assign(L, {-1, -1});
-  if (cfg.kfac.placement == Placement::Bubbles)  // M_err^save: allocated once
+  if (planned)  // M_err^save: allocated once
     for (int l = 0; l < L; ++l) {
       saved_a_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_in()}), std::vector<int64_t>(slots_, 0)});
       saved_b_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_out()}), std::vector<int64_t>(slots_, 0)});
@@ -93,7 +91,7 @@ void ChunkKfac::on_grad_output(const Linear& l, int micro_batch, const float* g,
   else if (tapping_) pre_->curvature(i, Side::B, g, rows);
 }
 
-void ChunkKfac::committed(int layer, Side s, int64_t step) { committed_[layer][side_of(s)] = step; }
+void ChunkKfac::committed(int layer, Side s, int64_t step) { committed_[layer][side_index(s)] = step; }
 
 void ChunkKfac::curvature(Side s, int layer, int m) {
   const int k = slot_of_.at(m);
@@ -102,15 +100,15 @@ void ChunkKfac::curvature(Side s, int layer, int m) {
   Saved& sv = (s == Side::A ? saved_a_ : saved_b_).at(layer);
   pre_->curvature(layer, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
   // The cycle's last micro-batch of this factor: commit (scaled by the convention).
-  if (++curv_count_[layer][side_of(s)] == slots_) {
-    curv_count_[layer][side_of(s)] = 0;
+  if (++curv_count_[layer][side_index(s)] == slots_) {
+    curv_count_[layer][side_index(s)] = 0;
     if (sync_comm_ != MPI_COMM_NULL) return;  // committed at SYNC_CURV
     if (pre_->finish_curvature(layer, s, loss_scale_)) committed(layer, s, cycle_step_);
   }
 }
 
 void ChunkKfac::invert(Side s, int layer, int block) {
-  if (committed_[layer][side_of(s)] < 0) return;  // nothing to invert yet
+  if (committed_[layer][side_index(s)] < 0) return;  // nothing to invert yet
   KfacLayer& kl = pre_->layer(layer);
   KfacFactor& f = kl.factor(s);
   if (sync_comm_ != MPI_COMM_NULL) stash_ = f.inverse();  // the inverse in use stays until SYNC_CURV
@@ -122,13 +120,13 @@ void ChunkKfac::invert(Side s, int layer, int block) {
     if (block < 0)
       for (auto* m : {&inverse_, &used_})
         std::erase_if(*m, [&](const auto& e) {
-          return std::get<0>(e.first) == layer && std::get<1>(e.first) == side_of(s) && std::get<2>(e.first) >= 0;
+          return std::get<0>(e.first) == layer && std::get<1>(e.first) == side_index(s) && std::get<2>(e.first) >= 0;
         });
-    inverse_[{layer, side_of(s), block}] = {committed_[layer][side_of(s)], committed_[layer][side_of(other(s))]};
+    inverse_[{layer, side_index(s), block}] = {committed_[layer][side_index(s)], committed_[layer][side_index(other_side(s))]};
     return;
   }
   // Set the fresh piece aside for the broadcast; put the one in use back.
-  Tensor& out = pending_[layer][side_of(s)];
+  Tensor& out = pending_[layer][side_index(s)];
   const Tensor& in = f.inverse();
   const int64_t d = f.dim();
   const int64_t first = block < 0 ? 0 : f.blocks()[block].offset, size = block < 0 ? d : f.blocks()[block].size;
@@ -137,7 +135,7 @@ void ChunkKfac::invert(Side s, int layer, int block) {
   else
     for (int64_t r = first; r < first + size; ++r)
       std::memcpy(out.data() + r * d + first, in.data() + r * d + first, static_cast<size_t>(size) * sizeof(float));
-  flags_[2 * layer + side_of(s)] += 1.0f;
+  flags_[2 * layer + side_index(s)] += 1.0f;
   f.received_inverse() = stash_;
 }
 
@@ -246,8 +244,8 @@ void ChunkKfac::distributed_refresh(int64_t t, bool curvature, bool inversion) {
     dist_->invert_all();
     for (int l = 0; l < layers(); ++l)
       for (Side s : {Side::A, Side::B})
-        if (committed_[l][side_of(s)] >= 0)
-          inverse_[{l, side_of(s), -1}] = {committed_[l][side_of(s)], committed_[l][side_of(other(s))]};
+        if (committed_[l][side_index(s)] >= 0)
+          inverse_[{l, side_index(s), -1}] = {committed_[l][side_index(s)], committed_[l][side_index(other_side(s))]};
   }
   precondition(t);
 }
@@ -262,7 +260,7 @@ void ChunkKfac::profiled_curvature(ChunkKfacTimes& times) {
       Saved& sv = (s == Side::A ? saved_a_ : saved_b_)[l];
       for (int k = 0; k < slots_; ++k) pre_->curvature(l, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
       (s == Side::A ? times.curv_a : times.curv_b)[l] += ms_since(t0) / slots_;
-      stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
+      stamp(curvature_kind(side_index(s)), l, t0);
     }
   ++times.curv_samples;
 }
@@ -283,8 +281,8 @@ void ChunkKfac::inline_commit(int64_t t, MPI_Comm holders, ChunkKfacTimes* times
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B}) {
       const int64_t t0 = comm::steady_now_ns();  // the running average's update: curvature work too
-      if (commit_summed(*pre_, l, s, loss_scale_, rows[2 * l + side_of(s)])) committed(l, s, t);
-      stamp(s == Side::A ? Kind::CURV_A : Kind::CURV_B, l, t0);
+      if (commit_summed(*pre_, l, s, loss_scale_, rows[2 * l + side_index(s)])) committed(l, s, t);
+      stamp(curvature_kind(side_index(s)), l, t0);
     }
 }
 
@@ -295,7 +293,7 @@ void ChunkKfac::inline_invert(ChunkKfacTimes* times) {
     for (int l = 0; l < L; ++l) {
       const int64_t t0 = comm::steady_now_ns();
       invert(s, l, -1);
-      stamp(s == Side::A ? Kind::INV_A : Kind::INV_B, l, t0);
+      stamp(inversion_kind(side_index(s)), l, t0);
       if (times) {
         times->inv_a.resize(L, 0), times->inv_b.resize(L, 0);
         (s == Side::A ? times->inv_a : times->inv_b)[l] += ms_since(t0);
@@ -349,7 +347,7 @@ void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
   MPI_Group_free(&holders);
   PF_CHECK(root != MPI_UNDEFINED, "BCAST_INV: rank {} holds no copy of this stage", owner);
   KfacFactor& f = pre_->layer(layer).factor(s);
-  Tensor& piece = pending_[layer][side_of(s)];
+  Tensor& piece = pending_[layer][side_index(s)];
   const int64_t d = f.dim();
   const int64_t first = block < 0 ? 0 : f.blocks()[block].offset, size = block < 0 ? d : f.blocks()[block].size;
   std::vector<float> buf(static_cast<size_t>(f.diagonal() ? size : triangle_size(size)) + 1);
@@ -357,14 +355,14 @@ void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
   if (me == root) {
     if (f.diagonal()) x = std::copy_n(piece.data() + first, size, x);
     else x = pack_triangle(piece.data(), d, first, size, x);
-    *x = flags_[2 * layer + side_of(s)] > 0 ? 1.0f : 0.0f;
+    *x = flags_[2 * layer + side_index(s)] > 0 ? 1.0f : 0.0f;
   }
   comm::check(MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, root, sync_comm_), "MPI_Bcast(inverse)");
   if (me == root || buf.back() == 0.0f) return;
   x = buf.data();
   if (f.diagonal()) std::copy_n(x, size, piece.data() + first);
   else unpack_triangle(x, piece.data(), d, first, size, true);
-  flags_[2 * layer + side_of(s)] += 1.0f;
+  flags_[2 * layer + side_index(s)] += 1.0f;
 }
 
 void ChunkKfac::sync(int64_t t) {
@@ -375,11 +373,11 @@ void ChunkKfac::sync(int64_t t) {
   // NCT pieces this replica inverted itself, CT pieces inverted here or received by BCAST_INV.
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B}) {
-      if (flags_[2 * l + side_of(s)] > 0) {
+      if (flags_[2 * l + side_index(s)] > 0) {
         // Block by block: a split factor's off-block entries keep what they held, as a local
         // inversion of its blocks leaves them.
         KfacFactor& f = pre_->layer(l).factor(s);
-        const Tensor& in = pending_[l][side_of(s)];
+        const Tensor& in = pending_[l][side_index(s)];
         Tensor& out = f.received_inverse();
         const int64_t d = f.dim();
         if (f.diagonal()) out = in;
@@ -388,19 +386,19 @@ void ChunkKfac::sync(int64_t t) {
             for (int64_t r = b.offset; r < b.offset + b.size; ++r)
               std::memcpy(out.data() + r * d + b.offset, in.data() + r * d + b.offset,
                           static_cast<size_t>(b.size) * sizeof(float));
-        inverse_[{l, side_of(s), -1}] = {committed_[l][side_of(s)], committed_[l][side_of(other(s))]};
+        inverse_[{l, side_index(s), -1}] = {committed_[l][side_index(s)], committed_[l][side_index(other_side(s))]};
       }
-      pending_[l][side_of(s)].zero();
+      pending_[l][side_index(s)].zero();
     }
   flags_.zero();
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B})
-      if (commit_summed(*pre_, l, s, loss_scale_, rows[2 * l + side_of(s)])) committed(l, s, cycle_step_);
+      if (commit_summed(*pre_, l, s, loss_scale_, rows[2 * l + side_index(s)])) committed(l, s, cycle_step_);
 }
 
 void ChunkKfac::split(int layer, Side s, int blocks, int64_t t) {
   pre_->layer(layer).factor(s).set_blocks(blocks);
-  splits_.push_back({pre_->layer(layer).name(), side_of(s), blocks, t});
+  splits_.push_back({pre_->layer(layer).name(), side_index(s), blocks, t});
 }
 
 }  // namespace pf

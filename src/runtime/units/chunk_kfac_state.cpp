@@ -1,9 +1,9 @@
-// ChunkKfac's checkpoint state (runtime/chunk_kfac.hpp). The factors, inverses and counters go
+// ChunkKfac's checkpoint state (runtime/units/chunk_kfac.hpp). The factors, inverses and counters go
 // through KfacPreconditioner::state() (the single-process format, under this chunk's prefix);
 // what only a pipeline run has in flight is added: the sums in progress (a bubbles cycle spreads
 // its curvature over several steps), the saved micro-batch buffers its CURV units still read,
 // this replica's pending inverses, the cycle's counters and the refresh record.
-#include "runtime/chunk_kfac.hpp"
+#include "runtime/units/chunk_kfac.hpp"
 
 #include "core/error.hpp"
 #include "dkfac/distributed_kfac.hpp"
@@ -82,7 +82,7 @@ json ChunkKfac::save_core(const std::string& prefix, NamedTensors& out, bool buf
   json factors = json::array();
   for (int l = 0; l < layers(); ++l)
     for (int s = 0; s < 2; ++s) {
-      const Side sd = s == 0 ? Side::A : Side::B;
+      const Side sd = side_at(s);
       KfacFactor& f = pre_->layer(l).factor(sd);
       // With ema 0 the sum in progress is the factor itself (saved above); else its own buffer.
       if (f.own_accumulator())
@@ -129,7 +129,7 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
   // Block structure first: set_blocks reallocates, loading then overwrites.
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < 2; ++s) {
-      KfacFactor& f = pre_->layer(l).factor(s == 0 ? Side::A : Side::B);
+      KfacFactor& f = pre_->layer(l).factor(side_at(s));
       const int blocks = factors[2 * l + s][2].get<int>();
       if (f.num_blocks() != blocks) f.set_blocks(blocks);
     }
@@ -141,7 +141,7 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
   pre_->load_state(st);
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < 2; ++s) {
-      const Side sd = s == 0 ? Side::A : Side::B;
+      const Side sd = side_at(s);
       KfacFactor& f = pre_->layer(l).factor(sd);
       const json& e = factors[2 * l + s];
       if (f.own_accumulator()) {

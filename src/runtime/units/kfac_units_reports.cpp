@@ -1,20 +1,16 @@
-// What the executor's K-FAC side reports (runtime/README.md): the plan's lines, the profile and
-// unit costs the plan was made from, the inline units for the profiler, the refresh record, the
-// DistributedKfac's start line and dkfac.json.
-#include "runtime/executor.hpp"
+// What K-FAC's units report (kfac_units.hpp): the layers' names, an inline refresh's units for
+// the profiler, the DistributedKfac's start line and dkfac.json, the refresh record.
+#include "runtime/units/kfac_units.hpp"
 
-#include "comm/perf_model.hpp"
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
-#include "runtime/executor_parts.hpp"
+#include "runtime/plan_record.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
-#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -47,51 +43,16 @@ RefreshRecord gather_refresh_record(const std::vector<const ChunkKfac*>& mine, i
   return r;
 }
 
-// The plan's period: the least common multiple of the devices' refresh cycles (0: no plan).
-int plan_period(const KfacPlan* plan) {
-  if (!plan) return 0;
-  int p = 1;
-  for (int r : plan->refresh_steps) p = std::lcm(p, std::max(r, 1));
-  return p;
-}
-
 }  // namespace
 
-void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from) {
-  std::string r;
-  for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
-  std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
-              "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
-              "units in bubbles)\n",
-              from.c_str(), r.c_str(), p.splits().size(), p.inline_time, 100 * p.utilization, p.step_time,
-              p.base_step_time);
-  if (p.weight_gradients.total > 0) std::printf("pipefisher: %s (ms)\n", p.weight_gradients.line().c_str());
-  std::printf("pipefisher: %s (ms)\n", p.precondition_line().c_str());
-  if (!p.placements().empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
-    int ct = 0, pieces = 0;
-    for (const StagePlacement& sp : p.placements())  // Chimera's twins hold the same placement: count it once
-      if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
-    std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
-                "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
-  }
-  std::fflush(stdout);
-}
-
-const PlanProfile* Executor::plan_profile() const { return kfac_ && kfac_->plan ? &kfac_->plan_input : nullptr; }
-
-void Executor::expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const {
-  if (!kfac_) return;
+void KfacUnits::expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const {
   std::vector<Action> a2;
   std::vector<ActionTime> t2;
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
-    size_t c = chunks_.size();
-    if (a.kind == Kind::PREC)
-      for (size_t k = 0; k < chunks_.size(); ++k)
-        if (chunks_[k]->stage == a.stage && chunks_[k]->pipeline == a.pipeline) c = k;
     ActionTime t = times[i];
-    if (c < chunks_.size()) {
-      for (const ChunkKfac::UnitStamp& u : kfac_->chunk[c]->inline_units()) {
+    if (a.kind == Kind::PREC) {
+      for (const ChunkKfac::UnitStamp& u : hosted(a.pipeline, a.stage).kfac->inline_units()) {
         if (u.start < t.start || u.end > t.end) continue;  // an earlier step's refresh
         a2.push_back({u.kind, a.stage, a.pipeline, -1, u.layer});
         t2.push_back({u.start, u.end, 0});
@@ -106,30 +67,29 @@ void Executor::expand_inline_units(std::vector<Action>& actions, std::vector<Act
   times = std::move(t2);
 }
 
-std::vector<std::tuple<int, int, int, std::string>> Executor::kfac_layer_names() const {
+std::vector<std::tuple<int, int, int, std::string>> KfacUnits::layer_names() const {
   std::vector<std::tuple<int, int, int, std::string>> out;
-  if (!kfac_) return out;
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    for (int l = 0; l < kfac_->chunk[c]->layers(); ++l) {
+  for (const HostedKfac& h : hosted_)
+    for (int l = 0; l < h.kfac->layers(); ++l) {
       // The layer's name: its weight's without ".weight" (bert.encoder.layer.0.attention.self.query).
-      std::string name = kfac_->chunk[c]->pre().layer(l).name();
+      std::string name = h.kfac->pre().layer(l).name();
       if (name.ends_with(".weight")) name.resize(name.size() - 7);
-      out.emplace_back(chunks_[c]->pipeline, chunks_[c]->stage, l, std::move(name));
+      out.emplace_back(h.pipeline, h.stage, l, std::move(name));
     }
   return out;
 }
 
-std::string Executor::kfac_distributed_line() const {
-  if (!kfac_ || kfac_->dist.empty()) return "";
-  const DistributedKfac& d = *kfac_->dist.front();
+std::string KfacUnits::distributed_line() const {
+  if (hosted_.empty() || !hosted_.front().dist) return "";
+  const DistributedKfac& d = *hosted_.front().dist;
   const KfacConfig& kc = cfg_.kfac;
   const std::string ablation = kc.distributed != KfacStrategy::SpdKfac || (kc.spd_pipelining && kc.spd_balance) ? ""
                                : kc.spd_pipelining ? ", no balance" : kc.spd_balance ? ", no pipelining"
                                                                                      : ", no pipelining, no balance";
   return fmt::format("K-FAC factors and inversions shared by {}{} among {} copies of each stage; stage {}: {} factors, "
-                     "{} inverses broadcast, perf model {}", kc.distributed, ablation, kfac_->holders.front().size(),
-                     chunks_.front()->stage, d.factors(), d.placement().communicated(),
-                     kfac_->perf->from_cache ? "cached" : "measured");
+                     "{} inverses broadcast, perf model {}", kc.distributed, ablation, hosted_.front().holders.size(),
+                     hosted_.front().stage, d.factors(), d.placement().communicated(),
+                     perf_->from_cache ? "cached" : "measured");
 }
 
 namespace {
@@ -165,18 +125,17 @@ DkfacSummary summarize_dkfac(const std::vector<std::string>& ranks, int stages) 
 }
 }  // namespace
 
-void Executor::write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps) {
-  if (!kfac_ || kfac_->dist.empty()) return;
-  KfacState& k = *kfac_;
+void KfacUnits::write_dkfac_record(const std::string& path, double step_time_sum, int timed_steps) {
+  if (distributed_line().empty()) return;
   using nlohmann::json;
   // This rank: its stages' fusion and placement, and its time totals (per curvature / inversion step).
   json stages = json::array();
   double inflight = 0, wait = 0, messages = 0, inversion = 0, inverse_wait = 0;
   int steps = 0, inversion_steps = 0;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const DistributedKfac& d = *k.dist[i];
+  for (const HostedKfac& h : hosted_) {
+    const DistributedKfac& d = *h.dist;
     const InversionPlacement& pl = d.placement();
-    stages.push_back({{"pipeline", chunks_[i]->pipeline}, {"stage", chunks_[i]->stage}, {"factors", d.factors()},
+    stages.push_back({{"pipeline", h.pipeline}, {"stage", h.stage}, {"factors", d.factors()},
                       {"fused_messages", {{"A", d.groups(Side::A).size()}, {"B", d.groups(Side::B).size()}}},
                       {"placement", {{"owner", pl.owner}, {"communicated", pl.communicated()}, {"model_load_s", pl.load}}}});
     const DkfacTimes& t = d.times();
@@ -199,14 +158,14 @@ void Executor::write_dkfac_record(const std::string& path, double step_time_sum,
       {"pipelining", kc.distributed == KfacStrategy::SpdKfac && kc.spd_pipelining},
       {"balance", kc.distributed == KfacStrategy::SpdKfac && kc.spd_balance},
       {"ranks", all.size()},
-      {"holders_per_stage", k.holders.front().size()},
+      {"holders_per_stage", hosted_.front().holders.size()},
       {"factors", sum.factors},
       {"fused_messages", {{"A", sum.fused_a}, {"B", sum.fused_b}}},
       // The whole model's factors, stage after stage (owner: the rank among the stage's holders).
       {"placement", {{"owner", sum.owner}, {"communicated", sum.communicated},
                      {"model_load_s", sum.load.size() == 1 ? sum.load[0] : sum.load}}},
       {"stages", sum.stages},
-      {"perf_model", json::parse(comm::perf_model_to_json(*k.perf))},
+      {"perf_model", json::parse(comm::perf_model_to_json(*perf_))},
       {"timed_steps", timed_steps},
   };
   out.update(sum.times);  // step_time_s, factor_inflight_s, factor_wait_s, factor_messages, inversion_s, inverse_wait_s
@@ -215,18 +174,17 @@ void Executor::write_dkfac_record(const std::string& path, double step_time_sum,
   write_file_atomic(path, out.dump(2) + "\n");
 }
 
-void Executor::write_kfac_record(const std::string& path) {
-  if (!kfac_) return;
+void KfacUnits::write_refresh_record(const std::string& path, int64_t steps, int64_t plan_start, int period) {
   std::vector<const ChunkKfac*> mine;
-  for (auto& c : kfac_->chunk) mine.push_back(c.get());
+  for (const HostedKfac& h : hosted_) mine.push_back(h.kfac.get());
   RefreshRecord r = gather_refresh_record(mine, groups_.rank);
   if (groups_.rank != 0) return;
-  r.steps = step_ + 1;
-  r.plan_start = kfac_->plan_start;
-  r.period = plan_period(kfac_->plan.get());
+  r.steps = steps;
+  r.plan_start = plan_start;
+  r.period = period;
   r.recorded_with = record_shape(cfg_);
   r.layout = record_layout(cfg_);
-  write_refresh_record(std::move(r), path);
+  pf::write_refresh_record(std::move(r), path);
 }
 
 }  // namespace pf

@@ -96,11 +96,13 @@ struct ChunkKfacTimes {
 class ChunkKfac final : public LinearTap {
  public:
   // model: the chunk's model; replica/micro_batches: to map a micro-batch index to the chunk's
-  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch. overlap: when
-  // replicated, a cycle's inversions may run during the next cycle's curvature (Chimera's group),
-  // so each factor sums into a buffer of its own (one more factor of memory).
+  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch. planned: the
+  // units run where a plan puts them (kfac.placement = bubbles), so the layers' inputs and
+  // gradients are saved for them (M_err^save). overlap: when replicated, a cycle's inversions may
+  // run during the next cycle's curvature (Chimera's group), so each factor sums into a buffer of
+  // its own (one more factor of memory).
   ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of, int64_t rows,
-            bool overlap);
+            bool planned, bool overlap);
   ~ChunkKfac() override;
 
   KfacPreconditioner& pre() { return *pre_; }
@@ -150,8 +152,9 @@ class ChunkKfac final : public LinearTap {
   // BCAST_INV: the piece (block -1 = whole) inverted last cycle by holder `owner` (world rank), to
   // every holder.
   void broadcast(Side s, int layer, int block, int owner);
-  // Switch a factor to block-diagonal from step t on.
+  // Switch a factor to block-diagonal from step t on; its diagonal blocks now.
   void split(int layer, Side s, int blocks, int64_t t);
+  int blocks(int layer, Side s) const { return pre_->layer(layer).factor(s).num_blocks(); }
 
   // Checkpoints (chunk_kfac_state.cpp): everything later steps read, so a resumed run continues
   // bit for bit: factors and their sums in progress, inverses in use and this replica's pending

@@ -1,0 +1,15 @@
+#pragma once
+// The executor's stamps of a step's actions (runtime/executor.hpp), read by the profiler and by
+// K-FAC's placement (the profile a plan is made from).
+#include <cstdint>
+
+namespace pf {
+
+// Start and end (steady clock, ns) of each action of the device's list in one step.
+// `wait` is the part spent waiting for other ranks inside a compute handler (the first OPT of a
+// step finishing the gradients: all-reduces, embedding sum, norm), drawn as idle time.
+struct ActionTime {
+  int64_t start = 0, end = 0, wait = 0;
+};
+
+}  // namespace pf

@@ -1,0 +1,107 @@
+#pragma once
+// PipeFisher's controller: kfac.placement = bubbles in the MPI runtime (runtime/kfac_placement.hpp).
+// It decides which list each step runs and what each hosted chunk's units do in it, through these
+// phases (runtime/README.md):
+//
+//   profiling   kProfileSteps steps run the inline list; every unit runs at PREC, timed
+//               (controller.cpp: begin_step, after_step accumulating the profile)
+//   planning    at the profile's end every rank all-reduces its timings (or reads
+//               kfac.plan_profile) and calls the planner: the same bits give every rank the
+//               same plan (controller_plan.cpp)
+//   planned     step t runs plan.actions(replica, device, t - plan_start); a cycle begins where
+//               the plan says
+//   draining    forward/backward over 1.3x the profile for 3 steps on any rank (drift): each
+//               device finishes its cycle, runs plain steps until every device's cycle boundary,
+//               then all profile again and re-plan (controller.cpp: drift)
+//
+// Each field is written in one file: the phase and the profile in controller.cpp (after_step,
+// drift, and load_state restoring them from a checkpoint), the plan and its input in
+// controller_plan.cpp (plan_from_profile, make_plan, load_plan).
+#include "comm/world.hpp"
+#include "config/config.hpp"
+#include "plan/planner.hpp"
+#include "runtime/kfac_placement.hpp"
+#include "runtime/layout.hpp"
+#include "runtime/units/kfac_units.hpp"
+#include "sim/profile.hpp"
+#include "train/test_seams.hpp"
+
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace pf {
+
+inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
+// Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
+// paper's 5%. (20% measured no better on this shared 2-core machine: bench/RESULTS.md.)
+inline constexpr double kPlanMargin = 0.05;
+
+class Controller final : public KfacPlacement {
+ public:
+  // seams: tests only (train/test_seams.hpp): drift forced, unit costs scaled, a fixed broadcast model.
+  Controller(const Config& cfg, const Layout& layout, const comm::Groups& groups, KfacUnits& units,
+             const KfacSeams& seams);
+
+  const std::vector<Action>& actions_for(int64_t step) const override;
+  bool begin_step(int64_t step, const std::vector<MicroBatch>& mbs) override;
+  void after_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) override;
+  int64_t plan_start() const override { return phase_.plan_start; }
+  int plan_period() const override;
+  const PlanProfile* plan_profile() const override { return plan_ ? &plan_input_ : nullptr; }
+  void save_state(nlohmann::json& j) const override;
+  void load_state(const nlohmann::json& j, const std::string& where) override;
+
+ private:
+  // Where the run is: profiling steps [profile_start, profile_start + kProfileSteps); the plan
+  // made at their end runs its step 0 at plan_start. Draining: every device finishes its cycle
+  // (its boundary), runs plain steps until replan_at, where all profile again.
+  struct Phase {
+    int64_t profile_start = 0, plan_start = kProfileSteps;
+    int64_t boundary = -1, replan_at = -1;
+    int drift_steps = 0;  // consecutive steps far over the profile
+  };
+  // The timings being summed: [lowered action] ms, and each chunk's units.
+  struct Profile {
+    std::vector<double> action_ms;
+    int samples = 0;
+    std::vector<ChunkKfacTimes> chunks;  // [hosted chunk]
+  };
+  bool profiling(int64_t t) const { return !plan_ || (t >= phase_.profile_start && t < phase_.profile_start + kProfileSteps); }
+  bool draining(int64_t t) const { return phase_.replan_at >= 0 && t >= phase_.boundary && t < phase_.replan_at; }
+  void configure_chunk(HostedKfac& h, size_t index, int64_t step, float scale);
+  void add_profile_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
+  void check_drift(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
+  void drift(int64_t step, double compute_ms);
+  void drain_lists();
+  // controller_plan.cpp
+  void plan_from_profile();
+  std::pair<double, double> bcast_model();
+  void make_plan(bool restoring);
+  void split_as_planned();
+  void split_preconditions();
+  void save_plan(nlohmann::json& j) const;
+  void load_plan(const nlohmann::json& j, const std::string& where);
+
+  const Config& cfg_;
+  const Layout& layout_;
+  const comm::Groups& groups_;
+  KfacUnits& units_;
+  KfacSeams seams_;
+  int device_;
+  const std::vector<Action>& lowered_;  // the device's lowered list (what the profile times)
+  std::vector<Action> inline_list_;     // lowered + each chunk's PREC before the first OPT
+  std::vector<int> lowered_index_;      // [inline_list_ index] -> lowered_ index, -1 for PREC
+  std::optional<PlanProfile> recorded_;  // kfac.plan_profile's; none: plan from timings
+  Phase phase_;
+  Profile profile_;
+  std::unique_ptr<KfacPlan> plan_;
+  PlanProfile plan_input_;  // the all-reduced profile the plan was made from
+  double planned_compute_ms_ = 0;  // this rank's F/B/I/W per step in that profile (drift's yardstick)
+  double plan_scale_ = 1.0;  // --test-kfac-cost-scale at planning
+  std::optional<std::pair<double, double>> bcast_model_;  // W > 1: ms, ms per byte
+  std::vector<Action> drain_first_, drain_plain_, reprofile_first_;
+};
+
+}  // namespace pf

@@ -1,0 +1,226 @@
+// PipeFisher's controller, planning (controller.hpp): the all-reduced profile (or the recorded one)
+// into the planner, the plan's splits and precondition splits applied, its lines printed.
+#include "runtime/pipefisher/controller.hpp"
+
+#include "comm/perf_model.hpp"
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "core/files.hpp"
+#include "kfac/factor.hpp"
+#include "kfac/kfac_layer.hpp"
+#include "runtime/plan_record.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace pf {
+
+namespace {
+// The plan's input as saved: its profile JSON (runtime/plan_record.hpp), or the wire form's sums
+// that checkpoints of earlier builds hold; empty without a plan.
+PlanProfile saved_plan_input(const nlohmann::json& j, const Config& cfg, const Layout& layout, const std::string& where) {
+  if (j.is_object()) return read_profile(j, where).plan;
+  if (!j.is_array() || j.empty()) return {};
+  PlanProfile p = ProfileLayout(layout).mean(j.get<std::vector<double>>());
+  p.shape = plan_shape(cfg, layout);
+  return p;
+}
+}  // namespace
+
+namespace {
+
+// The plan's lines on stdout (rank 0): refresh steps, splits, inline work, the precondition,
+// the inversion placement; `from` names the profile.
+void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from) {
+  std::string r;
+  for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
+  std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
+              "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
+              "units in bubbles)\n",
+              from.c_str(), r.c_str(), p.splits().size(), p.inline_time, 100 * p.utilization, p.step_time,
+              p.base_step_time);
+  if (p.weight_gradients.total > 0) std::printf("pipefisher: %s (ms)\n", p.weight_gradients.line().c_str());
+  std::printf("pipefisher: %s (ms)\n", p.precondition_line().c_str());
+  if (!p.placements().empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
+    int ct = 0, pieces = 0;
+    for (const StagePlacement& sp : p.placements())  // Chimera's twins hold the same placement: count it once
+      if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
+    std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
+                "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
+  }
+  std::fflush(stdout);
+}
+
+// One chunk's measured K-FAC units: the means of its timed samples, with its factors' sizes.
+StageKfacCost measured_cost(ChunkKfac& ck, const ChunkKfacTimes& t) {
+  StageKfacCost c;
+  c.precondition = t.prec / std::max(1, t.prec_samples);
+  c.sync = t.sync / std::max(1, t.curv_samples);
+  for (int l = 0; l < ck.layers(); ++l) {
+    const KfacLayer& layer = ck.pre().layer(l);
+    c.curv_a.push_back(t.curv_a[l] / std::max(1, t.curv_samples));
+    c.curv_b.push_back(t.curv_b[l] / std::max(1, t.curv_samples));
+    c.inv_a.push_back(t.inv_a[l] / std::max(1, t.inv_samples));
+    c.inv_b.push_back(t.inv_b[l] / std::max(1, t.inv_samples));
+    c.dim_a.push_back(static_cast<int>(layer.d_in()));
+    c.dim_b.push_back(static_cast<int>(layer.d_out()));
+    c.diag_b.push_back(layer.b().diagonal() ? 1 : 0);
+  }
+  return c;
+}
+
+}  // namespace
+
+// Every rank contributes its measured means to one all-reduce (runtime/plan_record.hpp's wire
+// form), so every rank plans from the same numbers (the same bits) and gets the same plan.
+void Controller::plan_from_profile() {
+  const int W = layout_.replicas;
+  const double samples = std::max(1, profile_.samples);
+  std::vector<double> mine(lowered_.size(), 0.0);  // this device's action times, over the replicas
+  planned_compute_ms_ = 0;
+  for (size_t i = 0; i < lowered_.size(); ++i) {
+    const Kind kd = lowered_[i].kind;
+    if (planner_measures(kd)) mine[i] = profile_.action_ms[i] / samples / W;
+    if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) planned_compute_ms_ += profile_.action_ms[i] / samples;
+  }
+  if (recorded_) {
+    plan_input_ = *recorded_;  // kfac.plan_profile: every rank plans from the same recorded numbers
+  } else {
+    const ProfileLayout wire(layout_);
+    std::vector<double> v = wire.zeros();
+    wire.set_actions(v, device_, mine);
+    for (size_t c = 0; c < units_.hosted().size(); ++c) {
+      HostedKfac& h = units_.hosted()[c];
+      wire.add_stage(v, h.stage, measured_cost(*h.kfac, profile_.chunks[c]));
+    }
+    if (wire.broadcast) {  // every rank's model of its stage's broadcasts; the planner gets the mean
+      const auto [alpha, beta] = bcast_model();
+      wire.add_broadcast(v, alpha, beta);
+    }
+    comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
+    plan_input_ = wire.mean(v);
+    plan_input_.shape = plan_shape(cfg_, layout_);
+  }
+  // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
+  // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
+  plan_scale_ = seams_.cost_scale;
+  make_plan(false);
+  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
+    write_file_atomic(cfg_.train.out_dir + "/kfac_profile.json", plan_profile_json(cfg_, layout_, plan_input_).dump(1) + "\n");
+}
+
+// The plan from plan_input_ (the same bits on every rank): made at the end of a profile, or
+// remade from a checkpoint (`restoring`: the factors' block structure and the record come from
+// the checkpoint, so nothing is recorded or printed here).
+void Controller::make_plan(bool restoring) {
+  const int W = layout_.replicas;
+  const PlanProfile& prof = plan_input_;
+  // The whole lowered step with its measured durations: the planner sets the optimizer steps
+  // aside and ends every list with them.
+  PlanInput in;
+  in.schedule = layout_.schedule;
+  in.durations = prof.action_ms;
+  in.replicas = W;
+  in.margin = kPlanMargin;
+  in.split_to_shorten = cfg_.kfac.split_inversions;
+  // Chimera: a stage's twins and their replicas form one group sharing its inversions, each pair
+  // of twins with its own cycle (PlanInput::chimera_group, the default).
+  in.recompute = cfg_.parallel.recompute && layout_.stages() > 1;
+  in.bcast_alpha = std::max(0.0, prof.bcast_alpha);  // none: no broadcasts to model
+  in.bcast_beta = std::max(0.0, prof.bcast_beta);
+  for (const StageKfacCost& c : prof.kfac) in.kfac.push_back(planner_cost(c, plan_scale_));
+  plan_ = std::make_unique<KfacPlan>(plan_kfac(in));
+  split_preconditions();
+  if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
+  // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
+  // SYNC_CURV and inverses travel with it.
+  if (W > 1 || layout_.pipelines() > 1)
+    for (HostedKfac& h : units_.hosted()) h.kfac->set_replicated(h.holders.get());
+  split_as_planned();
+  if (groups_.rank == 0)
+    print_plan(*plan_, in,
+               !recorded_ ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, phase_.profile_start + 1,
+                                        phase_.plan_start)
+                          : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile));
+}
+
+// Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):
+// the comm performance model (comm/perf_model.hpp: measured once over this rank's first stage's
+// holders, cached per machine), or --test-bcast-model (tests only: fixed numbers, so a test
+// knows which pieces are broadcast).
+std::pair<double, double> Controller::bcast_model() {
+  if (seams_.bcast_model) return *seams_.bcast_model;
+  if (!bcast_model_) {
+    const comm::PerfModel& m = units_.perf_model();
+    bcast_model_ = {m.broadcast.alpha * 1e3, m.broadcast.beta * 1e3 / sizeof(float)};  // s per float -> ms per byte
+  }
+  return *bcast_model_;
+}
+
+// The plan's precondition splits (PrecSplit): each chunk's owner of each layer as a rank of its
+// all-gather communicator (members are (device, replica); -1: every holder).
+void Controller::split_preconditions() {
+  for (HostedKfac& h : units_.hosted()) {
+    const PrecSplit* ps = plan_->prec_split(h.pipeline, h.stage);
+    if (!ps || !ps->split()) {
+      h.kfac->set_prec_split({}, MPI_COMM_NULL);
+      continue;
+    }
+    MPI_Comm comm = h.prec_comm.get();
+    MPI_Group world, holders;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Comm_group(comm, &holders);
+    std::vector<int> owner;
+    for (int o : ps->placement.owner) {
+      int rank = -1;
+      if (o != kEveryRank) {
+        const int w = groups_.world_rank(ps->members.at(o).first, ps->members.at(o).second);
+        MPI_Group_translate_ranks(world, 1, &w, holders, &rank);
+        PF_CHECK(rank != MPI_UNDEFINED, "precondition split: rank {} holds no copy of stage {}", w, ps->stage);
+      }
+      owner.push_back(rank);
+    }
+    MPI_Group_free(&world);
+    MPI_Group_free(&holders);
+    h.kfac->set_prec_split(std::move(owner), comm);
+  }
+}
+
+// Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
+void Controller::split_as_planned() {
+  for (HostedKfac& h : units_.hosted())
+    for (int l = 0; l < h.kfac->layers(); ++l)
+      for (int side : {0, 1}) {
+        const int blocks = plan_->split_blocks(h.pipeline, h.stage, l, inversion_kind(side));
+        if (h.kfac->blocks(l, side_at(side)) != blocks) h.kfac->split(l, side_at(side), blocks, phase_.plan_start);
+      }
+}
+
+// The plan's period: the least common multiple of the devices' refresh cycles (0: no plan).
+int Controller::plan_period() const {
+  if (!plan_) return 0;
+  int p = 1;
+  for (int r : plan_->refresh_steps) p = std::lcm(p, std::max(r, 1));
+  return p;
+}
+
+void Controller::save_plan(nlohmann::json& j) const {
+  j["has_plan"] = static_cast<bool>(plan_);
+  j["plan_input"] = plan_ ? plan_profile_json(cfg_, layout_, plan_input_) : nlohmann::json();
+  j["plan_scale"] = plan_scale_;
+  j["profiled_compute"] = planned_compute_ms_;
+}
+
+// The plan in use, remade from the profile it was made from (timings of this run would give another).
+void Controller::load_plan(const nlohmann::json& j, const std::string& where) {
+  plan_input_ = saved_plan_input(j.at("plan_input"), cfg_, layout_, where + " plan_input");
+  plan_scale_ = j.at("plan_scale").get<double>();
+  planned_compute_ms_ = j.at("profiled_compute").get<double>();
+  plan_.reset();
+  if (j.at("has_plan").get<bool>()) make_plan(true);
+}
+
+}  // namespace pf

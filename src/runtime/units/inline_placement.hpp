@@ -1,0 +1,34 @@
+#pragma once
+// kfac.placement = inline or skip in the MPI runtime (runtime/kfac_placement.hpp): every step runs
+// the inline list (the lowered schedule with each hosted stage's PREC just before the device's
+// first OPT); the taps accumulate curvature during the cadence's curvature steps (through the
+// stage's DistributedKfac when it has copies) and PREC commits, inverts at the inversion steps
+// and preconditions: the single-process Trainer's pattern (kfac/cadence.hpp).
+#include "kfac/cadence.hpp"
+#include "runtime/kfac_placement.hpp"
+#include "runtime/layout.hpp"
+#include "runtime/units/kfac_units.hpp"
+
+namespace pf {
+
+class InlinePlacement final : public KfacPlacement {
+ public:
+  InlinePlacement(const Config& cfg, const Layout& layout, int device, int replica, KfacUnits& units);
+
+  const std::vector<Action>& actions_for(int64_t) const override { return list_; }
+  bool begin_step(int64_t step, const std::vector<MicroBatch>& mbs) override;
+  void after_step(int64_t, const std::vector<Action>&, const std::vector<ActionTime>&) override {}
+  int64_t plan_start() const override { return 0; }
+  int plan_period() const override { return 0; }
+  const PlanProfile* plan_profile() const override { return nullptr; }
+  void save_state(nlohmann::json&) const override {}
+  void load_state(const nlohmann::json&, const std::string&) override {}
+
+ private:
+  KfacCadence cadence_;
+  int micro_batches_, replica_;
+  KfacUnits& units_;
+  std::vector<Action> list_;
+};
+
+}  // namespace pf
