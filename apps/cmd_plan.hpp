@@ -1,6 +1,7 @@
 #pragma once
-// `pipefisher plan`'s flags and the parts its two files share: cmd_plan.cpp (schedule, simulation,
-// reports) and cmd_plan_kfac.cpp (--kfac: PipeFisher planned on the simulated step).
+// `pipefisher plan`'s flags and the parts its files share: cmd_plan.cpp (schedule, simulation,
+// reports), cmd_plan_inputs.cpp (profiles, --sweep) and cmd_plan_kfac.cpp (--kfac: PipeFisher
+// planned on the simulated step).
 #include "config/config.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/profile.hpp"
@@ -32,6 +33,18 @@ struct PlanArgs {
   bool given(const char* flag) const { return app->count(flag) > 0; }
   bool has(const char* flag) const { return given(flag) || from_profile.count(flag) > 0; }
 };
+
+// The inputs (cmd_plan_inputs.cpp): a JSON profile naming its run fills every shape flag not
+// given; the profiles to use (--profile: all CSV rows in a sweep, else the row of
+// --micro-batch-size; or one built from the time flags); the one profile of a schedule's
+// simulation, with --recompute's extra forward in each backward.
+void apply_profile_run(PlanArgs& a);
+std::vector<Profile> load_profiles(const PlanArgs& a);
+Profile profile_of(const PlanArgs& a);
+// --sweep: the paper's performance model over --sweep-stages (cmd_plan_inputs.cpp).
+int run_sweep_mode(const PlanArgs& a);
+// The files --svg, --trace and --csv wrote (text mode: the JSON's reader named them).
+void print_outputs(const PlanArgs& a);
 
 // --model's preset; UsageError naming the presets for an unknown one.
 ModelConfig model_preset(const std::string& name);
