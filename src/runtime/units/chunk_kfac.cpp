@@ -140,14 +140,12 @@ void ChunkKfac::invert(Side s, int layer, int block) {
 }
 
 void ChunkKfac::precondition(int64_t t) {
-  if (gather_.owner.empty()) {
+  if (!gather_.split()) {
     pre_->precondition_all();
   } else {
-    int me = 0;
-    MPI_Comm_rank(gather_.comm, &me);
     for (int l = 0; l < layers(); ++l)
-      if (gather_.owner[l] < 0 || gather_.owner[l] == me) pre_->precondition(l);
-    start_gather();
+      if (gather_.mine(l)) pre_->precondition(l);
+    gather_.start(*pre_);
   }
   preconditioned_ = true;
   for (auto& [key, id] : inverse_) {
@@ -158,76 +156,9 @@ void ChunkKfac::precondition(int64_t t) {
   }
 }
 
-int64_t ChunkKfac::gather_floats(int layer) {
-  const Linear& lin = pre_->linear(layer);
-  return lin.weight().grad.numel() + (lin.bias() ? lin.bias()->grad.numel() : 0) + 2;
-}
+void ChunkKfac::set_prec_split(std::vector<int> owner, MPI_Comm comm) { gather_.set(std::move(owner), comm, *pre_); }
 
-void ChunkKfac::set_prec_split(std::vector<int> owner, MPI_Comm comm) {
-  PF_CHECK(gather_.request == MPI_REQUEST_NULL, "a precondition split changed with its gather in flight");
-  PF_CHECK(owner.empty() || static_cast<int>(owner.size()) == layers(), "{} owners for {} layers", owner.size(), layers());
-  gather_ = {};
-  if (owner.empty()) return;
-  int ranks = 0;
-  MPI_Comm_size(comm, &ranks);
-  gather_.owner = std::move(owner);
-  gather_.comm = comm;
-  gather_.counts.assign(ranks, 0);
-  for (int l = 0; l < layers(); ++l)
-    if (gather_.owner[l] >= 0) gather_.counts.at(gather_.owner[l]) += static_cast<int>(gather_floats(l));
-  gather_.displs.assign(ranks, 0);
-  for (int r = 1; r < ranks; ++r) gather_.displs[r] = gather_.displs[r - 1] + gather_.counts[r - 1];
-  gather_.recv.resize(static_cast<size_t>(gather_.displs.back() + gather_.counts.back()));
-}
-
-// This holder's CT layers, in layer order: weight gradient, bias gradient, v.g (a double's bits).
-void ChunkKfac::start_gather() {
-  int me = 0;
-  MPI_Comm_rank(gather_.comm, &me);
-  gather_.send.clear();
-  for (int l = 0; l < layers(); ++l) {
-    if (gather_.owner[l] != me) continue;
-    Linear& lin = pre_->linear(l);
-    const std::span<const float> w = lin.weight().grad.span();
-    gather_.send.insert(gather_.send.end(), w.begin(), w.end());
-    if (Param* b = lin.bias()) gather_.send.insert(gather_.send.end(), b->grad.data(), b->grad.data() + b->grad.numel());
-    float vg[2];
-    const double v = pre_->layer(l).last_vg();
-    std::memcpy(vg, &v, sizeof v);
-    gather_.send.insert(gather_.send.end(), vg, vg + 2);
-  }
-  PF_CHECK(static_cast<int>(gather_.send.size()) == gather_.counts[me], "precondition gather: {} floats, {} planned",
-           gather_.send.size(), gather_.counts[me]);
-  comm::check(MPI_Iallgatherv(gather_.send.data(), gather_.counts[me], MPI_FLOAT, gather_.recv.data(),
-                              gather_.counts.data(), gather_.displs.data(), MPI_FLOAT, gather_.comm, &gather_.request),
-              "MPI_Iallgatherv(preconditioned gradients)");
-}
-
-void ChunkKfac::finish_gather() {
-  if (gather_.request == MPI_REQUEST_NULL) return;
-  comm::check(MPI_Wait(&gather_.request, MPI_STATUS_IGNORE), "MPI_Wait(preconditioned gradients)");
-  int me = 0;
-  MPI_Comm_rank(gather_.comm, &me);
-  std::vector<int64_t> at(gather_.displs.begin(), gather_.displs.end());  // [rank] next float
-  for (int l = 0; l < layers(); ++l) {
-    const int o = gather_.owner[l];
-    if (o < 0) continue;
-    const float* x = gather_.recv.data() + at[o];
-    at[o] += gather_floats(l);
-    if (o == me) continue;
-    Linear& lin = pre_->linear(l);
-    Tensor& w = lin.weight().grad;
-    std::copy_n(x, w.numel(), w.data());
-    x += w.numel();
-    if (Param* b = lin.bias()) {
-      std::copy_n(x, b->grad.numel(), b->grad.data());
-      x += b->grad.numel();
-    }
-    double v = 0;
-    std::memcpy(&v, x, sizeof v);
-    pre_->layer(l).set_last_vg(v);
-  }
-}
+void ChunkKfac::finish_gather() { gather_.finish(*pre_); }
 
 // One inline K-FAC unit, as the profiler and trace show it: from t0 to now.
 void ChunkKfac::stamp(Kind k, int layer, int64_t t0) { inline_units_.push_back({k, layer, t0, comm::steady_now_ns()}); }

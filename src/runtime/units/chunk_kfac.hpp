@@ -55,13 +55,8 @@
 // copy of the factors).
 //
 // The precondition of a stage with several holders (bubbles, after planning): split by layer as
-// the plan's PrecSplit says (set_prec_split). Each holder's PREC preconditions its layers and
-// starts a non-blocking all-gather of their preconditioned gradients (and v.g) among the holders;
-// finish_gather completes it before the step's gradient norm, once every PREC of the device has
-// started its gather (blocking gathers on the per-stage communicators in the twins' different
-// orders could deadlock). Every holder then holds the gradients one process would have computed,
-// bit for bit (the same summed gradient through the same inverses, on one of them). Profiling
-// steps precondition every layer (the plan needs the whole stage's time).
+// the plan's PrecSplit says (set_prec_split; prec_gather.hpp). Profiling steps precondition every
+// layer (the plan needs the whole stage's time).
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
@@ -69,6 +64,7 @@
 #include "kfac/refresh_record.hpp"
 #include "nn/model.hpp"
 #include "plan/planner.hpp"
+#include "runtime/units/prec_gather.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -229,15 +225,7 @@ class ChunkKfac final : public LinearTap {
   bool snapshot_cycle_ = false;    // taken at a cycle's takeover (bubbles)
   bool poisoned_ = false;          // this cycle began in a skipped step: its CURV units do nothing
   std::vector<SplitEvent> splits_;
-  struct PrecGather {
-    std::vector<int> owner;     // [layer] rank in comm, -1 every holder
-    MPI_Comm comm = MPI_COMM_NULL;
-    std::vector<int> counts, displs;  // [rank] floats in the gather
-    std::vector<float> send, recv;
-    MPI_Request request = MPI_REQUEST_NULL;
-  } gather_;
-  int64_t gather_floats(int layer);  // a layer's part: weight and bias gradients, v.g
-  void start_gather();
+  PrecGather gather_;  // bubbles with several holders: the split precondition
 };
 
 }  // namespace pf

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <utility>
 
 namespace pf {
 
@@ -31,14 +32,14 @@ RefreshRecord gather_refresh_record(const std::vector<const ChunkKfac*>& mine, i
   const std::vector<std::string> all = comm::gather_bytes(json{ev, sp}.dump(), 0, MPI_COMM_WORLD);
   RefreshRecord r;
   if (rank != 0) return r;
-  std::set<std::string> seen;
+  std::set<std::pair<char, std::string>> seen;  // ('e' event | 's' split, its JSON)
   for (const std::string& s : all) {
     const json j = json::parse(s);
     for (const json& e : j[0])
-      if (seen.insert("e" + e.dump()).second)
+      if (seen.emplace('e', e.dump()).second)
         r.events.push_back({e[0], e[1], e[2], e[3], {e[4].get<int64_t>(), e[5].get<int64_t>()}});
     for (const json& e : j[1])
-      if (seen.insert("s" + e.dump()).second) r.splits.push_back({e[0], e[1], e[2], e[3]});
+      if (seen.emplace('s', e.dump()).second) r.splits.push_back({e[0], e[1], e[2], e[3]});
   }
   return r;
 }
