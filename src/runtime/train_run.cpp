@@ -119,8 +119,7 @@ class MpiEngine final : public TrainEngine {
   Layout layout_;
   std::string layout_name_;
   ProfileOptions profile_opt_;
-  PoisonStep poison_;
-  KfacSeams kfac_seams_;
+  TestSeams seams_;  // tests only (train/test_seams.hpp): the poison to the executor, K-FAC's to the controller
   comm::Groups groups_;
   std::unique_ptr<Batcher> train_data_, valid_data_;
   std::unique_ptr<Executor> exec_;
@@ -139,7 +138,7 @@ class MpiEngine final : public TrainEngine {
 };
 
 MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams)
-    : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), poison_(seams.poison), kfac_seams_(seams.kfac) {
+    : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), seams_(seams) {
   check_kfac_placement(cfg, KfacRunner::mpi);
   try {
     layout_ = make_layout(cfg, world.size());
@@ -170,11 +169,11 @@ void MpiEngine::build(const Config& cfg) {
   set_threads(comm::threads_per_rank(cfg.train.threads));
   train_data_ = make_batcher(cfg.model, cfg.data, false);
   valid_data_ = make_batcher(cfg.model, cfg.data, true);
-  exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, poison_);
+  exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, seams_.poison);
   if (cfg_.kfac.enabled) {
     const bool planned = cfg_.kfac.placement == Placement::Bubbles;
     kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), planned);
-    placement_ = make_placement(cfg_, layout_, groups_, *kfac_units_, kfac_seams_);
+    placement_ = make_placement(cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
   }
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
@@ -242,7 +241,7 @@ EngineStep MpiEngine::step(int64_t s) {
   StepStats& st = r.stats;
   st.step = s;
   fill_step(*train_data_, s, cfg_.parallel.micro_batch_size, mbs_);
-  poison_.poison_inputs(s, mbs_);
+  seams_.poison.poison_inputs(s, mbs_);
   st.lr = lr_.at(s);
   const bool prof = profiler_->wants(s);
   const StepOutcome o = run_step(s, st.lr, prof);
