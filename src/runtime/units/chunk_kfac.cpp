@@ -23,18 +23,13 @@ double ms_since(int64_t t0) { return static_cast<double>(comm::steady_now_ns() -
 
 ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of,
                      int64_t rows, bool planned, bool overlap)
-    : cfg_(cfg), replica_(replica), micro_batches_(micro_batches), overlap_(overlap), slot_of_(std::move(slot_of)),
-      rows_(rows) {
-  pre_ = std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab);
-  for (int s : slot_of_) slots_ += s >= 0;
+    : cfg_(cfg),
+      pre_(std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab)),
+      overlap_(overlap),
+      saved_(*pre_, replica, micro_batches, std::move(slot_of), rows, planned) {
   const int L = layers();
   curv_count_.assign(L, {0, 0});
   committed_.assign(L, {-1, -1});
-  if (planned)  // M_err^save: allocated once
-    for (int l = 0; l < L; ++l) {
-      saved_a_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_in()}), std::vector<int64_t>(slots_, 0)});
-      saved_b_.push_back({Tensor(Shape{slots_ * rows_, pre_->layer(l).d_out()}), std::vector<int64_t>(slots_, 0)});
-    }
 }
 
 ChunkKfac::~ChunkKfac() { attach(false); }
@@ -60,25 +55,20 @@ void ChunkKfac::begin_step(int64_t t, bool save, bool taps, float loss_scale) {
   if (taps) take_snapshot(false);  // a non-finite step is undone (discard_step)
 }
 
-void ChunkKfac::save(Saved& s, int micro_batch, const float* x, int64_t rows, int64_t cols) {
-  if (next_cycle_.first >= 0) {
-    cycle_step_ = next_cycle_.first;
-    loss_scale_ = next_cycle_.second;
-    next_cycle_.first = -1;
-    poisoned_ = false;
-    take_snapshot(true);  // after the previous cycle's wrapped units: only this cycle's are undone
-  }
-  const int m = micro_batch - replica_ * micro_batches_;
-  const int k = slot_of_.at(m);
-  PF_CHECK(k >= 0 && rows <= rows_, "kfac save: micro-batch {} ({} rows) not held here", micro_batch, rows);
-  std::memcpy(s.data.data() + k * rows_ * cols, x, static_cast<size_t>(rows * cols) * sizeof(float));
-  s.rows[k] = rows;
+// A new cycle's buffers take over at its first copy (begin_step).
+void ChunkKfac::take_over_cycle() {
+  if (next_cycle_.first < 0) return;
+  cycle_step_ = next_cycle_.first;
+  loss_scale_ = next_cycle_.second;
+  next_cycle_.first = -1;
+  poisoned_ = false;
+  take_snapshot(true);  // after the previous cycle's wrapped units: only this cycle's are undone
 }
 
 void ChunkKfac::on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) {
   const int i = pre_->index_of(l);
   if (i < 0 || skip_inputs_) return;
-  if (saving_) save(saved_a_[i], micro_batch, x, rows, cols);
+  if (saving_) take_over_cycle(), saved_.save(i, Side::A, micro_batch, x, rows, cols);
   if (tapping_ && dist_) dist_->on_input(l, micro_batch, x, rows, cols);
   else if (tapping_) pre_->curvature(i, Side::A, x, rows);
 }
@@ -86,7 +76,7 @@ void ChunkKfac::on_input(const Linear& l, int micro_batch, const float* x, int64
 void ChunkKfac::on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) {
   const int i = pre_->index_of(l);
   if (i < 0) return;
-  if (saving_) save(saved_b_[i], micro_batch, g, rows, cols);
+  if (saving_) take_over_cycle(), saved_.save(i, Side::B, micro_batch, g, rows, cols);
   if (tapping_ && dist_) dist_->on_grad_output(l, micro_batch, g, rows, cols);
   else if (tapping_) pre_->curvature(i, Side::B, g, rows);
 }
@@ -94,13 +84,11 @@ void ChunkKfac::on_grad_output(const Linear& l, int micro_batch, const float* g,
 void ChunkKfac::committed(int layer, Side s, int64_t step) { committed_[layer][side_index(s)] = step; }
 
 void ChunkKfac::curvature(Side s, int layer, int m) {
-  const int k = slot_of_.at(m);
-  PF_CHECK(k >= 0, "CURV for micro-batch {} not held by this chunk", m);
+  const int k = saved_.slot(m);
   if (poisoned_) return;  // the cycle's step was non-finite: no curvature from it (discard_step)
-  Saved& sv = (s == Side::A ? saved_a_ : saved_b_).at(layer);
-  pre_->curvature(layer, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
+  pre_->curvature(layer, s, saved_.data(layer, s, k), saved_.rows(layer, s, k));
   // The cycle's last micro-batch of this factor: commit (scaled by the convention).
-  if (++curv_count_[layer][side_index(s)] == slots_) {
+  if (++curv_count_[layer][side_index(s)] == saved_.slots()) {
     curv_count_[layer][side_index(s)] = 0;
     if (sync_comm_ != MPI_COMM_NULL) return;  // committed at SYNC_CURV
     if (pre_->finish_curvature(layer, s, loss_scale_)) committed(layer, s, cycle_step_);
@@ -188,9 +176,8 @@ void ChunkKfac::profiled_curvature(ChunkKfacTimes& times) {
   for (int l = 0; l < L; ++l)
     for (Side s : {Side::A, Side::B}) {
       const int64_t t0 = comm::steady_now_ns();
-      Saved& sv = (s == Side::A ? saved_a_ : saved_b_)[l];
-      for (int k = 0; k < slots_; ++k) pre_->curvature(l, s, sv.data.data() + k * rows_ * sv.data.shape()[1], sv.rows[k]);
-      (s == Side::A ? times.curv_a : times.curv_b)[l] += ms_since(t0) / slots_;
+      for (int k = 0; k < saved_.slots(); ++k) pre_->curvature(l, s, saved_.data(l, s, k), saved_.rows(l, s, k));
+      (s == Side::A ? times.curv_a : times.curv_b)[l] += ms_since(t0) / saved_.slots();
       stamp(curvature_kind(side_index(s)), l, t0);
     }
   ++times.curv_samples;

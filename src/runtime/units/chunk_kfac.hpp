@@ -3,33 +3,18 @@
 // work units the executor's handlers call (CURV_A / CURV_B / SYNC_CURV / INV_A / INV_B /
 // BCAST_INV_A / BCAST_INV_B / PREC). runtime/README.md maps the path from action to unit.
 //
-// Placements (kfac.placement):
-//   inline   every step (or every kfac.inverse_every for inversion) on the critical path: the
-//            taps accumulate curvature during the step's forwards/backwards; a PREC action just
-//            before the device's first OPT commits (after summing over the stage's copies when
-//            there are several: data-parallel replicas, Chimera's twin), inverts and
-//            preconditions. The same pattern as the single-process Trainer.
-//   skip     the same with curvature and inversion only every kfac.inverse_every steps.
-//   bubbles  PipeFisher. Steps 0 .. kProfileSteps-1 run inline K-FAC (refresh every step) with
-//            every unit timed on the rank where it runs (steady clock): curvature per layer per
-//            micro-batch, inversion per factor, precondition per stage, plus F/B/OPT. Then every
-//            rank feeds the same all-reduced means to the planner (plan/planner.hpp) and runs its
-//            static multi-step schedule: step t runs plan.actions(w, d, t - kProfileSteps).
-//            Re-planning: when a rank's forward/backward time per step exceeds 1.3x its profile for
-//            3 steps (decided collectively at step end), each device finishes its current cycle
-//            (wrapped units included), runs plain steps (F/B, PREC, OPT) until the last device's
-//            cycle boundary, then all re-profile kProfileSteps inline steps and plan again.
-//            Pending inverses of replicated chunks are dropped; the record shows the new pattern.
-//            kfac.plan_profile: the planner gets the recorded profile instead of the all-reduced
-//            timings (runtime/plan_record.hpp), the same bits on every run, and drift re-planning
-//            is off; the profiling steps still run inline (their K-FAC is the same either way).
+// What a chunk does in a step is its placement's decision (runtime/kfac_placement.hpp): inline and
+// skip tap curvature during the step and refresh at PREC (inline_refresh), the cadence's way;
+// PipeFisher's controller (runtime/pipefisher/controller.hpp) profiles the units at PREC, then
+// runs them where its plan puts them (curvature, invert, sync, broadcast) and PREC only applies.
+// Re-profiling drops pending inverses of replicated chunks; the record shows the new pattern.
 //
-// M_err^save. On the first step of a device's refresh cycle the chunk's tap copies every K-FAC
-// layer's inputs and output gradients of every micro-batch into buffers allocated once; CURV
-// units of the whole cycle read them. A factor is committed after its last CURV of the cycle
-// (W = 1 pipelines only; see below). INV inverts the committed factor (or one diagonal block of a
-// split factor) with pi-damping from the traces committed at that moment; the new inverse is used
-// by the next PREC; until then the previous one is.
+// M_err^save (saved_activations.hpp). On the first step of a device's refresh cycle the chunk's
+// tap copies every K-FAC layer's inputs and output gradients of every micro-batch into buffers
+// allocated once; CURV units of the whole cycle read them. A factor is committed after its last
+// CURV of the cycle (W = 1 pipelines only; see below). INV inverts the committed factor (or one
+// diagonal block of a split factor) with pi-damping from the traces committed at that moment; the
+// new inverse is used by the next PREC; until then the previous one is.
 //
 // Refresh record. Each chunk records, at every PREC, which inverse each factor (or block) uses:
 // the step whose micro-batches built the factor and the step of the other factor that set pi.
@@ -65,6 +50,7 @@
 #include "nn/model.hpp"
 #include "plan/planner.hpp"
 #include "runtime/units/prec_gather.hpp"
+#include "runtime/units/saved_activations.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -180,11 +166,7 @@ class ChunkKfac final : public LinearTap {
   void on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) override;
 
  private:
-  struct Saved {
-    Tensor data;        // [slots * rows, d]
-    std::vector<int64_t> rows;  // [slot]
-  };
-  void save(Saved& s, int micro_batch, const float* x, int64_t rows, int64_t cols);
+  void take_over_cycle();
   void committed(int layer, Side s, int64_t step);
   void attach(bool on);
   using ReadTensor = std::function<void(const std::string&, const Shape&, std::span<float>)>;
@@ -201,12 +183,8 @@ class ChunkKfac final : public LinearTap {
   const Config& cfg_;
   std::unique_ptr<KfacPreconditioner> pre_;
   DistributedKfac* dist_ = nullptr;
-  int replica_, micro_batches_;
   bool overlap_;
-  std::vector<int> slot_of_;
-  int slots_ = 0;
-  int64_t rows_ = 0;
-  std::vector<Saved> saved_a_, saved_b_;  // [layer]
+  SavedActivations saved_;  // M_err^save (planned placements)
   bool saving_ = false, tapping_ = false, preconditioned_ = false, skip_inputs_ = false;
   std::vector<UnitStamp> inline_units_;
   int64_t cycle_step_ = 0;  // step whose micro-batches the saved buffers hold

@@ -69,8 +69,7 @@ void ChunkKfac::discard_step() {
   if (snapshot_cycle_) {
     poisoned_ = true;
     // Its buffers hold the skipped step's data: never read now, and not worth a checkpoint.
-    for (auto* v : {&saved_a_, &saved_b_})
-      for (Saved& sv : *v) sv.data.zero();
+    saved_.zero();
   }
   if (dist_) dist_->discard_step();  // this step tapped (a snapshot), so it began the DistributedKfac's step
   snapshot_.clear();
@@ -90,13 +89,7 @@ json ChunkKfac::save_core(const std::string& prefix, NamedTensors& out, bool buf
       factors.push_back({f.pending_micro_batches(), num(f.trace()), f.num_blocks(), pre_->pending_rows(l, sd)});
     }
   j["factors"] = factors;
-  json saved = json::array();
-  for (int l = 0; buffers && l < static_cast<int>(saved_a_.size()); ++l) {
-    out.emplace_back(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data);
-    out.emplace_back(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data);
-    saved.push_back({saved_a_[l].rows, saved_b_[l].rows});
-  }
-  j["saved"] = saved;
+  j["saved"] = buffers ? saved_.save_state(prefix, out) : json::array();
   const bool replicated = sync_comm_ != MPI_COMM_NULL;
   if (replicated) {
     for (int l = 0; l < layers(); ++l)
@@ -124,7 +117,7 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
                           MPI_Comm comm, bool buffers) {
   const int L = layers();
   const json& factors = j.at("factors");
-  if (static_cast<int>(factors.size()) != 2 * L || (buffers && j.at("saved").size() != saved_a_.size()))
+  if (static_cast<int>(factors.size()) != 2 * L || (buffers && j.at("saved").size() != saved_.layers()))
     usage_error(what, "the K-FAC state under '{}' has {} factors, this stage has {}", prefix, factors.size(), 2 * L);
   // Block structure first: set_blocks reallocates, loading then overwrites.
   for (int l = 0; l < L; ++l)
@@ -151,14 +144,7 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
       f.restore_accumulation(e[0].get<int64_t>(), num(e[1]));
       pre_->set_pending_rows(l, sd, e[3].get<int64_t>());
     }
-  for (size_t l = 0; buffers && l < saved_a_.size(); ++l) {
-    read(prefix + fmt::format("saved_a.{}", l), saved_a_[l].data.shape(), saved_a_[l].data.span());
-    read(prefix + fmt::format("saved_b.{}", l), saved_b_[l].data.shape(), saved_b_[l].data.span());
-    saved_a_[l].rows = j["saved"][l][0].get<std::vector<int64_t>>();
-    saved_b_[l].rows = j["saved"][l][1].get<std::vector<int64_t>>();
-    PF_CHECK(static_cast<int>(saved_a_[l].rows.size()) == slots_ && static_cast<int>(saved_b_[l].rows.size()) == slots_,
-             "saved rows of layer {}: {} slots, expected {}", l, saved_a_[l].rows.size(), slots_);
-  }
+  if (buffers) saved_.load_state(read, prefix, j.at("saved"));
   if (sync_comm_ != MPI_COMM_NULL) {
     for (int l = 0; l < L; ++l)
       for (int s = 0; s < 2; ++s)
