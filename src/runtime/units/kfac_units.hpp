@@ -68,7 +68,6 @@ class KfacUnits final : public KfacHandlers {
   KfacPreconditioner* preconditioner(int pipeline, int stage) { return &hosted(pipeline, stage).kfac->pre(); }
   // Step start (the placement calls it before configuring the records).
   void begin_step(int64_t step);
-  int64_t step() const { return step_; }
   // The comm performance model, measured once over this rank's first stage's holders (the same
   // communicator for both devices of a Chimera pair) or read from the per-machine cache.
   // Collective over those holders.
