@@ -11,25 +11,24 @@ namespace pf::plan {
 
 // Cycle lengths: per device (max over replicas; Chimera's group: over the twins), or one for all
 // when inline work exists (or Chimera without the group).
-void set_cycle_lengths(PlanState& state) {
-  KfacPlan& plan = state.plan;
+Cycles set_cycle_lengths(const PlanState& state) {
   const int D = state.devices();
-  plan.common_cycle = state.any_inline || (state.chimera() && !state.per_pair());
-  plan.sync_steps.clear();
-  for (const CollectivePin& pin : state.pins) plan.sync_steps.push_back(pin.sync_step);
-  plan.sync_step = *std::max_element(plan.sync_steps.begin(), plan.sync_steps.end());
-  plan.refresh_steps.assign(D, 1);
+  Cycles c;
+  c.common_cycle = state.any_inline() || (state.chimera() && !state.per_pair());
+  for (const CollectivePin& pin : state.pins) c.sync_steps.push_back(pin.sync_step);
+  c.sync_step = *std::max_element(c.sync_steps.begin(), c.sync_steps.end());
+  c.refresh_steps.assign(D, 1);
   for (int d = 0; d < D; ++d)
     for (const DevicePlacement& placed : state.packed[d].replicas)
-      plan.refresh_steps[d] = std::max(plan.refresh_steps[d], placed.needed);
+      c.refresh_steps[d] = std::max(c.refresh_steps[d], placed.needed);
   if (state.per_pair()) {
-    const std::vector<int> r = plan.refresh_steps;
-    for (int d = 0; d < D; ++d) plan.refresh_steps[d] = std::max(r[d], r[D - 1 - d]);
+    const std::vector<int> r = c.refresh_steps;
+    for (int d = 0; d < D; ++d) c.refresh_steps[d] = std::max(r[d], r[D - 1 - d]);
   }
-  if (plan.common_cycle) plan.refresh_steps.assign(D, *std::max_element(plan.refresh_steps.begin(), plan.refresh_steps.end()));
-  plan.step0 = state.cycle_step0[0].timeline;
-  plan.step0_time = 0;
-  for (const CycleStep0& step0 : state.cycle_step0) plan.step0_time = std::max(plan.step0_time, step0.timeline.step_time);
+  if (c.common_cycle) c.refresh_steps.assign(D, *std::max_element(c.refresh_steps.begin(), c.refresh_steps.end()));
+  c.step0 = state.cycle_step0[0].timeline;
+  for (const CycleStep0& step0 : state.cycle_step0) c.step0_time = std::max(c.step0_time, step0.timeline.step_time);
+  return c;
 }
 
 namespace {
@@ -51,12 +50,11 @@ struct DeviceEmit {
 
 // Inline units (cycle step 0, timed in its schedule) and gap units (where the packing put them).
 void emit_placed_units(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists& out) {
-  const KfacPlan& plan = state.plan;
   const CycleStep0& step0 = state.cycle_step0[w];
   const DevicePlacement& placed = state.packed[d].replicas[w];
   const CollectivePin pin = state.pins[d];
   const auto& units = state.packed[d].units.units;
-  const int R = plan.refresh_steps[d];
+  const int R = state.cycles.refresh_steps[d];
   for (auto [i, index] : step0.inline_at[d]) {
     const TimedAction& t = step0.timeline.per_device[d][index];
     out.units.push_back({units[i].action, w, d, 0, t.start, t.end, true, false});
@@ -83,7 +81,6 @@ void emit_placed_units(const PlanState& state, int w, int d, DeviceEmit& e, Plan
 // Pinned units (Chimera): after everything of cycle step K, per stage (stage order) its
 // broadcasts (chain order) and its sync; then the inversions that could not go into any gap.
 void emit_pinned_units(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists& out) {
-  const KfacPlan& plan = state.plan;
   const CycleStep0& step0 = state.cycle_step0[w];
   const auto& units = state.packed[d].units.units;
   std::vector<int> pinned;
@@ -95,8 +92,8 @@ void emit_pinned_units(const PlanState& state, int w, int d, DeviceEmit& e, Plan
            std::tuple(ib, units[b].action.stage, units[b].action.pipeline, units[b].action.kind == Kind::SYNC_CURV);
   });
   const int K = state.pins[d].sync_step;
-  const int at = static_cast<int>((K == 0 ? step0.step.schedule : state.base.schedule).per_device[d].size());
-  double t = K == 0 ? step0.timeline.step_time : plan.base.step_time;
+  const int at = static_cast<int>((K == 0 ? step0.step.schedule : state.base.timed.schedule).per_device[d].size());
+  double t = K == 0 ? step0.timeline.step_time : state.base.timeline.step_time;
   for (int i : pinned) {
     e.insertions.push_back({K, at, t, i, false});
     PlacedUnit pu{units[i].action, w, d, K, t, t + units[i].duration, true, false};
@@ -112,14 +109,14 @@ void emit_pinned_units(const PlanState& state, int w, int d, DeviceEmit& e, Plan
 // the wrapped units per step, and the optimizer steps at the end of every list.
 void build_lists(const PlanState& state, int w, int d, DeviceEmit& e, PlanLists& out) {
   const auto& units = state.packed[d].units.units;
-  const int R = state.plan.refresh_steps[d];
+  const int R = state.cycles.refresh_steps[d];
   // Insert back to front (by position, then start) into each step's list.
   std::stable_sort(e.insertions.begin(), e.insertions.end(), [](const Insertion& a, const Insertion& b) {
     return a.step != b.step ? a.step < b.step : a.at != b.at ? a.at > b.at : a.start > b.start;
   });
   auto& lists = out.cycle[w][d];
   for (int k = 0; k < R; ++k)
-    lists.push_back(k == 0 ? state.cycle_step0[w].step.schedule.per_device[d] : state.base.schedule.per_device[d]);
+    lists.push_back(k == 0 ? state.cycle_step0[w].step.schedule.per_device[d] : state.base.timed.schedule.per_device[d]);
   for (const Insertion& x : e.insertions) lists[x.step].insert(lists[x.step].begin() + x.at, units[x.unit].action);
   for (int k = 0; k < R; ++k) {
     std::vector<Action> wrapped_actions, list, wrapped_in_order;
@@ -154,64 +151,70 @@ void emit_splits_and_placements(const PlanState& state, PlanLists& out) {
 
 }  // namespace
 
-void emit_lists(PlanState& state) {
-  KfacPlan& plan = state.plan;
+EmittedLists emit_lists(const PlanState& state) {
   const int D = state.devices(), W = state.replicas();
-  PlanLists lists;
+  const double base_step_time = state.base.timeline.step_time;
+  EmittedLists out;
+  PlanLists& lists = out.lists;
   emit_splits_and_placements(state, lists);
   lists.cycle.assign(W, std::vector<std::vector<std::vector<Action>>>(D));
   lists.first_cycle = lists.wrapped_units = lists.cycle;
-  plan.kfac_work.assign(D, 0);
-  plan.device_inline.assign(D, 0);
-  plan.utilization_per_device.assign(D, 0);
+  out.kfac_work.assign(D, 0);
+  out.device_inline.assign(D, 0);
+  out.utilization_per_device.assign(D, 0);
   for (int w = 0; w < W; ++w)
     for (int d = 0; d < D; ++d) {
       DeviceEmit e;
       emit_placed_units(state, w, d, e, lists);
       emit_pinned_units(state, w, d, e, lists);
-      plan.kfac_work[d] = std::max(plan.kfac_work[d], e.work);
-      plan.device_inline[d] = std::max(plan.device_inline[d], e.inline_work);
+      out.kfac_work[d] = std::max(out.kfac_work[d], e.work);
+      out.device_inline[d] = std::max(out.device_inline[d], e.inline_work);
       build_lists(state, w, d, e, lists);
       // Utilization over the device's cycle: F/B/PREC each step plus one cycle of K-FAC work.
-      const int R = plan.refresh_steps[d];
-      const double time = plan.step0_time + (R - 1) * plan.base_step_time + e.pinned_time;
-      const double busy_steps = R * plan.base.busy[d];
-      plan.utilization_per_device[d] += (busy_steps + e.busy_kfac) / time / W;
+      const int R = state.cycles.refresh_steps[d];
+      const double time = state.cycles.step0_time + (R - 1) * base_step_time + e.pinned_time;
+      const double busy_steps = R * state.base.timeline.busy[d];
+      out.utilization_per_device[d] += (busy_steps + e.busy_kfac) / time / W;
     }
-  plan.lists_ = std::move(lists);
+  return out;
 }
 
 // Bubble, precondition and lower bound per device, mean utilization, and the step time with Chimera's pinned
 // units (they lengthen cycle step K: the busiest device's, as a bound). With one cycle for all,
 // once per period; with a cycle per pair of twins, each pair's once per its cycle, and the
 // pairs' lengthened steps may fall apart: their sum bounds the mean.
-void measure(PlanState& state) {
-  KfacPlan& plan = state.plan;
+Measures measure(const PlanState& state) {
   const int D = state.devices();
-  plan.bubble.assign(D, 0);
-  plan.precondition.assign(D, 0);
-  plan.lower_bound_refresh_steps.assign(D, -1);
+  const Timeline& base = state.base.timeline;
+  const Cycles& cycles = state.cycles;
+  const std::vector<double>& kfac_work = state.emitted.kfac_work;
+  const std::vector<double>& utilization = state.emitted.utilization_per_device;
+  Measures m;
+  m.bubble.assign(D, 0);
+  m.precondition.assign(D, 0);
+  m.lower_bound_refresh_steps.assign(D, -1);
   for (int d = 0; d < D; ++d) {
-    for (const Gap& g : plan.base.gaps(d)) plan.bubble[d] += g.end - g.start;
-    for (const TimedAction& a : plan.base.per_device[d])
-      if (a.action.kind == Kind::PREC) plan.precondition[d] += a.end - a.start;
-    if (plan.bubble[d] > kEps)
-      plan.lower_bound_refresh_steps[d] = static_cast<int>(std::ceil(plan.kfac_work[d] / plan.bubble[d] - 1e-12));
+    for (const Gap& g : base.gaps(d)) m.bubble[d] += g.end - g.start;
+    for (const TimedAction& a : base.per_device[d])
+      if (a.action.kind == Kind::PREC) m.precondition[d] += a.end - a.start;
+    if (m.bubble[d] > kEps)
+      m.lower_bound_refresh_steps[d] = static_cast<int>(std::ceil(kfac_work[d] / m.bubble[d] - 1e-12));
   }
-  plan.utilization = std::accumulate(plan.utilization_per_device.begin(), plan.utilization_per_device.end(), 0.0) / D;
-  const int P = plan.period();
+  m.utilization = std::accumulate(utilization.begin(), utilization.end(), 0.0) / D;
+  const int P = *std::max_element(cycles.refresh_steps.begin(), cycles.refresh_steps.end());
   double pinned = 0, pinned_per_step = 0;
   std::vector<double> pinned_of(D, 0.0);
-  for (const PlacedUnit& u : plan.units())
+  for (const PlacedUnit& u : state.emitted.lists.units)
     if (u.at_step_end)
-      pinned_of[u.device] = std::max(pinned_of[u.device], u.end - (u.step == 0 ? plan.step0_time : plan.base_step_time));
+      pinned_of[u.device] = std::max(pinned_of[u.device], u.end - (u.step == 0 ? cycles.step0_time : base.step_time));
   for (int d = 0; d < D; ++d) {
     pinned = std::max(pinned, pinned_of[d]);
-    if (d <= D - 1 - d) pinned_per_step += std::max(pinned_of[d], pinned_of[D - 1 - d]) / plan.refresh_steps[d];
+    if (d <= D - 1 - d) pinned_per_step += std::max(pinned_of[d], pinned_of[D - 1 - d]) / cycles.refresh_steps[d];
   }
-  plan.inline_time = plan.step0_time - plan.base_step_time + pinned;
-  plan.step_time = plan.common_cycle ? (plan.step0_time + (P - 1) * plan.base_step_time + pinned) / P
-                                     : plan.base_step_time + pinned_per_step;
+  m.inline_time = cycles.step0_time - base.step_time + pinned;
+  m.step_time = cycles.common_cycle ? (cycles.step0_time + (P - 1) * base.step_time + pinned) / P
+                                    : base.step_time + pinned_per_step;
+  return m;
 }
 
 }  // namespace pf::plan

@@ -120,7 +120,7 @@ void keep_room_for_inversions(const PlanState& state, const std::vector<Unit>& u
   int count = 0;
   for (const Unit& unit : units)
     count += is_inversion(unit.action.kind) && gap_unit(unit, replica) && 2 * unit.duration * margin > big;
-  for (const Gap& g : state.plan.base.gaps(device)) bubble += g.end - g.start;
+  for (const Gap& g : state.base.timeline.gaps(device)) bubble += g.end - g.start;
   if (big <= kEps || bubble <= kEps) return;
   const int steps = placer.period > 0 ? placer.period : static_cast<int>(std::ceil(work / bubble - 1e-12));
   const bool each = strategy.reserve == 1;
@@ -177,7 +177,7 @@ struct Packing {
   Packing(const PlanState& state, const std::vector<Unit>& device_units, int w, int d, CollectivePin p, bool curv)
       : units(device_units), replica(w), device(d), pin(p), curv_only(curv),
         result{Placer{.step0 = state.cycle_step0[w].timeline,
-                      .base = state.plan.base,
+                      .base = state.base.timeline,
                       .device = d,
                       .margin = state.in.margin,
                       .period = p.period,
@@ -370,28 +370,29 @@ CollectivePin overlapped_pin(const PlanState& state, int device, int twin, int K
 // else the latest of all devices), in stage order: blocking collectives there cannot deadlock
 // (every rank has posted all its sends of the step), where syncs in gaps at different points of
 // the twins' lists could. With the group, each pair's overlapped cycle (overlapped_pin).
-void pin_collectives(PlanState& state) {
+std::vector<CollectivePin> pin_collectives(const PlanState& state) {
   const int D = state.devices();
-  state.pins.assign(D, {});
-  if (!state.chimera()) return;
+  std::vector<CollectivePin> pins(D);
+  if (!state.chimera()) return pins;
   std::vector<int> need(D, INT_MAX);
   for (int d = 0; d < D; ++d)
     for (const Strategy& s : strategies())
       need[d] = std::min(need[d], place_device(state, state.device_units[d].units, 0, d, s, {}, true).needed);
   const int K = *std::max_element(need.begin(), need.end());
-  for (int d = 0; d < D; ++d) state.pins[d].sync_step = state.per_pair() ? std::max(need[d], need[D - 1 - d]) : K;
-  if (!state.per_pair() || state.any_inline) return;
-  for (int d = 0; d < D / 2; ++d) state.pins[d] = state.pins[D - 1 - d] = overlapped_pin(state, d, D - 1 - d, state.pins[d].sync_step);
+  for (int d = 0; d < D; ++d) pins[d].sync_step = state.per_pair() ? std::max(need[d], need[D - 1 - d]) : K;
+  if (!state.per_pair() || state.any_inline()) return pins;
+  for (int d = 0; d < D / 2; ++d) pins[d] = pins[D - 1 - d] = overlapped_pin(state, d, D - 1 - d, pins[d].sync_step);
+  return pins;
 }
 
 namespace {
 
 // Split when it shortens the refresh period: the largest whole inversions of the device, one
 // more at a time, into 2 diagonal blocks (then 3, 4), until the device needs fewer steps than
-// `needed`; the first such set is kept (`packed`, `strategy`), else none. A block-diagonal factor
+// `needed`; the first such set is kept (`packed`, its strategy named), else none. A block-diagonal factor
 // is cheaper to invert (k blocks: 1/k^2 of the work) but approximates the factor (paper
 // appendix A.2).
-void split_to_shorten(const PlanState& state, int device, int needed, PackedDevice& packed, std::string& strategy) {
+void split_to_shorten(const PlanState& state, int device, int needed, PackedDevice& packed) {
   const auto& units = state.device_units[device].units;
   std::vector<int> large;  // whole inversions, largest first
   for (int i = 0; i < static_cast<int>(units.size()); ++i)
@@ -402,11 +403,10 @@ void split_to_shorten(const PlanState& state, int device, int needed, PackedDevi
     for (int i : large) {
       const Action& a = units[i].action;
       force[{a.pipeline, a.stage, side_index(a.kind), a.layer}] = k;
-      DeviceUnits trial = device_units(state.in, state.plan.base, device, state.largest_shared_gap[device], force);
+      DeviceUnits trial = device_units(state.in, state.base.timeline, device, state.base.largest_shared_gap[device], force);
       BestPacking best = place_best(state, trial.units, device, state.pins[device]);
       if (best.needed < needed) {
-        packed = {std::move(trial), std::move(best.replicas), true};
-        strategy = best.strategy + ", split to shorten the refresh period";
+        packed = {std::move(trial), std::move(best.replicas), true, best.strategy + ", split to shorten the refresh period"};
         return;
       }
     }
@@ -417,23 +417,20 @@ void split_to_shorten(const PlanState& state, int device, int needed, PackedDevi
 
 // Per device the best strategy (Chimera's group: with the pairs' overlapped cycles), optionally
 // split to shorten; each replica keeps its packing.
-void pack_by_strategy(PlanState& state) {
-  const int D = state.devices();
-  state.plan.strategy.assign(D, "");
-  state.packed.clear();
-  for (int d = 0; d < D; ++d) {
+std::vector<PackedDevice> pack_by_strategy(const PlanState& state) {
+  std::vector<PackedDevice> out;
+  for (int d = 0; d < state.devices(); ++d) {
     const CollectivePin pin = state.pins[d];
     BestPacking best = place_best(state, state.device_units[d].units, d, pin);
-    std::string& strategy = state.plan.strategy[d];
-    strategy = best.strategy;
-    if (pin.period > 0) strategy += fmt::format(", inversions overlap the next cycle's steps 0-{}", pin.sync_step);
-    PackedDevice packed{state.device_units[d], std::move(best.replicas), false};
+    PackedDevice packed{state.device_units[d], std::move(best.replicas), false, best.strategy};
+    if (pin.period > 0) packed.strategy += fmt::format(", inversions overlap the next cycle's steps 0-{}", pin.sync_step);
     // Only while every device's cycle is its own (no inline work, one pipeline): the others'
     // plans stay.
-    if (state.in.split_to_shorten && !state.any_inline && !state.chimera() && best.needed > 1)
-      split_to_shorten(state, d, best.needed, packed, strategy);
-    state.packed.push_back(std::move(packed));
+    if (state.in.split_to_shorten && !state.any_inline() && !state.chimera() && best.needed > 1)
+      split_to_shorten(state, d, best.needed, packed);
+    out.push_back(std::move(packed));
   }
+  return out;
 }
 
 }  // namespace pf::plan

@@ -102,10 +102,28 @@ void insert_preconditions(const PlanState& state, const Timeline& tl, int d, Tim
   }
 }
 
+// Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
+// preconditioning): the split and inline decisions use the smallest largest gap among the
+// devices hosting any of the device's stages.
+std::vector<double> largest_shared_gaps(const Schedule& sch, const Timeline& base) {
+  const int D = sch.devices;
+  std::vector<double> max_gap(D, 0.0);
+  for (int d = 0; d < D; ++d)
+    for (const Gap& g : base.gaps(d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
+  std::vector<double> shared = max_gap;
+  for (int d = 0; d < D; ++d)
+    for (int e = 0; e < D; ++e)
+      for (int p = 0; p < sch.pipelines; ++p)
+        for (int q = 0; q < sch.pipelines; ++q)
+          for (int s = 0; s < sch.stages; ++s)
+            if (sch.device_of(p, s) == d && sch.device_of(q, s) == e) shared[d] = std::min(shared[d], max_gap[e]);
+  return shared;
+}
+
 }  // namespace
 
 double precondition_time(const PlanState& state, int d, int p, int s) {
-  const PrecSplit* ps = state.plan.prec_split(p, s);
+  const PrecSplit* ps = find_prec_split(state.prec_splits, p, s);
   if (!ps) return stage_cost(state.in, s).precondition;
   double t = 0;
   for (size_t m = 0; m < ps->members.size(); ++m)
@@ -115,43 +133,30 @@ double precondition_time(const PlanState& state, int d, int p, int s) {
 
 // Every (pipeline, stage) with several holders: its layers placed over them (PrecSplit). Without
 // Chimera's group the twins are no holders of each other's copy (each preconditions all of it).
-void split_precondition(PlanState& state) {
-  state.plan.prec_splits.clear();
-  if (holder_count(state.in) <= 1) return;
+std::vector<PrecSplit> split_precondition(const PlanState& state) {
+  std::vector<PrecSplit> out;
+  if (holder_count(state.in) <= 1) return out;
   const Schedule& sch = state.in.schedule;
   for (int p = 0; p < sch.pipelines; ++p)
-    for (int s = 0; s < sch.stages; ++s) state.plan.prec_splits.push_back(place_layers(state.in, p, s));
+    for (int s = 0; s < sch.stages; ++s) out.push_back(place_layers(state.in, p, s));
+  return out;
 }
 
 // PREC(p,s) for each hosted stage (insert_preconditions, as PlanInput::precondition says) into
 // the step place_weight_gradients left. Then the step with PREC is the base every K-FAC unit is
 // placed around; its largest gaps decide splits and inline work.
-void place_precondition(PlanState& state) {
+BaseStep place_precondition(const PlanState& state) {
   const PlanInput& in = state.in;
   const int D = in.schedule.devices;
   PF_CHECK(in.precondition != PrecPlacement::best, "plan_kfac decides PrecPlacement::best");
-  TimedSchedule& ts = state.base;
-  ts = state.step;
+  BaseStep out{state.step.timed, {}, 0, {}};
+  TimedSchedule& ts = out.timed;
   const Timeline tl = ts.simulate();
-  state.plan.plain_step_time = tl.step_time;
+  out.plain_step_time = tl.step_time;
   for (int d = 0; d < D; ++d) insert_preconditions(state, tl, d, ts);
-  state.plan.base = ts.simulate();
-  state.plan.base_step_time = state.plan.base.step_time;
-
-  std::vector<double> max_gap(D, 0.0);
-  for (int d = 0; d < D; ++d)
-    for (const Gap& g : state.plan.base.gaps(d)) max_gap[d] = std::max(max_gap[d], g.end - g.start);
-  // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
-  // preconditioning): the split and inline decisions use the smallest largest gap among the
-  // devices hosting any of the device's stages.
-  const Schedule& sch = in.schedule;
-  state.largest_shared_gap = max_gap;
-  for (int d = 0; d < D; ++d)
-    for (int e = 0; e < D; ++e)
-      for (int p = 0; p < sch.pipelines; ++p)
-        for (int q = 0; q < sch.pipelines; ++q)
-          for (int s = 0; s < sch.stages; ++s)
-            if (sch.device_of(p, s) == d && sch.device_of(q, s) == e) state.largest_shared_gap[d] = std::min(state.largest_shared_gap[d], max_gap[e]);
+  out.timeline = ts.simulate();
+  out.largest_shared_gap = largest_shared_gaps(in.schedule, out.timeline);
+  return out;
 }
 
 }  // namespace pf::plan

@@ -3,11 +3,12 @@
 // plan_units.cpp, plan_pack.cpp and plan_emit.cpp hold them). Not part of the planner's interface:
 // plan/planner.hpp is.
 //
-// One PlanState flows through the passes in order; each pass reads what earlier passes wrote
-// and writes only its own fields (the comment of each field names the pass that writes it).
+// One PlanState flows through the passes in order; each pass reads what earlier passes stored
+// and returns its own output, which run_pass stores in the pass's field.
 #include "plan/planner.hpp"
 
 #include <climits>
+#include <cstddef>
 #include <map>
 #include <string>
 #include <tuple>
@@ -148,49 +149,107 @@ struct PackedDevice {
   DeviceUnits units;
   std::vector<DevicePlacement> replicas;  // [replica]
   bool split_to_shorten = false;          // units split by pack_by_strategy's policy
+  std::string strategy = {};              // the packing used (KfacPlan::strategy)
 };
 
-struct PlanState {
-  explicit PlanState(const PlanInput& input);
-  PlanInput in;                                 // the input, its optimizer steps set aside (set_aside_optimizer)
-  std::vector<std::vector<Action>> optimizer;   // [device] OPTs, in order (set_aside_optimizer)
-  TimedSchedule step;                           // the step before K-FAC, zero-bubble W moved (place_weight_gradients)
-  // The result. Its fields by writer: devices, replicas, step_template: the constructor;
-  // weight_gradients: place_weight_gradients; prec_splits: split_precondition; plain_step_time,
-  // base, base_step_time: place_precondition;
-  // strategy: pack_by_strategy; refresh_steps, common_cycle, sync_steps, sync_step, step0,
-  // step0_time: set_cycle_lengths; its lists (units(), actions(), wrapped()), kfac_work,
-  // device_inline, utilization_per_device, splits, placements: emit_lists; bubble,
-  // precondition, lower_bound_refresh_steps, utilization, inline_time, step_time: measure.
-  KfacPlan plan;
-  TimedSchedule base;                           // the step with PREC (place_precondition)
+// set_aside_optimizer: the input without its optimizer steps, and those steps.
+struct OptimizerSetAside {
+  PlanInput in;
+  std::vector<std::vector<Action>> optimizer;  // [device] OPTs, in order
+};
+
+// place_weight_gradients: the step before K-FAC, timed, zero-bubble W moved.
+struct WeightGradientStep {
+  TimedSchedule timed;
+  WeightGradientMoves moves;
+};
+
+// place_precondition: the step with PREC, which every K-FAC unit is placed around.
+struct BaseStep {
+  TimedSchedule timed;
+  Timeline timeline;             // what the gaps are taken from
+  double plain_step_time = 0;    // the same step without PREC
   // [device] the smallest largest gap among the devices sharing a stage with it: the split and
-  // inline threshold (place_precondition)
+  // inline threshold
   std::vector<double> largest_shared_gap;
-  std::vector<DeviceUnits> device_units;        // [device] (make_units)
-  std::vector<CycleStep0> cycle_step0;          // [replica] (build_cycle_step0)
-  bool any_inline = false;                      // (build_cycle_step0)
-  std::vector<CollectivePin> pins;              // [device] (pin_collectives)
-  std::vector<PackedDevice> packed;             // [device] (pack_by_strategy)
+};
+
+// set_cycle_lengths: each device's refresh cycle.
+struct Cycles {
+  std::vector<int> refresh_steps;  // [device]
+  bool common_cycle = false;
+  std::vector<int> sync_steps;     // [device] (pins)
+  int sync_step = -1;
+  Timeline step0;                  // replica 0's cycle step 0
+  double step0_time = 0;           // the longest replica's
+};
+
+// emit_lists: the lists and what each device's units cost per cycle (busiest replica).
+struct EmittedLists {
+  PlanLists lists;
+  std::vector<double> kfac_work, device_inline, utilization_per_device;  // [device]
+};
+
+// measure: bubble, precondition and bounds per device, the step.
+struct Measures {
+  std::vector<double> bubble, precondition;  // [device]
+  std::vector<int> lower_bound_refresh_steps;
+  double utilization = 0, inline_time = 0, step_time = 0;
+};
+
+// The planner's passes run in order over one PlanState (planner.cpp). A pass reads the state
+// and returns its output; run_pass stores it in the pass's field. No pass can write the state
+// (it gets it const), so each field has one writer by type; assemble builds the KfacPlan once
+// from the fields.
+struct PlanState {
+  explicit PlanState(const PlanInput& input);  // in and optimizer: set_aside_optimizer
+  PlanInput in;                                // the input, its optimizer steps set aside
+  std::vector<std::vector<Action>> optimizer;  // [device] OPTs, in order
+  WeightGradientStep step;                     // place_weight_gradients
+  std::vector<PrecSplit> prec_splits;          // split_precondition: several holders, each (pipeline, stage)
+  BaseStep base;                               // place_precondition
+  std::vector<DeviceUnits> device_units;       // [device] make_units
+  std::vector<CycleStep0> cycle_step0;         // [replica] build_cycle_step0
+  std::vector<CollectivePin> pins;             // [device] pin_collectives
+  std::vector<PackedDevice> packed;            // [device] pack_by_strategy
+  Cycles cycles;                               // set_cycle_lengths
+  EmittedLists emitted;                        // emit_lists
+  Measures measures;                           // measure
 
   int devices() const { return in.schedule.devices; }
   int replicas() const { return in.replicas; }
   bool chimera() const { return in.schedule.pipelines > 1; }
   bool per_pair() const { return in.chimera_group && chimera(); }  // Chimera's stage groups
+  bool any_inline() const;  // a cycle step 0 has inline units
 };
 
-// The passes, in order (planner.cpp).
-void set_aside_optimizer(PlanState& state);
-void place_weight_gradients(PlanState& state);
-void split_precondition(PlanState& state);
-void place_precondition(PlanState& state);
-void make_units(PlanState& state);
-void build_cycle_step0(PlanState& state);
-void pin_collectives(PlanState& state);
-void pack_by_strategy(PlanState& state);
-void set_cycle_lengths(PlanState& state);
-void emit_lists(PlanState& state);
-void measure(PlanState& state);
+// The passes, in order (planner.cpp), each returning its field of PlanState.
+OptimizerSetAside set_aside_optimizer(const PlanInput& input);  // PlanState's constructor
+WeightGradientStep place_weight_gradients(const PlanState& state);
+std::vector<PrecSplit> split_precondition(const PlanState& state);
+BaseStep place_precondition(const PlanState& state);
+std::vector<DeviceUnits> make_units(const PlanState& state);
+std::vector<CycleStep0> build_cycle_step0(const PlanState& state);
+std::vector<CollectivePin> pin_collectives(const PlanState& state);
+std::vector<PackedDevice> pack_by_strategy(const PlanState& state);
+Cycles set_cycle_lengths(const PlanState& state);
+EmittedLists emit_lists(const PlanState& state);
+Measures measure(const PlanState& state);
+
+// The passes by name, in order, and the one place their outputs are stored.
+enum class Pass {
+  place_weight_gradients, split_precondition, place_precondition, make_units, build_cycle_step0,
+  pin_collectives, pack_by_strategy, set_cycle_lengths, emit_lists, measure
+};
+constexpr Pass kPasses[] = {Pass::place_weight_gradients, Pass::split_precondition, Pass::place_precondition,
+                            Pass::make_units, Pass::build_cycle_step0, Pass::pin_collectives,
+                            Pass::pack_by_strategy, Pass::set_cycle_lengths, Pass::emit_lists, Pass::measure};
+// The first kBasePasses build the base step (the step with PREC), the rest place K-FAC around it:
+// PrecPlacement::best runs the rest once per base step.
+constexpr size_t kBasePasses = 3;
+void run_pass(PlanState& state, Pass pass);
+// The plan from a state every pass has run over (moved from).
+KfacPlan assemble(PlanState&& state);
 
 // PREC(p, s) on device d: its busiest replica's share of a split precondition, or the whole.
 double precondition_time(const PlanState& state, int device, int pipeline, int stage);

@@ -62,16 +62,16 @@ bool larger_than_every_gap(const PlanInput& in, double dur, double max_gap) {
 // The optimizer steps end each device's list after every K-FAC unit of the step (lowering puts
 // them last; only Chimera's second ALLREDUCE may follow the first OPT, and the first OPT waits
 // for every all-reduce anyway): planned without them, appended to every list by emit_lists.
-void set_aside_optimizer(PlanState& state) {
-  PlanInput& in = state.in;
-  state.optimizer.assign(in.schedule.devices, {});
+OptimizerSetAside set_aside_optimizer(const PlanInput& input) {
+  OptimizerSetAside out{input, std::vector<std::vector<Action>>(input.schedule.devices)};
+  PlanInput& in = out.in;
   for (int d = 0; d < in.schedule.devices; ++d) {
     auto& list = in.schedule.per_device[d];
     std::vector<Action> kept;
     std::vector<double> dur;
     for (size_t i = 0; i < list.size(); ++i) {
       if (list[i].kind == Kind::OPT) {
-        state.optimizer[d].push_back(list[i]);
+        out.optimizer[d].push_back(list[i]);
         continue;
       }
       kept.push_back(list[i]);
@@ -80,6 +80,7 @@ void set_aside_optimizer(PlanState& state) {
     list = std::move(kept);
     if (!in.durations.empty()) in.durations[d] = std::move(dur);
   }
+  return out;
 }
 
 namespace {
@@ -306,10 +307,11 @@ DeviceUnits device_units(const PlanInput& in, const Timeline& step, int device, 
   return made;
 }
 
-void make_units(PlanState& state) {
-  state.device_units.clear();
+std::vector<DeviceUnits> make_units(const PlanState& state) {
+  std::vector<DeviceUnits> out;
   for (int d = 0; d < state.devices(); ++d)
-    state.device_units.push_back(device_units(state.in, state.plan.base, d, state.largest_shared_gap[d]));
+    out.push_back(device_units(state.in, state.base.timeline, d, state.base.largest_shared_gap[d]));
+  return out;
 }
 
 namespace {
@@ -358,13 +360,10 @@ CycleStep0 with_inline(const TimedSchedule& base, const std::vector<DeviceUnits>
 
 }  // namespace
 
-void build_cycle_step0(PlanState& state) {
-  state.cycle_step0.clear();
-  for (int w = 0; w < state.replicas(); ++w) state.cycle_step0.push_back(with_inline(state.base, state.device_units, w));
-  state.any_inline = false;
-  for (const CycleStep0& step0 : state.cycle_step0)
-    for (const auto& at : step0.inline_at)
-      if (!at.empty()) state.any_inline = true;
+std::vector<CycleStep0> build_cycle_step0(const PlanState& state) {
+  std::vector<CycleStep0> out;
+  for (int w = 0; w < state.replicas(); ++w) out.push_back(with_inline(state.base.timed, state.device_units, w));
+  return out;
 }
 
 }  // namespace pf::plan

@@ -64,11 +64,11 @@ void move_earlier(TimedSchedule& ts, int d, int from, int to) {
 // step re-timed after each move (what follows a moved W shifts); again until no W moves (a move
 // can open a gap elsewhere). A W only moves earlier in its list, past no other W: this ends. A
 // move that would lengthen the step is not made (a W that fits a gap delays nothing).
-void place_weight_gradients(PlanState& state) {
-  TimedSchedule& ts = state.step;
-  ts = timed_input(state.in);
+WeightGradientStep place_weight_gradients(const PlanState& state) {
+  WeightGradientStep out{timed_input(state.in), {}};
+  TimedSchedule& ts = out.timed;
   Timeline tl = ts.simulate();
-  WeightGradientMoves& wm = state.plan.weight_gradients;
+  WeightGradientMoves& wm = out.moves;
   wm = WeightGradientMoves{.step_before = tl.step_time, .step_after = tl.step_time};
   for (const auto& row : ts.schedule.per_device)
     wm.total += static_cast<int>(std::count_if(row.begin(), row.end(), [](const Action& a) { return a.kind == Kind::W; }));
@@ -96,6 +96,7 @@ void place_weight_gradients(PlanState& state) {
   }
   wm.moved = static_cast<int>(moved.size());
   wm.step_after = tl.step_time;
+  return out;
 }
 
 }  // namespace pf::plan

@@ -1,7 +1,9 @@
 // The PipeFisher planner (see planner.hpp for the rules) as a pipeline of passes over one
-// PlanState (plan/plan_state.hpp), each reading what the earlier ones wrote:
+// PlanState (plan/plan_state.hpp), each reading what the earlier ones returned (run_pass stores
+// each output; assemble builds the KfacPlan from them once):
 //
 //   set_aside_optimizer   the OPTs leave the step; they end every emitted list     plan_units.cpp
+//                         (PlanState's constructor)
 //   place_weight_gradients
 //                         the step timed; zero-bubble W, in each device's order,
 //                         into the earliest gap after its I that holds it          plan_w.cpp
@@ -33,6 +35,7 @@
 #include "plan/plan_state.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 #include <tuple>
 
@@ -68,10 +71,67 @@ void check_input(const PlanInput& in) {
 
 }  // namespace
 
-plan::PlanState::PlanState(const PlanInput& input) : in(input) {
-  plan.devices = input.schedule.devices;
-  plan.replicas = input.replicas;
-  plan.step_template = input.schedule;
+plan::PlanState::PlanState(const PlanInput& input) {
+  OptimizerSetAside set_aside = set_aside_optimizer(input);
+  in = std::move(set_aside.in);
+  optimizer = std::move(set_aside.optimizer);
+}
+
+bool plan::PlanState::any_inline() const {
+  for (const CycleStep0& step0 : cycle_step0)
+    for (const auto& at : step0.inline_at)
+      if (!at.empty()) return true;
+  return false;
+}
+
+// The one dispatch table of the passes: each output is stored here and nowhere else.
+void plan::run_pass(PlanState& state, Pass pass) {
+  switch (pass) {
+    case Pass::place_weight_gradients: state.step = place_weight_gradients(state); return;
+    case Pass::split_precondition: state.prec_splits = split_precondition(state); return;
+    case Pass::place_precondition: state.base = place_precondition(state); return;
+    case Pass::make_units: state.device_units = make_units(state); return;
+    case Pass::build_cycle_step0: state.cycle_step0 = build_cycle_step0(state); return;
+    case Pass::pin_collectives: state.pins = pin_collectives(state); return;
+    case Pass::pack_by_strategy: state.packed = pack_by_strategy(state); return;
+    case Pass::set_cycle_lengths: state.cycles = set_cycle_lengths(state); return;
+    case Pass::emit_lists: state.emitted = emit_lists(state); return;
+    case Pass::measure: state.measures = measure(state); return;
+  }
+}
+
+// The plan's fields, each from the pass that computed it.
+KfacPlan plan::assemble(PlanState&& state) {
+  KfacPlan plan;
+  plan.devices = state.devices();
+  plan.replicas = state.replicas();
+  plan.step_template = state.in.schedule;
+  plan.weight_gradients = state.step.moves;
+  plan.prec_splits = std::move(state.prec_splits);
+  plan.plain_step_time = state.base.plain_step_time;
+  plan.base_step_time = state.base.timeline.step_time;
+  plan.base = std::move(state.base.timeline);
+  for (PackedDevice& packed : state.packed) plan.strategy.push_back(std::move(packed.strategy));
+  Cycles& cycles = state.cycles;
+  plan.refresh_steps = std::move(cycles.refresh_steps);
+  plan.common_cycle = cycles.common_cycle;
+  plan.sync_steps = std::move(cycles.sync_steps);
+  plan.sync_step = cycles.sync_step;
+  plan.step0 = std::move(cycles.step0);
+  plan.step0_time = cycles.step0_time;
+  EmittedLists& emitted = state.emitted;
+  plan.kfac_work = std::move(emitted.kfac_work);
+  plan.device_inline = std::move(emitted.device_inline);
+  plan.utilization_per_device = std::move(emitted.utilization_per_device);
+  plan.lists_ = std::move(emitted.lists);
+  Measures& m = state.measures;
+  plan.bubble = std::move(m.bubble);
+  plan.precondition = std::move(m.precondition);
+  plan.lower_bound_refresh_steps = std::move(m.lower_bound_refresh_steps);
+  plan.utilization = m.utilization;
+  plan.inline_time = m.inline_time;
+  plan.step_time = m.step_time;
+  return plan;
 }
 
 int StagePlacement::owner_of(const Action& a) const {
@@ -87,23 +147,14 @@ namespace {
 // The passes up to the base step (the step with PREC).
 plan::PlanState base_step(const PlanInput& in) {
   plan::PlanState state(in);
-  plan::set_aside_optimizer(state);
-  plan::place_weight_gradients(state);
-  plan::split_precondition(state);
-  plan::place_precondition(state);
+  for (size_t i = 0; i < plan::kBasePasses; ++i) plan::run_pass(state, plan::kPasses[i]);
   return state;
 }
 
 // The other passes.
 KfacPlan finish(plan::PlanState& state) {
-  plan::make_units(state);
-  plan::build_cycle_step0(state);
-  plan::pin_collectives(state);
-  plan::pack_by_strategy(state);
-  plan::set_cycle_lengths(state);
-  plan::emit_lists(state);
-  plan::measure(state);
-  return std::move(state.plan);
+  for (size_t i = plan::kBasePasses; i < std::size(plan::kPasses); ++i) plan::run_pass(state, plan::kPasses[i]);
+  return plan::assemble(std::move(state));
 }
 
 // PrecPlacement::best's order: the longest refresh, the refresh steps' sum, the step.
@@ -128,7 +179,7 @@ KfacPlan plan_kfac(const PlanInput& in) {
   end.precondition = PrecPlacement::end;
   plan::PlanState a = base_step(gaps), b = base_step(end);
   KfacPlan pa = finish(a);
-  if (a.base.schedule.per_device == b.base.schedule.per_device) return pa;  // every PREC at its device's end anyway
+  if (a.base.timed.schedule.per_device == b.base.timed.schedule.per_device) return pa;  // every PREC at its device's end anyway
   KfacPlan pb = finish(b);
   return better(pb, pa) ? std::move(pb) : std::move(pa);
 }

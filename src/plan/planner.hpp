@@ -213,6 +213,8 @@ struct PrecSplit {
   bool split() const { return placement.communicated() > 0; }
   int member(int device, int replica) const;  // index in members, or PF_CHECK failure
 };
+// The split of (pipeline, stage) among `splits`, or null.
+const PrecSplit* find_prec_split(const std::vector<PrecSplit>& splits, int pipeline, int stage);
 
 // What the emit pass places and lists (KfacPlan keeps it private and answers queries on it):
 // actions are [replica][device][cycle step] -> actions in order, the optimizer steps last.
@@ -228,9 +230,10 @@ struct PlanLists {
   std::vector<StagePlacement> placements;   // several holders: each hosted (pipeline, stage)'s placement
 };
 
+struct KfacPlan;
 namespace plan {
 struct PlanState;
-void emit_lists(PlanState& state);  // the only writer of a KfacPlan's PlanLists
+KfacPlan assemble(PlanState&& state);  // the only writer of a KfacPlan (plan_state.hpp)
 }  // namespace plan
 
 struct KfacPlan {
@@ -256,7 +259,7 @@ struct KfacPlan {
   std::vector<PrecSplit> prec_splits;          // several holders: each (pipeline, stage)'s precondition split
   Timeline base;                               // the step with PREC (what gaps were taken from)
   Timeline step0;                              // cycle step 0 with inline work (== base if none)
-  Schedule step_template;                      // the input schedule's header (for schedule_for)
+  Schedule step_template;                      // the input schedule (its header for schedule_for)
 
   // Every K-FAC unit once per cycle (PREC excluded), as placed.
   const std::vector<PlacedUnit>& units() const { return lists_.units; }
@@ -301,8 +304,8 @@ struct KfacPlan {
   Timeline period_timeline(int replica, int steps, std::vector<double>* step_starts) const;
 
  private:
-  // The lists have one writer: the emit pass builds them whole and stores them once.
-  friend void plan::emit_lists(plan::PlanState& state);
+  // The lists have one writer: the emit pass builds them whole and assemble stores them once.
+  friend KfacPlan plan::assemble(plan::PlanState&& state);
   PlanLists lists_;
 };
 

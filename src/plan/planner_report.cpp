@@ -36,11 +36,13 @@ int PrecSplit::member(int device, int replica) const {
   return -1;
 }
 
-const PrecSplit* KfacPlan::prec_split(int pipeline, int stage) const {
-  for (const PrecSplit& ps : prec_splits)
+const PrecSplit* find_prec_split(const std::vector<PrecSplit>& splits, int pipeline, int stage) {
+  for (const PrecSplit& ps : splits)
     if (ps.pipeline == pipeline && ps.stage == stage) return &ps;
   return nullptr;
 }
+
+const PrecSplit* KfacPlan::prec_split(int pipeline, int stage) const { return find_prec_split(prec_splits, pipeline, stage); }
 
 std::string WeightGradientMoves::line() const {
   return fmt::format("zero-bubble W: {} of {} moved into earlier gaps, step {:.3f} -> {:.3f} without K-FAC work", moved,

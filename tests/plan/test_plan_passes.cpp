@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,19 +48,18 @@ std::vector<std::string> tokens(const std::vector<Unit>& units) {
   return out;
 }
 
-// The passes before `last` (in planner.cpp's order) on the tiny input.
-PlanState run_until(void (*last)(PlanState&), const PlanInput& in = tiny_input()) {
+// The passes before `last` (in planner.cpp's order; every pass without one) on the tiny input.
+PlanState run_until(std::optional<Pass> last, const PlanInput& in = tiny_input()) {
   PlanState state(in);
-  for (auto pass : {set_aside_optimizer, place_weight_gradients, split_precondition, place_precondition, make_units, build_cycle_step0,
-                    pin_collectives, pack_by_strategy, set_cycle_lengths, emit_lists, measure}) {
+  for (Pass pass : kPasses) {
     if (pass == last) break;
-    pass(state);
+    run_pass(state, pass);
   }
   return state;
 }
 
 TEST(PlanPasses, SetAsideOptimizerTakesTheOptsOutOfTheStepAndTheirDurations) {
-  PlanState state = run_until(split_precondition);
+  PlanState state = run_until(Pass::split_precondition);
   EXPECT_EQ(tokens(state.optimizer[0]), tokens(std::vector<Action>{act(Kind::OPT, 0, -1)}));
   EXPECT_EQ(tokens(state.optimizer[1]), tokens(std::vector<Action>{act(Kind::OPT, 1, -1)}));
   EXPECT_EQ(state.in.schedule.per_device[0].size(), 4u);
@@ -68,44 +68,44 @@ TEST(PlanPasses, SetAsideOptimizerTakesTheOptsOutOfTheStepAndTheirDurations) {
 
 // GPipe has no W: the step as set aside, timed (ZB-H1's moves: test_plan_w.cpp).
 TEST(PlanPasses, PlaceWeightGradientsTimesTheStepAndMovesNothingWithoutW) {
-  PlanState state = run_until(split_precondition);
-  EXPECT_EQ(tokens(state.step.schedule.per_device[0]), tokens(state.in.schedule.per_device[0]));
-  EXPECT_EQ(state.step.durations, state.in.durations);
-  EXPECT_EQ(state.plan.weight_gradients.total, 0);
-  EXPECT_DOUBLE_EQ(state.plan.weight_gradients.step_before, 9);
-  EXPECT_DOUBLE_EQ(state.plan.weight_gradients.step_after, 9);
+  PlanState state = run_until(Pass::split_precondition);
+  EXPECT_EQ(tokens(state.step.timed.schedule.per_device[0]), tokens(state.in.schedule.per_device[0]));
+  EXPECT_EQ(state.step.timed.durations, state.in.durations);
+  EXPECT_EQ(state.step.moves.total, 0);
+  EXPECT_DOUBLE_EQ(state.step.moves.step_before, 9);
+  EXPECT_DOUBLE_EQ(state.step.moves.step_after, 9);
 }
 
 TEST(PlanPasses, SplitPreconditionSplitsNothingForOneHolderAndNothingThatWouldNotShorten) {
-  EXPECT_TRUE(run_until(place_precondition).plan.prec_splits.empty());
+  EXPECT_TRUE(run_until(Pass::place_precondition).prec_splits.empty());
   // Two replicas, one layer: the owner's share with its gather is the whole precondition.
   PlanInput in = tiny_input();
   in.replicas = 2;
-  PlanState state = run_until(place_precondition, in);
-  ASSERT_EQ(state.plan.prec_splits.size(), 2u);
-  for (const PrecSplit& ps : state.plan.prec_splits) {
+  PlanState state = run_until(Pass::place_precondition, in);
+  ASSERT_EQ(state.prec_splits.size(), 2u);
+  for (const PrecSplit& ps : state.prec_splits) {
     EXPECT_FALSE(ps.split());
     EXPECT_EQ(ps.time, (std::vector<double>{1, 1}));
   }
 }
 
 TEST(PlanPasses, PlacePreconditionPutsPrecInTheFirstGapAfterTheGradientsElseAtTheEnd) {
-  PlanState state = run_until(make_units);
-  EXPECT_EQ(state.plan.plain_step_time, 9);
-  EXPECT_EQ(state.plan.base_step_time, 10);
-  const auto& d0 = state.plan.base.per_device[0];
-  const auto& d1 = state.plan.base.per_device[1];
+  PlanState state = run_until(Pass::make_units);
+  EXPECT_EQ(state.base.plain_step_time, 9);
+  EXPECT_EQ(state.base.timeline.step_time, 10);
+  const auto& d0 = state.base.timeline.per_device[0];
+  const auto& d1 = state.base.timeline.per_device[1];
   ASSERT_EQ(d0.size(), 5u);
   ASSERT_EQ(d1.size(), 5u);
   EXPECT_EQ(to_token(d0[4].action), to_token(Action{Kind::PREC, 0, 0, -1, -1}));
   EXPECT_EQ(d0[4].start, 9);
   EXPECT_EQ(to_token(d1[4].action), to_token(Action{Kind::PREC, 1, 0, -1, -1}));
   EXPECT_EQ(d1[4].start, 7);
-  EXPECT_EQ(state.largest_shared_gap, (std::vector<double>{3, 2}));
+  EXPECT_EQ(state.base.largest_shared_gap, (std::vector<double>{3, 2}));
 }
 
 TEST(PlanPasses, MakeUnitsMakesCurvatureAfterItsPassAndInversionsAfterTheirCurvature) {
-  PlanState state = run_until(build_cycle_step0);
+  PlanState state = run_until(Pass::build_cycle_step0);
   const std::vector<Unit>& units = state.device_units[0].units;
   EXPECT_EQ(tokens(units), tokens(std::vector<Action>{{Kind::CURV_A, 0, 0, 0, 0}, {Kind::CURV_A, 0, 0, 1, 0},
                                                       {Kind::CURV_B, 0, 0, 0, 0}, {Kind::CURV_B, 0, 0, 1, 0},
@@ -120,17 +120,17 @@ TEST(PlanPasses, MakeUnitsMakesCurvatureAfterItsPassAndInversionsAfterTheirCurva
 }
 
 TEST(PlanPasses, BuildCycleStep0PutsInlineWorkBeforeItsStagesPrecWithItsOwnKind) {
-  PlanState state = run_until(build_cycle_step0);
+  PlanState state = run_until(Pass::build_cycle_step0);
   // A hand-made inline sync of 0.5 ms on device 0, run by its replica alone.
   Unit sync;
   sync.action = Action{Kind::SYNC_CURV, 0, 0, -1, -1};
   sync.duration = 0.5;
   sync.runs_inline = true;
   state.device_units[0].units.push_back(sync);
-  build_cycle_step0(state);
+  run_pass(state, Pass::build_cycle_step0);
   ASSERT_EQ(state.cycle_step0.size(), 1u);
   const CycleStep0& step0 = state.cycle_step0[0];
-  EXPECT_TRUE(state.any_inline);
+  EXPECT_TRUE(state.any_inline());
   EXPECT_EQ(step0.inline_at[0], (std::vector<std::pair<int, int>>{{6, 4}}));
   EXPECT_TRUE(step0.inline_at[1].empty());
   const TimedAction& timed = step0.timeline.per_device[0][4];
@@ -143,7 +143,7 @@ TEST(PlanPasses, BuildCycleStep0PutsInlineWorkBeforeItsStagesPrecWithItsOwnKind)
 }
 
 TEST(PlanPasses, PinCollectivesPinsNothingWithOnePipeline) {
-  PlanState state = run_until(pack_by_strategy);
+  PlanState state = run_until(Pass::pack_by_strategy);
   ASSERT_EQ(state.pins.size(), 2u);
   for (const CollectivePin& pin : state.pins) {
     EXPECT_EQ(pin.sync_step, -1);
@@ -152,7 +152,7 @@ TEST(PlanPasses, PinCollectivesPinsNothingWithOnePipeline) {
 }
 
 TEST(PlanPasses, PackByStrategyFillsTheGapsOfConsecutiveStepsFirstFitInReadyOrder) {
-  PlanState state = run_until(set_cycle_lengths);
+  PlanState state = run_until(Pass::set_cycle_lengths);
   ASSERT_EQ(state.packed.size(), 2u);
   // Device 0: curvature A and INV_A in step 0's gap [2,5]; curvature B (ready at 7 and 9) and
   // INV_B in step 1's gap [12,15].
@@ -163,22 +163,21 @@ TEST(PlanPasses, PackByStrategyFillsTheGapsOfConsecutiveStepsFirstFitInReadyOrde
   const DevicePlacement& d1 = state.packed[1].replicas[0];
   EXPECT_EQ(d1.start, (std::vector<double>{8, 8.25, 8.5, 8.75, 9, 9.5}));
   EXPECT_EQ(d1.needed, 1);
-  EXPECT_EQ(state.plan.strategy[0], "curvature ready-order first-fit, inversion ready-order first-fit");
+  EXPECT_EQ(state.packed[0].strategy, "curvature ready-order first-fit, inversion ready-order first-fit");
   EXPECT_FALSE(state.packed[0].split_to_shorten);
 }
 
 TEST(PlanPasses, SetCycleLengthsTakesEachDevicesStepsNeeded) {
-  PlanState state = run_until(emit_lists);
-  EXPECT_EQ(state.plan.refresh_steps, (std::vector<int>{2, 1}));
-  EXPECT_FALSE(state.plan.common_cycle);
-  EXPECT_EQ(state.plan.sync_steps, (std::vector<int>{-1, -1}));
-  EXPECT_EQ(state.plan.sync_step, -1);
-  EXPECT_EQ(state.plan.step0_time, 10);
+  PlanState state = run_until(Pass::emit_lists);
+  EXPECT_EQ(state.cycles.refresh_steps, (std::vector<int>{2, 1}));
+  EXPECT_FALSE(state.cycles.common_cycle);
+  EXPECT_EQ(state.cycles.sync_steps, (std::vector<int>{-1, -1}));
+  EXPECT_EQ(state.cycles.sync_step, -1);
+  EXPECT_EQ(state.cycles.step0_time, 10);
 }
 
 TEST(PlanPasses, EmitListsPutsEachUnitAtItsGapsPlaceAndTheOptimizerLast) {
-  PlanState state = run_until(measure);
-  const KfacPlan& plan = state.plan;
+  const KfacPlan plan = assemble(run_until(std::nullopt));
   const Action prec0{Kind::PREC, 0, 0, -1, -1}, prec1{Kind::PREC, 1, 0, -1, -1};
   EXPECT_EQ(tokens(plan.cycle_actions(0, 0, 0)),
             tokens(std::vector<Action>{act(Kind::F, 0, 0), act(Kind::F, 0, 1), {Kind::CURV_A, 0, 0, 0, 0},
@@ -209,8 +208,7 @@ TEST(PlanPasses, EmitListsPutsEachUnitAtItsGapsPlaceAndTheOptimizerLast) {
 }
 
 TEST(PlanPasses, MeasureTakesBubblesBoundsAndTheStep) {
-  PlanState state = run_until(nullptr);
-  const KfacPlan& plan = state.plan;
+  const KfacPlan plan = assemble(run_until(std::nullopt));
   EXPECT_EQ(plan.bubble, (std::vector<double>{3, 3}));
   EXPECT_EQ(plan.precondition, (std::vector<double>{1, 1}));
   EXPECT_EQ(plan.lower_bound_refresh_steps, (std::vector<int>{1, 1}));

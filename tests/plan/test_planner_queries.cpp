@@ -56,7 +56,7 @@ TEST(PlanQueries, PlainActionsKeepOnlyTheStepAndItsPrecondition) {
   EXPECT_EQ(p.cycle_actions(0, 1, 0), p.actions(0, 1, 2));
 }
 
-// The lists have one writer (plan::emit_lists): outside the plan no code can name them, only
+// The lists have one writer (plan::assemble): outside the plan no code can name them, only
 // ask the queries (units(), actions(), cycle_actions(), wrapped(), splits(), placements()).
 template <class P> concept ListsReachable = requires(P p) { p.lists_; };
 template <class P> concept CycleReachable = requires(P p) { p.cycle; };
