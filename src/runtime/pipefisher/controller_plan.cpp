@@ -55,19 +55,19 @@ void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from)
 }
 
 // One chunk's measured K-FAC units: the means of its timed samples, with its factors' sizes.
-StageKfacCost measured_cost(ChunkKfac& ck, const ChunkKfacTimes& t) {
+StageKfacCost measured_cost(const ChunkKfac& ck, const ChunkKfacTimes& t) {
   StageKfacCost c;
   c.precondition = t.prec / std::max(1, t.prec_samples);
   c.sync = t.sync / std::max(1, t.curv_samples);
   for (int l = 0; l < ck.layers(); ++l) {
-    const KfacLayer& layer = ck.pre().layer(l);
+    const ChunkKfac::LayerShape shape = ck.shape(l);
     c.curv_a.push_back(t.curv_a[l] / std::max(1, t.curv_samples));
     c.curv_b.push_back(t.curv_b[l] / std::max(1, t.curv_samples));
     c.inv_a.push_back(t.inv_a[l] / std::max(1, t.inv_samples));
     c.inv_b.push_back(t.inv_b[l] / std::max(1, t.inv_samples));
-    c.dim_a.push_back(static_cast<int>(layer.d_in()));
-    c.dim_b.push_back(static_cast<int>(layer.d_out()));
-    c.diag_b.push_back(layer.b().diagonal() ? 1 : 0);
+    c.dim_a.push_back(static_cast<int>(shape.dim_a));
+    c.dim_b.push_back(static_cast<int>(shape.dim_b));
+    c.diag_b.push_back(shape.diagonal_b ? 1 : 0);
   }
   return c;
 }

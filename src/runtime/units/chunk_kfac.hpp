@@ -16,10 +16,10 @@
 // diagonal block of a split factor) with pi-damping from the traces committed at that moment; the
 // new inverse is used by the next PREC; until then the previous one is.
 //
-// Refresh record. Each chunk records, at every PREC, which inverse each factor (or block) uses:
-// the step whose micro-batches built the factor and the step of the other factor that set pi.
-// Rank 0 writes the changes as out_dir/kfac_refresh.json, so a single-process K-FAC loop can follow
-// exactly the same pattern (tests/runtime/kfac_reference.hpp).
+// Refresh record (chunk_refresh_record.hpp). Each chunk records, at every PREC, which inverse each
+// factor (or block) uses: the step whose micro-batches built the factor and the step of the other
+// factor that set pi. Rank 0 writes the changes as out_dir/kfac_refresh.json, so a single-process
+// K-FAC loop can follow exactly the same pattern (tests/runtime/kfac_reference.hpp).
 //
 // Copies of a stage (data-parallel replicas, Chimera's two pipelines). Single-process K-FAC
 // builds each factor over ALL micro-batches of the step, so each copy accumulates the factors of
@@ -30,7 +30,8 @@
 // inversions placed by Algorithm 1 over the holders and broadcast), finished at the PREC before
 // the first OPT, so the copies' inverses and weights stay identical.
 //
-// bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below). Chimera's
+// bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below;
+// replica_sync.hpp holds the pieces set aside until it). Chimera's
 // twins (devices i and D-1-i) and their replicas form each stage's group: they share a cycle
 // (each pair of twins its own), their syncs are pinned at the end of one cycle step, in stage
 // order (plan/planner.hpp), so all sum the same micro-batches and switch inverses at the same
@@ -49,7 +50,9 @@
 #include "kfac/refresh_record.hpp"
 #include "nn/model.hpp"
 #include "plan/planner.hpp"
+#include "runtime/units/chunk_refresh_record.hpp"
 #include "runtime/units/prec_gather.hpp"
+#include "runtime/units/replica_sync.hpp"
 #include "runtime/units/saved_activations.hpp"
 
 #include <nlohmann/json_fwd.hpp>
@@ -154,9 +157,15 @@ class ChunkKfac final : public LinearTap {
   // the single-process Trainer.
   void discard_step();
 
-  const std::vector<RefreshEvent>& events() const { return events_; }
-  const std::vector<SplitEvent>& splits() const { return splits_; }
+  const std::vector<RefreshEvent>& events() const { return record_.events(); }
+  const std::vector<SplitEvent>& splits() const { return record_.splits(); }
   int layers() const { return static_cast<int>(pre_->size()); }
+  // A layer's factor sizes, as the planner's costs name them (StageKfacCost's dim_a, dim_b, diag_b).
+  struct LayerShape {
+    int64_t dim_a = 0, dim_b = 0;
+    bool diagonal_b = false;  // the MLM head's output side
+  };
+  LayerShape shape(int layer) const;
 
   // parallel.recompute: the backward re-runs the forward, and A is taken from that run only (from
   // both, every micro-batch would count twice): the executor skips the inputs of the first run.
@@ -167,7 +176,6 @@ class ChunkKfac final : public LinearTap {
 
  private:
   void take_over_cycle();
-  void committed(int layer, Side s, int64_t step);
   void attach(bool on);
   using ReadTensor = std::function<void(const std::string&, const Shape&, std::span<float>)>;
   nlohmann::json save_core(const std::string& prefix, NamedTensors& out, bool buffers) const;
@@ -191,18 +199,12 @@ class ChunkKfac final : public LinearTap {
   float loss_scale_ = 1.0f;
   std::pair<int64_t, float> next_cycle_{-1, 1.0f};  // a cycle starting at this step's first copy
   std::vector<std::array<int, 2>> curv_count_;          // [layer][side] CURV units this cycle
-  std::vector<std::array<int64_t, 2>> committed_;       // [layer][side] step of the committed factor
-  std::map<std::tuple<int, int, int>, InverseId> inverse_, used_;  // (layer, side, block)
-  MPI_Comm sync_comm_ = MPI_COMM_NULL;          // set: W > 1 or Chimera bubbles
-  std::vector<std::array<Tensor, 2>> pending_;  // [layer][side] this holder's fresh inverses
-  Tensor flags_;                                // [2 * layer + side] pieces inverted this cycle
-  Tensor stash_;
-  std::vector<RefreshEvent> events_;
+  ChunkRefreshRecord record_;
+  ReplicaSync sync_;                // on: W > 1 or Chimera bubbles
   NamedTensors snapshot_;          // K-FAC state before this step's curvature (discard_step)
   std::string snapshot_scalars_;   // its JSON
   bool snapshot_cycle_ = false;    // taken at a cycle's takeover (bubbles)
   bool poisoned_ = false;          // this cycle began in a skipped step: its CURV units do nothing
-  std::vector<SplitEvent> splits_;
   PrecGather gather_;  // bubbles with several holders: the split precondition
 };
 

@@ -2,7 +2,8 @@
 // through KfacPreconditioner::state() (the single-process format, under this chunk's prefix);
 // what only a pipeline run has in flight is added: the sums in progress (a bubbles cycle spreads
 // its curvature over several steps), the saved micro-batch buffers its CURV units still read,
-// this replica's pending inverses, the cycle's counters and the refresh record.
+// this replica's pending inverses (replica_sync.hpp), the cycle's counters and the refresh record
+// (chunk_refresh_record.hpp).
 #include "runtime/units/chunk_kfac.hpp"
 
 #include "core/error.hpp"
@@ -24,18 +25,6 @@ json num(double x) { return std::isfinite(x) ? json(x) : json(fmt::format("{}", 
 double num(const json& j) { return j.is_string() ? std::strtod(j.get<std::string>().c_str(), nullptr) : j.get<double>(); }
 
 const char* side_name(int s) { return s == 0 ? "A" : "B"; }
-
-json inverse_map(const std::map<std::tuple<int, int, int>, InverseId>& m) {
-  json out = json::array();
-  for (const auto& [k, id] : m) out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), id.curv_step, id.pi_step});
-  return out;
-}
-
-std::map<std::tuple<int, int, int>, InverseId> inverse_map(const json& j) {
-  std::map<std::tuple<int, int, int>, InverseId> out;
-  for (const json& e : j) out[{e[0].get<int>(), e[1].get<int>(), e[2].get<int>()}] = {e[3].get<int64_t>(), e[4].get<int64_t>()};
-  return out;
-}
 
 }  // namespace
 
@@ -65,7 +54,7 @@ void ChunkKfac::discard_step() {
                 }
               PF_CHECK(false, "snapshot has no tensor {}", name);
             },
-            "the step's K-FAC snapshot", "", json::parse(snapshot_scalars_), sync_comm_, false);
+            "the step's K-FAC snapshot", "", json::parse(snapshot_scalars_), sync_.comm(), false);
   if (snapshot_cycle_) {
     poisoned_ = true;
     // Its buffers hold the skipped step's data: never read now, and not worth a checkpoint.
@@ -90,26 +79,14 @@ json ChunkKfac::save_core(const std::string& prefix, NamedTensors& out, bool buf
     }
   j["factors"] = factors;
   j["saved"] = buffers ? saved_.save_state(prefix, out) : json::array();
-  const bool replicated = sync_comm_ != MPI_COMM_NULL;
-  if (replicated) {
-    for (int l = 0; l < layers(); ++l)
-      for (int s = 0; s < 2; ++s) out.emplace_back(prefix + fmt::format("pending_{}.{}", side_name(s), l), pending_[l][s]);
-    out.emplace_back(prefix + "flags", flags_);
-  }
-  j["replicated"] = replicated;
+  sync_.save(prefix, out);
+  j["replicated"] = sync_.on();
   j["poisoned"] = poisoned_;
   j["cycle_step"] = cycle_step_;
   j["loss_scale"] = num(loss_scale_);
   j["next_cycle"] = {next_cycle_.first, num(next_cycle_.second)};
   j["curv_count"] = curv_count_;
-  j["committed"] = committed_;
-  j["inverse"] = inverse_map(inverse_);
-  j["used"] = inverse_map(used_);
-  json ev = json::array(), sp = json::array();
-  for (const RefreshEvent& e : events_) ev.push_back({e.layer, e.side, e.block, e.use_step, e.id.curv_step, e.id.pi_step});
-  for (const SplitEvent& s : splits_) sp.push_back({s.layer, s.side, s.blocks, s.from_step});
-  j["events"] = ev;
-  j["splits"] = sp;
+  record_.save(j);
   return j;
 }
 
@@ -128,7 +105,7 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
     }
   // Replicated or not first: it decides whether the sums in progress have their own buffers.
   const MPI_Comm want = j.at("replicated").get<bool>() ? comm : MPI_COMM_NULL;
-  if (buffers || want != sync_comm_) set_replicated(want);  // a snapshot: usually unchanged
+  if (buffers || want != sync_.comm()) set_replicated(want);  // a snapshot: usually unchanged
   NamedTensors st = pre_->state();  // names and shapes, filled from the checkpoint
   for (auto& [name, t] : st) read(prefix + name, t.shape(), t.span());
   pre_->load_state(st);
@@ -145,27 +122,13 @@ void ChunkKfac::load_core(const ReadTensor& read, const std::string& what, const
       pre_->set_pending_rows(l, sd, e[3].get<int64_t>());
     }
   if (buffers) saved_.load_state(read, prefix, j.at("saved"));
-  if (sync_comm_ != MPI_COMM_NULL) {
-    for (int l = 0; l < L; ++l)
-      for (int s = 0; s < 2; ++s)
-        read(prefix + fmt::format("pending_{}.{}", side_name(s), l), pending_[l][s].shape(), pending_[l][s].span());
-    read(prefix + "flags", flags_.shape(), flags_.span());
-  }
+  sync_.load(read, prefix);
   poisoned_ = j.value("poisoned", false);
   cycle_step_ = j.at("cycle_step").get<int64_t>();
   loss_scale_ = static_cast<float>(num(j.at("loss_scale")));
   next_cycle_ = {j.at("next_cycle")[0].get<int64_t>(), static_cast<float>(num(j.at("next_cycle")[1]))};
   curv_count_ = j.at("curv_count").get<std::vector<std::array<int, 2>>>();
-  committed_ = j.at("committed").get<std::vector<std::array<int64_t, 2>>>();
-  inverse_ = inverse_map(j.at("inverse"));
-  used_ = inverse_map(j.at("used"));
-  events_.clear();
-  for (const json& e : j.at("events"))
-    events_.push_back({e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>(), e[3].get<int64_t>(),
-                       {e[4].get<int64_t>(), e[5].get<int64_t>()}});
-  splits_.clear();
-  for (const json& e : j.at("splits"))
-    splits_.push_back({e[0].get<std::string>(), e[1].get<int>(), e[2].get<int>(), e[3].get<int64_t>()});
+  record_.load(j);
 }
 
 }  // namespace pf
