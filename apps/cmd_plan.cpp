@@ -70,74 +70,39 @@ double optimizer_tail(const Schedule& s, const CostModel& cost) {
 
 // The memory model's per-stage input: the profile's, or estimated from --model's shapes when the
 // profile has none (durations from flags, or a profile without memory).
-std::vector<StageMemory> stage_memory(const PlanArgs& a, const Profile& prof) {
+std::vector<StageMemory> stage_memory(const PlanRequest& r, const Profile& prof) {
   bool measured = false;
   for (const StageMemory& m : prof.memory) measured = measured || m.param > 0 || m.act > 0;
   if (measured) return prof.memory;
-  int blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
-  const ModelConfig m = model_preset(a.model);
+  int blocks = r.blocks_per_stage();
+  const ModelConfig m = model_preset(r.model);
   if (!prof.plan.kfac.empty())  // the run's own blocks per stage
     blocks = std::max<int>(1, prof.plan.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
   return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
 }
 
-// Flags that apply only with others, and outputs that would overwrite an input.
-// More steps than this in one picture are unreadable (and each costs a copy of the step's actions).
-constexpr int kMaxSvgSteps = 32;
-
-void check_flag_combinations(const PlanArgs& a) {
-  if (!a.kfac)
-    for (const char* f : {"--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
-      if (a.given(f)) usage_error(f, "only applies with --kfac");
-  if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
-  if (a.data_parallel > kMaxDevices)
-    usage_error("--data-parallel", "{} replicas, more than the {} the planner takes (sim/limits.hpp)", a.data_parallel,
-                kMaxDevices);
-  if (a.given("--virtual-stages") && a.schedule != "interleaved")
-    usage_error("--virtual-stages", "only applies to --schedule interleaved");
-  if (a.given("--zb-memory") && a.schedule != "zb-auto") usage_error("--zb-memory", "only applies to --schedule zb-auto");
-  if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
-  for (const char* f : {"--steps", "--width"})
-    if (a.given(f) && (a.svg.empty() || a.sweep)) usage_error(f, "only applies to a timeline's --svg");
-  if (a.given("--width") && (a.svg_width < 200 || a.svg_width > 16000))
-    usage_error("--width", "must be 200 to 16000 px, got {}", a.svg_width);
-  if (a.given("--steps") && a.svg_steps > kMaxSvgSteps)
-    usage_error("--steps", "at most {} steps in one picture, got {}", kMaxSvgSteps, a.svg_steps);
-  check_outputs({{a.csv, "--csv", true}, {a.svg, "--svg", true}, {a.trace, "--trace", true}},
-                {{a.profile, "--profile"}, {a.schedule_file, "--schedule-file"}});
-}
-
 // --schedule NAME generated for --stages and --micro-batches, within the work bound.
-Schedule generated_schedule(const PlanArgs& a) {
-  if (!a.has("--stages")) usage_error("--stages", "required with --schedule");
-  if (!a.has("--micro-batches")) usage_error("--micro-batches", "required with --schedule");
+Schedule generated_schedule(const PlanRequest& r) {
+  const ScheduleRequest& q = r.schedule;
+  const int D = *q.stages, N = *q.micro_batches, v = q.v();
+  const ScheduleName name = *q.name;
   // The work bound before the schedule is made.
-  const int v = a.has("--virtual-stages") ? a.virtual_stages : 2;
-  const ScheduleName name = schedule_name(a.schedule, "--schedule");
-  check_schedule_size(a.stages, schedule_size_bound(name, a.stages, a.micro_batches, v), a.kfac,
-                      a.stages > kMaxDevices                                        ? "--stages"
-                      : name == ScheduleName::Interleaved && v > a.micro_batches ? "--virtual-stages"
-                                                                                   : "--micro-batches");
+  check_schedule_size(D, schedule_size_bound(name, D, N, v), r.kfac_mode(),
+                      D > kMaxDevices                                        ? "--stages"
+                      : name == ScheduleName::Interleaved && v > N ? "--virtual-stages"
+                                                                   : "--micro-batches");
   // Chimera's and the zero-bubble heuristic's orders are chosen for the durations (the profile's, or the flags).
-  const CostModel cost = profile_of(a).cost;
-  return make_schedule(name, a.stages, a.micro_batches, v, 1, cost.backward_forward_ratio(), zb_spec(cost, a.zb_memory));
+  const CostModel& cost = r.profile.cost;
+  return make_schedule(name, D, N, v, 1, cost.backward_forward_ratio(), zb_spec(cost, q.zb_memory));
 }
 
 // The schedule to simulate: read from --schedule-file or generated, then validated (the
 // validator's grid on stderr when it fails).
-Schedule plan_schedule(const PlanArgs& a) {
-  if (a.schedule.empty() == a.schedule_file.empty())
-    usage_error("--schedule", "give either --schedule NAME or --schedule-file FILE");
-  Schedule s;
-  if (!a.schedule_file.empty()) {
-    for (const char* f : {"--stages", "--micro-batches"})
-      if (a.given(f)) usage_error(f, "comes from --schedule-file");
-    s = read_schedule_file(a.schedule_file);
-  } else {
-    s = generated_schedule(a);
-  }
-  check_schedule_size(s.devices, static_cast<int64_t>(s.num_actions()), a.kfac,
-                      a.schedule_file.empty() ? "--micro-batches" : "--schedule-file");
+Schedule plan_schedule(const PlanRequest& r) {
+  const bool from_file = !r.schedule.file.empty();
+  Schedule s = from_file ? read_schedule_file(r.schedule.file) : generated_schedule(r);
+  check_schedule_size(s.devices, static_cast<int64_t>(s.num_actions()), r.kfac_mode(),
+                      from_file ? "--schedule-file" : "--micro-batches");
   try {
     validate(s);
   } catch (const ScheduleError& e) {
@@ -160,47 +125,50 @@ struct SimulatedStep {
 };
 
 // The step the profile's run should measure: PipeFisher's with the optimizer after it.
-double predicted_step_time(const PlanArgs& a, const SimulatedStep& r) {
-  return a.kfac ? r.kfac["step_time"].get<double>() + r.optimizer_tail : r.timeline.step_time;
+double predicted_step_time(const PlanRequest& q, const SimulatedStep& r) {
+  return q.kfac_mode() ? r.kfac["step_time"].get<double>() + r.optimizer_tail : r.timeline.step_time;
 }
 
-SimulatedStep simulate_step(const PlanArgs& a, Schedule s) {
+SimulatedStep simulate_step(const PlanRequest& q, Schedule s) {
   SimulatedStep r;
-  r.profile = profile_of(a);
+  r.profile = q.profile;
   const Profile& prof = r.profile;
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
     usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
   // A run's profile (optimizer times measured): the step ends as the run's did.
   r.optimizer_tail = prof.run ? optimizer_tail(s, prof.cost) : 0;
-  if (!a.kfac) append_step_end(s, {.grad_sync = a.data_parallel > 1, .optimizer = prof.run.has_value()});
+  if (!q.kfac_mode()) append_step_end(s, {.grad_sync = q.data_parallel > 1, .optimizer = prof.run.has_value()});
   r.timeline = simulate(s, prof.cost);
-  const char* durations = a.profile.empty() ? "--tf/--tb/--tcomm" : "--profile";
+  const char* durations = q.durations_flag();
   check_step_time(r.timeline.step_time, durations);
-  if (a.kfac && !(r.timeline.step_time > 0))
+  if (q.kfac_mode() && !(r.timeline.step_time > 0))
     usage_error(durations, "the step takes 0 ms: PipeFisher has no bubbles to fill (give the forward or backward a "
                 "duration)");
-  r.memory = memory_model(s, r.timeline, stage_memory(a, prof), a.recompute);
+  r.memory = memory_model(s, r.timeline, stage_memory(q, prof), q.recompute);
   r.title = fmt::format("{} D={} N={}{}", s.name, s.devices, s.micro_batches,
                         s.name == "interleaved" ? fmt::format(" V={}", s.stages / s.devices) : "");
-  if (a.kfac) r.kfac = run_kfac(a, s, prof, r.title, r.timeline.mean_bubble());  // draws the whole refresh period
+  if (q.kfac_mode()) r.kfac = run_kfac(q, s, prof, r.title, r.timeline.mean_bubble());  // draws the whole refresh period
   r.peak_in_flight = *std::max_element(r.timeline.peak_in_flight.begin(), r.timeline.peak_in_flight.end());
   r.schedule = std::move(s);
   return r;
 }
 
 // --svg, --trace (the step's own; --kfac draws its refresh period) and --csv.
-void write_files(const PlanArgs& a, const SimulatedStep& r) {
+void write_files(const PlanRequest& q, const SimulatedStep& r) {
+  const PlanOutputs& out = q.out;
   // The CSV first: a schedule torch's form cannot hold (Chimera) is refused before any file is written.
-  const std::string csv = a.csv.empty() ? "" : a.csv_format == "torch" ? to_torch_csv(r.schedule) : to_csv(r.schedule);
-  if (!a.kfac && !a.svg.empty()) {
+  const std::string csv = out.csv.empty()                          ? ""
+                          : out.csv_format == CsvFormat::torch ? to_torch_csv(r.schedule)
+                                                                 : to_csv(r.schedule);
+  if (!q.kfac_mode() && !out.svg.empty()) {
     SvgOptions o;
     o.title = r.title;
-    if (a.svg_steps > 0) o.steps = a.svg_steps;
-    o.width = a.svg_width;
-    write_output({a.svg, "--svg", true}, timeline_svg(r.timeline, o));
+    if (out.svg_steps > 0) o.steps = out.svg_steps;
+    o.width = out.svg_width;
+    write_output({out.svg, "--svg", true}, timeline_svg(r.timeline, o));
   }
-  if (!a.kfac && !a.trace.empty()) write_output({a.trace, "--trace", true}, chrome_trace(r.timeline, r.title));
-  if (!a.csv.empty()) write_output({a.csv, "--csv", true}, csv);
+  if (!q.kfac_mode() && !out.trace.empty()) write_output({out.trace, "--trace", true}, chrome_trace(r.timeline, r.title));
+  if (!out.csv.empty()) write_output({out.csv, "--csv", true}, csv);
 }
 
 nlohmann::json memory_json(const MemoryReport& mem) {
@@ -210,7 +178,7 @@ nlohmann::json memory_json(const MemoryReport& mem) {
           {"curv", mem.curv}, {"inv", mem.inv}, {"err_save", mem.err_save}, {"m_kfac", mem.m_kfac}};
 }
 
-void print_json(const PlanArgs& a, SimulatedStep& r) {
+void print_json(const PlanRequest& a, SimulatedStep& r) {
   const Schedule& s = r.schedule;
   const Timeline& tl = r.timeline;
   nlohmann::json per = nlohmann::json::array();
@@ -222,7 +190,7 @@ void print_json(const PlanArgs& a, SimulatedStep& r) {
       {"pipelines", s.pipelines}, {"micro_batches", s.micro_batches}, {"recompute", a.recompute}, {"time_unit", "ms"},
       {"step_time", tl.step_time}, {"bubble_time", tl.mean_bubble()}, {"utilization", tl.mean_utilization()},
       {"per_device", per}, {"peak_in_flight", r.peak_in_flight}, {"memory", memory_json(r.memory)}};
-  if (a.kfac) {
+  if (a.kfac_mode()) {
     r.kfac.erase("timeline_text");
     r.kfac.erase("precondition_line");
     j["kfac"] = r.kfac;
@@ -231,7 +199,7 @@ void print_json(const PlanArgs& a, SimulatedStep& r) {
   if (const std::optional<ProfileRun>& run = r.profile.run) {
     j["predicted_step_time"] = predicted_step_time(a, r);
     // What the profile's own run measured, beside this prediction.
-    std::vector<std::string> filled(a.from_profile.begin(), a.from_profile.end());
+    const std::vector<std::string>& filled = a.from_profile;
     j["profile_run"] = {{"schedule", run->schedule}, {"devices", run->devices},
                         {"micro_batches", run->micro_batches}, {"replicas", run->replicas},
                         {"model", run->model}, {"kfac", run->kfac},
@@ -240,7 +208,7 @@ void print_json(const PlanArgs& a, SimulatedStep& r) {
   fmt::print("{}\n", j.dump(1));
 }
 
-void print_text(const PlanArgs& a, const SimulatedStep& r) {
+void print_text(const PlanRequest& a, const SimulatedStep& r) {
   const Schedule& s = r.schedule;
   const Timeline& tl = r.timeline;
   const MemoryReport& mem = r.memory;
@@ -255,26 +223,67 @@ void print_text(const PlanArgs& a, const SimulatedStep& r) {
                predicted_step_time(a, r));
   // With --kfac a second step time follows: this one is named as the schedule's alone.
   fmt::print("{}step time {:.3f}, bubble {:.3f} per device, utilization {:.1f}%, peak in flight {}\n",
-             a.kfac ? "without K-FAC: " : "", tl.step_time, tl.mean_bubble(), 100 * tl.mean_utilization(),
+             a.kfac_mode() ? "without K-FAC: " : "", tl.step_time, tl.mean_bubble(), 100 * tl.mean_utilization(),
              r.peak_in_flight);
   fmt::print("memory (worst device {}): M_pipe {:.1f} MB ({:.1f} with the activations actually in flight), "
              "M_kfac+ {:.1f} MB\n\n",
              mem.device, mem.m_pipe, mem.m_pipe_in_flight, mem.m_kfac);
-  if (a.kfac) print_kfac(r.kfac);
+  if (a.kfac_mode()) print_kfac(r.kfac);
   else fmt::print("{}", timeline_text(tl));
 }
 
-int run(PlanArgs& a) {
-  apply_profile_run(a);
-  check_flag_combinations(a);
-  if (a.sweep) return run_sweep_mode(a);
-  SimulatedStep r = simulate_step(a, plan_schedule(a));
-  write_files(a, r);
-  if (a.json) {
-    print_json(a, r);
+// --sweep: the paper's performance model over --sweep-stages.
+int run_sweep_mode(const PlanRequest& q) {
+  SweepSpec spec;
+  const ScheduleName name = *q.schedule.name;
+  spec.schedule = name_of(name);
+  for (int d : q.sweep_stages) {
+    // One stage has no bubbles: the ratio of K-FAC work to bubble time would be infinite.
+    if (d < 2) usage_error("--sweep-stages", "depths must be >= 2 (a pipeline with bubbles), got {}", d);
+    // The sweep's largest schedule: N = 3D micro-batches.
+    check_schedule_size(d, schedule_size_bound(name, d, 3 * d, q.schedule.v()), false, "--sweep-stages");
+  }
+  spec.stages = q.sweep_stages;
+  spec.recompute = q.recompute;
+  spec.zb_memory = q.schedule.zb_memory;
+  spec.virtual_stages = q.schedule.v();
+  std::vector<SweepRow> rows = run_sweep(spec, q.sweep_profiles);
+  if (rows.empty()) usage_error("--sweep-stages", "schedule {} is defined for none of the requested depths", spec.schedule);
+  for (const SweepRow& r : rows) {
+    if (!(r.t_pipe > 0)) usage_error(q.durations_flag(), "the step takes 0 ms: no throughput to sweep (give the forward or backward a duration)");
+    check_step_time(r.t_pipe + r.t_prec + r.t_curv_inv, q.durations_flag());
+  }
+  const std::string csv = sweep_csv(rows);
+  if (!q.out.csv.empty()) write_output({q.out.csv, "--csv", true}, csv);
+  if (!q.out.svg.empty())
+    write_output({q.out.svg, "--svg", true}, sweep_svg(rows, fmt::format("Performance model: {}", spec.schedule)));
+  if (q.out.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const SweepRow& r : rows)
+      j.push_back({{"schedule", r.schedule}, {"micro_batch_size", r.micro_batch_size}, {"stages", r.stages},
+                   {"micro_batches", r.micro_batches}, {"t_pipe", r.t_pipe}, {"t_bubble", r.t_bubble},
+                   {"t_prec", r.t_prec}, {"t_curv_inv", r.t_curv_inv}, {"ratio", r.ratio},
+                   {"throughput_pipe", r.throughput_pipe}, {"throughput_pipefisher", r.throughput_pipefisher},
+                   {"throughput_kfac", r.throughput_kfac}, {"throughput_kfac_skip", r.throughput_kfac_skip},
+                   {"m_pipe", r.m_pipe}, {"m_kfac", r.m_kfac}, {"recompute", r.recompute}});
+    fmt::print("{}\n", j.dump(1));
   } else {
-    print_text(a, r);
-    print_outputs(a);
+    if (q.out.csv.empty()) fmt::print("{}", csv);
+    print_outputs(q.out);
+  }
+  return 0;
+}
+
+int run(PlanFlags& flags) {
+  const PlanRequest q = request_of(flags);
+  if (q.mode == PlanMode::sweep) return run_sweep_mode(q);
+  SimulatedStep r = simulate_step(q, plan_schedule(q));
+  write_files(q, r);
+  if (q.out.json) {
+    print_json(q, r);
+  } else {
+    print_text(q, r);
+    print_outputs(q.out);
   }
   return 0;
 }
@@ -319,7 +328,7 @@ PlanValidators plan_validators() {
 }
 
 // The schedule, its durations and the outputs.
-void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
+void add_schedule_options(CLI::App& app, PlanFlags& a, const PlanValidators& v) {
   app.add_option("--schedule", a.schedule, "naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto or zb-v");
   app.add_option("--schedule-file", a.schedule_file, "Read the schedule (text, or CSV if *.csv) instead");
   app.add_option("--stages", a.stages, "Pipeline stages D (= devices)")->check(v.positive);
@@ -353,7 +362,7 @@ void add_schedule_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
 }
 
 // PipeFisher (--kfac), data parallelism, recomputation and the sweep.
-void add_kfac_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
+void add_kfac_options(CLI::App& app, PlanFlags& a, const PlanValidators& v) {
   app.add_flag("--kfac", a.kfac, "PipeFisher: place K-FAC work into the bubbles and report it");
   app.add_flag("--no-kfac", a.no_kfac, "With a K-FAC run's profile: plan it without K-FAC");
   app.add_option("--model", a.model,
@@ -383,7 +392,7 @@ void add_kfac_options(CLI::App& app, PlanArgs& a, const PlanValidators& v) {
 }
 
 Runner setup(CLI::App& app) {
-  auto a = std::make_shared<PlanArgs>();
+  auto a = std::make_shared<PlanFlags>();
   a->app = &app;
   const PlanValidators v = plan_validators();
   add_schedule_options(app, *a, v);
@@ -392,14 +401,6 @@ Runner setup(CLI::App& app) {
 }
 
 }  // namespace
-
-// The files --svg, --trace and --csv wrote (text mode: the JSON's reader named them).
-void print_outputs(const PlanArgs& a) {
-  std::vector<std::string> written;
-  for (const std::string* path : {&a.svg, &a.trace, &a.csv})
-    if (!path->empty()) written.push_back(*path);
-  if (!written.empty()) fmt::print("outputs: {}\n", fmt::join(written, ", "));
-}
 
 ModelConfig model_preset(const std::string& name) {
   ModelConfig m;

@@ -4,6 +4,7 @@
 #include "core/files.hpp"
 #include "nn/names.hpp"
 #include "plan/planner.hpp"
+#include "runtime/layout.hpp"
 #include "sim/limits.hpp"
 #include "sim/sim.hpp"
 #include "viz/render.hpp"
@@ -29,12 +30,12 @@ struct KfacModel {
   std::vector<LinearShape> layers;  // the Linears of one stage (stage_linears, after check_kfac_size)
 };
 
-KfacModel kfac_model(const PlanArgs& a, const Profile& prof) {
+KfacModel kfac_model(const PlanRequest& r, const Profile& prof) {
   KfacModel k;
-  k.measured = !prof.plan.kfac.empty() && !a.given("--layers-per-stage");
-  k.config = k.measured && !a.has("--model") ? ModelConfig{} : model_preset(a.model);
-  k.name = k.measured && !a.has("--model") ? std::string("measured") : a.model;
-  k.blocks = a.given("--layers-per-stage") ? a.layers_per_stage : 1;
+  k.measured = !prof.plan.kfac.empty() && !r.layers_per_stage;
+  k.config = k.measured && !r.model_named ? ModelConfig{} : model_preset(r.model);
+  k.name = k.measured && !r.model_named ? std::string("measured") : r.model;
+  k.blocks = r.blocks_per_stage();
   k.block = block_linears(name_of(k.config.arch), k.config.hidden, k.config.ffn);
   return k;
 }
@@ -48,28 +49,29 @@ std::vector<LinearShape> stage_linears(const KfacModel& m) {
 // K-FAC units per step: per device, per Linear of its blocks, curvature per micro-batch (A and B),
 // two inversions and a precondition, on top of the schedule's own actions. Checked before the
 // stage's Linears are listed (--layers-per-stage 2000000000 would list 12e9 of them).
-void check_kfac_size(const PlanArgs& a, const Schedule& s, const Profile& prof, const KfacModel& m) {
+void check_kfac_size(const PlanRequest& r, const Schedule& s, const Profile& prof, const KfacModel& m) {
   int64_t linears = int64_t{m.blocks} * static_cast<int64_t>(m.block.size());
   for (const StageKfacCost& k : prof.plan.kfac) linears = std::max<int64_t>(linears, k.layers());
   check_schedule_size(s.devices,
                       static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
-                      true, a.given("--layers-per-stage") ? "--layers-per-stage" : "--micro-batches");
+                      true, r.layers_per_stage ? "--layers-per-stage" : "--micro-batches");
 }
 
-PlanInput kfac_input(const PlanArgs& a, const Schedule& s, const Profile& prof, const KfacModel& m) {
+PlanInput kfac_input(const PlanRequest& r, const Schedule& s, const Profile& prof, const KfacModel& m) {
+  const KfacOptions& a = r.kfac;
   PlanInput in;
   in.schedule = s;
   in.cost = prof.cost;
-  in.replicas = a.data_parallel;
+  in.replicas = r.data_parallel;
   in.margin = a.margin;
   in.split_to_shorten = a.split_to_shorten;
-  in.chimera_group = !a.no_stage_group;
-  in.recompute = a.recompute;
+  in.chimera_group = a.stage_group;
+  in.recompute = r.recompute;
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   // A run's profile carries the broadcast model its plan used.
-  in.bcast_alpha = a.bcast_alpha >= 0 ? a.bcast_alpha : prof.plan.bcast_alpha >= 0 ? prof.plan.bcast_alpha : prof.cost.allreduce_alpha;
-  in.bcast_beta = a.bcast_beta >= 0 ? a.bcast_beta : prof.plan.bcast_beta >= 0 ? prof.plan.bcast_beta : prof.cost.allreduce_beta;
+  in.bcast_alpha = a.bcast_alpha.value_or(prof.plan.bcast_alpha >= 0 ? prof.plan.bcast_alpha : prof.cost.allreduce_alpha);
+  in.bcast_beta = a.bcast_beta.value_or(prof.plan.bcast_beta >= 0 ? prof.plan.bcast_beta : prof.cost.allreduce_beta);
   if (m.measured) {
     for (const StageKfacCost& k : prof.plan.kfac) in.kfac.push_back(planner_cost(k));  // measured by the run, as it planned
     return in;
@@ -86,11 +88,12 @@ PlanInput kfac_input(const PlanArgs& a, const Schedule& s, const Profile& prof, 
   return in;
 }
 
-// K-FAC units named by their layer: the profile's names, else the model's for uniform stages of
-// `blocks` blocks (stage s holds blocks s*blocks ..).
+// K-FAC units named by their layer: the profile's names, else the model's, each stage holding the
+// blocks the runtime's partition gives it (runtime/layout.hpp) of a model of `blocks` x S blocks.
 LayerNames kfac_layer_names(const Schedule& s, const Profile& prof, const KfacModel& m) {
+  const std::vector<int> counts = partition_blocks(m.blocks * s.stages, s.stages, {});
   LayerNames names;
-  for (int st = 0; st < s.stages; ++st)
+  for (int st = 0, first = 0; st < s.stages; first += counts[st++])
     for (int pl = 0; pl < s.pipelines; ++pl) {
       if (m.measured && st < static_cast<int>(prof.layer_names.size())) {
         for (size_t l = 0; l < prof.layer_names[st].size(); ++l)
@@ -98,15 +101,15 @@ LayerNames kfac_layer_names(const Schedule& s, const Profile& prof, const KfacMo
         continue;
       }
       int l = 0;
-      for (int b = 0; b < m.blocks; ++b)
-        for (const std::string& n : block_linear_names(m.config.arch, st * m.blocks + b)) names[{pl, st, l++}] = n;
+      for (int b = first; b < first + counts[st]; ++b)
+        for (const std::string& n : block_linear_names(m.config.arch, b)) names[{pl, st, l++}] = n;
     }
   return names;
 }
 
 // The refresh period as SVG, with the numbers of the text and JSON reports.
 // The refresh period (or --steps of it, from a cycle start) at --width.
-void write_kfac_svg(const PlanArgs& a, const KfacPlan& p, const std::string& title, double base_bubble) {
+void write_kfac_svg(const PlanOutputs& a, const KfacPlan& p, const std::string& title, double base_bubble) {
   const int steps = a.svg_steps > 0 ? a.svg_steps : p.period();
   SvgOptions o;
   o.title = title;
@@ -166,11 +169,11 @@ json splits_json(const KfacPlan& p) {
   return splits;
 }
 
-json kfac_json(const PlanArgs& a, const KfacPlan& p, const PlanInput& in, const KfacModel& m, const Timeline& tl) {
+json kfac_json(const PlanRequest& a, const KfacPlan& p, const PlanInput& in, const KfacModel& m, const Timeline& tl) {
   const json lb = lower_bounds_json(p, in.schedule.devices);
   json k = {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
           {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
-          {"period", p.period()}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.margin},
+          {"period", p.period()}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.kfac.margin},
           {"model", m.name}, {"layers_per_stage", m.blocks}, {"splits", splits_json(p)}, {"per_device", per_device_json(p, lb)},
           {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement_json(p)},
           {"plain_step_time", p.plain_step_time}, {"precondition_share", p.precondition_share()},
@@ -184,7 +187,7 @@ json kfac_json(const PlanArgs& a, const KfacPlan& p, const PlanInput& in, const 
 
 }  // namespace
 
-json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const std::string& title, double base_bubble) {
+json run_kfac(const PlanRequest& a, const Schedule& s, const Profile& prof, const std::string& title, double base_bubble) {
   KfacModel m = kfac_model(a, prof);
   check_kfac_size(a, s, prof, m);
   m.layers = stage_linears(m);
@@ -196,9 +199,9 @@ json run_kfac(const PlanArgs& a, const Schedule& s, const Profile& prof, const s
   Timeline tl = p.period_timeline(0, P, &starts);
   const std::string kt = fmt::format("{} + PipeFisher ({} steps{})", title, P,
                                      a.data_parallel > 1 ? fmt::format(", replica 0 of {}", a.data_parallel) : "");
-  if (!a.svg.empty()) write_kfac_svg(a, p, kt, base_bubble);
-  if (!a.trace.empty())
-    write_output({a.trace, "--trace", true},
+  if (!a.out.svg.empty()) write_kfac_svg(a.out, p, kt, base_bubble);
+  if (!a.out.trace.empty())
+    write_output({a.out.trace, "--trace", true},
                  chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, kt, kfac_layer_names(s, prof, m)));
   return kfac_json(a, p, in, m, tl);
 }
