@@ -39,8 +39,7 @@ Controller::Controller(const Config& cfg, const Layout& layout, const comm::Grou
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
   InlineStep inline_step = profiling_actions(layout.schedule, device_);
-  inline_list_ = std::move(inline_step.actions);
-  lowered_index_ = std::move(inline_step.step_index);
+  inline_ = {std::move(inline_step.actions), std::move(inline_step.step_index)};
   profile_.action_ms.assign(lowered_.size(), 0.0);
   profile_.chunks.resize(units.hosted().size());
   units.set_inverter([this](const Action& a) {
@@ -51,8 +50,7 @@ Controller::Controller(const Config& cfg, const Layout& layout, const comm::Grou
 }
 
 const std::vector<Action>& Controller::actions_for(int64_t step) const {
-  if (phase_.replan_at >= 0 && step == phase_.replan_at) return reprofile_first_;
-  if (profiling(step)) return inline_list_;
+  if (profiling(step)) return profiled_list(step).actions;
   if (draining(step)) return step == phase_.boundary ? drain_first_ : drain_plain_;
   return plan_->actions(groups_.replica, device_, step - phase_.plan_start);
 }
@@ -90,14 +88,12 @@ void Controller::add_profile_step(int64_t step, const std::vector<Action>& list,
     profile_.samples = 0;
     for (ChunkKfacTimes& t : profile_.chunks) t = {};
   }
-  // The inline list ends the step's list; the first step of a re-profile may start with the old
-  // cycle's wrapped units (drain_lists), which are not part of the profile.
-  PF_CHECK(list.size() >= lowered_index_.size() && times.size() == list.size(),
-           "profiled step {}: {} actions, {} times, inline list of {}", step, list.size(), times.size(),
-           lowered_index_.size());
-  const size_t skip = list.size() - lowered_index_.size();
-  for (size_t i = skip; i < list.size(); ++i) {
-    const int j = lowered_index_[i - skip];
+  const std::vector<int>& lowered_index = profiled_list(step).lowered_index;
+  PF_CHECK(list.size() == lowered_index.size() && times.size() == list.size(),
+           "profiled step {}: {} actions, {} times, a profiled list of {}", step, list.size(), times.size(),
+           lowered_index.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const int j = lowered_index[i];
     if (j >= 0) profile_.action_ms[j] += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
   }
   ++profile_.samples;
@@ -157,8 +153,14 @@ void Controller::drain_lists() {
   drain_plain_ = p.plain_actions(groups_.replica, device_);
   drain_first_ = wrapped;
   drain_first_.insert(drain_first_.end(), drain_plain_.begin(), drain_plain_.end());
-  reprofile_first_ = phase_.boundary == phase_.replan_at ? wrapped : std::vector<Action>{};
-  reprofile_first_.insert(reprofile_first_.end(), inline_list_.begin(), inline_list_.end());
+  reprofile_first_ = {};
+  if (phase_.boundary == phase_.replan_at) {
+    reprofile_first_.actions = wrapped;
+    reprofile_first_.lowered_index.assign(wrapped.size(), -1);
+  }
+  ProfiledList& first = reprofile_first_;
+  first.actions.insert(first.actions.end(), inline_.actions.begin(), inline_.actions.end());
+  first.lowered_index.insert(first.lowered_index.end(), inline_.lowered_index.begin(), inline_.lowered_index.end());
 }
 
 // Checkpoints: the phase and the profile here, the plan's input in controller_plan.cpp.

@@ -68,7 +68,16 @@ class Controller final : public KfacPlacement {
     int samples = 0;
     std::vector<ChunkKfacTimes> chunks;  // [hosted chunk]
   };
+  // A profiled step's list and, per entry, the lowered_ action it times (-1: an added PREC, or a
+  // previous cycle's wrapped unit, which the profile does not count).
+  struct ProfiledList {
+    std::vector<Action> actions;
+    std::vector<int> lowered_index;
+  };
   bool profiling(int64_t t) const { return !plan_ || (t >= phase_.profile_start && t < phase_.profile_start + kProfileSteps); }
+  const ProfiledList& profiled_list(int64_t t) const {
+    return phase_.replan_at >= 0 && t == phase_.replan_at ? reprofile_first_ : inline_;
+  }
   bool draining(int64_t t) const { return phase_.replan_at >= 0 && t >= phase_.boundary && t < phase_.replan_at; }
   void configure_chunk(HostedKfac& h, size_t index, int64_t step, float scale);
   void add_profile_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
@@ -91,8 +100,8 @@ class Controller final : public KfacPlacement {
   KfacSeams seams_;
   int device_;
   const std::vector<Action>& lowered_;  // the device's lowered list (what the profile times)
-  std::vector<Action> inline_list_;     // lowered + each chunk's PREC before the first OPT
-  std::vector<int> lowered_index_;      // [inline_list_ index] -> lowered_ index, -1 for PREC
+  ProfiledList inline_;                 // lowered + each chunk's PREC before the first OPT
+  ProfiledList reprofile_first_;        // a re-profile's first step: the cycle's wrapped units, then inline_
   std::optional<PlanProfile> recorded_;  // kfac.plan_profile's; none: plan from timings
   Phase phase_;
   Profile profile_;
@@ -101,7 +110,7 @@ class Controller final : public KfacPlacement {
   double planned_compute_ms_ = 0;  // this rank's F/B/I/W per step in that profile (drift's yardstick)
   double plan_scale_ = 1.0;  // --test-kfac-cost-scale at planning
   std::optional<std::pair<double, double>> bcast_model_;  // W > 1: ms, ms per byte
-  std::vector<Action> drain_first_, drain_plain_, reprofile_first_;
+  std::vector<Action> drain_first_, drain_plain_;
 };
 
 }  // namespace pf
