@@ -32,6 +32,7 @@
 #include "sim/limits.hpp"
 #include "sim/memory.hpp"
 #include "plan/planner.hpp"
+#include "runtime/layout.hpp"
 #include "sim/profile.hpp"
 #include "sim/sim.hpp"
 #include "sim/sweep.hpp"
@@ -131,7 +132,7 @@ double predicted_step_time(const PlanRequest& q, const SimulatedStep& r) {
 
 SimulatedStep simulate_step(const PlanRequest& q, Schedule s) {
   SimulatedStep r;
-  r.profile = q.profile;
+  r.profile = q.partition.empty() ? q.profile : with_stage_blocks(q.profile, stage_blocks(q, s));
   const Profile& prof = r.profile;
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
     usage_error("--profile", "profile has {} stages but the schedule has {}", prof.cost.stages.size(), s.stages);
@@ -347,6 +348,11 @@ void add_schedule_options(CLI::App& app, PlanFlags& a, const PlanValidators& v) 
   app.add_option("--micro-batch-size", a.micro_batch_size, "Profile CSV row (bs) to use")->check(v.positive);
   app.add_option("--layers-per-stage", a.layers_per_stage, "Transformer blocks per stage (scales the CSV profile)")
       ->check(v.positive);
+  app.add_option("--partition", a.partition,
+                 "Transformer blocks of each stage, e.g. 2,4,4,2 (as parallel.partition; summing to --model's layers): "
+                 "scales the CSV profile stage by stage")
+      ->delimiter(',')
+      ->check(v.positive);
   app.add_flag("--json", a.json, "Print one JSON object");
   app.add_option("--svg", a.svg, "Write the timeline (or the sweep chart) as SVG");
   app.add_option("--steps", a.svg_steps, "Steps --svg draws (default 2; with --kfac the whole refresh period)")
@@ -401,6 +407,13 @@ Runner setup(CLI::App& app) {
 }
 
 }  // namespace
+
+std::vector<int> stage_blocks(const PlanRequest& r, const Schedule& s) {
+  if (r.partition.empty()) return {r.blocks_per_stage()};
+  const std::string layers = fmt::format("--model {}'s layers", r.model);
+  return partition_blocks(model_preset(r.model).layers, s.stages, r.partition,
+                          {.partition = "--partition", .stages = "--partition", .layers = layers.c_str()});
+}
 
 ModelConfig model_preset(const std::string& name) {
   ModelConfig m;

@@ -30,6 +30,7 @@ struct PlanFlags {
   double zb_memory = 1;  // --zb-memory: zb-auto's memory limit, times 1F1B's peak
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
   std::vector<int> sweep_stages = {4, 8, 16, 32};
+  std::vector<int> partition;  // --partition: blocks per stage
   CLI::App* app = nullptr;
   bool given(const char* flag) const { return app->count(flag) > 0; }
 };
@@ -80,6 +81,7 @@ struct PlanRequest {
   std::string model = "bert-base";
   bool model_named = false;
   std::optional<int> layers_per_stage;  // transformer blocks per stage (1 when not given)
+  std::vector<int> partition;           // or blocks per stage (--partition: the paper's CSV profile is per block)
   int data_parallel = 1;
   KfacOptions kfac;
   std::vector<int> sweep_stages;
@@ -104,6 +106,9 @@ ModelConfig model_preset(const std::string& name);
 // --kfac: plan PipeFisher on the simulated step and report it (JSON `kfac`, summary, drawings).
 nlohmann::json run_kfac(const PlanRequest& r, const Schedule& s, const Profile& prof, const std::string& title,
                         double base_bubble);
+// Transformer blocks per stage of schedule `s`: --partition through the runtime's partition_blocks
+// (runtime/layout.hpp, checked against the model's layers), else one entry: --layers-per-stage.
+std::vector<int> stage_blocks(const PlanRequest& r, const Schedule& s);
 // The text report of run_kfac's JSON.
 void print_kfac(const nlohmann::json& k);
 

@@ -113,6 +113,13 @@ void check_flag_combinations(const PlanFlags& a, const ScheduleRequest& s) {
     usage_error("--virtual-stages", "only applies to --schedule interleaved");
   if (a.given("--zb-memory") && s.name != ScheduleName::ZbAuto) usage_error("--zb-memory", "only applies to --schedule zb-auto");
   if (a.given("--sweep-stages") && !a.sweep) usage_error("--sweep-stages", "only applies with --sweep");
+  if (a.given("--partition")) {
+    if (a.given("--layers-per-stage")) usage_error("--partition", "gives each stage's blocks; --layers-per-stage gives all the same: give one");
+    if (a.sweep) usage_error("--partition", "not available with --sweep");
+    if (a.profile.empty() || ends_with(a.profile, ".json"))
+      usage_error("--partition", "scales the paper's per-block CSV profile (--profile FILE.csv); a run's profile and "
+                  "the time flags are per stage");
+  }
   if (a.sweep && a.given("--csv-format")) usage_error("--csv-format", "is the schedule's form; --sweep's --csv is its table");
   if (a.sweep && a.given("--trace")) usage_error("--trace", "not available with --sweep");
   for (const char* f : {"--steps", "--width"})
@@ -216,6 +223,7 @@ PlanRequest request_of(PlanFlags& a) {
   r.model = a.model;
   r.model_named = a.given("--model") || filled.flags.count("--model") > 0;
   if (a.given("--layers-per-stage")) r.layers_per_stage = a.layers_per_stage;
+  r.partition = a.partition;
   r.data_parallel = a.data_parallel;
   r.kfac = kfac_options_of(a);
   r.sweep_stages = a.sweep_stages;

@@ -25,24 +25,25 @@ struct KfacModel {
   bool measured = false;            // units measured per layer (a run's profile): no shapes needed
   ModelConfig config;
   std::string name;                 // "measured", or the preset
-  int blocks = 1;                   // transformer blocks per stage
+  std::vector<int> blocks;          // transformer blocks per stage: one entry for all, or one per stage
   std::vector<LinearShape> block;   // the Linears of one block
-  std::vector<LinearShape> layers;  // the Linears of one stage (stage_linears, after check_kfac_size)
+  int blocks_of(int stage) const { return blocks.size() == 1 ? blocks[0] : blocks.at(stage); }
 };
 
-KfacModel kfac_model(const PlanRequest& r, const Profile& prof) {
+KfacModel kfac_model(const PlanRequest& r, const Schedule& s, const Profile& prof) {
   KfacModel k;
   k.measured = !prof.plan.kfac.empty() && !r.layers_per_stage;
   k.config = k.measured && !r.model_named ? ModelConfig{} : model_preset(r.model);
   k.name = k.measured && !r.model_named ? std::string("measured") : r.model;
-  k.blocks = r.blocks_per_stage();
+  k.blocks = stage_blocks(r, s);
   k.block = block_linears(name_of(k.config.arch), k.config.hidden, k.config.ffn);
   return k;
 }
 
-std::vector<LinearShape> stage_linears(const KfacModel& m) {
+// The Linears of stage s (after check_kfac_size).
+std::vector<LinearShape> stage_linears(const KfacModel& m, int stage) {
   std::vector<LinearShape> layers;
-  for (int b = 0; b < m.blocks; ++b) layers.insert(layers.end(), m.block.begin(), m.block.end());
+  for (int b = 0; b < m.blocks_of(stage); ++b) layers.insert(layers.end(), m.block.begin(), m.block.end());
   return layers;
 }
 
@@ -50,7 +51,7 @@ std::vector<LinearShape> stage_linears(const KfacModel& m) {
 // two inversions and a precondition, on top of the schedule's own actions. Checked before the
 // stage's Linears are listed (--layers-per-stage 2000000000 would list 12e9 of them).
 void check_kfac_size(const PlanRequest& r, const Schedule& s, const Profile& prof, const KfacModel& m) {
-  int64_t linears = int64_t{m.blocks} * static_cast<int64_t>(m.block.size());
+  int64_t linears = int64_t{*std::max_element(m.blocks.begin(), m.blocks.end())} * static_cast<int64_t>(m.block.size());
   for (const StageKfacCost& k : prof.plan.kfac) linears = std::max<int64_t>(linears, k.layers());
   check_schedule_size(s.devices,
                       static_cast<int64_t>(s.num_actions()) + int64_t{s.devices} * linears * (2 * s.micro_batches + 3),
@@ -76,22 +77,24 @@ PlanInput kfac_input(const PlanRequest& r, const Schedule& s, const Profile& pro
     for (const StageKfacCost& k : prof.plan.kfac) in.kfac.push_back(planner_cost(k));  // measured by the run, as it planned
     return in;
   }
-  for (const StageCost& c : prof.cost.stages) {
+  for (size_t st = 0; st < prof.cost.stages.size(); ++st) {
+    const StageCost& c = prof.cost.stages[st];
+    const std::vector<LinearShape> layers = stage_linears(m, static_cast<int>(st));
     // Curvature sync: all-reduce of the stage's factors (the inverses travel in their own
     // BCAST_INV units), 4-byte floats; alpha + beta * bytes from the profile (0 without one).
     double floats = 0;
-    for (const LinearShape& l : m.layers) floats += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
+    for (const LinearShape& l : layers) floats += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
     double bytes = c.curvature_bytes > 0 ? c.curvature_bytes : 4 * floats;
-    in.kfac.push_back(split_stage_cost(m.layers, c.curvature, c.inversion, c.precondition,
+    in.kfac.push_back(split_stage_cost(layers, c.curvature, c.inversion, c.precondition,
                                        prof.cost.allreduce_alpha + prof.cost.allreduce_beta * bytes));
   }
   return in;
 }
 
 // K-FAC units named by their layer: the profile's names, else the model's, each stage holding the
-// blocks the runtime's partition gives it (runtime/layout.hpp) of a model of `blocks` x S blocks.
+// blocks the runtime's partition gives it (runtime/layout.hpp): --partition's, or --layers-per-stage each.
 LayerNames kfac_layer_names(const Schedule& s, const Profile& prof, const KfacModel& m) {
-  const std::vector<int> counts = partition_blocks(m.blocks * s.stages, s.stages, {});
+  const std::vector<int> counts = m.blocks.size() > 1 ? m.blocks : partition_blocks(m.blocks[0] * s.stages, s.stages, {});
   LayerNames names;
   for (int st = 0, first = 0; st < s.stages; first += counts[st++])
     for (int pl = 0; pl < s.pipelines; ++pl) {
@@ -174,7 +177,7 @@ json kfac_json(const PlanRequest& a, const KfacPlan& p, const PlanInput& in, con
   json k = {{"refresh_steps", p.refresh_steps}, {"lower_bound_refresh_steps", lb}, {"utilization", p.utilization},
           {"step_time", p.step_time}, {"base_step_time", p.base_step_time}, {"inline_time", p.inline_time},
           {"period", p.period()}, {"common_cycle", p.common_cycle}, {"sync_steps", p.sync_steps}, {"data_parallel", a.data_parallel}, {"margin", a.kfac.margin},
-          {"model", m.name}, {"layers_per_stage", m.blocks}, {"splits", splits_json(p)}, {"per_device", per_device_json(p, lb)},
+          {"model", m.name}, {"layers_per_stage", m.blocks.size() == 1 ? json(m.blocks[0]) : json(m.blocks)}, {"splits", splits_json(p)}, {"per_device", per_device_json(p, lb)},
           {"bcast_alpha", in.bcast_alpha}, {"bcast_beta", in.bcast_beta}, {"placement", placement_json(p)},
           {"plain_step_time", p.plain_step_time}, {"precondition_share", p.precondition_share()},
           {"precondition_line", p.precondition_line()}, {"timeline_text", timeline_text(tl)}};
@@ -188,9 +191,8 @@ json kfac_json(const PlanRequest& a, const KfacPlan& p, const PlanInput& in, con
 }  // namespace
 
 json run_kfac(const PlanRequest& a, const Schedule& s, const Profile& prof, const std::string& title, double base_bubble) {
-  KfacModel m = kfac_model(a, prof);
+  const KfacModel m = kfac_model(a, s, prof);
   check_kfac_size(a, s, prof, m);
-  m.layers = stage_linears(m);
   const PlanInput in = kfac_input(a, s, prof, m);
   KfacPlan p = plan_kfac(in);
   for (double t : {p.step_time, p.base_step_time, p.inline_time}) check_step_time(t, "--kfac");

@@ -93,22 +93,22 @@ Schedule compute_schedule(const Config& cfg) {
 
 }  // namespace
 
-std::vector<int> partition_blocks(int layers, int stages, const std::vector<int>& explicit_counts) {
+std::vector<int> partition_blocks(int layers, int stages, const std::vector<int>& explicit_counts,
+                                  const PartitionKeys& keys) {
   if (!explicit_counts.empty()) {
     if (static_cast<int>(explicit_counts.size()) != stages)
-      usage_error("parallel.partition", "lists {} stages but the schedule has {} (one entry per stage{})",
+      usage_error(keys.partition, "lists {} stages but the schedule has {} (one entry per stage{})",
                   explicit_counts.size(), stages, stages > 1 ? ", interleaved: stages x virtual_stages" : "");
-    if (std::accumulate(explicit_counts.begin(), explicit_counts.end(), 0) != layers)
-      usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}",
-                  std::accumulate(explicit_counts.begin(), explicit_counts.end(), 0), layers);
+    const int64_t sum = std::accumulate(explicit_counts.begin(), explicit_counts.end(), int64_t{0});
+    if (sum != layers) usage_error(keys.partition, "assigns {} transformer blocks but {} = {}", sum, keys.layers, layers);
     for (int k = 1; k + 1 < stages; ++k)
       if (explicit_counts[k] == 0)
-        usage_error("parallel.partition", "stage {} gets no transformer block and holds nothing", k);
+        usage_error(keys.partition, "stage {} gets no transformer block and holds nothing", k);
     return explicit_counts;
   }
   if (stages > layers)
-    usage_error("parallel.stages", "{} pipeline stages but the model has only {} transformer blocks "
-                "(model.layers; interleaved counts stages x virtual_stages)", stages, layers);
+    usage_error(keys.stages, "{} pipeline stages but the model has only {} transformer blocks "
+                "({}; interleaved counts stages x virtual_stages)", stages, layers, keys.layers);
   std::vector<int> counts(stages, layers / stages);
   int extra = layers % stages;
   // The remainder goes to interior stages first: the ends also carry the embedding and the head.

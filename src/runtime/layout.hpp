@@ -45,9 +45,19 @@ struct Layout {
   int chunks() const { return pipelines() * stages(); }
 };
 
-// Transformer blocks per stage: `explicit_counts` if given (its length must be `stages`), else
-// balanced. UsageError naming parallel.stages / parallel.partition when impossible.
-std::vector<int> partition_blocks(int layers, int stages, const std::vector<int>& explicit_counts);
+// The names a partition's errors give its inputs: the config keys, or `pipefisher plan`'s flags.
+struct PartitionKeys {
+  const char* partition = "parallel.partition";
+  const char* stages = "parallel.stages";
+  const char* layers = "model.layers";
+};
+
+// Transformer blocks per stage, the one rule for the runtime and `pipefisher plan`:
+// `explicit_counts` if given (its length must be `stages`, its sum `layers`, no interior stage
+// empty), else balanced with the remainder on interior stages first. UsageError naming the keys
+// when impossible.
+std::vector<int> partition_blocks(int layers, int stages, const std::vector<int>& explicit_counts,
+                                  const PartitionKeys& keys = {});
 
 // The layout of a run of `world_size` ranks. UsageError (naming the key) when the world size is
 // not stages x data_parallel, the schedule does not fit (odd D for Chimera, N not a multiple of D

@@ -110,6 +110,26 @@ Profile profile_from_row(const ProfileRow& row, int L) {
   return p;
 }
 
+Profile with_stage_blocks(const Profile& per_block, const std::vector<int>& blocks) {
+  Profile p = per_block;
+  const StageCost& c = per_block.cost.stage(0);
+  const StageMemory m = per_block.memory.empty() ? StageMemory{} : per_block.memory.front();
+  p.cost.stages.clear();
+  p.memory.clear();
+  for (int b : blocks) {
+    StageCost s = c;
+    for (double* x : {&s.forward, &s.backward, &s.curvature, &s.inversion, &s.precondition, &s.optimizer,
+                      &s.grad_bytes, &s.curvature_bytes})
+      *x *= b;
+    if (s.input_grad >= 0) s.input_grad *= b;
+    if (s.weight_grad >= 0) s.weight_grad *= b;
+    s.layers = c.layers * b;
+    p.cost.stages.push_back(s);
+    p.memory.push_back({b * m.param, b * m.act, b * m.err_peak, b * m.err_save, b * m.kron, b * m.deferred});
+  }
+  return p;
+}
+
 namespace {
 
 using nlohmann::json;

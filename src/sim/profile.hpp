@@ -98,6 +98,10 @@ struct Profile {
 // Throws UsageError naming `flag` (e.g. "--profile") on a missing or malformed file.
 std::vector<ProfileRow> read_paper_csv(const std::string& path, const std::string& flag = "--profile");
 Profile profile_from_row(const ProfileRow& row, int layers_per_stage);
+// A per-block profile (one uniform stage of one transformer block, as the paper's CSV rows are)
+// as stages of blocks[s] blocks each: every time, byte count and memory of stage s times blocks[s]
+// (the stage-to-stage message stays one block's).
+Profile with_stage_blocks(const Profile& per_block, const std::vector<int>& blocks);
 Profile read_profile_json(const std::string& path, const std::string& flag = "--profile");
 // The same from parsed JSON; errors name `where`.
 Profile read_profile(const nlohmann::json& j, const std::string& where);

@@ -85,6 +85,35 @@ TEST(PlanCli, PaperProfileRowAndLayerScaling) {
                "pipefisher: --tf: durations come from --profile");
 }
 
+// --partition gives each stage its blocks by the runtime's rule (parallel.partition,
+// runtime/layout.hpp's partition_blocks): the per-block CSV profile is scaled stage by stage. Equal
+// counts are --layers-per-stage; uneven ones make the heavy stages the busy ones (GPipe: a device
+// is busy N (F + B) of its stage's blocks).
+TEST(PlanCli, PartitionScalesEachStageByItsBlocks) {
+  const std::string csv = tmp("paper-p.csv");
+  std::ofstream(csv) << "bs,time_f,time_b,time_kron,time_inv,time_prec,mem_param,mem_act,mem_peak_err,mem_save_err,mem_kron\n"
+                        "32,10.25,16.5,27.45,80.85,8.90,27,160,40,24,168\n";
+  const std::string base = "--schedule gpipe --stages 4 --micro-batches 4 --model bert-base --profile " + csv;
+  PlanRun even = plan(base + " --partition 3,3,3,3 --json"), uniform = plan(base + " --layers-per-stage 3 --json");
+  ASSERT_EQ(even.status, 0) << even.err;
+  EXPECT_EQ(even.out, uniform.out);
+  PlanRun uneven = plan(base + " --partition 2,4,4,2 --json");
+  ASSERT_EQ(uneven.status, 0) << uneven.err;
+  const auto per = nlohmann::json::parse(uneven.out)["per_device"];
+  EXPECT_NEAR(per[0]["busy"].get<double>(), 4 * 2 * (10.25 + 16.5), 1e-9);
+  EXPECT_NEAR(per[1]["busy"].get<double>(), 4 * 4 * (10.25 + 16.5), 1e-9);
+  EXPECT_NEAR(per[3]["busy"].get<double>(), per[0]["busy"].get<double>(), 1e-9);
+  PlanRun kfac = plan(base + " --partition 2,4,4,2 --kfac --json");
+  ASSERT_EQ(kfac.status, 0) << kfac.err;
+  EXPECT_EQ(nlohmann::json::parse(kfac.out)["kfac"]["layers_per_stage"], nlohmann::json({2, 4, 4, 2}));
+  expect_usage(base + " --partition 3,3,3", "pipefisher: --partition: lists 3 stages but the schedule has 4");
+  expect_usage(base + " --partition 3,3,3,4",
+               "pipefisher: --partition: assigns 13 transformer blocks but --model bert-base's layers = 12");
+  expect_usage(base + " --partition 3,3,3,3 --layers-per-stage 3", "pipefisher: --partition: gives each stage's blocks");
+  expect_usage("--schedule gpipe --stages 4 --micro-batches 4 --partition 3,3,3,3",
+               "pipefisher: --partition: scales the paper's per-block CSV profile");
+}
+
 // --recompute (the runtime's parallel.recompute) outside a sweep: each backward carries its
 // forward (GPipe 4x4: 7 slots of F + B + F), the activations fall from N M_act to one M_act per
 // stage, both as the paper's closed form (layers_per_stage 3 scales them).
