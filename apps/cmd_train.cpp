@@ -29,6 +29,7 @@ struct TrainArgs {
   bool overwrite = false;
   std::string test_poison, test_signal, test_oom_counter;  // hidden: tests/faults (train/test_seams.hpp)
   std::string test_drift_at, test_kfac_cost_scale, test_bcast_model;  // hidden: tests/runtime
+  std::string bench_slow, bench_jitter;  // benchmarks' noise (train/test_seams.hpp)
 };
 
 // Whether a --set chose `key`.
@@ -70,9 +71,13 @@ int run_train(const TrainArgs& a) {
                          !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
                           parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model),
-                          a.test_oom_counter}};
+                          a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)}};
+  const int ranks = std::max(1, launcher_world_size());
+  if (run.seams.noise.slow_rank >= ranks)
+    usage_error("--bench-slow", "rank {} but the run has {} rank{}", run.seams.noise.slow_rank, ranks, ranks == 1 ? "" : "s");
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).
-  if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty())
+  if (cfg.parallel.stages * cfg.parallel.data_parallel > 1 || launcher_world_size() > 1 || !a.profile_dir.empty() ||
+      run.seams.noise.on())
     return run_parallel_training(cfg, run, {a.profile_steps.begin(), a.profile_steps.end()});
   if (!a.profile_steps.empty()) usage_error("--profile-steps", "only applies with --profile-dir");
   check_resources(cfg);
@@ -110,6 +115,14 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--profile-steps", a->profile_steps, "steps to profile, from 1 (default: all but the first)")
       ->delimiter(',')
       ->check(pf::app::kPositiveInteger);
+  cmd.add_option("--bench-slow", a->bench_slow,
+                 "RANK:FACTOR[@FROM-TO]: benchmarks only: world rank RANK's compute actions last FACTOR (1 to 100) "
+                 "times as long, in steps FROM..TO (the extra time slept; the math is unchanged)")
+      ->group("Benchmarks");
+  cmd.add_option("--bench-jitter", a->bench_jitter,
+                 "FRACTION: benchmarks only: every compute action lasts (1 + FRACTION u) times as long, u uniform in "
+                 "[0, 1), the same each run")
+      ->group("Benchmarks");
   // Test seams, left out of --help (group ""): train/test_seams.hpp.
   cmd.add_option("--test-poison", a->test_poison, "STEP:KIND (nan, inf, loss): make a step non-finite")->group("");
   cmd.add_option("--test-signal", a->test_signal, "SIG@WHERE: raise a signal at step:N, eval:N or final-writes")

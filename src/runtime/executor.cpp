@@ -10,6 +10,8 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <limits>
 
 namespace pf {
@@ -182,17 +184,27 @@ StepOutcome Executor::run(int64_t step, const std::vector<Action>& list, const s
   start_step(step);
   if (times) times->assign(list.size(), {});
   const StepInputs in{mbs, lr};
+  const bool noisy = noise_.on();
   for (size_t i = 0; i < list.size(); ++i) {
     const bool kf = kfac_ && is_kfac(list[i].kind);
-    const int64_t t0 = times || kf ? comm::steady_now_ns() : 0;
+    const int64_t t0 = times || kf || noisy ? comm::steady_now_ns() : 0;
     finish_ns_ = 0;
     run_action(list[i], in);
-    const int64_t t1 = times || kf ? comm::steady_now_ns() : 0;
+    int64_t t1 = times || kf || noisy ? comm::steady_now_ns() : 0;
+    if (noisy && is_compute(list[i].kind)) t1 = with_noise(step, i, t1 - t0 - finish_ns_, t1);
     if (times) (*times)[i] = {t0, t1, finish_ns_};
     if (kf) kfac_ns_ += t1 - t0;
   }
   p2p_->wait_all();  // sends done: the next step may write their buffers
   return outcome();
+}
+
+// The noise's extra time, slept as part of the action (its stamp includes it, as a slower rank's would).
+int64_t Executor::with_noise(int64_t step, size_t action, int64_t compute_ns, int64_t now) {
+  const int64_t extra = noise_.extra_ns(groups_.rank, step, action, compute_ns);
+  if (extra <= 0) return now;
+  std::this_thread::sleep_for(std::chrono::nanoseconds(extra));
+  return comm::steady_now_ns();
 }
 
 // One reduction for the loss and the K-FAC counts.

@@ -94,6 +94,8 @@ class Executor {
   // The K-FAC handlers of this rank (kfac_handlers.hpp), given once after construction (they are
   // made from hosted_chunks()); none: a K-FAC kind is refused.
   void set_kfac(KfacHandlers* kfac) { kfac_ = kfac; }
+  // Benchmarks only: compute actions made slower by sleeping (train/test_seams.hpp's NoiseSeam).
+  void set_noise(const NoiseSeam& noise) { noise_ = noise; }
   std::vector<HostedChunk> hosted_chunks() const;  // in (pipeline, stage) order
 
   // One training step: runs `list` (the lowered schedule, actions(), or the K-FAC placement's
@@ -186,6 +188,8 @@ class Executor {
   std::unique_ptr<comm::BucketedAllReduce> word_sync_;
   KfacHandlers* kfac_ = nullptr;
   PoisonStep poison_;  // tests only: a step whose loss is reported NaN on purpose (train/test_seams.hpp)
+  NoiseSeam noise_;    // benchmarks only: slower compute actions
+  int64_t with_noise(int64_t step, size_t action, int64_t compute_ns, int64_t now);
   // Per step.
   int64_t step_ = 0;
   double loss_ = 0, grad_norm_ = 0, precond_grad_norm_ = 0;

@@ -170,6 +170,7 @@ void MpiEngine::build(const Config& cfg) {
   train_data_ = make_batcher(cfg.model, cfg.data, false);
   valid_data_ = make_batcher(cfg.model, cfg.data, true);
   exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, seams_.poison);
+  exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
     const bool planned = cfg_.kfac.placement == Placement::Bubbles;
     kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), planned);

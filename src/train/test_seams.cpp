@@ -2,7 +2,9 @@
 
 #include "core/error.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <csignal>
 #include <cstdlib>
 #include <limits>
@@ -90,6 +92,50 @@ KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_
                               seam_number(bcast_model.substr(comma + 1), "--test-bcast-model", false)};
   }
   return k;
+}
+
+int64_t NoiseSeam::extra_ns(int rank, int64_t index, size_t action, int64_t compute_ns) const {
+  double factor = 1;
+  if (rank == slow_rank && index + 1 >= slow_from && index + 1 <= slow_to) factor *= slow_factor;
+  if (jitter > 0) {
+    // splitmix64 of (rank, step, action): a uniform u in [0, 1) that repeats run to run.
+    uint64_t z = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(index) << 20) ^ action;
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    factor *= 1 + jitter * static_cast<double>(z >> 11) * 0x1.0p-53;
+  }
+  return static_cast<int64_t>(static_cast<double>(std::max<int64_t>(compute_ns, 0)) * (factor - 1));
+}
+
+NoiseSeam parse_noise_flags(const std::string& slow, const std::string& jitter) {
+  NoiseSeam n;
+  if (!jitter.empty()) {
+    n.jitter = seam_number(jitter, "--bench-jitter", false);
+    if (n.jitter > 1) usage_error("--bench-jitter", "{} is over 1 (a fraction of each action's time)", jitter);
+  }
+  if (slow.empty()) return n;
+  const size_t colon = slow.find(':'), at = slow.find('@');
+  if (colon == std::string::npos) usage_error("--bench-slow", "expected RANK:FACTOR[@FROM-TO], got '{}'", slow);
+  const std::string rank = slow.substr(0, colon);
+  const std::string factor = slow.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1);
+  char* end = nullptr;
+  const long r = std::strtol(rank.c_str(), &end, 10);
+  if (rank.empty() || *end != '\0' || r < 0 || r > 1000000) usage_error("--bench-slow", "'{}' is not a rank", rank);
+  n.slow_rank = static_cast<int>(r);
+  n.slow_factor = seam_number(factor, "--bench-slow", true);
+  if (n.slow_factor < 1 || n.slow_factor > 100)
+    usage_error("--bench-slow", "factor {} is outside 1 to 100 (how many times as long each action lasts)", factor);
+  if (at != std::string::npos) {
+    const std::string range = slow.substr(at + 1);
+    const size_t dash = range.find('-');
+    if (dash == std::string::npos) usage_error("--bench-slow", "expected @FROM-TO steps, got '@{}'", range);
+    n.slow_from = step_number(range.substr(0, dash), "--bench-slow");
+    n.slow_to = step_number(range.substr(dash + 1), "--bench-slow");
+    if (n.slow_to < n.slow_from) usage_error("--bench-slow", "steps {} end before they start", range);
+  }
+  return n;
 }
 
 }  // namespace pf

@@ -1,7 +1,8 @@
 #pragma once
 // Faults the tests inject into a training run (tests/faults), through `pipefisher train`'s hidden
-// flags --test-poison and --test-signal. They reach the loop and the engines as options; a real run
-// leaves them empty, and nothing is read from the environment.
+// flags --test-poison and --test-signal, and the benchmarks' noise (--bench-*). They reach the
+// loop and the engines as options; a real run leaves them empty, and nothing is read from the
+// environment.
 #include "core/micro_batch.hpp"
 
 #include <cstdint>
@@ -58,6 +59,27 @@ struct KfacSeams {
   }
 };
 
+// Noise for benchmarks (`pipefisher train --bench-slow`, `--bench-jitter`; the MPI runtime only):
+// timing, never the math, so a noisy run trains the same bits as a quiet one.
+//   --bench-slow RANK:FACTOR[@FROM-TO]  every compute action of world rank RANK lasts FACTOR
+//                                       (1 to 100) times as long in steps FROM..TO (from 1; all
+//                                       steps without @): a slow or throttled rank
+//   --bench-jitter FRACTION             every compute action of every rank lasts (1 + FRACTION u)
+//                                       times as long (FRACTION 0 to 1), u uniform in [0, 1) from
+//                                       a hash of (rank, step, action index): the same noise each run
+// The extra time is slept (no CPU taken from ranks sharing a core).
+struct NoiseSeam {
+  int slow_rank = -1;  // -1: none
+  double slow_factor = 1;
+  int64_t slow_from = 1, slow_to = INT64_MAX;
+  double jitter = 0;
+
+  bool on() const { return slow_rank >= 0 || jitter > 0; }
+  // Nanoseconds to add to an action of world rank `rank` that computed for `compute_ns`, the
+  // `action`-th of step index `index` (from 0).
+  int64_t extra_ns(int rank, int64_t index, size_t action, int64_t compute_ns) const;
+};
+
 struct TestSeams {
   PoisonStep poison;
   SignalSeam signal;
@@ -65,6 +87,7 @@ struct TestSeams {
   // --test-oom-counter FILE: the ranks' monitor reads the kernel's out-of-memory kill count from
   // FILE ("oom_kill N") instead of /proc/vmstat (comm/rank_monitor.hpp), so a test can raise it.
   std::string oom_counter;
+  NoiseSeam noise;
 };
 
 // The flags' values, parsed; a malformed one is a UsageError naming the flag. "" gives none.
@@ -72,5 +95,7 @@ PoisonStep parse_poison_flag(const std::string& value);
 SignalSeam parse_signal_flag(const std::string& value);
 // --test-drift-at, --test-kfac-cost-scale, --test-bcast-model ("" each: none).
 KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model);
+// --bench-slow, --bench-jitter ("" each: none).
+NoiseSeam parse_noise_flags(const std::string& slow, const std::string& jitter);
 
 }  // namespace pf

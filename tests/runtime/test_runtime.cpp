@@ -183,6 +183,19 @@ TEST(RuntimeEquivalence, ZeroBubbleH1IsOneF1BBitForBit) {
   EXPECT_EQ(losses("bits_1f1b").size(), 3u);
   EXPECT_EQ(weights("bits_1f1b"), weights("bits_zb-h1"));
 }
+// The benchmarks' noise (--bench-slow, --bench-jitter: train/test_seams.hpp) lengthens compute
+// actions by sleeping and never touches the math: a run with rank 1 three times as slow and 20%
+// jitter everywhere trains the same bits as a quiet one.
+TEST(RuntimeEquivalence, NoiseChangesTheTimingNotTheBits) {
+  const std::string sets = "--set parallel.stages=2";
+  for (const std::string& noise : {std::string(), std::string(" --bench-slow 1:3@2-3 --bench-jitter 0.2")}) {
+    Launch r = run(kEnv + kPfrun + " -np 2 " + train_args(noise.empty() ? "quiet" : "noisy", sets + noise));
+    ASSERT_EQ(r.status, 0) << r.out;
+  }
+  EXPECT_EQ(losses("quiet").size(), 3u);
+  EXPECT_EQ(losses("quiet"), losses("noisy"));
+  EXPECT_EQ(weights("quiet"), weights("noisy"));
+}
 TEST(RuntimeEquivalence, ZeroBubbleAuto_2x1) {
   expect_same_as_reference("zbauto_2x1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-auto");
   expect_same_as_reference("zbauto2_2x1", 2,
@@ -227,6 +240,12 @@ void expect_one_line_error(int ranks, const std::string& sets, const std::string
 
 TEST(RuntimeMisuse, WorldSizeIsNotStagesTimesDataParallel) {
   expect_one_line_error(2, "--set parallel.stages=3", "parallel.stages: the MPI world has 2 ranks");
+}
+TEST(RuntimeMisuse, NoiseOutsideItsRange) {
+  expect_one_line_error(2, "--set parallel.stages=2 --bench-slow 2:1.5", "--bench-slow: rank 2 but the run has 2 ranks");
+  expect_one_line_error(2, "--set parallel.stages=2 --bench-slow 1:0.5", "--bench-slow: factor 0.5 is outside 1 to 100");
+  expect_one_line_error(2, "--set parallel.stages=2 --bench-slow 1:2@5-3", "--bench-slow: steps 5-3 end before they start");
+  expect_one_line_error(2, "--set parallel.stages=2 --bench-jitter 1.5", "--bench-jitter: 1.5 is over 1");
 }
 TEST(RuntimeMisuse, MoreStagesThanBlocks) {
   expect_one_line_error(3, "--set parallel.stages=3 --set model.layers=2", "parallel.stages: 3 pipeline stages");
