@@ -40,6 +40,8 @@
 # GRID_FROM_RECORDS=1: the grid is the settings that have a record (a cross-shaped grid run in
 # parts, each with its own LRS and WARMUP_RATIOS): LRS x WARMUP_RATIOS x DAMPINGS name the axes,
 # settings without a record are left out instead of run, then the seeds and the summary.
+# SEED_OPTIMIZERS (one of nvlamb, kfac): only that optimizer's seeds, then stop (the two run as
+# separate processes, one per core; a last run without it writes the summary).
 # Resumable: a run whose directory holds exit status 0 and the same arguments (file `args`) is
 # kept, and one stopped part-way resumes from its last checkpoint (every CHECKPOINT_EVERY steps,
 # default EVAL_EVERY; not part of the arguments), so an interrupted tuning goes on where it
@@ -217,7 +219,7 @@ done
 python3 "$root/bench/convergence/study.py" grid "$out" "$steps" "$lrs" "$ratios" "$dampings" "$damping"
 
 echo "== seeds {$seeds} of each best setting"
-for opt in nvlamb kfac; do
+for opt in ${SEED_OPTIMIZERS:-nvlamb kfac}; do
   read -r lr w d < <(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'], b['damping'] or '$damping')" "$out/best.json" "$opt")
   for s in $seeds; do
     [[ $s == 1 ]] && continue  # the grid ran seed 1
@@ -225,6 +227,7 @@ for opt in nvlamb kfac; do
     train "$(run_name "$opt" "$lr" "$w" "$s" "$d")" "${args[@]}"
   done
 done
+[[ -z ${SEED_OPTIMIZERS:-} ]] || { echo "tune.sh: seeds of $SEED_OPTIMIZERS done (SEED_OPTIMIZERS); run without it for the summary"; exit 0; }
 
 # Targets, crossings, tables, Figure 7, summary.json.
 vocab=bert vocab_size=30522; [[ $arch == gpt ]] && vocab=gpt2 vocab_size=50257
