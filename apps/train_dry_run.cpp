@@ -106,7 +106,7 @@ int train_dry_run(const Config& cfg, const std::string& init, const std::string&
              available.source);
   if (ranks == 1) return 0;
   const Layout layout = make_layout(cfg, ranks);
-  const bool pipefisher = cfg.kfac.enabled && cfg.kfac.placement == Placement::Bubbles;
+  const bool pipefisher = cfg.kfac.enabled && is_pipefisher(cfg.kfac.placement);
   if (pipefisher && cfg.kfac.plan_profile.empty())
     fmt::print("costs: a model of the FLOPs at this machine's sgemm peak (kfac.plan_profile names a recorded profile "
                "instead)\n");

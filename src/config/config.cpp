@@ -359,8 +359,8 @@ void check_run_relations(const Config& c) {
       usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}", sum, c.model.layers);
   }
   const auto& k = c.kfac;
-  if (!k.plan_profile.empty() && !(k.enabled && k.placement == Placement::Bubbles))
-    usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles");
+  if (!k.plan_profile.empty() && !(k.enabled && is_pipefisher(k.placement)))
+    usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   check_replay(c);
   if (k.distributed != KfacStrategy::SpdKfac) {
     require(k.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",

@@ -121,7 +121,7 @@ struct KfacConfig {
   double kl_clip = 0.0;         // 0 = off
   int inverse_every = 1;        // refresh interval for placement = inline/skip
   int diag_limit = 10000;       // layers with more outputs keep only diag(B)
-  Placement placement = Placement::Bubbles;  // bubbles | inline | skip | replay (unset with one stage and K-FAC on: inline)
+  Placement placement = Placement::Bubbles;  // bubbles | adaptive | inline | skip | replay (unset with one stage and K-FAC on: inline)
   KfacStrategy distributed = KfacStrategy::SpdKfac;  // inline / skip, a stage with copies: d-kfac | mpd-kfac | spd-kfac
   bool spd_pipelining = true;   // spd-kfac: factor all-reduces overlapped with compute, fused (Table IV)
   bool spd_balance = true;      // spd-kfac: load-balanced inversion placement (Algorithm 1)
@@ -196,8 +196,11 @@ std::string preset_of(const ModelConfig& m);
 // The optimizer as a banner says it: "nvlamb", "nvlamb + K-FAC (inline)", ... (with K-FAC's placement).
 std::string optimizer_of(const Config& c);
 
-// Which kfac.placement a run allows, in one place: `bubbles` fills a pipeline's bubbles
-// (parallel.stages > 1, under mpirun); `replay` follows a pipeline's record in one process;
+// PipeFisher's placements: K-FAC's units planned into a pipeline's bubbles (bubbles), and placed
+// at run time into the waits each rank sees (adaptive, runtime/bubble_filler.hpp).
+inline bool is_pipefisher(Placement p) { return p == Placement::Bubbles || p == Placement::Adaptive; }
+// Which kfac.placement a run allows, in one place: `bubbles` and `adaptive` fill a pipeline's
+// bubbles (parallel.stages > 1, under mpirun); `replay` follows a pipeline's record in one process;
 // `inline` and `skip` run anywhere. UsageError naming kfac.placement otherwise (nothing without K-FAC).
 enum class KfacRunner { one_process, mpi };
 void check_kfac_placement(const Config& c, KfacRunner runner);

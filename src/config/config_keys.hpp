@@ -149,18 +149,19 @@ void kfac_keys(C& c, F& key) {
   key("kfac.inverse_every", k.inverse_every, kPositive, "steps between refreshes (placement inline or skip)");
   key("kfac.diag_limit", k.diag_limit, kPositive, "a layer with more outputs keeps only the diagonal of its B factor");
   key("kfac.placement", k.placement, kAny,
-      "where K-FAC's work runs: bubbles (PipeFisher), inline, skip (every kfac.inverse_every steps) or replay");
+      "where K-FAC's work runs: bubbles (PipeFisher), adaptive (PipeFisher's plan, units placed in the waits at run "
+      "time), inline, skip (every kfac.inverse_every steps) or replay");
   key("kfac.distributed", k.distributed, kAny, "a stage with copies shares K-FAC work as d-kfac, mpd-kfac or spd-kfac");
   key("kfac.spd_pipelining", k.spd_pipelining, kAny, "spd-kfac: fused factor all-reduces overlapped with the backward");
   key("kfac.spd_balance", k.spd_balance, kAny, "spd-kfac: load-balanced placement of the inversions");
   key("kfac.warmup_steps", k.warmup_steps,
       Bounds{-1, kInf, false, false, "must be >= 0, or -1 for optim.warmup_steps (got {})"},
       "K-FAC's own learning-rate warm-up (-1: optim.warmup_steps)");
-  key("kfac.replan_on_drift", k.replan_on_drift, kAny, "bubbles: re-profile and re-plan when step times drift");
+  key("kfac.replan_on_drift", k.replan_on_drift, kAny, "bubbles, adaptive: re-profile and re-plan when step times drift");
   key("kfac.split_inversions", k.split_inversions, kAny,
-      "bubbles: let the planner split an inversion into diagonal blocks when that shortens a refresh");
+      "bubbles, adaptive: let the planner split an inversion into diagonal blocks when that shortens a refresh");
   key("kfac.plan_profile", k.plan_profile, kPath,
-      "bubbles: plan from this recorded profile (a run's kfac_profile.json) instead of this run's timings");
+      "bubbles, adaptive: plan from this recorded profile (a run's kfac_profile.json) instead of this run's timings");
   key("kfac.refresh_record", k.refresh_record, kPath,
       "replay: the refresh record (a pipeline run's kfac_refresh.json) one process follows");
 }

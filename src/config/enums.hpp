@@ -19,7 +19,7 @@ enum class OptimName { NvLamb, AdamW, Sgd };  // optim.name
 enum class OnNonfinite { Skip, Stop };     // train.on_nonfinite
 enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, ZbH2, ZbAuto, ZbV };  // parallel.schedule
 enum class LrDecay { Poly, Linear, Cosine, Constant };  // optim.schedule
-enum class Placement { Bubbles, Inline, Skip, Replay };  // kfac.placement
+enum class Placement { Bubbles, Inline, Skip, Replay, Adaptive };  // kfac.placement
 enum class KfacStrategy { DKfac, MpdKfac, SpdKfac };   // kfac.distributed
 
 template <typename E>
@@ -70,7 +70,7 @@ template <>
 struct EnumNames<Placement> {
   static constexpr EnumName<Placement> table[] = {
       {Placement::Bubbles, "bubbles"}, {Placement::Inline, "inline"}, {Placement::Skip, "skip"},
-      {Placement::Replay, "replay"}};
+      {Placement::Replay, "replay"},   {Placement::Adaptive, "adaptive"}};
 };
 template <>
 struct EnumNames<KfacStrategy> {

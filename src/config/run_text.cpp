@@ -16,12 +16,13 @@ Placement default_kfac_placement(int stages) { return stages == 1 ? Placement::I
 void check_kfac_placement(const Config& c, KfacRunner runner) {
   if (!c.kfac.enabled) return;
   const Placement p = c.kfac.placement;
-  if (runner == KfacRunner::one_process && p == Placement::Bubbles)
-    usage_error("kfac.placement", "'bubbles' places K-FAC work in pipeline bubbles: it needs a pipeline "
-                "(parallel.stages > 1); a single process runs 'inline', 'skip' or 'replay' (a bubbles run's record)");
-  if (runner == KfacRunner::mpi && p == Placement::Bubbles && c.parallel.stages == 1)
-    usage_error("kfac.placement", "'bubbles' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
-                "(the default with one stage) or 'skip'");
+  if (runner == KfacRunner::one_process && is_pipefisher(p))
+    usage_error("kfac.placement", "'{}' places K-FAC work in pipeline bubbles: it needs a pipeline "
+                "(parallel.stages > 1); a single process runs 'inline', 'skip' or 'replay' (a bubbles run's record)",
+                name_of(p));
+  if (runner == KfacRunner::mpi && is_pipefisher(p) && c.parallel.stages == 1)
+    usage_error("kfac.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
+                "(the default with one stage) or 'skip'", name_of(p));
   if (runner == KfacRunner::mpi && p == Placement::Replay)
     usage_error("kfac.placement", "'replay' follows a pipeline's record in one process: run it without mpirun and "
                 "--profile-dir");
@@ -41,6 +42,8 @@ std::string preset_of(const ModelConfig& m) {
 std::string optimizer_of(const Config& c) {
   if (!c.kfac.enabled) return name_of(c.optim.name);
   if (c.kfac.placement == Placement::Bubbles) return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles: PipeFisher)";
+  if (c.kfac.placement == Placement::Adaptive)
+    return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles, placed at run time: PipeFisher adaptive)";
   if (c.kfac.placement == Placement::Replay)
     return name_of(c.optim.name) + " + K-FAC (replay: the refresh pattern of " + c.kfac.refresh_record + ")";
   const std::string where = c.kfac.placement == Placement::Skip

@@ -180,21 +180,22 @@ void Executor::start_step(int64_t step) {
 }
 
 StepOutcome Executor::run(int64_t step, const std::vector<Action>& list, const std::vector<MicroBatch>& mbs, double lr,
-                          std::vector<ActionTime>* times) {
+                          std::vector<ActionTime>* times, BubbleFiller* filler) {
   start_step(step);
   if (times) times->assign(list.size(), {});
-  const StepInputs in{mbs, lr};
-  const bool noisy = noise_.on();
+  const StepRun r{step, list, StepInputs{mbs, lr}, times, filler};
+  if (filler) filler->begin(list);
   for (size_t i = 0; i < list.size(); ++i) {
-    const bool kf = kfac_ && is_kfac(list[i].kind);
-    const int64_t t0 = times || kf || noisy ? comm::steady_now_ns() : 0;
-    finish_ns_ = 0;
-    run_action(list[i], in);
-    int64_t t1 = times || kf || noisy ? comm::steady_now_ns() : 0;
-    if (noisy && is_compute(list[i].kind)) t1 = with_noise(step, i, t1 - t0 - finish_ns_, t1);
-    if (times) (*times)[i] = {t0, t1, finish_ns_};
-    if (kf) kfac_ns_ += t1 - t0;
+    if (!filler) {
+      run_timed(r, i);
+      continue;
+    }
+    if (filler->floats(i)) continue;  // queued: it runs in a wait or at its deadline
+    run_floating(r, filler->due_before(i));
+    if (list[i].kind == Kind::RECV_F || list[i].kind == Kind::RECV_B) fill_wait(r, i);
+    else run_timed(r, i);
   }
+  if (filler) run_floating(r, filler->units());
   p2p_->wait_all();  // sends done: the next step may write their buffers
   return outcome();
 }
@@ -262,11 +263,13 @@ const MicroBatch& Executor::global_micro_batch(const StepInputs& in, int m) cons
   return in.mbs.at(static_cast<size_t>(groups_.replica) * layout_.micro_batches + m);
 }
 
-void Executor::on_receive(const Action& a, const StepInputs&) {
+comm::Ticket Executor::receive_ticket(const Action& a) {
   Chunk& c = chunk(a.pipeline, a.stage);
   const int k = c.slot[a.micro_batch];
-  p2p_->wait(a.kind == Kind::RECV_F ? c.recv_f[k] : c.recv_b[k]);
+  return a.kind == Kind::RECV_F ? c.recv_f[k] : c.recv_b[k];
 }
+
+void Executor::on_receive(const Action& a, const StepInputs&) { p2p_->wait(receive_ticket(a)); }
 
 void Executor::on_forward(const Action& a, const StepInputs& in) {
   forward(chunk(a.pipeline, a.stage), global_micro_batch(in, a.micro_batch), a.micro_batch);

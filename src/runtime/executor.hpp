@@ -48,6 +48,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/action_time.hpp"
+#include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
 #include "train/checkpointing.hpp"
@@ -100,9 +101,11 @@ class Executor {
 
   // One training step: runs `list` (the lowered schedule, actions(), or the K-FAC placement's
   // list of the step). `mbs` holds all W*N micro-batches of the step (filled by fill_step).
-  // `times`, if given, receives each action's start and end. Collective over the world.
+  // `times`, if given, receives each action's start and end (a floating unit's where it ran).
+  // `filler` (kfac.placement = adaptive, runtime/bubble_filler.hpp): the list's curvature and
+  // inversion units run in the waits or at their deadlines. Collective over the world.
   StepOutcome run(int64_t step, const std::vector<Action>& list, const std::vector<MicroBatch>& mbs, double lr,
-                  std::vector<ActionTime>* times);
+                  std::vector<ActionTime>* times, BubbleFiller* filler = nullptr);
   // Mean validation loss of train.eval_batches micro-batches (replica 0's pipeline 0 computes;
   // every rank gets the result). Collective.
   double evaluate(Batcher& valid);
@@ -140,6 +143,18 @@ class Executor {
     const std::vector<MicroBatch>& mbs;
     double lr;
   };
+  // One run of a list (executor_fill.cpp).
+  struct StepRun {
+    int64_t step;
+    const std::vector<Action>& list;
+    StepInputs in;
+    std::vector<ActionTime>* times;
+    BubbleFiller* filler;
+  };
+  int64_t run_timed(const StepRun& r, size_t i);  // action i through the table, stamped; its ns
+  void run_floating(const StepRun& r, size_t count);  // the filler's units until `count` have run
+  void fill_wait(const StepRun& r, size_t i);     // RECV i, its wait filled with units that fit
+  comm::Ticket receive_ticket(const Action& a);
   using Handler = void (Executor::*)(const Action&, const StepInputs&);
   static const std::array<Handler, kNumKinds>& handlers();  // [kind], null: no handler
   void run_action(const Action& a, const StepInputs& in);

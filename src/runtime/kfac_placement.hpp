@@ -12,7 +12,8 @@
 //       step runs the inline list; PREC refreshes on the critical path at the cadence's steps,
 //       through the stage's DistributedKfac when the stage has copies.
 //   Controller (runtime/pipefisher/controller.hpp)  kfac.placement = bubbles, PipeFisher: profile,
-//       plan, the planned cycle, drift and re-planning.
+//       plan, the planned cycle, drift and re-planning; = adaptive, the same with the planned
+//       units placed at run time by its BubbleFiller (runtime/bubble_filler.hpp).
 // make_placement (train_run.cpp's) picks one; kfac_placement_allowed (config/config.hpp) says
 // which a layout allows.
 #include "runtime/action_time.hpp"
@@ -28,6 +29,7 @@
 namespace pf {
 
 struct PlanProfile;  // sim/profile.hpp
+class BubbleFiller;  // runtime/bubble_filler.hpp
 
 class KfacPlacement {
  public:
@@ -46,6 +48,9 @@ class KfacPlacement {
   virtual int plan_period() const = 0;
   // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp); null without.
   virtual const PlanProfile* plan_profile() const = 0;
+  // kfac.placement = adaptive: the filler the executor runs each step's units through
+  // (runtime/bubble_filler.hpp); null: the list's order.
+  virtual BubbleFiller* filler() { return nullptr; }
 
   // Checkpoints: the placement's own state, as JSON fields added to / read from `j` (the rank's
   // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits).

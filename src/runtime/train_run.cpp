@@ -74,7 +74,7 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
 // bubbles, the inline list otherwise.
 std::unique_ptr<KfacPlacement> make_placement(const Config& cfg, const Layout& layout, const comm::Groups& groups,
                                               KfacUnits& units, const KfacSeams& seams) {
-  if (cfg.kfac.placement == Placement::Bubbles) return std::make_unique<Controller>(cfg, layout, groups, units, seams);
+  if (is_pipefisher(cfg.kfac.placement)) return std::make_unique<Controller>(cfg, layout, groups, units, seams);
   return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
 }
 
@@ -111,6 +111,7 @@ class MpiEngine final : public TrainEngine {
   // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
   void agreed(const std::function<void()>& fn);
   void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
+  void print_filler_summary();
   StepOutcome run_step(int64_t step, double lr, bool profiled);
   std::vector<Executor::ChunkState> chunk_states();  // the executor's, with the units' K-FAC
 
@@ -172,7 +173,7 @@ void MpiEngine::build(const Config& cfg) {
   exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, seams_.poison);
   exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
-    const bool planned = cfg_.kfac.placement == Placement::Bubbles;
+    const bool planned = is_pipefisher(cfg_.kfac.placement);
     kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), planned);
     placement_ = make_placement(cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
@@ -270,7 +271,7 @@ StepOutcome MpiEngine::run_step(int64_t s, double lr, bool profiled) {
   if (!placement_) return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
   const std::vector<Action>& list = placement_->actions_for(s);
   const bool stamps = placement_->begin_step(s, mbs_);
-  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr);
+  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr, placement_->filler());
   placement_->after_step(s, list, stamps || profiled ? times_ : std::vector<ActionTime>{});
   return o;
 }
@@ -283,6 +284,20 @@ void MpiEngine::record_profile(int64_t s, std::vector<Action> actions, std::stri
   } catch (const UsageError& e) {
     write_error = e.what();
   }
+}
+
+// kfac.placement = adaptive: where the units ran, summed over the ranks (rank 0 prints).
+void MpiEngine::print_filler_summary() {
+  const BubbleFiller* f = placement_ ? placement_->filler() : nullptr;
+  if (!f) return;
+  const FillerStats& st = f->stats();
+  double sums[3] = {static_cast<double>(st.in_wait), static_cast<double>(st.at_deadline),
+                    static_cast<double>(st.waits_filled)};
+  comm::allreduce_sum({sums, 3}, MPI_COMM_WORLD, "the filler's counts");
+  if (root())
+    std::printf("pipefisher: adaptive: %.0f units ran in %.0f waits, %.0f at their deadlines (all ranks)\n", sums[0],
+                sums[2], sums[1]);
+  std::fflush(stdout);
 }
 
 std::vector<Executor::ChunkState> MpiEngine::chunk_states() {
@@ -311,6 +326,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   FinalRecords r;
   model_ = exec_->gather_model();
   const std::string activations = activation_memory_json(*exec_, groups_, MPI_COMM_WORLD);
+  print_filler_summary();  // collective
   // Rank 0's write errors here (collectives inside) are agreed on by the loop.
   try {
     if (placement_) {
@@ -327,7 +343,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   r.files.emplace_back("activations.json", activations);
   r.listed.push_back("activations.json");
   if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
-  if (cfg_.kfac.enabled && cfg_.kfac.placement == Placement::Bubbles) r.listed.push_back("kfac_profile.json");
+  if (cfg_.kfac.enabled && is_pipefisher(cfg_.kfac.placement)) r.listed.push_back("kfac_profile.json");
   if (kfac_units_ && !kfac_units_->distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;
 }

@@ -306,8 +306,8 @@ struct ProfileReader {
     if (r.contains("recompute") && !r["recompute"].is_boolean())
       usage_error(where, "'{}recompute' must be true or false", ctx);
     run.recompute = r.value("recompute", false);
-    if (run.kfac != "off" && run.kfac != "inline" && run.kfac != "skip" && run.kfac != "bubbles")
-      usage_error(where, "'{}kfac' must be off, inline, skip or bubbles, got '{}'", ctx, run.kfac);
+    if (run.kfac != "off" && run.kfac != "inline" && run.kfac != "skip" && run.kfac != "bubbles" && run.kfac != "adaptive")
+      usage_error(where, "'{}kfac' must be off, inline, skip, bubbles or adaptive, got '{}'", ctx, run.kfac);
     if (j.contains("measured") && j["measured"].is_object() && j["measured"].contains("step_time"))
       run.step_time = num(j["measured"], "step_time", 0, false, "measured.");
     return run;

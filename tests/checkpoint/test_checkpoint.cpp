@@ -370,6 +370,8 @@ void expect_kfac_resume_identical(const std::string& name, int np, const std::st
 TEST(Resume, PipelineKfacIsBitIdentical) {
   tiny_config(dir());
   expect_kfac_resume_identical("kfac-bubbles", 2, "--set parallel.stages=2 --set kfac.placement=bubbles");
+  // The adaptive filler's running profile is not saved: it decides when units run, not what they compute.
+  expect_kfac_resume_identical("kfac-adaptive", 2, "--set parallel.stages=2 --set kfac.placement=adaptive");
   // Chimera's twins sum their curvature at SYNC_CURV (replicated chunks, pending inverses); its
   // tiny bubbles need the planner to see scaled-down costs to refresh within the run.
   expect_kfac_resume_identical("kfac-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera "

@@ -161,7 +161,7 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   EXPECT_EQ(error_of("", {"model.arch=gpt", "data.nsp=true"}), "data.nsp: next-sentence prediction is BERT's (model.arch = gpt)");
   EXPECT_EQ(error_of("", {"data.nsp=true", "model.seq_len=4"}).rfind("data.nsp: a sentence pair needs", 0), 0u);
   EXPECT_EQ(error_of("", {"kfac.plan_profile=/tmp/p.json"}),
-            "kfac.plan_profile: only applies with kfac.enabled = true and kfac.placement = bubbles");
+            "kfac.plan_profile: only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   Config missing = Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2",
                                                  "kfac.plan_profile=/nonexistent/p.json",
                                                  "data.train_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin",
@@ -276,7 +276,7 @@ TEST(Config, EachSettingsNamesRoundTrip) {
   expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd");
   expect_names_round_trip<pf::OnNonfinite>("skip, stop");
   expect_names_round_trip<pf::ScheduleName>("naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
-  expect_names_round_trip<pf::Placement>("bubbles, inline, skip, replay");
+  expect_names_round_trip<pf::Placement>("bubbles, inline, skip, replay, adaptive");
   expect_names_round_trip<pf::KfacStrategy>("d-kfac, mpd-kfac, spd-kfac");
   // JSON writes a setting by its name, not its integer.
   EXPECT_EQ(nlohmann::json(pf::Placement::Skip).dump(), "\"skip\"");
@@ -285,7 +285,7 @@ TEST(Config, EachSettingsNamesRoundTrip) {
 
 TEST(Config, AnUnknownSettingNameIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of("", {"kfac.placement=bubble"}),
-            "kfac.placement: 'bubble' is not one of bubbles, inline, skip, replay (did you mean bubbles?)");
+            "kfac.placement: 'bubble' is not one of bubbles, inline, skip, replay, adaptive (did you mean bubbles?)");
   EXPECT_EQ(error_of("[parallel]\nschedule = \"pipedream\"\n"),
             "parallel.schedule: 'pipedream' is not one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
   EXPECT_EQ(error_of("", {"kfac.distributed=spd"}), "kfac.distributed: 'spd' is not one of d-kfac, mpd-kfac, spd-kfac");

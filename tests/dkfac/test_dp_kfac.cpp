@@ -254,6 +254,10 @@ TEST(DpKfac, MisuseFailsWithOneLineNamingTheKey) {
   EXPECT_EQ(b.status, 2) << b.out;
   EXPECT_NE(b.out.find("kfac.placement: 'bubbles' fills pipeline bubbles"), std::string::npos) << b.out;
   EXPECT_FALSE(fs::exists(work_dir() / "bubbles_one_stage" / "log.jsonl"));
+  const Launch a = train("adaptive_one_stage", 2, "--set kfac.placement=adaptive");
+  EXPECT_EQ(a.status, 2) << a.out;
+  EXPECT_NE(a.out.find("kfac.placement: 'adaptive' fills pipeline bubbles"), std::string::npos) << a.out;
+  EXPECT_FALSE(fs::exists(work_dir() / "adaptive_one_stage" / "log.jsonl"));
 }
 
 }  // namespace

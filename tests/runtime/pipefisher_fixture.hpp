@@ -268,7 +268,8 @@ inline void expect_bubbles_match(const std::string& name, int ranks, const std::
   // No re-plan on drift (DriftReplansAndStillEqualsSingleProcess tests it): on a loaded machine
   // 4 ranks on 2 cores drift every few steps and would re-profile the whole run (inline K-FAC,
   // no stale inverse to check).
-  Launched r = launch(ranks, name, sets + " --set kfac.placement=bubbles --set kfac.replan_on_drift=false " + seams);
+  // bubbles unless `sets` names another placement (adaptive: the same refresh pattern).
+  Launched r = launch(ranks, name, "--set kfac.placement=bubbles --set kfac.replan_on_drift=false " + sets + " " + seams);
   ASSERT_EQ(r.status, 0) << r.out;
   if (out) *out = r.out;
   const bool recorded = sets.find("kfac.plan_profile=") != std::string::npos;

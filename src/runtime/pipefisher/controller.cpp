@@ -36,6 +36,7 @@ Controller::Controller(const Config& cfg, const Layout& layout, const comm::Grou
       device_(groups.stage),
       lowered_(layout.schedule.per_device.at(groups.stage)) {
   if (!cfg.kfac.plan_profile.empty()) recorded_ = read_plan_profile(cfg, layout);
+  if (cfg.kfac.placement == Placement::Adaptive) filler_.emplace();
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
   InlineStep inline_step = profiling_actions(layout.schedule, device_);

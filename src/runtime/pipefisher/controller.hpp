@@ -1,5 +1,7 @@
 #pragma once
-// PipeFisher's controller: kfac.placement = bubbles in the MPI runtime (runtime/kfac_placement.hpp).
+// PipeFisher's controller: kfac.placement = bubbles (and adaptive: the planned units then placed
+// at run time by its BubbleFiller, runtime/bubble_filler.hpp) in the MPI runtime
+// (runtime/kfac_placement.hpp).
 // It decides which list each step runs and what each hosted chunk's units do in it, through these
 // phases (runtime/README.md):
 //
@@ -20,6 +22,7 @@
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "plan/planner.hpp"
+#include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/units/kfac_units.hpp"
@@ -50,6 +53,7 @@ class Controller final : public KfacPlacement {
   int64_t plan_start() const override { return phase_.plan_start; }
   int plan_period() const override;
   const PlanProfile* plan_profile() const override { return plan_ ? &plan_input_ : nullptr; }
+  BubbleFiller* filler() override { return filler_ ? &*filler_ : nullptr; }
   void save_state(nlohmann::json& j) const override;
   void load_state(const nlohmann::json& j, const std::string& where) override;
 
@@ -111,6 +115,7 @@ class Controller final : public KfacPlacement {
   double plan_scale_ = 1.0;  // --test-kfac-cost-scale at planning
   std::optional<std::pair<double, double>> bcast_model_;  // W > 1: ms, ms per byte
   std::vector<Action> drain_first_, drain_plain_;
+  std::optional<BubbleFiller> filler_;  // kfac.placement = adaptive
 };
 
 }  // namespace pf

@@ -1,0 +1,113 @@
+// The adaptive filler's decisions (runtime/bubble_filler.hpp) on hand-made lists: which units
+// float, the window each may run in, the deadlines that force them, and when a wait takes one.
+#include "runtime/bubble_filler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+using pf::Action;
+using pf::BubbleFiller;
+using pf::Kind;
+
+namespace {
+
+Action at0(Kind k, int mb = -1, int layer = -1, int stage = 0) {
+  Action a;
+  a.kind = k;
+  a.stage = stage;
+  a.micro_batch = mb;
+  a.layer = layer;
+  return a;
+}
+
+// Stage 0 of a 2-stage 1F1B step with one micro-batch, K-FAC units placed as a plan would:
+//   0 F0  1 CURV_A(l0)  2 SEND_F0  3 RECV_B0  4 B0  5 CURV_B(l0)  6 INV_A(l0)  7 RECV_F  8 SYNC  9 INV_B  10 OPT
+std::vector<Action> step_list() {
+  return {at0(Kind::F, 0),         at0(Kind::CURV_A, 0, 0), at0(Kind::SEND_F, 0), at0(Kind::RECV_B, 0),
+          at0(Kind::B, 0),         at0(Kind::CURV_B, 0, 0), at0(Kind::INV_A, -1, 0), at0(Kind::RECV_F, 1, -1, 0),
+          at0(Kind::SYNC_CURV),    at0(Kind::INV_B, -1, 0), at0(Kind::OPT)};
+}
+
+}  // namespace
+
+TEST(BubbleFiller, CurvatureAndInversionFloatInTheirWindows) {
+  const std::vector<Action> list = step_list();
+  BubbleFiller f;
+  f.begin(list);
+  EXPECT_EQ(f.units(), 4u);
+  for (size_t i : {1, 5, 6, 9}) EXPECT_TRUE(f.floats(i)) << i;
+  for (size_t i : {0, 2, 3, 4, 7, 8, 10}) EXPECT_FALSE(f.floats(i)) << i;
+  // CURV_A reads F0's inputs and must not pass B0 (its chunk's next pass): due before action 4.
+  EXPECT_EQ(f.due_before(3), 0u);
+  EXPECT_EQ(f.due_before(4), 1u);
+  // CURV_B and INV_A are due at SYNC_CURV (8); INV_B, after it, at the OPT (10).
+  EXPECT_EQ(f.due_before(7), 1u);
+  EXPECT_EQ(f.due_before(8), 3u);
+  EXPECT_EQ(f.due_before(10), 4u);
+}
+
+TEST(BubbleFiller, WithoutPredictionsAWaitTakesOnlyUnitsPlannedBeforeIt) {
+  const std::vector<Action> list = step_list();
+  BubbleFiller f;
+  f.begin(list);
+  // RECV_B (3): CURV_A, planned at 1, may run there as the plan said.
+  ASSERT_EQ(f.next_for_wait(3, 0), std::optional<size_t>(1));
+  f.ran(1000, true);
+  // Next is CURV_B: its window opens after B0 (4), so not in the wait at 3.
+  EXPECT_EQ(f.next_for_wait(3, 0), std::nullopt);
+  f.waited(3, 5000, true);
+  EXPECT_EQ(f.stats().in_wait, 1);
+  EXPECT_EQ(f.stats().waits_filled, 1);
+  // CURV_B at its deadline, then at RECV_F (7) INV_A (planned at 6, before it) without a prediction.
+  f.ran(1000, false);
+  EXPECT_EQ(f.next_for_wait(7, 0), std::optional<size_t>(6));
+  EXPECT_EQ(f.stats().at_deadline, 1);
+}
+
+TEST(BubbleFiller, PredictionsDecideWhatFitsAWait) {
+  const std::vector<Action> list = step_list();
+  BubbleFiller f;
+  // Step 1: every unit runs once (timings recorded), the wait at 3 measured at 10 us.
+  f.begin(list);
+  f.ran(4000, true);   // CURV_A: 4 us
+  f.waited(3, 10000, true);
+  f.ran(2000, false);  // CURV_B
+  f.ran(8000, false);  // INV_A: 8 us
+  f.waited(7, 3000, false);
+  f.ran(1000, false);  // INV_B
+  // Step 2: CURV_A fits 10 us from the start, not 7 us into the wait (7 + 4 * 1.05 > 10).
+  f.begin(list);
+  EXPECT_EQ(f.next_for_wait(3, 0), std::optional<size_t>(1));
+  EXPECT_EQ(f.next_for_wait(3, 7000), std::nullopt);
+  f.ran(4000, false);
+  f.ran(2000, false);
+  // INV_A (8 us) does not fit the 3 us wait at 7, though the plan put it before.
+  EXPECT_EQ(f.next_for_wait(7, 0), std::nullopt);
+  // A long wait there now (averaged: 3 + 0.5 * (40 - 3) = 21.5 us) takes it.
+  f.waited(7, 40000, false);
+  f.ran(8000, false);
+  f.ran(1000, false);
+  f.begin(list);
+  f.ran(4000, true);
+  f.ran(2000, true);
+  EXPECT_EQ(f.next_for_wait(7, 0), std::optional<size_t>(6));
+  EXPECT_EQ(f.next_for_wait(7, 14000), std::nullopt);  // 14 + 8.4 > 21.5
+}
+
+// An inversion whose window opens at the step's start may be pulled into an earlier wait than
+// the plan's, once predictions say it fits; the queue keeps the plan's order.
+TEST(BubbleFiller, AnInversionRunsInAnEarlierWaitWhenItFits) {
+  // 0 RECV_F0  1 F0  2 SEND_F0  3 RECV_B0  4 B0  5 INV_A(l0)  6 OPT
+  const std::vector<Action> list = {at0(Kind::RECV_F, 0), at0(Kind::F, 0),  at0(Kind::SEND_F, 0), at0(Kind::RECV_B, 0),
+                                    at0(Kind::B, 0),      at0(Kind::INV_A, -1, 0), at0(Kind::OPT)};
+  BubbleFiller f;
+  f.begin(list);
+  EXPECT_EQ(f.next_for_wait(0, 0), std::nullopt);  // no prediction: not before its planned place
+  f.waited(0, 50000, false);
+  f.waited(3, 0, false);
+  f.ran(5000, false);  // at its deadline, the OPT
+  f.begin(list);
+  EXPECT_EQ(f.next_for_wait(0, 0), std::optional<size_t>(5));
+  EXPECT_EQ(f.due_before(6), 1u);
+}
