@@ -53,14 +53,7 @@ trap 'rm -rf "$out"' EXIT
 
 cd "$root"
 pf_machine "$bin" 1  # the ranks run 1 thread each
-run() {  # dir, extra args...
-  local dir=$1
-  shift
-  "$root/scripts/pfrun" -np 2 "$bin" train --config "$root/configs/bert-mini.toml" --steps "$steps" \
-    --set train.eval_every=0 --set train.eval_batches=1 --set model.seq_len="$seq" \
-    --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs" --set parallel.stages=2 \
-    --set parallel.schedule=1f1b --set train.threads=1 --set train.out_dir="$dir" "$@" > "$dir.out"
-}
+run() { pf_two_ranks "$1" 1f1b "${@:2}" > "$1.out"; }  # dir, extra args...
 for t in $tokens; do
   mbs=$((t / (mb * seq)))
   for n in $noises; do

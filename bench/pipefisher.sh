@@ -39,14 +39,7 @@ trap 'rm -rf "$out"' EXIT
 
 cd "$root"
 pf_machine "$bin" 1  # the ranks run 1 thread each
-run() {  # dir, extra args...
-  local dir=$1
-  shift
-  "$root/scripts/pfrun" -np 2 "$bin" train --config "$root/configs/bert-mini.toml" --steps "$steps" \
-    --set train.eval_every=0 --set train.eval_batches=1 --set model.seq_len="$seq" \
-    --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs" --set parallel.stages=2 \
-    --set parallel.schedule="$schedule" --set train.threads=1 --set train.out_dir="$dir" "$@"
-}
+run() { pf_two_ranks "$1" "$schedule" "${@:2}"; }  # dir, extra args...
 for t in $tokens; do
   mbs=$((t / (mb * seq)))
   for ((k = 1; k <= repeat; ++k)); do

@@ -43,13 +43,7 @@ runs=(nvlamb)
 cd "$root"
 pf_machine "$bin" 1  # the ranks run 1 thread each
 run() {  # dir, schedule, extra args...
-  local dir=$1 schedule=$2
-  shift 2
-  "$root/scripts/pfrun" -np 2 "$bin" train --config "$root/configs/bert-mini.toml" --steps "$steps" \
-    --set train.eval_every=0 --set train.eval_batches=1 --set model.seq_len="$seq" \
-    --set parallel.micro_batches="$mb" --set parallel.micro_batch_size="$mbs" --set parallel.stages=2 \
-    --set parallel.schedule="$schedule" --set train.threads=1 --set train.out_dir="$dir" \
-    --profile-dir "$dir/profile" --profile-steps "$((steps - 2)),$((steps - 1)),$steps" "$@"
+  pf_two_ranks "$1" "$2" --profile-dir "$1/profile" --profile-steps "$((steps - 2)),$((steps - 1)),$steps" "${@:3}"
 }
 for ((k = 1; k <= repeat; ++k)); do
   for s in $schedules; do
