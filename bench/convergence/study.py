@@ -81,7 +81,8 @@ def grid(out, steps, lrs, ratios, dampings, default_damping):
     for o, b in best.items():
         edge = [k for k, vals in (("lr", lrs), ("warmup_ratio", ratios if len(ratios) > 1 else []),
                                   ("damping", dampings if o == "kfac" and several else []))
-                if vals and b[k] in (vals[0], vals[-1])]
+                if vals and b[k] in (vals[0], vals[-1])
+                and not (k == "warmup_ratio" and float(b[k]) == 0)]  # no warm-up: the axis's bound, not an edge
         if edge:
             print(f"tune.sh: {o}'s best setting is on the grid's edge in {', '.join(edge)}: widen the grid")
 
