@@ -33,6 +33,22 @@ from record import final_eval
 from unigram import read_ids, unigram_cross_entropy, unigram_entropy
 
 
+def written(path, newline=None):
+    """A file opened for writing under a temporary name, renamed to `path` once closed whole."""
+    class Atomic:
+        def __enter__(self):
+            self.f = open(path + ".tmp", "w", newline=newline)
+            return self.f
+
+        def __exit__(self, kind, *_):
+            self.f.close()
+            if kind is None:
+                os.replace(path + ".tmp", path)
+            else:
+                os.remove(path + ".tmp")
+    return Atomic()
+
+
 def run_name(opt, lr, w, seed, damping=None):
     return f"{opt}-lr{lr}-w{w}" + (f"-d{damping}" if damping else "") + f"-s{seed}"
 
@@ -70,14 +86,15 @@ def grid(out, steps, lrs, ratios, dampings, default_damping):
                     table.append(r)
                     if not r["diverged"] and (opt not in best or r["final_valid_loss"] < best[opt]["final_valid_loss"]):
                         best[opt] = r
-    with open(f"{out}/grid.csv", "w", newline="") as f:
+    with written(f"{out}/grid.csv", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
         w.writeheader()
         w.writerows(table)
     if set(best) != {"nvlamb", "kfac"}:
         sys.exit("tune.sh: every setting of " + " and ".join(o for o in ("nvlamb", "kfac") if o not in best) + " diverged")
-    json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"], "damping": b["damping"] if several else ""}
-               for o, b in best.items()}, open(f"{out}/best.json", "w"))
+    with written(f"{out}/best.json") as f:
+        json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"], "damping": b["damping"] if several else ""}
+                   for o, b in best.items()}, f)
     for o, b in best.items():
         edge = [k for k, vals in (("lr", lrs), ("warmup_ratio", ratios if len(ratios) > 1 else []),
                                   ("damping", dampings if o == "kfac" and several else []))
@@ -211,15 +228,14 @@ def summary(out, steps, seeds, binary, model, tokens, floors, step_times):
           "step_time_ratio": ratio,
           "final_lm_diff_per_seed": [d and d[0] for d in diffs],
           "final_lm_diff_se_per_seed": [d and d[1] for d in diffs]}
-    with open(f"{out}/summary.json.tmp", "w") as f:
+    with written(f"{out}/summary.json") as f:
         json.dump(js, f, indent=1)
-    os.replace(f"{out}/summary.json.tmp", f"{out}/summary.json")
     write_summary_md(st, per, rows, (target_train, target_valid, floor, nv_lm, nv_lm_se, plateau), nv_time, ratio,
                      diffs, steps * tokens / train_tokens)
 
 
 def write_seeds_csv(out, per):
-    with open(f"{out}/seeds.csv", "w", newline="") as f:
+    with written(f"{out}/seeds.csv", newline="") as f:
         w = csv.writer(f)
         w.writerow(["optimizer", "seed", "final_loss", "final_smoothed_loss", "final_valid_loss", "time_s"])
         for o in per:
@@ -268,7 +284,8 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs, epochs):
     fig = st.report(st.runs["nvlamb"] + st.runs["kfac"], labels, target_train, f"{st.out}/figure7.svg")
     name = os.path.basename  # the summary is read beside the pictures, on any machine
     lines += ["", f"Figure 7: {name(fig['svg'])}" + (f", {name(fig['png'])}" if fig.get("png") else "")]
-    open(f"{st.out}/summary.md", "w").write("\n".join(lines) + "\n")
+    with written(f"{st.out}/summary.md") as f:
+        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
