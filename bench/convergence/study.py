@@ -11,6 +11,10 @@
         next-sentence prediction: `pipefisher eval` of each seed's saved weights over the whole
         held-out split), which shows whether NVLAMB left the plateau
 
+    study.py direct OUT DIRECT_OUT NVLAMB_NAME KFAC_NAME
+        one seed pair timed on the real pipeline (DIRECT_OUT/records: tune.sh with RANKS > 1): K-FAC's
+        step time to NVLAMB's final validation loss over NVLAMB's, beside OUT's steps fraction x step ratio
+
     study.py paired OUT NAME_A NAME_B
         A's final language-model validation loss minus B's over the same held-out micro-batches,
         with the paired standard error, from their records (OUT/records/NAME.json, record.py)
@@ -201,23 +205,27 @@ def summary(out, steps, seeds, binary, model, tokens, floors, step_times):
     # Each seed's K-FAC final LM loss minus NVLAMB's, paired over the same held-out micro-batches.
     kf_evals = [final_lm_loss(binary, d) for d in st.runs["kfac"]]
     diffs = [paired_difference(k[2], n[2]) for k, n in zip(kf_evals, nv_evals)]
+    # Each K-FAC seed against NVLAMB's run of the same seed: the validation batches' masks and
+    # sentence pairs, and the training batches, are drawn from data.seed, which the seed sets.
     nv = per["nvlamb"]
-    target_train = statistics.mean(x["smoothed"] for x in nv)
-    target_valid = statistics.mean(x["valid"] for x in nv)
+    targets_train = [x["smoothed"] for x in nv]
+    targets_valid = [x["valid"] for x in nv]
+    target_train, target_valid = statistics.mean(targets_train), statistics.mean(targets_valid)
     nv_time = statistics.mean(x["time_s"] for x in nv)
     ratio = step_time_ratio(step_times, tokens)
-    cross = {x["name"]: x["reaches_target"] for x in st.report(st.runs["kfac"], seeds, target_train)["runs"]}
     rows = []
-    for x in per["kfac"]:
-        c = cross[x["seed"]]
-        vstep, vtime = first_valid_crossing(x["log"], target_valid)
+    for x, d, tt, tv, nvx in zip(per["kfac"], st.runs["kfac"], targets_train, targets_valid, nv):
+        c = st.report([d], [x["seed"]], tt)["runs"][0]["reaches_target"]
+        vstep, vtime = first_valid_crossing(x["log"], tv)
         vs = None if vstep is None else vstep / steps
         ts = c and c["step"] / steps
-        rows.append({"seed": x["seed"], "ts": ts, "tt": c and (ts * ratio if ratio else c["time_s"] / nv_time),
-                     "vs": vs, "vt": None if vs is None else (vs * ratio if ratio else vtime / nv_time)})
+        rows.append({"seed": x["seed"], "target_valid": tv, "ts": ts,
+                     "tt": c and (ts * ratio if ratio else c["time_s"] / nvx["time_s"]),
+                     "vs": vs, "vt": None if vs is None else (vs * ratio if ratio else vtime / nvx["time_s"])})
     write_seeds_csv(out, per)
     js = {"model": model, "tokens_per_step": tokens, "steps": steps, "seeds": [int(s) for s in seeds],
-          "best": st.best, "target_valid_loss": target_valid, "unigram_entropy": floor,
+          "best": st.best, "target_valid_loss": target_valid, "target_valid_loss_per_seed": targets_valid,
+          "unigram_entropy": floor,
           "unigram_cross_entropy": plateau, "epochs": steps * tokens / train_tokens,
           "nvlamb_final_lm_valid_loss": nv_lm, "nvlamb_final_lm_valid_loss_se": nv_lm_se,
           "target_smoothed_training_loss": target_train,
@@ -260,18 +268,18 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs, epochs):
     for o in per:
         lines.append(f"| {o} | {stats([x['smoothed'] for x in per[o]])} | {stats([x['valid'] for x in per[o]])} | "
                      f"{stats([x['time_s'] for x in per[o]])} |")
-    lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss (smoothed training {target_train:.4f}, "
-              f"validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
+    lines += ["", f"## K-FAC reaching the tuned NVLAMB's final loss of the same seed (mean over seeds: smoothed "
+              f"training {target_train:.4f}, validation {target_valid:.4f}; NVLAMB: {st.steps} steps, {nv_time:.1f} s mean)", "",
               f"Time: {time_note}. The unigram plateau (the held-out tokens' cross-entropy under the "
               f"training tokens' frequencies: a model that learned only those): {plateau:.4f}; the context-free "
               f"floor (their own unigram entropy, which no such model reaches): {floor:.4f}; NVLAMB's final "
               f"language-model validation loss "
               f"(whole held-out split, no next-sentence prediction; mean over seeds): {lm}.", "",
-              "| seed | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
-              "|---|---|---|---|---|"]
+              "| seed | NVLAMB's final validation | steps (training loss) | time (training loss) | steps (validation) | time (validation) |",
+              "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['seed']} | {pct(r['ts'])} | {pct(r['tt'])} | {pct(r['vs'])} | {pct(r['vt'])} |")
-    lines.append("| mean | " + " | ".join(pct(mean_or_none([r[k] for r in rows])) for k in ("ts", "tt", "vs", "vt")) + " |")
+        lines.append(f"| {r['seed']} | {r['target_valid']:.4f} | {pct(r['ts'])} | {pct(r['tt'])} | {pct(r['vs'])} | {pct(r['vt'])} |")
+    lines.append("| mean | | " + " | ".join(pct(mean_or_none([r[k] for r in rows])) for k in ("ts", "tt", "vs", "vt")) + " |")
     paired = [f"seed {s}: {d[0]:+.4f} (paired standard error {d[1]:.4f}, {abs(d[0]) / d[1]:.0f}x)"
               for s, d in zip(st.seeds, diffs) if d]
     lines += ["", "K-FAC's final language-model validation loss minus NVLAMB's, over the same held-out "
@@ -300,10 +308,44 @@ def paired(out, a, b):
           f"paired standard error {d[1]:.4f} ({abs(d[0]) / d[1]:.1f}x), over {len(ra['lm_shares'])} micro-batches")
 
 
+def record_log(path):
+    r = json.load(open(path))
+    return [dict(zip(r["columns"], row)) for row in r["rows"]]
+
+
+def direct(out, direct_out, nvlamb, kfac):
+    """The direct check of the product steps fraction x step ratio: NVLAMB and PipeFisher of one
+    seed pair trained on the real pipeline (records in direct_out), K-FAC's summed step time to
+    NVLAMB's final validation loss over NVLAMB's whole summed step time, beside the one-process
+    study's (out) fraction of the same seed times the benchmarked step ratio."""
+    nv, kf = (record_log(f"{direct_out}/records/{n}.json") for n in (nvlamb, kfac))
+    target = [r["valid_loss"] for r in nv if r.get("valid_loss") is not None][-1]
+    nv_time = sum(r["step_time_s"] for r in nv)
+    step, t = first_valid_crossing(kf, target)
+    print(f"direct, {direct_out}: NVLAMB {nvlamb} final validation {target:.4f} in {len(nv)} steps, {nv_time:.1f} s "
+          f"of steps ({nv_time / len(nv):.3f} s a step); K-FAC {kfac} {len(kf)} steps, "
+          f"{sum(r['step_time_s'] for r in kf) / len(kf):.3f} s a step")
+    if step is None:
+        return print(f"direct: {kfac} does not reach {target:.4f}")
+    direct_steps, direct_time = step / len(nv), t / nv_time
+    print(f"direct: K-FAC reaches it at step {step}: {100 * direct_steps:.1f}% of the steps, {t:.1f} s = "
+          f"{100 * direct_time:.1f}% of the time")
+    s = json.load(open(f"{out}/summary.json")) if os.path.exists(f"{out}/summary.json") else None
+    seed = int(kfac.rsplit("-s", 1)[1])
+    if s and s.get("step_time_ratio") and seed in s["seeds"]:
+        i = s["seeds"].index(seed)
+        vs, ratio = s["steps_fraction_per_seed"][i], s["step_time_ratio"]
+        if vs is not None:
+            print(f"product, {out} seed {seed}: {100 * vs:.1f}% of the steps x {ratio:.3f} = {100 * vs * ratio:.1f}% "
+                  f"of the time; direct / product = {direct_time / (vs * ratio):.3f}")
+
+
 def main():
     cmd, a = sys.argv[1], sys.argv[2:]
     if cmd == "paired":
         return paired(*a)
+    if cmd == "direct":
+        return direct(*a)
     if cmd == "grid":
         grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
     elif cmd == "summary":
