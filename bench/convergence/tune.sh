@@ -22,10 +22,11 @@
 #    validation loss is not below its first training loss.
 # 2. Best setting of each optimizer by final validation loss; then seeds $SEEDS of it
 #    (train.seed = data.seed = seed: initialisation and data order).
-# 3. Target = the tuned NVLAMB's final loss, mean over seeds: its smoothed training loss (the
-#    paper's filter, `pipefisher report`) and its validation loss. For each K-FAC seed, the step
-#    and the time at which it first reaches the target, as fractions of NVLAMB's steps and of its
-#    mean training time (cumulative step_time_s, evaluations excluded).
+# 3. Target of each K-FAC seed = the tuned NVLAMB's final loss in its run of the same seed (the
+#    seed draws the validation batches' masks too): its smoothed training loss (the paper's
+#    filter, `pipefisher report`) and its validation loss. For each K-FAC seed, the step and the
+#    time at which it first reaches the target, as fractions of NVLAMB's steps and of its
+#    training time (cumulative step_time_s, evaluations excluded).
 # Writes to out-dir: grid.csv, seeds.csv, summary.md (the tables), summary.json (tokens_per_step,
 # K-FAC's steps_fraction and time_fraction to NVLAMB's final validation loss), figure7.svg (+ .png with
 # rsvg-convert; `pipefisher report` of every seed run with the target), runs/ (each run's
