@@ -15,6 +15,9 @@
         one seed pair timed on the real pipeline (DIRECT_OUT/records: tune.sh with RANKS > 1): K-FAC's
         step time to NVLAMB's final validation loss over NVLAMB's, beside OUT's steps fraction x step ratio
 
+    study.py curves OUT "STEPS"
+        a markdown table of every record's validation loss at STEPS and its final language-model loss
+
     study.py paired OUT NAME_A NAME_B
         A's final language-model validation loss minus B's over the same held-out micro-batches,
         with the paired standard error, from their records (OUT/records/NAME.json, record.py)
@@ -29,6 +32,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -313,6 +317,36 @@ def record_log(path):
     return [dict(zip(r["columns"], row)) for row in r["rows"]]
 
 
+RUN_NAME = re.compile(r"^(nvlamb|kfac)-lr(.+?)-w(\d+)(?:-d(.+?))?-s(\d+)$")
+
+
+def run_key(name):
+    """run_name's fields of a run's name: optimizer, lr, warm-up, damping (or None), seed."""
+    o, lr, w, d, seed = RUN_NAME.match(name).groups()
+    return o, float(lr), int(w), float(d) if d else 0.0, int(seed)
+
+
+def run_label(name):
+    """"NVLAMB, lr 1e-2, warm-up 26, damping 3e-3, seed 1" from a run's name."""
+    o, lr, w, d, seed = RUN_NAME.match(name).groups()
+    return ", ".join([{"nvlamb": "NVLAMB", "kfac": "K-FAC"}[o], f"lr {lr}", f"warm-up {w}"] +
+                     ([f"damping {d}"] if d else []) + [f"seed {seed}"])
+
+
+def curves(out, steps):
+    """One markdown row per record of out/records: its validation losses at `steps` and its final
+    language-model loss with its standard error."""
+    print("| run | " + " | ".join(str(s) for s in steps) + " | final masked LM (SE) |")
+    print("|---|" + "---|" * (len(steps) + 1))
+    names = [f[:-5] for f in os.listdir(f"{out}/records") if f.endswith(".json")]
+    for f in (n + ".json" for n in sorted(names, key=lambda n: (run_key(n)[0] != "nvlamb", run_key(n)[1:]))):
+        r = json.load(open(f"{out}/records/{f}"))
+        valid = {x["step"]: x["valid_loss"] for x in record_log(f"{out}/records/{f}") if x.get("valid_loss") is not None}
+        cells = [f"{valid[s]:.4f}" if s in valid else "" for s in steps]
+        lm = f"{r['lm_loss']:.4f} ({r['lm_loss_se']:.4f})" if r.get("lm_loss") is not None else ""
+        print(f"| {run_label(f[:-5])} | " + " | ".join(cells) + f" | {lm} |")
+
+
 def direct(out, direct_out, nvlamb, kfac):
     """The direct check of the product steps fraction x step ratio: NVLAMB and PipeFisher of one
     seed pair trained on the real pipeline (records in direct_out), K-FAC's summed step time to
@@ -346,6 +380,8 @@ def main():
         return paired(*a)
     if cmd == "direct":
         return direct(*a)
+    if cmd == "curves":
+        return curves(a[0], [int(x) for x in a[1].split()])
     if cmd == "grid":
         grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
     elif cmd == "summary":
