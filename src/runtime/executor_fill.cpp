@@ -45,6 +45,7 @@ void Executor::fill_wait(const StepRun& r, size_t i) {
     const std::optional<size_t> unit = f.next_for_wait(i, not_yet);
     if (!unit) break;
     f.ran(run_timed(r, *unit), true);
+    if (r.times) (*r.times)[*unit].in_wait_of = static_cast<int64_t>(i);
     filled = true;
   }
   const int64_t t0 = comm::steady_now_ns();

@@ -16,6 +16,9 @@ struct TimedAction {
   Action action;
   double start = 0;
   double end = 0;
+  // Measured only (kfac.placement = adaptive): a K-FAC unit run inside the wait of the receive at
+  // this index of its row; -1 otherwise (and in every simulated or planned timeline).
+  int in_wait_of = -1;
 };
 
 // An idle interval of one device in one step: the room other work (PipeFisher's K-FAC units)

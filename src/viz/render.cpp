@@ -69,11 +69,16 @@ struct TimelineGeometry {
   double row_y(int device) const { return top + device * pitch; }
 };
 
-// What the legend lists: the kinds drawn, and whether any box is of the up pipeline.
+// What the legend lists: the kinds drawn, whether any box is of the up pipeline, and whether any
+// K-FAC unit is marked as run in a receive's wait (measured, kfac.placement = adaptive).
 struct DrawnKinds {
   std::set<int> kinds;
   bool up = false;
+  bool in_wait = false;
 };
+
+// The mark under a unit that ran in a receive's wait: a bar in the send/receive lane.
+constexpr std::string_view kInWaitColor = "#E69F00";
 
 std::string timeline_summary(const Timeline& tl, const SvgOptions& opt) {
   if (!opt.summary.empty()) return opt.summary;
@@ -85,7 +90,8 @@ TimelineGeometry timeline_geometry(const Timeline& tl, const SvgOptions& opt, co
   TimelineGeometry g;
   bool p2p_seen = false;  // a lane under each row for sends and receives, when any has a duration
   for (const auto& row : tl.per_device)
-    for (const TimedAction& t : row) p2p_seen = p2p_seen || (is_p2p(t.action.kind) && t.end > t.start);
+    for (const TimedAction& t : row)
+      p2p_seen = p2p_seen || (is_p2p(t.action.kind) && t.end > t.start) || t.in_wait_of >= 0;
   g.lane_h = p2p_seen ? 9 : 0;
   g.pitch = g.row_h + g.lane_h + g.gap;
   g.axis_w = timeline_width(tl, opt);
@@ -128,6 +134,16 @@ void draw_action(std::string& o, const TimelineGeometry& g, const TimedAction& t
   }
 }
 
+// A unit run in the wait of `recv` (measured, adaptive): a bar in the lane under it, named.
+void draw_in_wait(std::string& o, const TimelineGeometry& g, const TimedAction& t, const TimedAction& recv, double x0,
+                  double w, double y, DrawnKinds& drawn) {
+  drawn.in_wait = true;
+  o += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\"><title>{} in the "
+                   "wait of {}</title></rect>\n",
+                   x0, y + g.row_h + 1, std::max(w, 1.0), g.lane_h - 2, kInWaitColor, to_token(t.action),
+                   to_token(recv.action));
+}
+
 // Device rows and their boxes.
 DrawnKinds draw_rows(std::string& o, const TimelineGeometry& g, const Timeline& tl) {
   DrawnKinds drawn;
@@ -137,10 +153,12 @@ DrawnKinds draw_rows(std::string& o, const TimelineGeometry& g, const Timeline& 
                      g.left - 8, y + g.row_h / 2 + 4, d);
     o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", g.left, y,
                      g.axis_w, g.row_h + g.lane_h);
+    const auto& row = tl.per_device[d];
     for (int k = 0; k < g.copies; ++k)
-      for (const TimedAction& t : tl.per_device[d]) {
+      for (const TimedAction& t : row) {
         const double x0 = g.x(k * tl.step_time + t.start), w = (t.end - t.start) * g.scale;
         if (w > 0) draw_action(o, g, t, x0, w, y, drawn);
+        if (t.in_wait_of >= 0) draw_in_wait(o, g, t, row.at(static_cast<size_t>(t.in_wait_of)), x0, w, y, drawn);
       }
   }
   return drawn;
@@ -199,6 +217,7 @@ double draw_legend(std::string& o, const TimelineGeometry& g, const DrawnKinds& 
     if (labels.insert(st.label).second) entry(st.color, st.label, false);
   }
   if (drawn.up) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
+  if (drawn.in_wait) entry(kInWaitColor, "K-FAC unit run in a receive's wait (lane)", false);
   return y;
 }
 
@@ -265,6 +284,7 @@ std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string&
         json args = {{"stage", a.stage}, {"pipeline", a.pipeline}, {"step", st.step}, {"action", to_token(a)}};
         if (a.micro_batch >= 0) args["micro_batch"] = a.micro_batch;
         if (a.block >= 0) args["block"] = a.block;
+        if (t.in_wait_of >= 0) args["in_wait_of"] = to_token(tl.per_device[d].at(static_cast<size_t>(t.in_wait_of)).action);
         std::string ev = to_token(a);
         if (a.layer >= 0) {
           args["layer"] = a.layer;

@@ -2,12 +2,15 @@
 // Renderings of a simulated timeline:
 //   timeline_svg   like the paper's Figures 1, 3, 4: one row per device, one box per action
 //                  coloured by kind with the micro-batch number, step boundaries, legend,
-//                  utilization in the title; Chimera's up pipeline drawn hatched
+//                  utilization in the title; Chimera's up pipeline drawn hatched; a measured
+//                  K-FAC unit that ran in a receive's wait (TimedAction::in_wait_of) has an
+//                  amber bar in the send/receive lane under it, its title naming the receive
 //   chrome_trace   Chrome trace-event JSON, opens in Perfetto: one process per device, with a
 //                  "compute" thread (forward, backward, optimizer, K-FAC compute) and a
 //                  "communication" thread (send/recv, all-reduce, curvature sync, broadcasts);
 //                  several steps in one file, each marked on a "steps" track, K-FAC units named
-//                  by their layer's name when given
+//                  by their layer's name when given; a unit run in a receive's wait has the
+//                  receive's action in args.in_wait_of
 //   timeline_text  a terminal rendering, one line per device
 // Files are written by the caller through core/files.hpp (write_output).
 #include "schedule/schedule.hpp"

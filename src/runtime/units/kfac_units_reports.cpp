@@ -49,6 +49,7 @@ RefreshRecord gather_refresh_record(const std::vector<const ChunkKfac*>& mine, i
 void KfacUnits::expand_inline_units(std::vector<Action>& actions, std::vector<ActionTime>& times) const {
   std::vector<Action> a2;
   std::vector<ActionTime> t2;
+  std::vector<int64_t> moved(actions.size());  // [old index] new index, for in_wait_of
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     ActionTime t = times[i];
@@ -61,9 +62,12 @@ void KfacUnits::expand_inline_units(std::vector<Action>& actions, std::vector<Ac
         t.wait = 0;       // a wait before the units shows as the idle time before the first
       }
     }
+    moved[i] = static_cast<int64_t>(a2.size());
     a2.push_back(a);
     t2.push_back(t);
   }
+  for (ActionTime& t : t2)
+    if (t.in_wait_of >= 0) t.in_wait_of = moved.at(static_cast<size_t>(t.in_wait_of));
   actions = std::move(a2);
   times = std::move(t2);
 }
