@@ -174,8 +174,14 @@ def pct(v):
 
 def final_lm_loss(binary, run_dir):
     """The language-model part of a run's final validation loss over the whole held-out split, its
-    standard error and its micro-batches' shares with their positions (a restored record's
-    lm_loss and lm_shares.json), or Nones without saved weights or per-batch losses."""
+    standard error and its micro-batches' shares with their positions (from the run's record, or a
+    restored record's lm_loss and lm_shares.json, else `pipefisher eval` of its saved weights),
+    or Nones without any of them."""
+    record = os.path.join(os.path.dirname(os.path.dirname(run_dir)), "records", os.path.basename(run_dir) + ".json")
+    if os.path.exists(record):  # record.py evaluated the final weights once, when the run ended
+        r = json.load(open(record))
+        if r.get("lm_loss") is not None:
+            return r["lm_loss"], r["lm_loss_se"], r.get("lm_shares") and (r["lm_shares"], r["batch_positions"])
     if os.path.exists(f"{run_dir}/lm_loss"):
         lm, se = open(f"{run_dir}/lm_loss").read().split()
         per = json.load(open(f"{run_dir}/lm_shares.json")) if os.path.exists(f"{run_dir}/lm_shares.json") else {}
@@ -258,7 +264,7 @@ def write_seeds_csv(out, per):
 def write_summary_md(st, per, rows, targets, nv_time, ratio, diffs, epochs):
     target_train, target_valid, floor, nv_lm, nv_lm_se, plateau = targets
     lm = ("not measured (the runs kept no weights)" if nv_lm is None else
-          f"{nv_lm:.4f} (standard error {nv_lm_se:.4f} over the held-out micro-batches), {floor - nv_lm:+.4f} below it")
+          f"{nv_lm:.4f} (standard error {nv_lm_se:.4f} over the held-out micro-batches), {floor - nv_lm:.4f} below it")
     best = ", ".join(f"{o} lr {b['lr']}, warm-up {b['warmup_steps']} steps" +
                      (f", damping {b['damping']}" if b.get("damping") else "") for o, b in st.best.items())
     time_note = (f"time = steps x PipeFisher's step time / NVLAMB's ({ratio:.3f}, bench/pipefisher.sh)" if ratio
