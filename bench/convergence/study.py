@@ -318,8 +318,8 @@ def paired(out, a, b):
           f"paired standard error {d[1]:.4f} ({abs(d[0]) / d[1]:.1f}x), over {len(ra['lm_shares'])} micro-batches")
 
 
-def record_log(path):
-    r = json.load(open(path))
+def record_rows(r):
+    """A record's (record.py) rows as dicts: step, loss, step_time_s, valid_loss."""
     return [dict(zip(r["columns"], row)) for row in r["rows"]]
 
 
@@ -327,7 +327,7 @@ RUN_NAME = re.compile(r"^(nvlamb|kfac)-lr(.+?)-w(\d+)(?:-d(.+?))?-s(\d+)$")
 
 
 def run_key(name):
-    """run_name's fields of a run's name: optimizer, lr, warm-up, damping (or None), seed."""
+    """run_name's fields of a run's name: optimizer, lr, warm-up, damping (0 when unnamed), seed."""
     o, lr, w, d, seed = RUN_NAME.match(name).groups()
     return o, float(lr), int(w), float(d) if d else 0.0, int(seed)
 
@@ -347,7 +347,7 @@ def curves(out, steps):
     names = [f[:-5] for f in os.listdir(f"{out}/records") if f.endswith(".json")]
     for f in (n + ".json" for n in sorted(names, key=lambda n: (run_key(n)[0] != "nvlamb", run_key(n)[1:]))):
         r = json.load(open(f"{out}/records/{f}"))
-        valid = {x["step"]: x["valid_loss"] for x in record_log(f"{out}/records/{f}") if x.get("valid_loss") is not None}
+        valid = {x["step"]: x["valid_loss"] for x in record_rows(r) if x.get("valid_loss") is not None}
         cells = [f"{valid[s]:.4f}" if s in valid else "" for s in steps]
         lm = f"{r['lm_loss']:.4f} ({r['lm_loss_se']:.4f})" if r.get("lm_loss") is not None else ""
         print(f"| {run_label(f[:-5])} | " + " | ".join(cells) + f" | {lm} |")
@@ -358,7 +358,7 @@ def direct(out, direct_out, nvlamb, kfac):
     seed pair trained on the real pipeline (records in direct_out), K-FAC's summed step time to
     NVLAMB's final validation loss over NVLAMB's whole summed step time, beside the one-process
     study's (out) fraction of the same seed times the benchmarked step ratio."""
-    nv, kf = (record_log(f"{direct_out}/records/{n}.json") for n in (nvlamb, kfac))
+    nv, kf = (record_rows(json.load(open(f"{direct_out}/records/{n}.json"))) for n in (nvlamb, kfac))
     target = [r["valid_loss"] for r in nv if r.get("valid_loss") is not None][-1]
     nv_time = sum(r["step_time_s"] for r in nv)
     step, t = first_valid_crossing(kf, target)
@@ -371,7 +371,7 @@ def direct(out, direct_out, nvlamb, kfac):
     print(f"direct: K-FAC reaches it at step {step}: {100 * direct_steps:.1f}% of the steps, {t:.1f} s = "
           f"{100 * direct_time:.1f}% of the time")
     s = json.load(open(f"{out}/summary.json")) if os.path.exists(f"{out}/summary.json") else None
-    seed = int(kfac.rsplit("-s", 1)[1])
+    seed = run_key(kfac)[4]
     if s and s.get("step_time_ratio") and seed in s["seeds"]:
         i = s["seeds"].index(seed)
         vs, ratio = s["steps_fraction_per_seed"][i], s["step_time_ratio"]
