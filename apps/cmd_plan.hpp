@@ -27,6 +27,7 @@ struct PlanFlags {
   int data_parallel = 1;
   int svg_steps = 0, svg_width = 0;  // --steps, --width: what --svg draws (0: its defaults)
   double margin = 0.05;
+  int min_refresh_steps = 1;  // --min-refresh-steps (kfac.min_refresh_steps)
   double zb_memory = 1;  // --zb-memory: zb-auto's memory limit, times 1F1B's peak
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
   std::vector<int> sweep_stages = {4, 8, 16, 32};
@@ -62,6 +63,7 @@ struct KfacOptions {
   double margin = 0.05;
   std::optional<double> bcast_alpha, bcast_beta;  // none: the profile's
   bool split_to_shorten = false;
+  int min_refresh_steps = 1;
   bool stage_group = true;  // Chimera: the twins share a stage's inversions
 };
 

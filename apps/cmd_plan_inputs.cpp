@@ -103,7 +103,7 @@ constexpr int kMaxSvgSteps = 32;
 // Flags that apply only with others, and outputs that would overwrite an input.
 void check_flag_combinations(const PlanFlags& a, const ScheduleRequest& s) {
   if (!a.kfac)
-    for (const char* f : {"--margin", "--split-to-shorten", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
+    for (const char* f : {"--margin", "--split-to-shorten", "--min-refresh-steps", "--no-stage-group", "--bcast-alpha", "--bcast-beta"})
       if (a.given(f)) usage_error(f, "only applies with --kfac");
   if (a.kfac && a.sweep) usage_error("--kfac", "not available with --sweep");
   if (a.data_parallel > kMaxDevices)
@@ -204,6 +204,7 @@ KfacOptions kfac_options_of(const PlanFlags& a) {
   KfacOptions k;
   k.margin = a.margin;
   k.split_to_shorten = a.split_to_shorten;
+  k.min_refresh_steps = a.min_refresh_steps;
   k.stage_group = !a.no_stage_group;
   if (a.given("--bcast-alpha")) k.bcast_alpha = a.bcast_alpha;
   if (a.given("--bcast-beta")) k.bcast_beta = a.bcast_beta;

@@ -66,6 +66,7 @@ PlanInput kfac_input(const PlanRequest& r, const Schedule& s, const Profile& pro
   in.replicas = r.data_parallel;
   in.margin = a.margin;
   in.split_to_shorten = a.split_to_shorten;
+  in.min_refresh_steps = a.min_refresh_steps;
   in.chimera_group = a.stage_group;
   in.recompute = r.recompute;
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the

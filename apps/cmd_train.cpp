@@ -128,7 +128,7 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--test-signal", a->test_signal, "SIG@WHERE: raise a signal at step:N, eval:N or final-writes")
       ->group("");
   cmd.add_option("--test-drift-at", a->test_drift_at, "STEP: steps STEP..STEP+2 count as 10x their time")->group("");
-  cmd.add_option("--test-kfac-cost-scale", a->test_kfac_cost_scale, "X: the planner sees K-FAC costs times X")->group("");
+  cmd.add_option("--test-kfac-cost-scale", a->test_kfac_cost_scale, "X[,Y]: the planner sees K-FAC costs times X (adaptive's re-plans: times Y)")->group("");
   cmd.add_option("--test-bcast-model", a->test_bcast_model, "ALPHA,BETA: the broadcast model, ms and ms per byte")
       ->group("");
   cmd.add_option("--test-oom-counter", a->test_oom_counter, "FILE: read the out-of-memory kill count here")->group("");

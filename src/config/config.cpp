@@ -362,6 +362,13 @@ void check_run_relations(const Config& c) {
   if (!k.plan_profile.empty() && !(k.enabled && is_pipefisher(k.placement)))
     usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   check_replay(c);
+  if (k.min_refresh_steps != 1 && !(k.enabled && is_pipefisher(k.placement)))
+    usage_error("kfac.min_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
+  if (k.max_refresh_steps > 0 && k.max_refresh_steps < k.min_refresh_steps)
+    usage_error("kfac.max_refresh_steps", "must be 0 or at least kfac.min_refresh_steps = {} (got {})",
+                k.min_refresh_steps, k.max_refresh_steps);
+  if (k.max_refresh_steps > 0 && !(k.enabled && k.placement == Placement::Adaptive))
+    usage_error("kfac.max_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = adaptive");
   if (k.distributed != KfacStrategy::SpdKfac) {
     require(k.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
             k.distributed);

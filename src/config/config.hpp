@@ -114,6 +114,9 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+// The longest refresh cycle a config may ask for (a plan lists every step of its cycle).
+inline constexpr int kMaxRefreshSteps = 1000;
+
 struct KfacConfig {
   bool enabled = false;
   double damping = 1e-3;        // gamma (pi-corrected Tikhonov)
@@ -134,6 +137,12 @@ struct KfacConfig {
   // paper keeps exact factors and splits only an inversion larger than every bubble (its
   // appendix A.2), which happens either way.
   bool split_inversions = false;
+  // bubbles, adaptive: the shortest refresh cycle a plan may have (steps): a device whose units fit
+  // in fewer steps still refreshes only every this many (plan/planner.hpp: PlanInput).
+  int min_refresh_steps = 1;
+  // adaptive: the longest refresh cycle a re-plan from the measured steady state may choose; 0 =
+  // the plan from the profile's (so a quiet run refreshes at least as often as `bubbles`).
+  int max_refresh_steps = 0;
   // bubbles: plan from this recorded PipeFisher profile (the `pipefisher_plan` object of a run's
   // out_dir/kfac_profile.json, or of --profile-dir's profile.json) instead of this run's timings,
   // so every run of the same config refreshes the same way and gives the same losses. Empty =

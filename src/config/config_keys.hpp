@@ -160,6 +160,14 @@ void kfac_keys(C& c, F& key) {
   key("kfac.replan_on_drift", k.replan_on_drift, kAny, "bubbles, adaptive: re-profile and re-plan when step times drift");
   key("kfac.split_inversions", k.split_inversions, kAny,
       "bubbles, adaptive: let the planner split an inversion into diagonal blocks when that shortens a refresh");
+  static_assert(kMaxRefreshSteps == 1000, "the refusals below name the bound");
+  key("kfac.min_refresh_steps", k.min_refresh_steps,
+      Bounds{1, kMaxRefreshSteps, false, false, "must be between 1 and 1000 (got {})"},
+      "bubbles, adaptive: the shortest refresh cycle (steps) a plan may have, however generous the bubbles");
+  key("kfac.max_refresh_steps", k.max_refresh_steps,
+      Bounds{0, kMaxRefreshSteps, false, false, "must be between 0 (the profiled plan's) and 1000 (got {})"},
+      "adaptive: the longest refresh cycle (steps) a re-plan from the measured steps may choose (0: the profiled "
+      "plan's)");
   key("kfac.plan_profile", k.plan_profile, kPath,
       "bubbles, adaptive: plan from this recorded profile (a run's kfac_profile.json) instead of this run's timings");
   key("kfac.refresh_record", k.refresh_record, kPath,

@@ -26,6 +26,9 @@ Cycles set_cycle_lengths(const PlanState& state) {
     for (int d = 0; d < D; ++d) c.refresh_steps[d] = std::max(r[d], r[D - 1 - d]);
   }
   if (c.common_cycle) c.refresh_steps.assign(D, *std::max_element(c.refresh_steps.begin(), c.refresh_steps.end()));
+  // The shortest cycle asked for: the units stay where they were packed (a leading-gap unit of
+  // step R no longer wraps), the steps after them run none.
+  for (int& r : c.refresh_steps) r = std::max(r, state.in.min_refresh_steps);
   c.step0 = state.cycle_step0[0].timeline;
   for (const CycleStep0& step0 : state.cycle_step0) c.step0_time = std::max(c.step0_time, step0.timeline.step_time);
   return c;

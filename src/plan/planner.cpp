@@ -48,6 +48,7 @@ void check_input(const PlanInput& in) {
   const Schedule& sch = in.schedule;
   if (in.replicas < 1) usage_error("--data-parallel", "must be >= 1 (got {})", in.replicas);
   if (in.margin < 0) usage_error("--margin", "must be >= 0 (got {})", in.margin);
+  if (in.min_refresh_steps < 1) usage_error("--min-refresh-steps", "must be >= 1 (got {})", in.min_refresh_steps);
   if (in.bcast_alpha < 0 || in.bcast_beta < 0)
     usage_error(in.bcast_alpha < 0 ? "--bcast-alpha" : "--bcast-beta", "must be >= 0 (got {})",
                 in.bcast_alpha < 0 ? in.bcast_alpha : in.bcast_beta);

@@ -150,6 +150,9 @@ struct PlanInput {
   // forward (the measured backward durations include that forward).
   bool recompute = false;
   PrecPlacement precondition = PrecPlacement::best;
+  // The shortest refresh cycle (kfac.min_refresh_steps): a device whose units fit in fewer steps
+  // still refreshes every this many; its cycle's later steps run no curvature or inversion.
+  int min_refresh_steps = 1;
 };
 
 // One placed K-FAC unit of one replica's device, times relative to its cycle step's start.

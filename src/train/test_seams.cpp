@@ -84,7 +84,12 @@ SignalSeam parse_signal_flag(const std::string& value) {
 KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model) {
   KfacSeams k;
   if (!drift_at.empty()) k.drift_at_step = step_number(drift_at, "--test-drift-at");
-  if (!cost_scale.empty()) k.cost_scale = seam_number(cost_scale, "--test-kfac-cost-scale", true);
+  if (!cost_scale.empty()) {
+    const size_t comma = cost_scale.find(',');
+    k.cost_scale = seam_number(cost_scale.substr(0, comma), "--test-kfac-cost-scale", true);
+    if (comma != std::string::npos)
+      k.adapt_cost_scale = seam_number(cost_scale.substr(comma + 1), "--test-kfac-cost-scale", true);
+  }
   if (!bcast_model.empty()) {
     const size_t comma = bcast_model.find(',');
     if (comma == std::string::npos) usage_error("--test-bcast-model", "expected ALPHA,BETA, got '{}'", bcast_model);

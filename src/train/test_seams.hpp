@@ -47,11 +47,13 @@ struct SignalSeam {
 // K-FAC's planning in the MPI runtime (runtime/pipefisher/controller.hpp), fixed so that a test knows
 // what the planner will decide whatever the machine's load:
 //   --test-drift-at STEP        steps STEP..STEP+2 (from 1) count as 10x their forward/backward time
-//   --test-kfac-cost-scale X    the planner sees the measured K-FAC unit costs times X
+//   --test-kfac-cost-scale X[,Y]  the planner sees the measured K-FAC unit costs times X; with Y,
+//                               adaptive's re-plans from the measured steps see them times Y
 //   --test-bcast-model A,B      a broadcast costs A ms + B ms per byte (not the measured model)
 struct KfacSeams {
   int64_t drift_at_step = 0;  // 0: none
   double cost_scale = 1;
+  std::optional<double> adapt_cost_scale;  // none: cost_scale
   std::optional<std::pair<double, double>> bcast_model;
 
   bool drifts(int64_t index) const {  // step index from 0

@@ -11,6 +11,8 @@
 #include "train/checkpointing.hpp"
 #include "train/trainer.hpp"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -336,24 +338,27 @@ TEST(Resume, RefusesWhatCannotContinue) {
 // checkpoint, not with another one: PipeFisher plans from the timings its run measured, so
 // another run may plan another refresh pattern; the resumed run must remake the same plan.
 // kfac.replan_on_drift = false: a re-plan on drift follows the timings of each run.
-void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& seams = "") {
+void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& seams = "",
+                                  int64_t steps = 8, int64_t from = 3) {
   const fs::path ck = dir() / (name + "-ckpt");
   const std::string s = "--set kfac.enabled=true --set kfac.damping=3e-2 --set kfac.replan_on_drift=false "
-                        "--set train.steps=8 --set train.checkpoint_every=3 --set train.keep_checkpoints=3 "
+                        "--set train.steps=" + std::to_string(steps) + " --set train.checkpoint_every=" +
+                        std::to_string(from) + " --set train.keep_checkpoints=3 "
                         "--set train.checkpoint_dir=" + ck.string() + " " + sets + " " + seams;
   Launch first = run(mpi_train_cmd(np, dir(), name, s));
   ASSERT_EQ(first.status, 0) << first.out;
-  ASSERT_TRUE(fs::exists(ck / "step-000003" / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
-  fs::remove_all(ck / "step-000006");
-  fs::remove_all(ck / "step-000008");
+  const fs::path at = ck / fmt::format("step-{:06d}", from);
+  ASSERT_TRUE(fs::exists(at / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
+  for (const auto& e : fs::directory_iterator(ck))
+    if (e.path().filename().string().rfind("step-", 0) == 0 && e.path() != at) fs::remove_all(e.path());
   // Another run directory: its own checkpoint directory (ck belongs to the first run's).
   Launch resumed = run(mpi_train_cmd(np, dir(), name + "-resumed",
                                      s + " --resume " + ck.string() + " --set train.checkpoint_dir=" + ck.string() + "-resumed"));
   ASSERT_EQ(resumed.status, 0) << resumed.out;
-  EXPECT_TRUE(contains(resumed.out, "(step 3)")) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, fmt::format("(step {})", from))) << resumed.out;
   const auto ref = read_log(dir() / (name + ".jsonl")), log = read_log(dir() / (name + "-resumed.jsonl"));
-  ASSERT_EQ(log.size(), 5u);
-  for (int64_t st = 4; st <= 8; ++st) {
+  ASSERT_EQ(static_cast<int64_t>(log.size()), steps - from);
+  for (int64_t st = from + 1; st <= steps; ++st) {
     EXPECT_EQ(log.at(st)["loss"].get<double>(), ref.at(st)["loss"].get<double>()) << name << " step " << st;
     EXPECT_EQ(log.at(st)["grad_norm"].get<double>(), ref.at(st)["grad_norm"].get<double>()) << name << " step " << st;
   }
@@ -372,6 +377,11 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   expect_kfac_resume_identical("kfac-bubbles", 2, "--set parallel.stages=2 --set kfac.placement=bubbles");
   // The adaptive filler's running profile is not saved: it decides when units run, not what they compute.
   expect_kfac_resume_identical("kfac-adaptive", 2, "--set parallel.stages=2 --set kfac.placement=adaptive");
+  // Its refresh cycles re-planned from the steps as run (at 1/10000 of their cost: one-step
+  // cycles) at step 8, 10 or 12, around the checkpoint at 9: the plan in use, the steady state's
+  // sums and a switch still to come are restored.
+  expect_kfac_resume_identical("kfac-adapting", 2, "--set parallel.stages=2 --set kfac.placement=adaptive",
+                               "--test-kfac-cost-scale 3,0.0001 ", 14, 9);
   // Chimera's twins sum their curvature at SYNC_CURV (replicated chunks, pending inverses); its
   // tiny bubbles need the planner to see scaled-down costs to refresh within the run.
   expect_kfac_resume_identical("kfac-chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera "

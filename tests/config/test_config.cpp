@@ -174,6 +174,33 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   }
 }
 
+// The refresh cycles' bounds: kfac.min_refresh_steps for both PipeFisher placements,
+// kfac.max_refresh_steps for adaptive's re-plans; each round-trips and is refused, naming itself,
+// out of range or where it cannot apply.
+TEST(Config, RefreshStepBounds) {
+  const std::vector<std::string> adaptive = {"kfac.enabled=true", "parallel.stages=2", "kfac.placement=adaptive"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), adaptive.begin(), adaptive.end());
+    return sets;
+  };
+  Config d = Config::from_toml_string("");
+  EXPECT_EQ(d.kfac.min_refresh_steps, 1);
+  EXPECT_EQ(d.kfac.max_refresh_steps, 0);
+  Config a = Config::from_toml_string("", with({"kfac.min_refresh_steps=2", "kfac.max_refresh_steps=8"}));
+  Config b = Config::from_toml_string(a.to_toml());
+  EXPECT_EQ(b.kfac.min_refresh_steps, 2);
+  EXPECT_EQ(b.kfac.max_refresh_steps, 8);
+  EXPECT_EQ(error_of("", with({"kfac.min_refresh_steps=0"})), "kfac.min_refresh_steps: must be between 1 and 1000 (got 0)");
+  EXPECT_EQ(error_of("", with({"kfac.max_refresh_steps=1001"})),
+            "kfac.max_refresh_steps: must be between 0 (the profiled plan's) and 1000 (got 1001)");
+  EXPECT_EQ(error_of("", with({"kfac.min_refresh_steps=4", "kfac.max_refresh_steps=3"})),
+            "kfac.max_refresh_steps: must be 0 or at least kfac.min_refresh_steps = 4 (got 3)");
+  EXPECT_EQ(error_of("", {"kfac.enabled=true", "parallel.stages=2", "kfac.max_refresh_steps=3"}),
+            "kfac.max_refresh_steps: only applies with kfac.enabled = true and kfac.placement = adaptive");
+  EXPECT_EQ(error_of("", {"kfac.min_refresh_steps=3"}),
+            "kfac.min_refresh_steps: only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
+}
+
 // parallel.recompute (activation recomputation, off by default) parses as a bool, round-trips, and
 // says so when one stage has nothing to recompute.
 TEST(Config, RecomputeKey) {
@@ -308,7 +335,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 73u);
+  EXPECT_EQ(keys.size(), 75u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;

@@ -108,6 +108,29 @@ TEST(Planner, WrappedUnitsRunFromTheSecondCycle) {
   EXPECT_EQ(p.actions(0, 1, 0).front(), act(Kind::F, 1, 0));
 }
 
+// kfac.min_refresh_steps: a device whose units fit in fewer steps still refreshes every this many.
+// The case above (device 1: one step, its inversions wrapped into the next step's leading gap)
+// with 3-step cycles: the inversions sit at the front of cycle step 1, not wrapped (so in the very
+// first cycle too), and cycle step 2 runs no K-FAC unit but the precondition.
+TEST(Planner, MinRefreshStepsLengthensShortCycles) {
+  PlanInput in = tiny(0.5);
+  in.kfac[0].inv_b = {0.5};
+  const KfacPlan free = plan_kfac(in);
+  in.min_refresh_steps = 3;
+  const KfacPlan p = plan_kfac(in);
+  check_plan(in, p);
+  EXPECT_EQ(p.refresh_steps, (std::vector<int>{std::max(3, free.refresh_steps[0]), 3}));
+  const PlacedUnit& u = unit(p, 1, "1INV_Bl0");
+  EXPECT_FALSE(u.wrapped);
+  EXPECT_EQ(u.step, 1);
+  EXPECT_EQ(p.actions(0, 1, 1).front(), (Action{Kind::INV_A, 1, 0, -1, 0}));
+  EXPECT_EQ(p.actions(0, 1, 4), p.actions(0, 1, 1));
+  for (int t : {2, 5})
+    for (const Action& a : p.actions(0, 1, t)) EXPECT_TRUE(!is_kfac(a.kind) || a.kind == Kind::PREC) << to_token(a);
+  in.min_refresh_steps = 0;
+  EXPECT_THROW(plan_kfac(in), UsageError);
+}
+
 TEST(Planner, SplitsWhenThatShortensTheRefreshPeriod) {
   // tiny() with the policy: device 1 (gaps [0,1) leading and [7.5,9.5)) needs 2 steps whole
   // (curvature 2 after the backwards, inversions 1 + 1). Split into 2 blocks of 2 rows, each

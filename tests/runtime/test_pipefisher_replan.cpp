@@ -1,6 +1,7 @@
 // The plan changes inside a run: re-plan on drift, and when kfac.split_inversions splits
 // inversions to shorten the refresh.
 #include "pipefisher_fixture.hpp"
+#include "runtime/pipefisher/controller.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -115,4 +117,95 @@ TEST(PipeFisherRuntime, SplitInversionsOnlyWhenAsked) {
   EXPECT_GT(a.splits, 0) << on.out;
   EXPECT_GT(b.refresh, 0) << off.out;
   EXPECT_LT(a.refresh, b.refresh) << on.out << off.out;
+}
+
+namespace {
+
+// The refresh cycles of every "pipefisher: planned from ..." line whose source contains `from`,
+// in order ("every 3 2 steps" -> {3, 2}).
+std::vector<std::vector<int>> planned_cycles(const std::string& out, const std::string& from) {
+  std::vector<std::vector<int>> cycles;
+  const std::string tag = "pipefisher: planned from ";
+  for (size_t at = out.find(tag); at != std::string::npos; at = out.find(tag, at + 1)) {
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    const size_t every = line.find("refresh every ");
+    if (line.find(from) == std::string::npos || every == std::string::npos) continue;
+    std::istringstream words(line.substr(every + 14));
+    std::vector<int> c;
+    for (int r; words >> r;) c.push_back(r);
+    cycles.push_back(c);
+  }
+  return cycles;
+}
+
+int longest(const std::vector<int>& cycles) { return *std::max_element(cycles.begin(), cycles.end()); }
+
+// One adaptive run on 2 ranks x 1F1B, 16 steps: its plans from the profile and from the steps
+// as run, and the weights against the single process following its record.
+struct AdaptedRun {
+  std::vector<std::vector<int>> profiled, adapted;
+  nlohmann::json record;
+};
+AdaptedRun adaptive_run(const std::string& name, const std::string& scales, const std::string& sets,
+                        std::vector<std::string> cfg_sets) {
+  AdaptedRun a;
+  Launched r = launch(2, name,
+                      "--set parallel.stages=2 --set parallel.schedule=1f1b --set kfac.placement=adaptive "
+                      "--set kfac.replan_on_drift=false --set train.steps=16 " + sets,
+                      "--test-kfac-cost-scale " + scales);
+  EXPECT_EQ(r.status, 0) << r.out;
+  if (r.status != 0) return a;
+  a.profiled = planned_cycles(r.out, "profiled steps");
+  a.adapted = planned_cycles(r.out, "as run (adaptive");
+  std::ifstream f(dir() / name / "kfac_refresh.json");
+  a.record = nlohmann::json::parse(f);
+  cfg_sets.push_back("train.steps=16");
+  pf::Config cfg = load_config(cfg_sets);
+  cfg.kfac.placement = pf::Placement::Inline;
+  expect_close(saved_weights(dir() / (name + ".safetensors")), reference_following(cfg, a.record), name);
+  return a;
+}
+
+}  // namespace
+
+// adaptive: the refresh cycles follow the bubbles as run, within the user's bounds. The K-FAC units
+// as the planner sees them: at 1/10000 of their cost every unit fits the first bubble it can use
+// (the shortest cycles the schedule allows: device 0's last curvature waits for the next step), at
+// 3x they need several steps. Re-plans look at the first cycle start of every device kAdaptSteps
+// (6) steps after the plan; each run's record carries its pattern, and its weights equal the single
+// process following the record.
+//   short to long: by default a re-plan never refreshes less often than the profile's plan (a quiet
+//     run keeps bubbles' cycles), so nothing switches; kfac.max_refresh_steps = 50 lets them grow.
+//   long to short: every rank switches to the shortest cycles; with kfac.min_refresh_steps = 2 both
+//     plans keep two steps or more, the re-plan exactly two.
+TEST(PipeFisherAdaptive, RefreshCyclesFollowTheBubblesWithinTheUsersBounds) {
+  const AdaptedRun bounded = adaptive_run("adapt_bounded", "0.0001,3", "", {});
+  ASSERT_EQ(bounded.profiled.size(), 1u);
+  const std::vector<int> shortest = bounded.profiled[0];
+  EXPECT_TRUE(bounded.adapted.empty());
+  EXPECT_EQ(bounded.record["plan_start"], 2);
+
+  const AdaptedRun longer = adaptive_run("adapt_longer", "0.0001,3", "--set kfac.max_refresh_steps=50", {});
+  ASSERT_EQ(longer.adapted.size(), 1u);
+  EXPECT_GT(longest(longer.adapted[0]), longest(shortest));
+  EXPECT_LE(longest(longer.adapted[0]), 50);
+
+  const AdaptedRun shorter = adaptive_run("adapt_shorter", "3,0.0001", "", {});
+  ASSERT_EQ(shorter.profiled.size(), 1u);
+  ASSERT_NE(shorter.profiled[0], shortest) << "at 3x the K-FAC costs the profile's plan must need longer cycles";
+  ASSERT_EQ(shorter.adapted.size(), 1u);
+  EXPECT_EQ(shorter.adapted[0], shortest);
+  EXPECT_EQ(shorter.record["period"], std::lcm(shortest[0], shortest[1]));
+  EXPECT_GE(shorter.record["plan_start"].get<int64_t>(), 2 + pf::kAdaptSteps);
+
+  const AdaptedRun min2 = adaptive_run("adapt_shorter_min2", "3,0.0001", "--set kfac.min_refresh_steps=2", {});
+  ASSERT_EQ(min2.profiled.size(), 1u);
+  for (int r : min2.profiled[0]) EXPECT_GE(r, 2);
+  if (min2.profiled[0] == std::vector<int>(2, 2)) {
+    EXPECT_TRUE(min2.adapted.empty());
+  } else {
+    ASSERT_EQ(min2.adapted.size(), 1u);
+    EXPECT_EQ(min2.adapted[0], std::vector<int>(2, 2));
+    EXPECT_EQ(min2.record["period"], 2);
+  }
 }

@@ -53,6 +53,7 @@ Controller::Controller(const Config& cfg, const Layout& layout, const comm::Grou
 const std::vector<Action>& Controller::actions_for(int64_t step) const {
   if (profiling(step)) return profiled_list(step).actions;
   if (draining(step)) return step == phase_.boundary ? drain_first_ : drain_plain_;
+  if (step == switch_.at) return switch_.first;
   return plan_->actions(groups_.replica, device_, step - phase_.plan_start);
 }
 
@@ -78,8 +79,14 @@ void Controller::configure_chunk(HostedKfac& h, size_t index, int64_t step, floa
 }
 
 void Controller::after_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
-  if (profiling(step)) add_profile_step(step, list, times);
-  else check_drift(step, list, times);
+  if (profiling(step)) {
+    add_profile_step(step, list, times);
+    return;
+  }
+  check_drift(step, list, times);
+  if (!filler_ || draining(step)) return;
+  measure_steady(list, times);
+  if (adapt_due(step)) adapt(step);
 }
 
 // The profiled step's timings added to the profile; at its last step, the plan.
@@ -102,6 +109,7 @@ void Controller::add_profile_step(int64_t step, const std::vector<Action>& list,
     phase_.plan_start = step + 1;
     phase_.replan_at = -1;
     plan_from_profile();
+    restart_steady(phase_.plan_start);
   }
 }
 
@@ -177,6 +185,7 @@ void Controller::save_state(nlohmann::json& j) const {
   j["boundary"] = phase_.boundary;
   j["replan_at"] = phase_.replan_at;
   save_plan(j);
+  save_adapt(j);
 }
 
 void Controller::load_state(const nlohmann::json& j, const std::string& where) {
@@ -192,6 +201,7 @@ void Controller::load_state(const nlohmann::json& j, const std::string& where) {
   phase_.boundary = j.at("boundary").get<int64_t>();
   phase_.replan_at = j.at("replan_at").get<int64_t>();
   load_plan(j, where);  // the plan in use, remade from its input
+  load_adapt(j);
   if (plan_ && phase_.replan_at >= 0) drain_lists();
 }
 

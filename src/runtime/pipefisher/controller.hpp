@@ -16,9 +16,17 @@
 //               device finishes its cycle, runs plain steps until every device's cycle boundary,
 //               then all profile again and re-plan (controller.cpp: drift)
 //
+//   adapting    adaptive only (controller_adapt.cpp): at a cycle start of every device, at least
+//               kAdaptSteps steps after the plan or the last look, every rank all-reduces what the
+//               steps since measured and the planner plans again from it; a plan with other
+//               refresh cycles (within kfac.min_refresh_steps .. kfac.max_refresh_steps) that
+//               keeps the same factor splits, inversion owners and no more inline work is switched
+//               to there by every rank (its first step runs the ended cycle's wrapped units first)
+//
 // Each field is written in one file: the phase and the profile in controller.cpp (after_step,
 // drift, and load_state restoring them from a checkpoint), the plan and its input in
-// controller_plan.cpp (plan_from_profile, make_plan, load_plan).
+// controller_plan.cpp (plan_from_profile, make_plan, load_plan, and switch_plan, which also moves
+// the phase's plan_start to the switch), the steady state in controller_adapt.cpp.
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "plan/planner.hpp"
@@ -29,8 +37,10 @@
 #include "sim/profile.hpp"
 #include "train/test_seams.hpp"
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -40,6 +50,8 @@ inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before pla
 // Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
 // paper's 5%. (20% measured no better on this shared 2-core machine: bench/RESULTS.md.)
 inline constexpr double kPlanMargin = 0.05;
+// adaptive: the fewest steps measured before the refresh cycles may change.
+inline constexpr int kAdaptSteps = 6;
 
 class Controller final : public KfacPlacement {
  public:
@@ -72,6 +84,24 @@ class Controller final : public KfacPlacement {
     int samples = 0;
     std::vector<ChunkKfacTimes> chunks;  // [hosted chunk]
   };
+  // adaptive: what the planned steps since `since` (a cycle start of every device) measured, in
+  // ms: the lowered actions the planner times, and each hosted chunk's K-FAC units by
+  // (chunk, kind, layer) (-1 for PREC and SYNC_CURV; whole inversions only).
+  struct Mean {
+    double sum = 0;
+    int n = 0;
+  };
+  struct Steady {
+    int64_t since = 0;
+    std::vector<Mean> actions;  // [lowered action]
+    std::map<std::tuple<int, int, int>, Mean> units;
+  };
+  // adaptive: the step a re-plan switched at and its list (the ended cycle's wrapped units of the
+  // previous plan, then the new plan's first step); -1: none.
+  struct Switch {
+    int64_t at = -1;
+    std::vector<Action> first;
+  };
   // A profiled step's list and, per entry, the lowered_ action it times (-1: an added PREC, or a
   // previous cycle's wrapped unit, which the profile does not count).
   struct ProfiledList {
@@ -88,10 +118,21 @@ class Controller final : public KfacPlacement {
   void check_drift(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times);
   void drift(int64_t step, double compute_ms);
   void drain_lists();
+  // controller_adapt.cpp
+  void restart_steady(int64_t since);
+  void measure_steady(const std::vector<Action>& list, const std::vector<ActionTime>& times);
+  bool adapt_due(int64_t step) const;
+  void adapt(int64_t step);
+  PlanProfile measured_profile() const;
+  bool adaptable(const KfacPlan& next) const;
+  void save_adapt(nlohmann::json& j) const;
+  void load_adapt(const nlohmann::json& j);
   // controller_plan.cpp
   void plan_from_profile();
   std::pair<double, double> bcast_model();
+  std::unique_ptr<KfacPlan> plan_for(const PlanProfile& prof, double scale) const;
   void make_plan(bool restoring);
+  void switch_plan(std::unique_ptr<KfacPlan> next, PlanProfile input, double scale, int64_t since, int64_t at);
   void split_as_planned();
   void split_preconditions();
   void save_plan(nlohmann::json& j) const;
@@ -116,6 +157,9 @@ class Controller final : public KfacPlacement {
   std::optional<std::pair<double, double>> bcast_model_;  // W > 1: ms, ms per byte
   std::vector<Action> drain_first_, drain_plain_;
   std::optional<BubbleFiller> filler_;  // kfac.placement = adaptive
+  std::vector<int> profiled_refresh_;   // [device] the plan from the profile's cycles (adaptive's default bound)
+  Steady steady_;
+  Switch switch_;
 };
 
 }  // namespace pf

@@ -34,9 +34,8 @@ namespace {
 
 // The plan's lines on stdout (rank 0): refresh steps, splits, inline work, the precondition,
 // the inversion placement; `from` names the profile.
-void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from) {
-  std::string r;
-  for (int x : p.refresh_steps) r += fmt::format("{}{}", r.empty() ? "" : " ", x);
+void print_plan(const KfacPlan& p, const PlanProfile& in, const std::string& from) {
+  const std::string r = fmt::format("{}", fmt::join(p.refresh_steps, " "));
   std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
               "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
               "units in bubbles)\n",
@@ -49,7 +48,8 @@ void print_plan(const KfacPlan& p, const PlanInput& in, const std::string& from)
     for (const StagePlacement& sp : p.placements())  // Chimera's twins hold the same placement: count it once
       if (sp.pipeline == 0) ct += sp.placement.communicated(), pieces += static_cast<int>(sp.pieces.size());
     std::printf("pipefisher: inversion pieces: %d broadcast, %d inverted on every holder (broadcast model %.4g ms + "
-                "%.4g ms/byte)\n", ct, pieces - ct, in.bcast_alpha, in.bcast_beta);
+                "%.4g ms/byte)\n", ct, pieces - ct, std::max(0.0, in.bcast_alpha),
+                std::max(0.0, in.bcast_beta));
   }
   std::fflush(stdout);
 }
@@ -116,10 +116,27 @@ void Controller::plan_from_profile() {
 // remade from a checkpoint (`restoring`: the factors' block structure and the record come from
 // the checkpoint, so nothing is recorded or printed here).
 void Controller::make_plan(bool restoring) {
+  plan_ = plan_for(plan_input_, plan_scale_);
+  split_preconditions();
+  if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
+  profiled_refresh_ = plan_->refresh_steps;
+  // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
+  // SYNC_CURV and inverses travel with it.
+  if (layout_.replicas > 1 || layout_.pipelines() > 1)
+    for (HostedKfac& h : units_.hosted()) h.kfac->set_replicated(h.holders.get());
+  split_as_planned();
+  if (groups_.rank == 0)
+    print_plan(*plan_, plan_input_,
+               !recorded_ ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, phase_.profile_start + 1,
+                                        phase_.plan_start)
+                          : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile));
+}
+
+// The planner over a profile (every rank the same bits, so every rank the same plan): the whole
+// lowered step with its measured durations (the planner sets the optimizer steps aside and ends
+// every list with them), the K-FAC units' costs times `scale` (tests only: not 1).
+std::unique_ptr<KfacPlan> Controller::plan_for(const PlanProfile& prof, double scale) const {
   const int W = layout_.replicas;
-  const PlanProfile& prof = plan_input_;
-  // The whole lowered step with its measured durations: the planner sets the optimizer steps
-  // aside and ends every list with them.
   PlanInput in;
   in.schedule = layout_.schedule;
   in.durations = prof.action_ms;
@@ -131,20 +148,29 @@ void Controller::make_plan(bool restoring) {
   in.recompute = cfg_.parallel.recompute && layout_.stages() > 1;
   in.bcast_alpha = std::max(0.0, prof.bcast_alpha);  // none: no broadcasts to model
   in.bcast_beta = std::max(0.0, prof.bcast_beta);
-  for (const StageKfacCost& c : prof.kfac) in.kfac.push_back(planner_cost(c, plan_scale_));
-  plan_ = std::make_unique<KfacPlan>(plan_kfac(in));
+  in.min_refresh_steps = cfg_.kfac.min_refresh_steps;
+  for (const StageKfacCost& c : prof.kfac) in.kfac.push_back(planner_cost(c, scale));
+  return std::make_unique<KfacPlan>(plan_kfac(in));
+}
+
+// adaptive: `next`, planned from `input` (the steps measured since `since`), runs from step `at`,
+// a cycle start of every device. Its splits and inversion owners are the plan's (adaptable), so
+// the factors keep their blocks and the previous cycle's inverses their broadcasts; the ended
+// cycle's units wrapped into step `at` run first there, as in the steady state.
+void Controller::switch_plan(std::unique_ptr<KfacPlan> next, PlanProfile input, double scale, int64_t since, int64_t at) {
+  const std::vector<int> was = plan_->refresh_steps;
+  switch_.at = at;
+  switch_.first = plan_->wrapped(groups_.replica, device_, 0);
+  plan_ = std::move(next);
+  plan_input_ = std::move(input);
+  plan_scale_ = scale;
+  phase_.plan_start = at;
+  const std::vector<Action>& step0 = plan_->actions(groups_.replica, device_, 0);
+  switch_.first.insert(switch_.first.end(), step0.begin(), step0.end());
   split_preconditions();
-  if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
-  // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
-  // SYNC_CURV and inverses travel with it.
-  if (W > 1 || layout_.pipelines() > 1)
-    for (HostedKfac& h : units_.hosted()) h.kfac->set_replicated(h.holders.get());
-  split_as_planned();
   if (groups_.rank == 0)
-    print_plan(*plan_, in,
-               !recorded_ ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, phase_.profile_start + 1,
-                                        phase_.plan_start)
-                          : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile));
+    print_plan(*plan_, plan_input_,
+               fmt::format("steps {}-{} as run (adaptive, was every {})", since + 1, at, fmt::join(was, " ")));
 }
 
 // Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):

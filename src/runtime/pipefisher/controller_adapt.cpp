@@ -1,0 +1,190 @@
+// PipeFisher's controller, adapting (controller.hpp; kfac.placement = adaptive): the planned steps'
+// own timings, summed since the last look; at a cycle start of every device the planner plans
+// again from them, and a plan with other refresh cycles that the run can switch to is switched to.
+// The refresh record (kfac/refresh_record.hpp) keeps whatever pattern results, so a single process
+// still follows the run exactly.
+#include "runtime/pipefisher/controller.hpp"
+
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "runtime/plan_record.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace pf {
+
+namespace {
+
+double ms_of(const ActionTime& t) { return static_cast<double>(t.end - t.start - t.wait) / 1e6; }
+
+// The units the steady state measures: curvature per micro-batch and whole inversions by layer,
+// the precondition and the curvature sync per chunk. (A diagonal block's time is not the whole
+// factor's: a split factor keeps the plan's cost.)
+bool measured_unit(const Action& a) {
+  switch (a.kind) {
+    case Kind::CURV_A: case Kind::CURV_B: case Kind::PREC: case Kind::SYNC_CURV: return true;
+    case Kind::INV_A: case Kind::INV_B: return a.block < 0;
+    default: return false;
+  }
+}
+
+int hosted_index(const std::vector<HostedKfac>& hosted, const Action& a) {
+  for (size_t c = 0; c < hosted.size(); ++c)
+    if (hosted[c].pipeline == a.pipeline && hosted[c].stage == a.stage) return static_cast<int>(c);
+  return -1;
+}
+
+// The splits as (pipeline, stage, layer, kind, blocks), and each stage's inversion owners.
+auto split_keys(const KfacPlan& p) {
+  std::vector<std::tuple<int, int, int, Kind, int>> k;
+  for (const FactorSplit& f : p.splits()) k.emplace_back(f.pipeline, f.stage, f.layer, f.kind, f.blocks);
+  std::sort(k.begin(), k.end());
+  return k;
+}
+bool same_owners(const KfacPlan& a, const KfacPlan& b) {
+  if (a.placements().size() != b.placements().size()) return false;
+  for (size_t i = 0; i < a.placements().size(); ++i) {
+    const StagePlacement &x = a.placements()[i], &y = b.placements()[i];
+    if (x.pieces != y.pieces || x.placement.owner != y.placement.owner) return false;
+  }
+  return true;
+}
+size_t inline_units(const KfacPlan& p) {
+  return std::count_if(p.units().begin(), p.units().end(), [](const PlacedUnit& u) { return u.inline_work; });
+}
+
+}  // namespace
+
+void Controller::restart_steady(int64_t since) {
+  steady_ = {since, std::vector<Mean>(lowered_.size()), {}};
+}
+
+// A planned step's stamps added to the steady state: each lowered action the planner times (by
+// its place in the device's lowered list: zero-bubble W may run elsewhere in a planned list) and
+// each measured unit of a hosted chunk.
+void Controller::measure_steady(const std::vector<Action>& list, const std::vector<ActionTime>& times) {
+  if (times.size() != list.size()) return;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (measured_unit(a)) {
+      const int c = hosted_index(units_.hosted(), a);
+      if (c < 0) continue;
+      const bool per_layer = a.kind != Kind::PREC && a.kind != Kind::SYNC_CURV;
+      Mean& m = steady_.units[{c, static_cast<int>(a.kind), per_layer ? a.layer : -1}];
+      m.sum += ms_of(times[i]), ++m.n;
+    } else if (planner_measures(a.kind)) {
+      const auto at = std::find(lowered_.begin(), lowered_.end(), a);
+      if (at == lowered_.end()) continue;
+      Mean& m = steady_.actions[at - lowered_.begin()];
+      m.sum += ms_of(times[i]), ++m.n;
+    }
+  }
+}
+
+// Due at the end of `step` when the next step (one the run has) starts a cycle of every device,
+// kAdaptSteps or more after the steady state began, and the plan can change its cycles there: no
+// recorded profile fixes it, no drift re-plan is under way, and no Chimera sync is pinned to a
+// cycle step (its inversions wrap past the cycle's first step).
+bool Controller::adapt_due(int64_t step) const {
+  const int64_t next = step + 1 - phase_.plan_start;
+  return !recorded_ && phase_.replan_at < 0 && plan_->sync_step < 0 && step + 1 < cfg_.train.steps &&
+         step + 1 - steady_.since >= kAdaptSteps && plan_->all_cycles_start(next) == next;
+}
+
+// Collective: every rank plans from the same all-reduced measurements, so every rank decides the same.
+void Controller::adapt(int64_t step) {
+  PlanProfile measured = measured_profile();
+  const double scale = seams_.adapt_cost_scale.value_or(seams_.cost_scale);
+  std::unique_ptr<KfacPlan> next = plan_for(measured, scale);
+  const int64_t since = steady_.since;
+  restart_steady(step + 1);
+  if (adaptable(*next)) switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
+}
+
+// The plan's profile with what the steady state measured in place of the profiled times; a time
+// not measured (a split factor's inversion, a split precondition, a unit another holder runs)
+// stays the plan's. Summed over the ranks as plan_from_profile sums the profile.
+PlanProfile Controller::measured_profile() const {
+  const int W = layout_.replicas;
+  const ProfileLayout wire(layout_);
+  std::vector<double> v = wire.zeros();
+  std::vector<double> mine(lowered_.size(), 0.0);
+  for (size_t i = 0; i < lowered_.size(); ++i) {
+    const Mean& m = steady_.actions[i];
+    if (planner_measures(lowered_[i].kind)) mine[i] = (m.n > 0 ? m.sum / m.n : plan_input_.action_ms[device_][i]) / W;
+  }
+  wire.set_actions(v, device_, mine);
+  for (size_t c = 0; c < units_.hosted().size(); ++c) {
+    const HostedKfac& h = units_.hosted()[c];
+    StageKfacCost cost = plan_input_.kfac.size() == 1 ? plan_input_.kfac[0] : plan_input_.kfac.at(h.stage);
+    const PrecSplit* split = plan_->prec_split(h.pipeline, h.stage);
+    for (const auto& [key, m] : steady_.units) {
+      const auto [chunk, kind, layer] = key;
+      if (chunk != static_cast<int>(c) || m.n == 0) continue;
+      const double ms = m.sum / m.n;
+      switch (static_cast<Kind>(kind)) {
+        case Kind::CURV_A: cost.curv_a.at(layer) = ms; break;
+        case Kind::CURV_B: cost.curv_b.at(layer) = ms; break;
+        case Kind::INV_A: cost.inv_a.at(layer) = ms; break;
+        case Kind::INV_B: cost.inv_b.at(layer) = ms; break;
+        case Kind::PREC: if (!split || !split->split()) cost.precondition = ms; break;
+        case Kind::SYNC_CURV: cost.sync = ms; break;
+        default: break;
+      }
+    }
+    wire.add_stage(v, h.stage, cost);
+  }
+  if (wire.broadcast) wire.add_broadcast(v, plan_input_.bcast_alpha, plan_input_.bcast_beta);
+  comm::allreduce_sum(v, MPI_COMM_WORLD, "the measured K-FAC steps");
+  PlanProfile p = wire.mean(v);
+  p.shape = plan_input_.shape;
+  return p;
+}
+
+// A plan the run switches to: other refresh cycles, none longer than kfac.max_refresh_steps (0:
+// the profiled plan's, so a quiet run never refreshes less often than `bubbles`), the same factor
+// splits and inversion owners (the factors and the previous cycle's broadcasts carry over), and
+// no more inline work (adapting never adds to the critical path). kfac.min_refresh_steps bounds
+// the cycles from below in the planner itself.
+bool Controller::adaptable(const KfacPlan& next) const {
+  const KfacPlan& now = *plan_;
+  if (next.sync_step >= 0 || next.refresh_steps == now.refresh_steps) return false;
+  for (size_t d = 0; d < next.refresh_steps.size(); ++d) {
+    const int bound = cfg_.kfac.max_refresh_steps > 0 ? cfg_.kfac.max_refresh_steps : profiled_refresh_.at(d);
+    if (next.refresh_steps[d] > bound) return false;
+  }
+  return split_keys(next) == split_keys(now) && same_owners(next, now) && inline_units(next) <= inline_units(now);
+}
+
+// Checkpoints: the steady state, the switch, the profiled plan's cycles.
+void Controller::save_adapt(nlohmann::json& j) const {
+  nlohmann::json actions = nlohmann::json::array(), units = nlohmann::json::array(), first = nlohmann::json::array();
+  for (const Mean& m : steady_.actions) actions.push_back({m.sum, m.n});
+  for (const auto& [key, m] : steady_.units)
+    units.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), m.sum, m.n});
+  for (const Action& a : switch_.first) first.push_back(to_token(a));
+  j["adapt"] = {{"since", steady_.since}, {"actions", actions}, {"units", units}, {"switch_at", switch_.at},
+                {"switch_first", first}, {"profiled_refresh", profiled_refresh_}};
+}
+
+void Controller::load_adapt(const nlohmann::json& j) {
+  restart_steady(phase_.plan_start);
+  switch_ = {};
+  profiled_refresh_ = plan_ ? plan_->refresh_steps : std::vector<int>{};
+  if (!j.contains("adapt")) return;  // a checkpoint of a build without adapting
+  const nlohmann::json& a = j.at("adapt");
+  steady_.since = a.at("since").get<int64_t>();
+  const auto& actions = a.at("actions");
+  PF_CHECK(actions.size() == lowered_.size(), "adaptive steady state of {} actions, this device has {}",
+           actions.size(), lowered_.size());
+  for (size_t i = 0; i < actions.size(); ++i) steady_.actions[i] = {actions[i][0].get<double>(), actions[i][1].get<int>()};
+  for (const auto& u : a.at("units"))
+    steady_.units[{u[0].get<int>(), u[1].get<int>(), u[2].get<int>()}] = {u[3].get<double>(), u[4].get<int>()};
+  switch_.at = a.at("switch_at").get<int64_t>();
+  for (const auto& t : a.at("switch_first")) switch_.first.push_back(parse_token(t.get<std::string>(), "checkpoint"));
+  profiled_refresh_ = a.at("profiled_refresh").get<std::vector<int>>();
+}
+
+}  // namespace pf
