@@ -5,6 +5,9 @@
 #   bubbles   PipeFisher's static plan (kfac.placement = bubbles)
 #   adaptive  the same plan (kfac.plan_profile = the bubbles run's kfac_profile.json), its units
 #             placed at run time into the waits (kfac.placement = adaptive)
+#   adapting  kfac.placement = adaptive from its own profile: its units placed at run time, and
+#             its refresh cycles re-planned from the steps as run (from step 8 on; a recorded
+#             plan profile, as `adaptive`'s, keeps the record's cycles)
 # Noises (the benchmarks' seam, docs/training.md): quiet; slow = world rank 1's compute 1.5x as
 # long in steps 6-11 ($SLOW); jitter = every compute action up to 20% longer ($JITTER).
 #
@@ -17,8 +20,9 @@
 #
 # A run's step time is its mean step_time_s over steps 5.. (after planning). Prints per shape,
 # noise and run: best, median and max over the rounds, best over nvlamb's best under the same
-# noise, adaptive's best over bubbles', the refresh periods of each round's plans (a drift
-# re-plan adds its own), and where adaptive's units ran (in waits / at their deadlines).
+# noise, adaptive's and adapting's best over bubbles', the refresh periods of each round's plans
+# (a drift re-plan and adapted cycles add their own, after a |; re-plans not taken in brackets),
+# and where the adaptive runs' units ran (in waits / at their deadlines).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -61,12 +65,14 @@ for t in $tokens; do
     for ((k = 1; k <= repeat; ++k)); do
       d=$out/$t/$n/$k
       mkdir -p "$d"
-      echo "== $t tokens per step ($mb x $mbs x $seq), noise $n, round $k: nvlamb, bubbles, adaptive"
+      echo "== $t tokens per step ($mb x $mbs x $seq), noise $n, round $k: nvlamb, bubbles, adaptive, adapting"
       run "$d/nvlamb" "${flags[@]}"
       run "$d/bubbles" "${flags[@]}" --set kfac.enabled=true --set kfac.placement=bubbles \
         --set kfac.replan_on_drift="$replan"
       run "$d/adaptive" "${flags[@]}" --set kfac.enabled=true --set kfac.placement=adaptive \
         --set kfac.replan_on_drift="$replan" --set kfac.plan_profile="$d/bubbles/kfac_profile.json"
+      run "$d/adapting" "${flags[@]}" --set kfac.enabled=true --set kfac.placement=adaptive \
+        --set kfac.replan_on_drift="$replan"
     done
   done
 done
@@ -77,8 +83,10 @@ out, repeat, csv_path, noises, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[
 def mean_step(path):
     t = [r["step_time_s"] for r in map(json.loads, open(path)) if r["step"] >= 5]
     return 1000 * sum(t) / len(t)
-def refresh(text):  # every plan the run made (a drift re-plan adds one)
-    return "|".join(re.findall(r"^pipefisher: planned .*?refresh every ([0-9 ]+) steps", text, re.M))
+def refresh(text):  # every plan the run made (a drift re-plan or an adapted cycle adds one), re-plans not taken
+    plans = "|".join(re.findall(r"^pipefisher: planned .*?refresh every ([0-9 ]+) steps", text, re.M))
+    wanted = re.findall(r"^pipefisher: re-planned .*?refresh every ([0-9 ]+) steps, not taken", text, re.M)
+    return plans + (f" (not taken: {', '.join(wanted)})" if wanted else "")
 def filled(text):
     m = re.search(r"^pipefisher: adaptive: (\d+) units ran in (\d+) waits, (\d+) at their deadlines", text, re.M)
     return f"{m.group(1)} in waits / {m.group(3)} at deadline" if m else ""
@@ -86,16 +94,16 @@ rows = []
 for tok in tokens:
     for noise in noises:
         d = [f"{out}/{tok}/{noise}/{k}" for k in range(1, repeat + 1)]
-        times = {run: [mean_step(f"{x}/{run}/log.jsonl") for x in d] for run in ("nvlamb", "bubbles", "adaptive")}
+        times = {run: [mean_step(f"{x}/{run}/log.jsonl") for x in d] for run in ("nvlamb", "bubbles", "adaptive", "adapting")}
         base = min(times["nvlamb"])
         for run, ts in times.items():
             texts = [open(f"{x}/{run}.out").read() for x in d]
             rows.append({"tokens_per_step": tok, "noise": noise, "run": run, "best_ms": round(min(ts), 1),
                          "median_ms": round(statistics.median(ts), 1), "max_ms": round(max(ts), 1),
                          "ratio": round(min(ts) / base, 3),
-                         "vs_bubbles": round(min(ts) / min(times["bubbles"]), 3) if run == "adaptive" else "",
+                         "vs_bubbles": round(min(ts) / min(times["bubbles"]), 3) if run.startswith("adapt") else "",
                          "refresh": "; ".join(refresh(x) for x in texts) if run != "nvlamb" else "",
-                         "units": "; ".join(filled(x) for x in texts) if run == "adaptive" else ""})
+                         "units": "; ".join(filled(x) for x in texts) if run.startswith("adapt") else ""})
 print(f"{'tokens':>6} {'noise':6} {'run':8} {'best ms':>8} {'median':>8} {'max':>8} {'/nvlamb':>8} {'/bubbles':>8}  "
       "refresh per round (steps per device)  adaptive's units per round")
 for r in rows:

@@ -143,6 +143,7 @@ int longest(const std::vector<int>& cycles) { return *std::max_element(cycles.be
 // One adaptive run on 2 ranks x 1F1B, 16 steps: its plans from the profile and from the steps
 // as run, and the weights against the single process following its record.
 struct AdaptedRun {
+  std::string out;
   std::vector<std::vector<int>> profiled, adapted;
   nlohmann::json record;
 };
@@ -155,6 +156,7 @@ AdaptedRun adaptive_run(const std::string& name, const std::string& scales, cons
                       "--test-kfac-cost-scale " + scales);
   EXPECT_EQ(r.status, 0) << r.out;
   if (r.status != 0) return a;
+  a.out = r.out;
   a.profiled = planned_cycles(r.out, "profiled steps");
   a.adapted = planned_cycles(r.out, "as run (adaptive");
   std::ifstream f(dir() / name / "kfac_refresh.json");
@@ -183,6 +185,8 @@ TEST(PipeFisherAdaptive, RefreshCyclesFollowTheBubblesWithinTheUsersBounds) {
   ASSERT_EQ(bounded.profiled.size(), 1u);
   const std::vector<int> shortest = bounded.profiled[0];
   EXPECT_TRUE(bounded.adapted.empty());
+  EXPECT_NE(bounded.out.find("as run (adaptive): refresh every"), std::string::npos) << bounded.out;
+  EXPECT_NE(bounded.out.find("not taken: device"), std::string::npos) << bounded.out;
   EXPECT_EQ(bounded.record["plan_start"], 2);
 
   const AdaptedRun longer = adaptive_run("adapt_longer", "0.0001,3", "--set kfac.max_refresh_steps=50", {});

@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -124,7 +125,7 @@ class Controller final : public KfacPlacement {
   bool adapt_due(int64_t step) const;
   void adapt(int64_t step);
   PlanProfile measured_profile() const;
-  bool adaptable(const KfacPlan& next) const;
+  std::string not_adaptable(const KfacPlan& next) const;
   void save_adapt(nlohmann::json& j) const;
   void load_adapt(const nlohmann::json& j);
   // controller_plan.cpp

@@ -11,7 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <string>
 
 namespace pf {
 
@@ -100,7 +104,15 @@ void Controller::adapt(int64_t step) {
   std::unique_ptr<KfacPlan> next = plan_for(measured, scale);
   const int64_t since = steady_.since;
   restart_steady(step + 1);
-  if (adaptable(*next)) switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
+  if (next->refresh_steps == plan_->refresh_steps) return;  // nothing to change
+  const std::string why_not = not_adaptable(*next);
+  if (why_not.empty()) return switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
+  if (groups_.rank == 0) {
+    std::printf("pipefisher: re-planned from steps %lld-%lld as run (adaptive): refresh every %s steps, not taken: %s\n",
+                static_cast<long long>(since) + 1, static_cast<long long>(step) + 1,
+                fmt::format("{}", fmt::join(next->refresh_steps, " ")).c_str(), why_not.c_str());
+    std::fflush(stdout);
+  }
 }
 
 // The plan's profile with what the steady state measured in place of the profiled times; a time
@@ -143,19 +155,25 @@ PlanProfile Controller::measured_profile() const {
   return p;
 }
 
-// A plan the run switches to: other refresh cycles, none longer than kfac.max_refresh_steps (0:
-// the profiled plan's, so a quiet run never refreshes less often than `bubbles`), the same factor
-// splits and inversion owners (the factors and the previous cycle's broadcasts carry over), and
-// no more inline work (adapting never adds to the critical path). kfac.min_refresh_steps bounds
-// the cycles from below in the planner itself.
-bool Controller::adaptable(const KfacPlan& next) const {
+// Why the run does not switch to a plan with other refresh cycles ("": it does): it switches when
+// no cycle is longer than kfac.max_refresh_steps (0: the profile's plan's, so a quiet run never
+// refreshes less often than `bubbles`), the factor splits and inversion owners stay (the factors
+// and the previous cycle's broadcasts carry over), and no inline work is added (adapting never
+// adds to the critical path). kfac.min_refresh_steps bounds the cycles from below in the planner.
+std::string Controller::not_adaptable(const KfacPlan& next) const {
   const KfacPlan& now = *plan_;
-  if (next.sync_step >= 0 || next.refresh_steps == now.refresh_steps) return false;
+  if (next.sync_step >= 0) return "a Chimera sync pinned to a cycle step";
   for (size_t d = 0; d < next.refresh_steps.size(); ++d) {
     const int bound = cfg_.kfac.max_refresh_steps > 0 ? cfg_.kfac.max_refresh_steps : profiled_refresh_.at(d);
-    if (next.refresh_steps[d] > bound) return false;
+    if (next.refresh_steps[d] > bound)
+      return cfg_.kfac.max_refresh_steps > 0
+                 ? fmt::format("device {} over kfac.max_refresh_steps = {}", d, bound)
+                 : fmt::format("device {} over the profile's plan's {} steps (kfac.max_refresh_steps = 0)", d, bound);
   }
-  return split_keys(next) == split_keys(now) && same_owners(next, now) && inline_units(next) <= inline_units(now);
+  if (split_keys(next) != split_keys(now)) return "other factor splits";
+  if (!same_owners(next, now)) return "other inversion owners";
+  if (inline_units(next) > inline_units(now)) return "more inline work";
+  return "";
 }
 
 // Checkpoints: the steady state, the switch, the profiled plan's cycles.

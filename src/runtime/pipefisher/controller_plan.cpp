@@ -154,7 +154,7 @@ std::unique_ptr<KfacPlan> Controller::plan_for(const PlanProfile& prof, double s
 }
 
 // adaptive: `next`, planned from `input` (the steps measured since `since`), runs from step `at`,
-// a cycle start of every device. Its splits and inversion owners are the plan's (adaptable), so
+// a cycle start of every device. Its splits and inversion owners are the plan's (not_adaptable), so
 // the factors keep their blocks and the previous cycle's inverses their broadcasts; the ended
 // cycle's units wrapped into step `at` run first there, as in the steady state.
 void Controller::switch_plan(std::unique_ptr<KfacPlan> next, PlanProfile input, double scale, int64_t since, int64_t at) {
