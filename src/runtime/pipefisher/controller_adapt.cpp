@@ -34,12 +34,6 @@ bool measured_unit(const Action& a) {
   }
 }
 
-int hosted_index(const std::vector<HostedKfac>& hosted, const Action& a) {
-  for (size_t c = 0; c < hosted.size(); ++c)
-    if (hosted[c].pipeline == a.pipeline && hosted[c].stage == a.stage) return static_cast<int>(c);
-  return -1;
-}
-
 // The splits as (pipeline, stage, layer, kind, blocks), and each stage's inversion owners.
 auto split_keys(const KfacPlan& p) {
   std::vector<std::tuple<int, int, int, Kind, int>> k;
@@ -73,8 +67,8 @@ void Controller::measure_steady(const std::vector<Action>& list, const std::vect
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
     if (measured_unit(a)) {
-      const int c = hosted_index(units_.hosted(), a);
-      if (c < 0) continue;
+      // A rank's list holds only its own chunks' units.
+      const int c = static_cast<int>(&units_.hosted(a.pipeline, a.stage) - units_.hosted().data());
       const bool per_layer = a.kind != Kind::PREC && a.kind != Kind::SYNC_CURV;
       Mean& m = steady_.units[{c, static_cast<int>(a.kind), per_layer ? a.layer : -1}];
       m.sum += ms_of(times[i]), ++m.n;
