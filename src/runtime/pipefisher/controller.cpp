@@ -84,7 +84,7 @@ void Controller::after_step(int64_t step, const std::vector<Action>& list, const
     return;
   }
   check_drift(step, list, times);
-  if (!filler_ || draining(step)) return;
+  if (!filler_ || recorded_ || draining(step)) return;  // a recorded profile's plan never adapts
   measure_steady(list, times);
   if (adapt_due(step)) adapt(step);
 }
