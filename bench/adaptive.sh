@@ -7,12 +7,14 @@
 #             placed at run time into the waits (kfac.placement = adaptive)
 #   adapting  kfac.placement = adaptive from its own profile: its units placed at run time, and
 #             its refresh cycles re-planned from the steps as run (from step 8 on; a recorded
-#             plan profile, as `adaptive`'s, keeps the record's cycles)
+#             plan profile, as `adaptive`'s, keeps the record's cycles), none longer than
+#             $ADAPT_MAX steps (kfac.max_refresh_steps; 0 = its profile's plan's)
 # Noises (the benchmarks' seam, docs/training.md): quiet; slow = world rank 1's compute 1.5x as
 # long in steps 6-11 ($SLOW); jitter = every compute action up to 20% longer ($JITTER).
 #
 #   bench/adaptive.sh [build-dir] [csv-out]
 #   env: TOKENS="4096 16384" SEQ=128 MB=4 STEPS=14 REPEAT=3 NOISES="quiet slow jitter" REPLAN=false
+#        ADAPT_MAX=0
 #
 # REPLAN is kfac.replan_on_drift for both PipeFisher runs: false keeps each run's first plan
 # throughout, so that the placements alone differ (a 1.5x slow rank is a drift that would
@@ -38,6 +40,7 @@ noises=${NOISES:-quiet slow jitter}
 slow=${SLOW:-1:1.5@6-11}
 jitter=${JITTER:-0.2}
 replan=${REPLAN:-false}
+adapt_max=${ADAPT_MAX:-0}
 [[ -x $bin ]] || { echo "adaptive.sh: no $bin (build the pipefisher target)" >&2; exit 2; }
 ((steps >= 6)) || { echo "adaptive.sh: STEPS must be at least 6 (steps 5.. are timed)" >&2; exit 2; }
 for t in $tokens; do
@@ -72,7 +75,7 @@ for t in $tokens; do
       run "$d/adaptive" "${flags[@]}" --set kfac.enabled=true --set kfac.placement=adaptive \
         --set kfac.replan_on_drift="$replan" --set kfac.plan_profile="$d/bubbles/kfac_profile.json"
       run "$d/adapting" "${flags[@]}" --set kfac.enabled=true --set kfac.placement=adaptive \
-        --set kfac.replan_on_drift="$replan"
+        --set kfac.replan_on_drift="$replan" --set kfac.max_refresh_steps="$adapt_max"
     done
   done
 done

@@ -99,6 +99,14 @@ void BucketedAllReduce::progress() {
         "MPI_Testall(all-reduce)");
 }
 
+bool BucketedAllReduce::test() {
+  if (next_post_ < buckets_.size()) return false;
+  int flag = 0;
+  check(MPI_Testall(static_cast<int>(next_post_), reqs_.data(), &flag, MPI_STATUSES_IGNORE),
+        "MPI_Testall(all-reduce)");
+  return flag != 0;
+}
+
 void BucketedAllReduce::wait() {
   PF_CHECK(next_post_ == buckets_.size(), "wait() with {} of {} buckets not posted (buffers not ready)",
            buckets_.size() - next_post_, buckets_.size());

@@ -38,6 +38,7 @@ class BucketedAllReduce {
   void start();            // every buffer is ready: post all buckets
   void ready(size_t i);    // buffer i is final; posts the buckets that became complete
   void progress();         // lets MPI advance posted buckets (call between compute actions)
+  bool test();             // every bucket posted and summed (wait() then only unpacks)
   void wait();             // waits for every bucket (all buffers must be ready) and unpacks
   size_t buckets() const { return buckets_.size(); }
   size_t fused_buckets() const;  // buckets that go through the staging buffer

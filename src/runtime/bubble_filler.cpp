@@ -1,7 +1,10 @@
 // The adaptive filler's queue, windows and running profile (bubble_filler.hpp).
 #include "runtime/bubble_filler.hpp"
 
+#include "core/error.hpp"
+
 #include <algorithm>
+#include <utility>
 
 namespace pf {
 
@@ -48,15 +51,21 @@ void BubbleFiller::begin(const std::vector<Action>& list) {
       floating_[i] = static_cast<int>(queue_.size());
       queue_.push_back(i);
     }
-  done_ = 0;
+  ran_.assign(queue_.size(), false);
+  open_ = 0;
+  waits_.clear();
+  for (size_t i = 0; i < list.size(); ++i)
+    if (is_wait(list[i].kind)) waits_.push_back(i);
   set_windows(list);
 }
 
-// earliest_: after the last action before the unit that closes its window; due_: the queue
-// prefix whose windows have closed at each action (a prefix: the queue runs in order).
+// earliest_: after the last action before the unit that closes its window; deadline_: the first
+// after it that does, or an earlier one where a later unit of its layer must run.
 void BubbleFiller::set_windows(const std::vector<Action>& list) {
   earliest_.assign(queue_.size(), 0);
-  due_.assign(list.size() + 1, 0);
+  deadline_.assign(queue_.size(), list.size());
+  before_.assign(queue_.size(), -1);
+  std::map<std::tuple<int, int, int>, int> last;  // (pipeline, stage, layer) -> its latest unit
   for (size_t q = 0; q < queue_.size(); ++q) {
     const size_t p = queue_[q];
     const Action& u = list[p];
@@ -67,9 +76,12 @@ void BubbleFiller::set_windows(const std::vector<Action>& list) {
       }
     size_t deadline = p + 1;
     while (deadline < list.size() && !closes_window(list[deadline], u)) ++deadline;
-    due_[deadline] = std::max(due_[deadline], q + 1);
+    deadline_[q] = deadline;
+    auto [it, fresh] = last.try_emplace({u.pipeline, u.stage, u.layer}, static_cast<int>(q));
+    if (!fresh) before_[q] = std::exchange(it->second, static_cast<int>(q));
   }
-  for (size_t i = 1; i < due_.size(); ++i) due_[i] = std::max(due_[i], due_[i - 1]);
+  for (size_t q = queue_.size(); q-- > 0;)
+    if (before_[q] >= 0) deadline_[before_[q]] = std::min(deadline_[before_[q]], deadline_[q]);
 }
 
 std::optional<double> BubbleFiller::predicted(const std::map<Key, double>& m, const Key& k) const {
@@ -78,20 +90,59 @@ std::optional<double> BubbleFiller::predicted(const std::map<Key, double>& m, co
   return it->second;
 }
 
-std::optional<size_t> BubbleFiller::next_for_wait(size_t i, int64_t waited_ns) const {
-  if (done_ == queue_.size() || earliest_[done_] > i) return std::nullopt;
-  const size_t u = queue_[done_];
-  const std::optional<double> wait = predicted(wait_ns_, wait_key((*list_)[i]));
-  const std::optional<double> unit = predicted(unit_ns_, unit_key((*list_)[u]));
-  // Nothing seen yet: the plan's own choice, the units it placed before this wait.
-  if (!wait || !unit) return u < i ? std::optional<size_t>(u) : std::nullopt;
-  if (static_cast<double>(waited_ns) + *unit * (1 + kMargin) <= *wait) return u;
+// Deadlines never decrease along a layer's units, so the first due unit's layer has none left
+// before it.
+std::optional<size_t> BubbleFiller::next_due(size_t i) const {
+  for (size_t q = open_; q < queue_.size(); ++q)
+    if (!ran_[q] && deadline_[q] <= i) return queue_[q];
   return std::nullopt;
 }
 
-void BubbleFiller::ran(int64_t ns, bool in_wait) {
-  average_into(unit_ns_, unit_key((*list_)[queue_.at(done_)]), static_cast<double>(ns));
-  ++done_;
+bool BubbleFiller::ready(size_t q, size_t i) const {
+  return !ran_[q] && earliest_[q] <= i && (before_[q] < 0 || ran_[before_[q]]);
+}
+
+bool BubbleFiller::due_at_pass(size_t q) const {
+  return deadline_[q] < list_->size() && is_pass((*list_)[deadline_[q]].kind);
+}
+
+// A later wait in q's window with more room than `room_ns` (the room left in this one) would
+// hide more of it; a wait not seen yet counts as one, as the plan would leave it the chance.
+bool BubbleFiller::room_later(size_t q, size_t i, double room_ns) const {
+  for (size_t j : waits_) {
+    if (j <= i) continue;
+    if (j >= deadline_[q]) break;
+    const std::optional<double> wait = predicted(wait_ns_, wait_key((*list_)[j]));
+    if (!wait || *wait > room_ns) return true;
+  }
+  return false;
+}
+
+std::optional<size_t> BubbleFiller::next_for_wait(size_t i, int64_t waited_ns) const {
+  const std::optional<double> wait = predicted(wait_ns_, wait_key((*list_)[i]));
+  std::optional<size_t> last_chance;
+  for (size_t q = open_; q < queue_.size(); ++q) {
+    if (!ready(q, i)) continue;
+    const size_t u = queue_[q];
+    const std::optional<double> unit = predicted(unit_ns_, unit_key((*list_)[u]));
+    // Nothing seen yet: the plan's own choice, the units it placed before this wait.
+    if (!wait || !unit) {
+      if (u < i) return u;
+      continue;
+    }
+    const double room = *wait - static_cast<double>(waited_ns);
+    if (*unit * (1 + kMargin) <= room) return u;
+    if (!last_chance && due_at_pass(q) && !room_later(q, i, std::max(room, 0.0))) last_chance = u;
+  }
+  return last_chance;
+}
+
+void BubbleFiller::ran(size_t u, int64_t ns, bool in_wait) {
+  const int q = floating_.at(u);
+  PF_CHECK(q >= 0 && !ran_[q], "filler: action {} is no unit left to run", u);
+  average_into(unit_ns_, unit_key((*list_)[u]), static_cast<double>(ns));
+  ran_[q] = true;
+  while (open_ < queue_.size() && ran_[open_]) ++open_;
   ++(in_wait ? stats_.in_wait : stats_.at_deadline);
 }
 

@@ -5,16 +5,25 @@
 // The plan (plan/planner.hpp) still says which units run in which step, so the refresh pattern,
 // and with it every bit of training, is the static plan's (`bubbles`). Within a step a unit
 // *floats*: it is queued at its planned place instead of run, and runs
-//   - in a wait: a RECV whose message has not arrived, when it is predicted to finish before the
-//     message does (each unit's and each wait's running profile, updated every step); arrival is
-//     tested between units, so a wait ends when its message comes, not when a unit does;
+//   - in a wait: a RECV whose message has not arrived, or an ALLREDUCE whose buckets are still
+//     being summed, when it is predicted to finish before the data comes (each unit's and each
+//     wait's running profile, updated every step); arrival is tested between units, so a wait
+//     ends when its data comes, not when a unit does;
+//   - in its best wait: a unit due before a pass (which its deadline would delay by the whole
+//     unit) that fits no wait starts in one with no later wait of its window predicted to have
+//     more room, delaying that pass only by its overrun (units that fit come first; a unit due
+//     at the OPT or the step's end keeps its deadline, which may lie in the shadow of another
+//     rank's tail);
 //   - at its deadline otherwise: before the next action that needs its result (the "cheapest
 //     place" the step still offers).
-// Units run in the plan's order (one queue per step), so factors sum in the same order; a unit
-// never runs before the actions it reads from nor after those that read it (its window):
+// The units form a dependency-ordered ready queue: the units of one layer (of one chunk) run in
+// the plan's order, so each factor sums in the same order and an inversion reads the factors the
+// plan's did (its damping reads both of its layer's); units of different layers share no state, so
+// a unit that fits a wait may pass one that does not. A unit never runs before the actions it
+// reads from nor after those that read it (its window):
 //   CURV_A / CURV_B  between its chunk's passes (F, B, I, W: the saved inputs and gradients)
 //   INV_A / INV_B    between its chunk's SYNC_CURV, BCAST_INV and PREC
-//   both             before any OPT (the first OPT preconditions every chunk) and the step's end
+//   all              before any OPT (the first OPT preconditions every chunk) and the step's end
 // Collectives (SYNC_CURV, BCAST_INV) and PREC stay where the plan put them: copies switch inverses
 // at the same step whatever order each one's filler chose, and no rank blocks in a collective
 // that its copy reaches only after a message from it.
@@ -41,19 +50,21 @@ struct FillerStats {
 
 class BubbleFiller {
  public:
+  // The actions whose waits units may fill: a receive, a gradient all-reduce.
+  static bool is_wait(Kind k) { return k == Kind::RECV_F || k == Kind::RECV_B || k == Kind::ALLREDUCE; }
   // Step start: the step's floating units, their windows and the deadlines.
   void begin(const std::vector<Action>& list);
   bool floats(size_t i) const { return floating_.at(i) >= 0; }
-  // Units (in queue order) that must have run before action i runs; units() at the step's end.
-  size_t due_before(size_t i) const { return due_.at(i); }
   size_t units() const { return queue_.size(); }
-  size_t done() const { return done_; }
-  size_t head() const { return queue_.at(done_); }  // the next unit's action index
+  // A unit that must run before action i (i = the list's size: the step's end), if any is left:
+  // the first in queue order whose window closes there or earlier.
+  std::optional<size_t> next_due(size_t i) const;
 
-  // In the wait of action i, `waited_ns` into it: the next unit to run there, if any fits.
+  // In the wait of action i, `waited_ns` into it: a unit to run there, if one is ready and fits
+  // (the first in queue order), else one for which no later wait is better.
   std::optional<size_t> next_for_wait(size_t i, int64_t waited_ns) const;
-  // The head unit ran, taking `ns`; in_wait says where (a wait, or its deadline).
-  void ran(int64_t ns, bool in_wait);
+  // Unit (action index) u ran, taking `ns`; in_wait says where (a wait, or its deadline).
+  void ran(size_t u, int64_t ns, bool in_wait);
   // The wait of action i ended: its message came `ns` after the wait began (exactly, when it was
   // waited for; else a lower bound: the start of the unit during which it came). filled: units ran.
   void waited(size_t i, int64_t ns, bool filled);
@@ -64,7 +75,10 @@ class BubbleFiller {
   using Key = std::tuple<int, int, int, int, int>;  // kind, pipeline, stage, layer or micro-batch, block
   static Key unit_key(const Action& a);
   static Key wait_key(const Action& a);
+  bool ready(size_t q, size_t i) const;  // unit q may run at action i: window open, its layer's earlier units run
   void set_windows(const std::vector<Action>& list);
+  bool room_later(size_t q, size_t i, double room_ns) const;  // a wait after i in q's window has more room
+  bool due_at_pass(size_t q) const;                           // q's deadline is a pass (F, B, I, W)
   std::optional<double> predicted(const std::map<Key, double>& m, const Key& k) const;
 
   // The step.
@@ -72,8 +86,12 @@ class BubbleFiller {
   std::vector<int> floating_;     // [action] its place in queue_, -1 if it does not float
   std::vector<size_t> queue_;     // floating units' action indices, in plan order
   std::vector<size_t> earliest_;  // [queue] the first action index it may run at
-  std::vector<size_t> due_;       // [action] queue_ prefix that must have run before it
-  size_t done_ = 0;
+  std::vector<size_t> deadline_;  // [queue] the action it must run before (list size: the step's
+                                  // end); never after a later unit of its layer's
+  std::vector<int> before_;       // [queue] the previous unit of its layer, -1 if none
+  std::vector<bool> ran_;         // [queue]
+  std::vector<size_t> waits_;     // the step's waits (is_wait), in order
+  size_t open_ = 0;               // queue_[..open_) have all run
   // The running profile (ns), over the run: exponential averages.
   std::map<Key, double> unit_ns_, wait_ns_;
   FillerStats stats_;

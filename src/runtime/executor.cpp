@@ -191,11 +191,11 @@ StepOutcome Executor::run(int64_t step, const std::vector<Action>& list, const s
       continue;
     }
     if (filler->floats(i)) continue;  // queued: it runs in a wait or at its deadline
-    run_floating(r, filler->due_before(i));
-    if (list[i].kind == Kind::RECV_F || list[i].kind == Kind::RECV_B) fill_wait(r, i);
+    run_floating(r, i);
+    if (BubbleFiller::is_wait(list[i].kind)) fill_wait(r, i);
     else run_timed(r, i);
   }
-  if (filler) run_floating(r, filler->units());
+  if (filler) run_floating(r, list.size());
   p2p_->wait_all();  // sends done: the next step may write their buffers
   return outcome();
 }

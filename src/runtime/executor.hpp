@@ -152,8 +152,9 @@ class Executor {
     BubbleFiller* filler;
   };
   int64_t run_timed(const StepRun& r, size_t i);  // action i through the table, stamped; its ns
-  void run_floating(const StepRun& r, size_t count);  // the filler's units until `count` have run
-  void fill_wait(const StepRun& r, size_t i);     // RECV i, its wait filled with units that fit
+  void run_floating(const StepRun& r, size_t i);  // the filler's units due before action i
+  bool arrived(const Action& a);                  // what wait `a` (BubbleFiller::is_wait) waits for has come
+  void fill_wait(const StepRun& r, size_t i);     // wait i filled with units that fit
   comm::Ticket receive_ticket(const Action& a);
   using Handler = void (Executor::*)(const Action&, const StepInputs&);
   static const std::array<Handler, kNumKinds>& handlers();  // [kind], null: no handler

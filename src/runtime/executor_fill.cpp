@@ -1,8 +1,9 @@
 // The executor's step, action by action: each action stamped, and with kfac.placement = adaptive
-// the filler's floating units (runtime/bubble_filler.hpp) run inside the waits they fit or at
-// their deadlines.
+// the filler's floating units (runtime/bubble_filler.hpp) run inside the waits they fit (a
+// receive's, a gradient all-reduce's) or at their deadlines.
 #include "comm/clock.hpp"
 #include "runtime/executor.hpp"
+#include "runtime/executor_chunk.hpp"
 
 namespace pf {
 
@@ -21,38 +22,42 @@ int64_t Executor::run_timed(const StepRun& r, size_t i) {
   return t1 - t0;
 }
 
-// Units whose window closes here, in the queue's order: the place the step still offers.
-void Executor::run_floating(const StepRun& r, size_t count) {
-  while (r.filler->done() < count) r.filler->ran(run_timed(r, r.filler->head()), false);
+// Units whose window closes at action i, in the queue's order: the place the step still offers.
+void Executor::run_floating(const StepRun& r, size_t i) {
+  while (const std::optional<size_t> u = r.filler->next_due(i)) r.filler->ran(*u, run_timed(r, *u), false);
 }
 
-// The message is tested between units, so the wait ends when it arrives; what the filler learns
+// Has what action i waits for come: a RECV's message, an ALLREDUCE's every bucket?
+bool Executor::arrived(const Action& a) {
+  if (a.kind != Kind::ALLREDUCE) return p2p_->test(receive_ticket(a));
+  Chunk& c = chunk(a.pipeline, a.stage);
+  return !c.grad_sync || c.synced || c.grad_sync->test();
+}
+
+// Arrival is tested between units, so the wait ends when the data comes; what the filler learns
 // is when it came (bubble_filler.hpp: exact when waited for, else a lower bound).
 void Executor::fill_wait(const StepRun& r, size_t i) {
   BubbleFiller& f = *r.filler;
-  const comm::Ticket ticket = receive_ticket(r.list[i]);
   const int64_t start = comm::steady_now_ns();
-  int64_t not_yet = 0;  // ns into the wait at the last test that found no message
-  bool filled = false;
+  int64_t not_yet = 0;  // ns into the wait at the last test that found nothing
+  bool filled = false, came = false;
   for (;;) {
     const int64_t now = comm::steady_now_ns();
-    if (p2p_->test(ticket)) {
-      f.waited(i, not_yet, filled);
-      if (r.times) (*r.times)[i] = {now, now, 0};
-      return;
-    }
+    if ((came = arrived(r.list[i]))) break;
     not_yet = now - start;
     const std::optional<size_t> unit = f.next_for_wait(i, not_yet);
     if (!unit) break;
-    f.ran(run_timed(r, *unit), true);
+    f.ran(*unit, run_timed(r, *unit), true);
     if (r.times) (*r.times)[*unit].in_wait_of = static_cast<int64_t>(i);
     filled = true;
   }
-  const int64_t t0 = comm::steady_now_ns();
-  p2p_->wait(ticket);
-  const int64_t t1 = comm::steady_now_ns();
-  f.waited(i, t1 - start, filled);
-  if (r.times) (*r.times)[i] = {t0, t1, 0};
+  if (came && r.list[i].kind != Kind::ALLREDUCE) {  // the test completed the receive
+    const int64_t now = comm::steady_now_ns();
+    if (r.times) (*r.times)[i] = {now, now, 0};
+  } else {
+    run_timed(r, i);  // the receive's wait, or the all-reduce's (at least its unpacking)
+  }
+  f.waited(i, came ? not_yet : comm::steady_now_ns() - start, filled);
 }
 
 }  // namespace pf

@@ -70,14 +70,14 @@ struct TimelineGeometry {
 };
 
 // What the legend lists: the kinds drawn, whether any box is of the up pipeline, and whether any
-// K-FAC unit is marked as run in a receive's wait (measured, kfac.placement = adaptive).
+// K-FAC unit is marked as run in a wait (measured, kfac.placement = adaptive).
 struct DrawnKinds {
   std::set<int> kinds;
   bool up = false;
   bool in_wait = false;
 };
 
-// The mark under a unit that ran in a receive's wait: a bar in the send/receive lane.
+// The mark under a unit that ran in a wait (a receive's, an all-reduce's): a bar in the send/receive lane.
 constexpr std::string_view kInWaitColor = "#E69F00";
 
 std::string timeline_summary(const Timeline& tl, const SvgOptions& opt) {
@@ -217,7 +217,7 @@ double draw_legend(std::string& o, const TimelineGeometry& g, const DrawnKinds& 
     if (labels.insert(st.label).second) entry(st.color, st.label, false);
   }
   if (drawn.up) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
-  if (drawn.in_wait) entry(kInWaitColor, "K-FAC unit run in a receive's wait (lane)", false);
+  if (drawn.in_wait) entry(kInWaitColor, "K-FAC unit run in a wait (lane)", false);
   return y;
 }
 

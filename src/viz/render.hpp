@@ -9,8 +9,8 @@
 //                  "compute" thread (forward, backward, optimizer, K-FAC compute) and a
 //                  "communication" thread (send/recv, all-reduce, curvature sync, broadcasts);
 //                  several steps in one file, each marked on a "steps" track, K-FAC units named
-//                  by their layer's name when given; a unit run in a receive's wait has the
-//                  receive's action in args.in_wait_of
+//                  by their layer's name when given; a unit run in a wait has the awaited
+//                  receive or all-reduce in args.in_wait_of
 //   timeline_text  a terminal rendering, one line per device
 // Files are written by the caller through core/files.hpp (write_output).
 #include "schedule/schedule.hpp"
