@@ -118,23 +118,23 @@ bool BubbleFiller::room_later(size_t q, size_t i, double room_ns) const {
   return false;
 }
 
-std::optional<size_t> BubbleFiller::next_for_wait(size_t i, int64_t waited_ns) const {
+std::optional<WaitPick> BubbleFiller::next_for_wait(size_t i, int64_t waited_ns) const {
   const std::optional<double> wait = predicted(wait_ns_, wait_key((*list_)[i]));
-  std::optional<size_t> last_chance;
+  std::optional<WaitPick> best_wait;
   for (size_t q = open_; q < queue_.size(); ++q) {
     if (!ready(q, i)) continue;
     const size_t u = queue_[q];
     const std::optional<double> unit = predicted(unit_ns_, unit_key((*list_)[u]));
     // Nothing seen yet: the plan's own choice, the units it placed before this wait.
     if (!wait || !unit) {
-      if (u < i) return u;
+      if (u < i) return WaitPick{u, true};
       continue;
     }
     const double room = *wait - static_cast<double>(waited_ns);
-    if (*unit * (1 + kMargin) <= room) return u;
-    if (!last_chance && due_at_pass(q) && !room_later(q, i, std::max(room, 0.0))) last_chance = u;
+    if (*unit * (1 + kMargin) <= room) return WaitPick{u, true};
+    if (!best_wait && due_at_pass(q) && !room_later(q, i, std::max(room, 0.0))) best_wait = WaitPick{u, false};
   }
-  return last_chance;
+  return best_wait;
 }
 
 void BubbleFiller::ran(size_t u, int64_t ns, bool in_wait) {
@@ -146,10 +146,14 @@ void BubbleFiller::ran(size_t u, int64_t ns, bool in_wait) {
   ++(in_wait ? stats_.in_wait : stats_.at_deadline);
 }
 
-// A unit that overran its wait leaves a lower bound (bubble_filler.hpp): it keeps the prediction
-// from growing on its own overruns.
-void BubbleFiller::waited(size_t i, int64_t ns, bool filled) {
-  average_into(wait_ns_, wait_key((*list_)[i]), static_cast<double>(ns));
+// A unit that overran its wait leaves a lower bound (bubble_filler.hpp): averaged in, it keeps
+// the prediction from growing on a fitting unit's overruns and lets it shrink when the waits do.
+// A unit started in its best wait overruns by design: its lower bound only ever raises the
+// prediction, so that the waits' units that fit keep their room.
+void BubbleFiller::waited(size_t i, int64_t ns, bool filled, bool overran) {
+  const Key k = wait_key((*list_)[i]);
+  const std::optional<double> before = predicted(wait_ns_, k);
+  if (!overran || !before || static_cast<double>(ns) > *before) average_into(wait_ns_, k, static_cast<double>(ns));
   stats_.waits_filled += filled;
 }
 

@@ -48,6 +48,13 @@ struct FillerStats {
   int64_t waits_filled = 0; // waits in which at least one unit ran
 };
 
+// A unit handed to a wait: predicted to end before the data comes (fits), or started in its
+// best wait though it will not.
+struct WaitPick {
+  size_t unit = 0;  // its action index
+  bool fits = true;
+};
+
 class BubbleFiller {
  public:
   // The actions whose waits units may fill: a receive, a gradient all-reduce.
@@ -62,12 +69,13 @@ class BubbleFiller {
 
   // In the wait of action i, `waited_ns` into it: a unit to run there, if one is ready and fits
   // (the first in queue order), else one for which no later wait is better.
-  std::optional<size_t> next_for_wait(size_t i, int64_t waited_ns) const;
+  std::optional<WaitPick> next_for_wait(size_t i, int64_t waited_ns) const;
   // Unit (action index) u ran, taking `ns`; in_wait says where (a wait, or its deadline).
   void ran(size_t u, int64_t ns, bool in_wait);
-  // The wait of action i ended: its message came `ns` after the wait began (exactly, when it was
-  // waited for; else a lower bound: the start of the unit during which it came). filled: units ran.
-  void waited(size_t i, int64_t ns, bool filled);
+  // The wait of action i ended: its data came `ns` after the wait began (exactly, when it was
+  // waited for; else a lower bound: the start of the unit during which it came). filled: units
+  // ran; overran: the data came during a unit that was not predicted to fit.
+  void waited(size_t i, int64_t ns, bool filled, bool overran = false);
 
   const FillerStats& stats() const { return stats_; }
 

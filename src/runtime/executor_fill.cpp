@@ -40,16 +40,17 @@ void Executor::fill_wait(const StepRun& r, size_t i) {
   BubbleFiller& f = *r.filler;
   const int64_t start = comm::steady_now_ns();
   int64_t not_yet = 0;  // ns into the wait at the last test that found nothing
-  bool filled = false, came = false;
+  bool filled = false, came = false, fits = true;  // fits: the last unit was predicted to
   for (;;) {
     const int64_t now = comm::steady_now_ns();
     if ((came = arrived(r.list[i]))) break;
     not_yet = now - start;
-    const std::optional<size_t> unit = f.next_for_wait(i, not_yet);
-    if (!unit) break;
-    f.ran(*unit, run_timed(r, *unit), true);
-    if (r.times) (*r.times)[*unit].in_wait_of = static_cast<int64_t>(i);
+    const std::optional<WaitPick> pick = f.next_for_wait(i, not_yet);
+    if (!pick) break;
+    f.ran(pick->unit, run_timed(r, pick->unit), true);
+    if (r.times) (*r.times)[pick->unit].in_wait_of = static_cast<int64_t>(i);
     filled = true;
+    fits = pick->fits;
   }
   if (came && r.list[i].kind != Kind::ALLREDUCE) {  // the test completed the receive
     const int64_t now = comm::steady_now_ns();
@@ -57,7 +58,7 @@ void Executor::fill_wait(const StepRun& r, size_t i) {
   } else {
     run_timed(r, i);  // the receive's wait, or the all-reduce's (at least its unpacking)
   }
-  f.waited(i, came ? not_yet : comm::steady_now_ns() - start, filled);
+  f.waited(i, came ? not_yet : comm::steady_now_ns() - start, filled, came && filled && !fits);
 }
 
 }  // namespace pf
