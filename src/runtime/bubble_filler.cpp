@@ -46,16 +46,16 @@ void BubbleFiller::begin(const std::vector<Action>& list) {
   list_ = &list;
   floating_.assign(list.size(), -1);
   queue_.clear();
-  for (size_t i = 0; i < list.size(); ++i)
+  waits_.clear();
+  for (size_t i = 0; i < list.size(); ++i) {
     if (is_curvature(list[i].kind) || is_inversion(list[i].kind)) {
       floating_[i] = static_cast<int>(queue_.size());
       queue_.push_back(i);
     }
+    if (is_wait(list[i].kind)) waits_.push_back(i);
+  }
   ran_.assign(queue_.size(), false);
   open_ = 0;
-  waits_.clear();
-  for (size_t i = 0; i < list.size(); ++i)
-    if (is_wait(list[i].kind)) waits_.push_back(i);
   set_windows(list);
 }
 

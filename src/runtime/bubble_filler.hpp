@@ -8,7 +8,8 @@
 //   - in a wait: a RECV whose message has not arrived, or an ALLREDUCE whose buckets are still
 //     being summed, when it is predicted to finish before the data comes (each unit's and each
 //     wait's running profile, updated every step); arrival is tested between units, so a wait
-//     ends when its data comes, not when a unit does;
+//     ends when its data comes, not when a unit does (MPI advances a collective only inside MPI
+//     calls: a unit in an all-reduce's wait can hold the copies' sum until it ends);
 //   - in its best wait: a unit due before a pass (which its deadline would delay by the whole
 //     unit) that fits no wait starts in one with no later wait of its window predicted to have
 //     more room, delaying that pass only by its overrun (units that fit come first; a unit due
