@@ -147,15 +147,24 @@ int mode_allreduce(const World& w, size_t bucket_bytes) {
     spans.emplace_back(bufs[b]);
   }
   BucketedAllReduce ar(MPI_COMM_WORLD, spans, bucket_bytes);
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < 3; ++step) {
     for (size_t b = 0; b < sizes.size(); ++b)
       for (size_t j = 0; j < sizes[b]; ++j) bufs[b][j] = int_value(w.rank(), b, j) + step;
     if (step == 0) {
       ar.start();
-    } else {  // as backward would: last buffers first, progress in between
+    } else if (step == 1) {  // as backward would: last buffers first, progress in between
       for (size_t b = sizes.size(); b-- > 0;) {
         ar.ready(b);
         ar.progress();
+      }
+    } else {  // as the adaptive filler does: test between units until every bucket is summed
+      for (size_t b = sizes.size(); b-- > 1;) ar.ready(b);
+      if (ar.test()) {
+        fail(fmt::format("rank {}: test() says done with buffer 0 not ready", w.rank()));
+        return 1;
+      }
+      ar.ready(0);
+      while (!ar.test()) {
       }
     }
     ar.wait();
