@@ -40,7 +40,7 @@ void Executor::fill_wait(const StepRun& r, size_t i) {
   BubbleFiller& f = *r.filler;
   const int64_t start = comm::steady_now_ns();
   int64_t not_yet = 0;  // ns into the wait at the last test that found nothing
-  bool filled = false, came = false, fits = true;  // fits: the last unit was predicted to
+  bool filled = false, came = false, fits = true;  // fits: the last unit was predicted to end in time
   for (;;) {
     const int64_t now = comm::steady_now_ns();
     if ((came = arrived(r.list[i]))) break;
