@@ -10,6 +10,7 @@ study.py and `pipefisher report` read from it: the arguments, the exit status, o
 (step, training loss to 8 significant digits, step_time_s to 0.1 ms, validation loss where
 measured) and the language-model loss of the final weights over the whole held-out split with its
 standard error over the micro-batches (the number study.py compares with the unigram entropy;
+the next-sentence loss beside it, `nsp_loss`, zero without next-sentence prediction;
 `pipefisher eval`, computed once here while the weights exist), and each micro-batch's share of
 that loss (`eval --per-batch`), so that study.py can pair two runs' losses over the same batches. Restoring writes status, args, log.jsonl and lm_loss into RUN_DIR, so a study that
 spans several machines or sessions resumes from its records: tune.sh keeps a restored run as done.
@@ -54,7 +55,7 @@ def save(run_dir, record, binary):
     j = final_eval(binary, run_dir)
     rec = {"format": "pipefisher-study-record", "args": open(f"{run_dir}/args").read().strip(),
            "status": int(open(f"{run_dir}/status").read()), "lm_loss": j["lm_loss"], "lm_loss_se": j["lm_loss_se"],
-           "columns": COLUMNS}
+           "nsp_loss": j["loss"] - j["lm_loss"], "columns": COLUMNS}
     if "lm_shares" in j:
         rec.update(lm_shares=j["lm_shares"], batch_positions=j["batch_positions"])
     rec["rows"] = rows
