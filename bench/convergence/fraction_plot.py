@@ -6,9 +6,12 @@ time).
 
     bench/convergence/fraction_plot.py OUT.svg STUDY_DIR...
 
-Prints the table it draws. A study whose seeds do not all reach the target has no mean: its
-reached seeds are drawn as hollow marks and the table says how many reached it. Error bars span
-the seeds' minimum to maximum.
+Prints the table it draws. One row per study (tokens per step, upward), the fraction along the
+horizontal axis. Every seed is drawn: a filled mark where it reached the target, an open mark in
+the "not reached" column at the plot's right edge where it never did; the tuning seed (the one
+that chose the settings: summary.json's tuning_seed, else seed 1, which tune.sh's grids run) as a
+diamond, the test seeds as circles. A study whose seeds all reached the target also shows their
+mean (a tick) and range (a line); one whose seeds did not all reach it has no mean.
 """
 import json
 import math
@@ -17,8 +20,9 @@ import statistics
 import sys
 
 PAPER = {"tokens_per_step": 8192 * 128, "steps_fraction": 0.420, "time_fraction": 0.487}
-W, H, L, R, T, B = 640, 400, 70, 170, 40, 60  # size and margins (px)
-SERIES = (("steps_fraction", "steps", "#1f77b4", -4), ("time_fraction", "time", "#d62728", 4))
+W, H, L, R, T, B = 720, 420, 90, 190, 56, 56  # size and margins (px)
+NR = 64  # the "not reached" column at the plot's right edge (px)
+SERIES = (("steps_fraction", "steps", "#1f77b4", -5), ("time_fraction", "time", "#d62728", 5))
 
 
 def load(dirs):
@@ -31,47 +35,81 @@ def load(dirs):
 
 
 def scales(studies):
-    xs = [math.log2(s["tokens_per_step"]) for s in studies] + [math.log2(PAPER["tokens_per_step"])]
-    x0, x1 = math.floor(min(xs)) - 0.5, math.ceil(max(xs)) + 0.5
-    ys = [v for s in studies for k, *_ in SERIES for v in s[k + "_per_seed"] if v is not None] + [0, 1.3]
-    y1 = math.ceil(max(ys) * 5) / 5
-    return (lambda x: L + (math.log2(x) - x0) / (x1 - x0) * (W - L - R)), (lambda y: H - B - y / y1 * (H - T - B)), x0, x1, y1
+    ys = [math.log2(s["tokens_per_step"]) for s in studies] + [math.log2(PAPER["tokens_per_step"])]
+    y0, y1 = math.floor(min(ys)) - 0.8, math.ceil(max(ys)) + 0.8
+    xs = [v for s in studies for k, *_ in SERIES for v in s[k + "_per_seed"] if v is not None] + [1.2]
+    x1 = math.ceil(max(xs) * 5) / 5
+    right = W - R - NR  # the fraction axis ends here; the not-reached column follows
+    return ((lambda x: L + x / x1 * (right - L)), (lambda t: H - B - (math.log2(t) - y0) / (y1 - y0) * (H - T - B)),
+            x1, right)
 
 
-def axes(px, py, x0, x1, y1):
-    out = [f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
+def mark(x, y, colour, diamond, filled):
+    fill = colour if filled else "white"
+    if diamond:
+        return (f'<polygon points="{x:.1f},{y - 4.5:.1f} {x + 4.5:.1f},{y:.1f} {x:.1f},{y + 4.5:.1f} {x - 4.5:.1f},{y:.1f}" '
+                f'fill="{fill}" stroke="{colour}" stroke-width="1.3"/>')
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{fill}" stroke="{colour}" stroke-width="1.3"/>'
+
+
+def axes(studies, px, py, x1, right):
+    out = [f'<line x1="{L}" y1="{H - B}" x2="{right}" y2="{H - B}" stroke="black"/>',
            f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
-           f'<line x1="{L}" y1="{py(1):.1f}" x2="{W - R}" y2="{py(1):.1f}" stroke="#888" stroke-dasharray="4 3"/>',
-           f'<text x="{W - R + 4}" y="{py(1) + 4:.1f}" font-size="11">NVLAMB = 1</text>']
-    for e in range(math.ceil(x0), math.floor(x1) + 1, 2):
-        out.append(f'<text x="{px(2 ** e):.1f}" y="{H - B + 16}" font-size="11" text-anchor="middle">{2 ** e:,}</text>')
-    for k in range(0, int(y1 * 5) + 1):
-        y = k / 5
-        out.append(f'<text x="{L - 6}" y="{py(y) + 4:.1f}" font-size="11" text-anchor="end">{100 * y:.0f}%</text>')
-    out.append(f'<text x="{(L + W - R) / 2}" y="{H - 18}" font-size="12" text-anchor="middle">tokens per step</text>')
+           f'<rect x="{right + 6}" y="{T}" width="{NR - 6}" height="{H - T - B}" fill="#f4f4f4" stroke="#bbb"/>',
+           f'<text x="{right + NR / 2 + 3:.1f}" y="{T - 6}" font-size="11" text-anchor="middle">not reached</text>',
+           f'<line x1="{px(1):.1f}" y1="{T}" x2="{px(1):.1f}" y2="{H - B}" stroke="#888" stroke-dasharray="4 3"/>',
+           f'<text x="{px(1):.1f}" y="{T - 6}" font-size="11" text-anchor="middle">NVLAMB = 1</text>']
+    for k in range(0, int(round(x1 * 5)) + 1):
+        x = px(k / 5)
+        out.append(f'<text x="{x:.1f}" y="{H - B + 16}" font-size="11" text-anchor="middle">{20 * k}%</text>')
+    rows = sorted({s["tokens_per_step"] for s in studies} | {PAPER["tokens_per_step"]})
+    for t in rows:
+        out.append(f'<line x1="{L}" y1="{py(t):.1f}" x2="{right + NR}" y2="{py(t):.1f}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{L - 6}" y="{py(t) + 4:.1f}" font-size="11" text-anchor="end">{t:,}</text>')
+    out.append(f'<text x="{(L + right) / 2:.1f}" y="{H - 16}" font-size="12" text-anchor="middle">'
+               f"K-FAC / NVLAMB to NVLAMB's final validation loss (same seed)</text>")
     out.append(f'<text x="16" y="{(T + H - B) / 2}" font-size="12" text-anchor="middle" '
-               f'transform="rotate(-90 16 {(T + H - B) / 2})">K-FAC / NVLAMB to NVLAMB\'s final validation loss</text>')
+               f'transform="rotate(-90 16 {(T + H - B) / 2})">tokens per step</text>')
     return out
 
 
-def marks(studies, px, py):
+def marks(studies, px, py, right):
     out = []
-    for key, label, colour, dx in SERIES:
+    for key, label, colour, dy in SERIES:
         for s in studies:
-            x = px(s["tokens_per_step"]) + dx
-            seeds = [v for v in s[key + "_per_seed"] if v is not None]
-            if seeds:
-                out.append(f'<line x1="{x:.1f}" y1="{py(min(seeds)):.1f}" x2="{x:.1f}" y2="{py(max(seeds)):.1f}" stroke="{colour}"/>')
+            y = py(s["tokens_per_step"]) + dy
+            seeds = s.get("seeds") or list(range(1, len(s[key + "_per_seed"]) + 1))
+            tuning = s.get("tuning_seed", 1)
+            values = list(zip(seeds, s[key + "_per_seed"]))
+            reached = [v for _, v in values if v is not None]
+            if s[key] is not None and len(reached) > 1:  # every seed reached: their range and mean
+                out.append(f'<line x1="{px(min(reached)):.1f}" y1="{y:.1f}" x2="{px(max(reached)):.1f}" y2="{y:.1f}" '
+                           f'stroke="{colour}" stroke-width="1.5"/>')
             if s[key] is not None:
-                out.append(f'<circle cx="{x:.1f}" cy="{py(s[key]):.1f}" r="4" fill="{colour}"/>')
-            else:
-                out += [f'<circle cx="{x:.1f}" cy="{py(v):.1f}" r="3" fill="white" stroke="{colour}"/>' for v in seeds]
-        out.append(f'<rect x="{px(PAPER["tokens_per_step"]) + dx - 4:.1f}" y="{py(PAPER[key]) - 4:.1f}" width="8" height="8" fill="{colour}"/>')
-    y = T + 10
-    for key, label, colour, _ in SERIES:
-        out.append(f'<circle cx="{W - R + 12}" cy="{y}" r="4" fill="{colour}"/><text x="{W - R + 20}" y="{y + 4}" font-size="11">{label} (ours, seeds)</text>')
-        y += 16
-    out.append(f'<rect x="{W - R + 8}" y="{y - 4}" width="8" height="8" fill="#555"/><text x="{W - R + 20}" y="{y + 4}" font-size="11">paper, Figure 7</text>')
+                out.append(f'<line x1="{px(s[key]):.1f}" y1="{y - 6:.1f}" x2="{px(s[key]):.1f}" y2="{y + 6:.1f}" '
+                           f'stroke="{colour}" stroke-width="2"/>')
+            unreached = [seed for seed, v in values if v is None]
+            for seed, v in values:
+                if v is not None:
+                    out.append(mark(px(v), y, colour, seed == tuning, True))
+                else:  # at the plot's right edge, side by side when several
+                    i = unreached.index(seed)
+                    x = right + 6 + (NR - 6) / 2 + (i - (len(unreached) - 1) / 2) * 10
+                    out.append(mark(x, y, colour, seed == tuning, False))
+        p = PAPER
+        out.append(f'<rect x="{px(p[key]) - 4:.1f}" y="{py(p["tokens_per_step"]) + dy - 4:.1f}" width="8" height="8" fill="{colour}"/>')
+    x, y = W - R + 14, T + 4
+    legend = [(mark(x, y, SERIES[0][2], False, True), "steps fraction"),
+              (mark(x, y, SERIES[1][2], False, True), "time fraction"),
+              (mark(x, y, "#555", False, True), "test seed"),
+              (mark(x, y, "#555", True, True), "tuning seed"),
+              (mark(x, y, "#555", False, False), "not reached (right edge)"),
+              (f'<line x1="{x}" y1="{y - 6}" x2="{x}" y2="{y + 6}" stroke="#555" stroke-width="2"/>', "mean, all seeds reached"),
+              (f'<rect x="{x - 4}" y="{y - 4}" width="8" height="8" fill="#555"/>', "paper, Figure 7")]
+    for i, (shape, text) in enumerate(legend):
+        dy = 18 * i
+        out.append(f'<g transform="translate(0 {dy})">{shape}</g>'
+                   f'<text x="{x + 10}" y="{y + dy + 4}" font-size="11">{text}</text>')
     return out
 
 
@@ -82,7 +120,8 @@ def table(studies):
         if s[key] is not None:
             sd = statistics.stdev(reached) if len(reached) > 1 else 0.0
             return f"{100 * s[key]:.1f}% ± {100 * sd:.1f}"
-        return f"not reached by {len(seeds) - len(reached)} of {len(seeds)} seeds"
+        others = f" (the others: {', '.join(f'{100 * v:.1f}%' for v in reached)})" if reached else ""
+        return f"not reached by {len(seeds) - len(reached)} of {len(seeds)} seeds{others}"
     rows = ["| study | model | tokens per step | steps | time |", "|---|---|---|---|---|"]
     rows += [f"| {s['name']} | {s['model']} | {s['tokens_per_step']:,} | {cell(s, 'steps_fraction')} | {cell(s, 'time_fraction')} |"
              for s in studies]
@@ -94,8 +133,8 @@ def main():
     if len(sys.argv) < 3:
         sys.exit("usage: fraction_plot.py OUT.svg STUDY_DIR...")
     studies = load(sys.argv[2:])
-    px, py, x0, x1, y1 = scales(studies)
-    body = axes(px, py, x0, x1, y1) + marks(studies, px, py)
+    px, py, x1, right = scales(studies)
+    body = axes(studies, px, py, x1, right) + marks(studies, px, py, right)
     title = "K-FAC with PipeFisher against the tuned NVLAMB: fraction of NVLAMB's steps and time"
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">'
            f'<rect width="{W}" height="{H}" fill="white"/><text x="{W / 2}" y="22" font-size="13" text-anchor="middle">{title}</text>'
