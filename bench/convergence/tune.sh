@@ -34,7 +34,10 @@
 # Environment: MODEL STEPS SEQ MB MBS RANKS THREADS RECORD_RANKS RECORD_STEPS RECORD_ONLY SCHEDULE LRS WARMUP_RATIOS SEEDS NSP DAMPING EVAL_EVERY
 # EVAL_BATCHES PROFILE_STEPS TRAIN_FILE VALID_FILE (token files; default: the config's corpus);
 # KFAC_EVAL_EVERY (K-FAC's runs validate this often: the crossing's resolution; default EVAL_EVERY);
-# STEP_TIMES (bench/pipefisher.sh's CSV: time = steps x its step times at this shape; see study.py);
+# STEP_TIMES (bench/pipefisher.sh's CSV, its median round, or a direct run's out-dir, its mean step
+# times: time = steps x the step ratio at this shape; see study.py);
+# BUDGET_FRACTION (f: K-FAC's best also runs once per seed with its whole schedule shortened to
+# round(f x STEPS) steps and round(f x warm-up), named ...-fF-sSEED);
 # DAMPINGS (K-FAC's grid also over these dampings; default DAMPING alone) and OPTIMIZERS (the
 # grid's optimizers, default "nvlamb kfac"; with one of them the script stops after its grid, so
 # NVLAMB's grid can run before K-FAC's runs are ready and both resume into the same out-dir).
@@ -220,14 +223,31 @@ done
 python3 "$root/bench/convergence/study.py" grid "$out" "$steps" "$lrs" "$ratios" "$dampings" "$damping"
 
 echo "== seeds {$seeds} of each best setting"
+best_of() {  # optimizer -> "lr warm-up damping" of its best setting
+  python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'], b['damping'] or '$damping')" "$out/best.json" "$1"
+}
 for opt in ${SEED_OPTIMIZERS:-nvlamb kfac}; do
-  read -r lr w d < <(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'], b['damping'] or '$damping')" "$out/best.json" "$opt")
+  read -r lr w d < <(best_of "$opt")
   for s in $seeds; do
     [[ $s == 1 ]] && continue  # the grid ran seed 1
     optim_args "$opt" "$lr" "$w" "$s" "$d"
     train "$(run_name "$opt" "$lr" "$w" "$s" "$d")" "${args[@]}"
   done
 done
+# Budget-matched K-FAC: the best's whole schedule shortened to BUDGET_FRACTION of the steps (its
+# warm-up and decay with it), once per seed, read against NVLAMB's full run of the same seed.
+if [[ -n ${BUDGET_FRACTION:-} && ${SEED_OPTIMIZERS:-kfac} == *kfac* ]]; then
+  read -r lr w d < <(best_of kfac)
+  bsteps=$(python3 -c "print(round($BUDGET_FRACTION * $steps))")
+  bw=$(python3 -c "print(round($BUDGET_FRACTION * $w))")
+  echo "== budget-matched K-FAC: $bsteps of $steps steps, warm-up $bw, seeds {$seeds}"
+  for s in $seeds; do
+    [[ $s == 1 ]] && continue
+    optim_args kfac "$lr" "$bw" "$s" "$d"
+    name=$(run_name kfac "$lr" "$bw" "$s" "$d")
+    train "${name%-s"$s"}-f$BUDGET_FRACTION-s$s" "${args[@]}" --set train.steps="$bsteps"
+  done
+fi
 [[ -z ${SEED_OPTIMIZERS:-} ]] || { echo "tune.sh: seeds of $SEED_OPTIMIZERS done (SEED_OPTIMIZERS); run without it for the summary"; exit 0; }
 
 # Targets, crossings, tables, Figure 7, summary.json.

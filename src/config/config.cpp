@@ -247,6 +247,7 @@ void fill_unset(Config& c, const Reader& r) {
   if (d.train_file.empty()) d.train_file = find_data("corpus/train." + name_of(d.vocab) + ".bin");
   if (d.valid_file.empty()) d.valid_file = find_data("corpus/valid." + name_of(d.vocab) + ".bin");
   m.nsp = d.nsp;
+  m.mask_prob = d.mask_prob;
   // One stage has no bubbles: there K-FAC's default placement is inline (a pipeline's is
   // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
   // change with the layout.
@@ -486,6 +487,16 @@ std::string Config::to_toml() const {
 }
 
 Gelu gelu_of(const ModelConfig& m) { return m.gelu.value_or(m.arch == Arch::Gpt ? Gelu::Tanh : Gelu::Erf); }
+
+int masked_per_sequence(int seq_len, float mask_prob) {
+  const int body = seq_len - 2;
+  return std::clamp(static_cast<int>(std::lround(mask_prob * body)), 1, body);
+}
+
+int labelled_per_sequence(const ModelConfig& model, int seq_len) {
+  if (model.arch == Arch::Gpt) return seq_len;
+  return masked_per_sequence(model.nsp ? seq_len - 1 : seq_len, model.mask_prob);
+}
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> keys;

@@ -32,6 +32,9 @@ struct ModelConfig {
   // Not a key: data.nsp, copied here by the loader (BERT's head then trains its pooler and
   // next-sentence classifier; they exist, and are saved, either way).
   bool nsp = false;
+  // Not a key either: data.mask_prob, copied by the loader (BERT's head holds the logits of its
+  // masked tokens only: labelled_per_sequence).
+  float mask_prob = 0.15f;
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -222,6 +225,12 @@ std::vector<std::string> config_warnings(const Config& c);
 
 // The GELU a model computes: model.gelu, else its architecture's own (gpt: tanh, bert: erf).
 Gelu gelu_of(const ModelConfig& m);
+
+// The positions of a sequence whose token is predicted (labels >= 0): gpt every one; bert
+// round(mask_prob * (T-2)), at least one; with NSP at most round(mask_prob * (T-3)) (a short pair
+// has fewer). What the head's work, its logits, and so the model's FLOPs scale with.
+int masked_per_sequence(int seq_len, float mask_prob);
+int labelled_per_sequence(const ModelConfig& model, int seq_len);
 
 // Fills model sizes for a named preset; throws UsageError("model.preset: ...") for an unknown one.
 void apply_model_preset(ModelConfig& m, const std::string& preset);

@@ -106,8 +106,10 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
     if (in_flight(cfg) > 1) t.kfac += W * 4 * in_flight(cfg) * N * L * (10 * C + 2 * F);
   }
   // make_state of each block for one micro-batch of B sequences of S tokens: per block eight
-  // (N, C) tensors, two (N, F), the attention probabilities (B, H, S, S); the head's logits (N, V).
-  const double acts = N * C + L * (8 * N * C + 2 * N * F + B * H * S * S) + (bert ? 4 : 2) * N * C + N * V + 2 * N * C;
+  // (N, C) tensors, two (N, F), the attention probabilities (B, H, S, S); the head's logits (M, V)
+  // of its M labelled rows (BERT: the masked ones).
+  const double M = B * labelled_per_sequence(m, m.seq_len);
+  const double acts = N * C + L * (8 * N * C + 2 * N * F + B * H * S * S) + (bert ? 4 : 2) * N * C + M * V + 2 * N * C;
   t.acts = W * 4 * acts * in_flight(cfg);
   // The host's share of the job; stacks are per process.
   const double share = static_cast<double>(local_ranks) / std::max(1, world_ranks);

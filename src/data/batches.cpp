@@ -141,15 +141,6 @@ void BertMlmBatcher::fill(int64_t first_sequence, int rows, MicroBatch& out) {
   std::fill(out.nsp_labels.begin(), out.nsp_labels.end(), -1);
 }
 
-int masked_per_sequence(int seq_len, float mask_prob) {
-  const int body = seq_len - 2;
-  return std::clamp(static_cast<int>(std::lround(mask_prob * body)), 1, body);
-}
-
-double labelled_per_sequence(const ModelConfig& model, const DataConfig& data) {
-  if (model.arch == Arch::Gpt) return model.seq_len;
-  return masked_per_sequence(data.nsp ? model.seq_len - 1 : model.seq_len, data.mask_prob);
-}
 
 std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig& data, bool validation) {
   const std::string key = validation ? "data.valid_file" : "data.train_file";

@@ -70,12 +70,6 @@ class WindowOrder {
   std::vector<int64_t> perm_;    // sized once
 };
 
-// The positions of a sequence whose token is predicted (labels >= 0): gpt every one; bert
-// round(mask_prob * (T-2)), at least one; with NSP at most round(mask_prob * (T-3)) (a short pair
-// has fewer). What the head's work, and so the model's FLOPs, scale with.
-int masked_per_sequence(int seq_len, float mask_prob);
-double labelled_per_sequence(const ModelConfig& model, const DataConfig& data);
-
 class Batcher {
  public:
   virtual ~Batcher() = default;

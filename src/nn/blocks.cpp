@@ -229,7 +229,8 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, Backwar
   if (bert_) st->t = Tensor({N, C}), st->g = Tensor({N, C});
   st->mean = Tensor({N});
   st->rstd = Tensor({N});
-  st->logits = Tensor({N, V});
+  // Logits of the labelled rows only (BERT: the masked ones), not N x V.
+  st->logits = Tensor({static_cast<int64_t>(max_rows) * labelled_per_sequence(cfg_, seq), V});
   st->loss = Tensor({N});
   if (bert_) {
     const int64_t R = max_rows;
@@ -275,6 +276,8 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
     hin = st.g.data();
   }
   ln_->forward(st.h.data(), st.mean.data(), st.rstd.data(), hin, M);
+  // A micro-batch labelled more densely than the data's masking (a test's, a caller's) grows them once.
+  if (st.logits.numel() < M * V) st.logits = Tensor({M, V});
   decoder_->forward(mb.index, st.h.data(), M, st.logits.data());
   softmax_cross_entropy_forward(st.logits.data(), st.loss.data(), st.labels.data(), M, V);
   double sum = 0;

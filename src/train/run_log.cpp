@@ -234,7 +234,7 @@ std::unique_ptr<RunLog> open_run_outputs(const Config& cfg, int64_t resume_step,
   write_output({out + "/config.toml", "train.out_dir"}, cfg.to_toml());
   std::vector<OutputFile> logs{{out + "/log.jsonl", "train.out_dir"}};
   if (!cfg.train.log_json.empty()) logs.push_back({cfg.train.log_json, "train.log_json", true});
-  const Throughput throughput{model_flops_per_token(cfg.model, labelled_per_sequence(cfg.model, cfg.data)), sgemm_peak()};
+  const Throughput throughput{model_flops_per_token(cfg.model, labelled_per_sequence(cfg.model, cfg.model.seq_len)), sgemm_peak()};
   const RunLogOptions o{cfg.train.steps, cfg.train.log_every, kfac_metrics, resume_step, throughput};
   auto log = std::make_unique<RunLog>(o, std::move(logs), OutputFile{out + "/metrics.csv", "train.out_dir"});
   std::fflush(stdout);  // the machine line first, then what may not be meant
