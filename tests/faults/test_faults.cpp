@@ -244,8 +244,8 @@ TEST(Kills, RankKilledWhenTheOomKillerRanSaysOutOfMemory) {
 // the job, is not blamed for dying when mpirun continues the stopped rank to end it.
 TEST(Kills, StoppedRankIsNamedNotItsNeighbour) {
   tiny_config(dir());
-  const fs::path ck = dir() / "stop-ckpt";
-  Job job(rankpid_cmd("stop", ck, "PF_COMM_TIMEOUT=3", ""));
+  const fs::path ck = dir() / "stopped-rank-ckpt";
+  Job job(rankpid_cmd("stopped-rank", ck, "PF_COMM_TIMEOUT=3", ""));
   const auto [pid0, victim] = rank_pids(job);
   ASSERT_GT(pid0, 0) << job.out;
   ASSERT_GT(victim, 0) << job.out;
