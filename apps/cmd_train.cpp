@@ -39,10 +39,11 @@ bool set_on_command_line(const std::vector<std::string>& sets, const std::string
   return false;
 }
 
-// --resume of a run directory continues it where it now is (run_dir.hpp's relocate_run), when the
-// configuration is the run's own and no --set names another train.out_dir.
-void relocate_resumed_run(const TrainArgs& a, const std::string& config, pf::Config& cfg) {
-  const std::string run = pf::run_dir_of_resume(a.resume);
+// A run continued through its own config.toml (--resume RUN, or --config RUN/config.toml) continues
+// it where it now is (run_dir.hpp's relocate_run): a copy of a run never writes into the
+// original. Not when a --set names another train.out_dir.
+void relocate_own_run(const TrainArgs& a, const std::string& config, pf::Config& cfg) {
+  const std::string run = a.resume.empty() ? pf::run_dir_of_config(config) : pf::run_dir_of_resume(a.resume);
   std::error_code ec;
   if (run.empty() || set_on_command_line(a.sets, "train.out_dir") ||
       !std::filesystem::equivalent(config, std::filesystem::path(run) / "config.toml", ec))
@@ -59,7 +60,7 @@ int run_train(const TrainArgs& a) {
   // A resumed run continues its own configuration (the config.toml beside its checkpoints).
   const std::string config = config_for(a.config, a.resume);
   Config cfg = Config::load(config, sets);
-  if (!a.resume.empty()) relocate_resumed_run(a, config, cfg);
+  relocate_own_run(a, config, cfg);
   if (!a.log_json.empty()) cfg.train.log_json = absolute_path(a.log_json);
   if (a.print_config) {
     std::fputs(cfg.to_toml().c_str(), stdout);

@@ -84,6 +84,15 @@ std::string run_dir_of_resume(const std::string& resume) {
   return config.empty() ? "" : fs::path(config).parent_path().string();
 }
 
+std::string run_dir_of_config(const std::string& config) {
+  std::error_code ec;
+  const fs::path p = fs::absolute(config, ec).lexically_normal();
+  if (config.empty() || ec || p.filename() != "config.toml" || !is_file(p)) return "";
+  const fs::path dir = p.parent_path();
+  const bool run = is_file(dir / "log.jsonl") || fs::exists(fs::symlink_status(dir / ".pipefisher-lock", ec));
+  return run ? dir.string() : "";
+}
+
 namespace {
 
 // `path` under `from` (both absolute and normal) moved under `to`; other paths unchanged.

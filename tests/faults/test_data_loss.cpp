@@ -195,3 +195,40 @@ TEST(DataLoss, AFolderThatIsNoRunDirectoryIsNotWrittenInto) {
 }
 
 }  // namespace
+
+// Issue 50, item 1: cp -r of a run, then the same command through the copy's own config.toml
+// (which records the original's out_dir): the copy goes on where it is and the original keeps
+// every byte; so does its dry run, and a moved run continued through its config.toml.
+TEST(DataLoss, ContinuingACopiedRunThroughItsOwnConfigWritesIntoTheCopy) {
+  tiny_config(dir());
+  const fs::path orig = dir() / "own-orig", copy = dir() / "own-copy", moved = dir() / "own-moved";
+  Launch first = run(tiny_train(orig, "--steps 2"));
+  ASSERT_EQ(first.status, 0) << first.out;
+  fs::copy(orig, copy, fs::copy_options::recursive);
+  const auto before = snapshot(orig);
+  const std::string own = kEnv + kBinary + " train --config " + (copy / "config.toml").string();
+  Launch dry = run(own + " --steps 4 --dry-run");
+  EXPECT_EQ(dry.status, 0) << dry.out;
+  Launch resumed = run(own + " --steps 4");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "resuming from " + (copy / "checkpoints" / "step-000002").string())) << resumed.out;
+  EXPECT_FALSE(contains(resumed.out, orig.string() + "/")) << resumed.out;
+  EXPECT_TRUE(snapshot(orig) == before) << "the original run directory changed";
+  EXPECT_EQ(read_log(copy / "log.jsonl").size(), 4u);
+  EXPECT_EQ(slurp(copy / "checkpoints" / "latest"), "step-000004\n");
+  EXPECT_TRUE(contains(slurp(copy / "config.toml"), "out_dir = '" + copy.string() + "'"));
+
+  fs::rename(copy, moved);
+  Launch again = run(kEnv + kBinary + " train --config " + (moved / "config.toml").string() + " --steps 6");
+  ASSERT_EQ(again.status, 0) << again.out;
+  EXPECT_TRUE(contains(again.out, "resuming from " + (moved / "checkpoints" / "step-000004").string())) << again.out;
+  EXPECT_EQ(read_log(moved / "log.jsonl").size(), 6u);
+  EXPECT_FALSE(fs::exists(copy)) << "the run wrote where it was before the move";
+  // A --set naming another out_dir takes the configuration as a template: a new run there.
+  const fs::path fresh = dir() / "own-fresh";
+  Launch other = run(kEnv + kBinary + " train --config " + (moved / "config.toml").string() +
+                     " --set train.out_dir=" + fresh.string() + " --steps 2");
+  ASSERT_EQ(other.status, 0) << other.out;
+  EXPECT_FALSE(contains(other.out, "resuming")) << other.out;
+  EXPECT_TRUE(snapshot(orig) == before) << "the original run directory changed";
+}
