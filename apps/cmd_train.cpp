@@ -66,14 +66,18 @@ int run_train(const TrainArgs& a) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
-  if (a.dry_run) return pf::app::train_dry_run(cfg, a.init, resume_dir_of(a.resume, cfg));
+  // --dry-run takes the run's own path to its first write (train_loop.hpp), so that it refuses
+  // whatever the run refuses.
   const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg),
                          {config, a.config.empty() ? "the run's config.toml" : "--config"}, a.profile_dir,
                          !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
                           parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model),
-                          a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)}};
-  const int ranks = std::max(1, launcher_world_size());
+                          a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)},
+                         a.dry_run ? std::function<int(const Config&)>(pf::app::train_dry_run) : nullptr};
+  // A dry run without mpirun checks the layout as launched with the ranks it needs.
+  const int ranks = a.dry_run && launcher_world_size() == 1 ? cfg.parallel.stages * cfg.parallel.data_parallel
+                                                            : std::max(1, launcher_world_size());
   if (run.seams.noise.slow_rank >= ranks)
     usage_error("--bench-slow", "rank {} but the run has {} rank{}", run.seams.noise.slow_rank, ranks, ranks == 1 ? "" : "s");
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).

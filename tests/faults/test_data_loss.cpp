@@ -81,7 +81,7 @@ TEST(DataLoss, AnOutputNamingAnInputIsRefused) {
     tiny_config(dir());  // the same inode: a case that wrote over it does not spoil the next
     const std::string before = slurp(c.input);
     const fs::path out = dir() / ("out-in" + std::to_string(k++));
-    expect_one_line_refusal(run(tiny_train(out, c.flags)), c.what, c.flags);
+    expect_one_line_refusal(run_both_ways(tiny_train(out, c.flags)), c.what, c.flags);
     EXPECT_EQ(slurp(c.input), before) << c.flags;
     EXPECT_FALSE(fs::exists(out)) << c.flags;
   }
@@ -128,7 +128,7 @@ TEST(DataLoss, ResumeOfACopiedRunWritesIntoTheCopy) {
   ASSERT_EQ(l.status, 0) << l.out;
   fs::copy(logged, logged_copy, fs::copy_options::recursive);
   const std::string log_before = slurp(log);
-  expect_one_line_refusal(run(kEnv + kBinary + " train --resume " + logged_copy.string() + " --steps 4"),
+  expect_one_line_refusal(run_both_ways(kEnv + kBinary + " train --resume " + logged_copy.string() + " --steps 4"),
                           "train.log_json: '" + log.string() + "' is the log of the run in '" + logged.string() + "'");
   EXPECT_EQ(slurp(log), log_before);
 }
@@ -147,7 +147,7 @@ TEST(DataLoss, ACheckpointDirectoryBelongsToOneRun) {
   const auto before = snapshot(ck);
   const std::string owned = "train.checkpoint_dir: '" + ck.string() + "' holds the checkpoints of the run in '" +
                             a.string() + "' (" + (ck / "owner.json").string() + ")";
-  expect_one_line_refusal(run(tiny_train(dir() / "run-b", "--steps 4 --set train.seed=7" + cks)), owned);
+  expect_one_line_refusal(run_both_ways(tiny_train(dir() / "run-b", "--steps 4 --set train.seed=7" + cks)), owned);
   Launch mpi = run(kEnv + kPfrun + " -np 2 " + kBinary + " train --config " + (dir() / "tiny.toml").string() +
                    " --set parallel.stages=2 --set train.out_dir=" + (dir() / "run-b2").string() + " --steps 4" + cks);
   EXPECT_EQ(mpi.status, 2) << mpi.out;
@@ -180,7 +180,7 @@ TEST(DataLoss, AFolderThatIsNoRunDirectoryIsNotWrittenInto) {
   for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "README.md"})
     std::ofstream(hf / name) << "theirs: " << name << "\n";
   const auto before = snapshot(hf);
-  expect_one_line_refusal(run(tiny_train(hf, "--steps 1")),
+  expect_one_line_refusal(run_both_ways(tiny_train(hf, "--steps 1")),
                           "train.out_dir: '" + hf.string() + "' is not empty and not a pipefisher run directory (it "
                           "holds README.md, config.json, model.safetensors, tokenizer.json, ... (5 entries))");
   EXPECT_TRUE(snapshot(hf) == before) << "the folder changed";

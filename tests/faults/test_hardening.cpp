@@ -27,9 +27,10 @@ void expect_refusal(const Launch& r, const std::string& what, const std::string&
   EXPECT_TRUE(contains(r.out, what)) << context << ": expected '" << what << "'\n" << r.out;
 }
 
-// `pipefisher train` of the tiny config under `name`: refused, and nothing of it written.
+// `pipefisher train` of the tiny config under `name`: refused, and nothing of it written; its
+// --dry-run refused alike.
 void expect_train_refused(const std::string& name, const std::string& sets, const std::string& what) {
-  Launch r = run(train_cmd(dir(), name, sets));
+  Launch r = run_both_ways(train_cmd(dir(), name, sets));
   expect_refusal(r, what, sets);
   EXPECT_FALSE(fs::exists(dir() / ("out-" + name))) << sets << ": out_dir written";
   EXPECT_FALSE(fs::exists(dir() / (name + ".jsonl"))) << sets << ": log written";
