@@ -454,12 +454,10 @@ void Config::check_files() const {
   };
   if (!fs::exists(data.train_file)) missing("data.train_file", data.train_file);
   if (!fs::exists(data.valid_file)) missing("data.valid_file", data.valid_file);
-  if (!kfac.refresh_record.empty() && !fs::is_regular_file(kfac.refresh_record))
-    usage_error("kfac.refresh_record", "no such file '{}' (a K-FAC pipeline run writes out_dir/kfac_refresh.json)",
-                kfac.refresh_record);
-  if (!kfac.plan_profile.empty() && !fs::is_regular_file(kfac.plan_profile))
-    usage_error("kfac.plan_profile", "no such file '{}' (a PipeFisher run writes out_dir/kfac_profile.json)",
-                kfac.plan_profile);
+  if (!kfac.refresh_record.empty())
+    require_input_file(kfac.refresh_record, "kfac.refresh_record", "a K-FAC pipeline run writes out_dir/kfac_refresh.json");
+  if (!kfac.plan_profile.empty())
+    require_input_file(kfac.plan_profile, "kfac.plan_profile", "a PipeFisher run writes out_dir/kfac_profile.json");
 }
 
 

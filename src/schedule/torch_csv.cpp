@@ -15,7 +15,8 @@ namespace pf {
 namespace {
 
 // torch's _action_regex: stage, type, optional micro-batch.
-const std::regex kTorchAction(R"((\d{1,6})(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d{0,6}))");
+const std::regex kTorchAction(R"((\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*))");
+constexpr size_t kMaxIndexDigits = 6;  // stages and micro-batches up to 999999
 
 std::string trimmed(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
@@ -94,6 +95,9 @@ Schedule parse_torch_csv(const std::string& text, const std::string& source) {
       const std::optional<Kind> kind = kind_from_name(m[2].str());
       if (!kind || !is_pass(*kind)) continue;  // communication and sharding: derived or not ours
       if (m[3].length() == 0) usage_error(where, "'{}' has no micro-batch (0F0, not 0F)", cells[c]);
+      for (const auto& [index, name] : {std::pair{m[1].str(), "stage"}, {m[3].str(), "micro-batch"}})
+        if (index.size() > kMaxIndexDigits)
+          usage_error(where, "'{}': {} {} is over the bound of 999999", cells[c], name, index);
       const int stage = std::stoi(m[1]), mb = std::stoi(m[3]);
       const auto [it, fresh] = rank_of.emplace(stage, static_cast<int>(r));
       if (!fresh && it->second != static_cast<int>(r))

@@ -1,6 +1,7 @@
 #include "train/checkpointing.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "io/safetensors.hpp"
 #include "train/kfac_replay.hpp"
 #include "nn/model.hpp"
@@ -55,8 +56,10 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
 }
 
 void require_init_path(const std::string& init) {
-  if (!std::filesystem::is_directory(init) && !std::filesystem::is_regular_file(init))
-    usage_error("--init", "no such file or checkpoint directory '{}'", init);
+  std::error_code ec;
+  if (std::filesystem::is_directory(init, ec) || std::filesystem::is_regular_file(init, ec)) return;
+  if (!std::filesystem::exists(init, ec)) usage_error("--init", "no such file or checkpoint directory '{}'", init);
+  require_input_file(init, "--init", "");  // names what is there instead: a FIFO, a device
 }
 
 std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume,
