@@ -30,11 +30,15 @@ std::vector<std::string> cells_of(const std::string& line) {
   return cells;
 }
 
-// The rows of the text: every line, less trailing empty ones.
-std::vector<std::string> rows_of(const std::string& text) {
+// The rows of the text: every line, less trailing empty ones. Each counts one cell (`count`),
+// its commas one more each (parse_torch_csv).
+std::vector<std::string> rows_of(const std::string& text, int64_t& count, const std::string& source) {
   std::vector<std::string> rows;
   std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  for (std::string line; std::getline(in, line);) {
+    count_schedule_cells(count, 1, source);
+    rows.push_back(line);
+  }
   while (!rows.empty() && trimmed(rows.back()).empty()) rows.pop_back();
   return rows;
 }
@@ -76,7 +80,8 @@ std::string to_torch_csv(const Schedule& s, const std::string& what) {
 }
 
 Schedule parse_torch_csv(const std::string& text, const std::string& source) {
-  const std::vector<std::string> rows = rows_of(text);
+  int64_t count = 0;
+  const std::vector<std::string> rows = rows_of(text, count, source);
   Schedule s;
   s.name = "file";
   s.devices = static_cast<int>(rows.size());
@@ -84,6 +89,7 @@ Schedule parse_torch_csv(const std::string& text, const std::string& source) {
   std::map<int, int> rank_of;  // stage -> rank
   int micro_batches = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
+    count_schedule_cells(count, std::count(rows[r].begin(), rows[r].end(), ','), source);
     const std::vector<std::string> cells = cells_of(rows[r]);
     for (size_t c = 0; c < cells.size(); ++c) {
       if (cells[c].empty()) continue;  // idle
