@@ -67,6 +67,12 @@ TEST(Hardening, BadConfigurationValuesAreRefusedBeforeAnythingIsWritten) {
       {"--set model.vocab=2000000000", "model.vocab: 2000000000 makes the run need an estimated"},
       {"--set parallel.micro_batch_size=2000000000", "parallel.micro_batch_size: 2000000000 makes the run need"},
       {"--set kfac.warmup_steps=-5", "kfac.warmup_steps: must be >= 0, or -1"},
+      // Issue 50, item 5: bounds hold for the value used, and 1e-50 is 0 in single precision.
+      {"--set optim.lr=1e-50", "optim.lr: 1e-50 is 0 in single precision"},
+      {"--set optim.eps=1e-50", "optim.eps: 1e-50 is 0 in single precision"},
+      // Issue 50, item 9: bounded by the held-out file, as eval's --batches.
+      {"--set train.eval_batches=100000000", "train.eval_batches: 100000000 micro-batches of 2 sequences are more "
+                                             "than data.valid_file"},
   };
   int k = 0;
   for (const auto& c : cases) expect_train_refused("cfg" + std::to_string(k++), c.sets, c.what);
