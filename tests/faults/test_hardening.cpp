@@ -441,8 +441,9 @@ TEST(Hardening, HugeShapesAreRefusedByEveryCommandThatBuildsAModel) {
   const std::string wide = hf_folder("hf-wide", "hidden_size", 1000000);
   const std::string deep = hf_folder("hf-ffn", "intermediate_size", 1000000000);
   const std::string estimate = " makes the run need an estimated";
-  expect_refusal(run(kEnv + kBinary + " eval --init " + wide), "model.hidden: 1000000" + estimate);
-  expect_refusal(run(kEnv + kBinary + " eval --init " + deep), "model.ffn: 1000000000" + estimate);
+  const std::string seq = " --set model.seq_len=16";  // the tiny run's max_position, config.json's too
+  expect_refusal(run(kEnv + kBinary + " eval --init " + wide + seq), "model.hidden: 1000000" + estimate);
+  expect_refusal(run(kEnv + kBinary + " eval --init " + deep + seq), "model.ffn: 1000000000" + estimate);
   expect_refusal(run(kEnv + kBinary + " eval --config " + (dir() / "tiny.toml").string() + " --init " +
                      (run_dir / "model.safetensors").string() + " --set model.hidden=1000000"),
                  "model.hidden: 1000000" + estimate);
