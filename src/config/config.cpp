@@ -121,8 +121,7 @@ class Reader {
       if (!std::isfinite(v)) usage_error(key, "must be a finite number (got {})", v);
       if (std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
         usage_error(key, "must be a finite number within single precision (|x| < 3.4e38) (got {})", v);
-      // The bounds below hold for the value the program uses: 1e-50 passes "> 0" but is 0 there.
-      if (v != 0 && static_cast<float>(v) == 0.0f)
+      if (v != 0 && static_cast<float>(v) == 0.0f)  // 1e-50 passes "> 0" but is 0 where it is used
         usage_error(key, "{} is 0 in single precision, the arithmetic it is used in (|x| >= 1.4e-45, or 0)", v);
       out = static_cast<T>(v);
     } else if constexpr (std::is_same_v<T, std::string>) {
