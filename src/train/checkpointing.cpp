@@ -39,16 +39,20 @@ std::string latest_name(const std::string& dir) {
 
 // The newest complete checkpoint of `dir`, opened (its files mapped: kept while the reader
 // lives). A run writing there may rotate away the one found before it is opened: when `latest`
-// moved meanwhile, found again, a few times; then a UsageError saying the run is writing.
+// moved or the checkpoint it named is gone, found again, a few times; then a UsageError saying
+// the run is writing (a run checkpointing every few milliseconds outpaces the verification).
 std::unique_ptr<CheckpointReader> open_latest(const std::string& dir, const std::string& what,
                                               std::string* passed_over) {
-  constexpr int kAttempts = 5;
+  constexpr int kAttempts = 10;
   for (int attempt = 1;; ++attempt) {
     const std::string before = latest_name(dir);
     try {
       return std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, what, passed_over));
     } catch (const UsageError&) {
-      if (latest_name(dir) == before) throw;  // nothing moved: a fault of the checkpoints themselves
+      std::error_code ec;
+      const bool moved = latest_name(dir) != before ||
+                         (!before.empty() && !std::filesystem::exists(std::filesystem::path(dir) / before, ec));
+      if (!moved) throw;  // a fault of the checkpoints themselves
       if (attempt == kAttempts)
         usage_error(what, "the checkpoints in '{}' changed {} times while being opened: a run is writing there "
                     "(open them when it is done, or name one of its step directories)", dir, kAttempts);
