@@ -46,6 +46,7 @@ int batches_to_score(const EvalArgs& a, const Config& cfg, const Batcher& valid)
     usage_error("--batches", "{} micro-batches of {} sequences are more than data.valid_file '{}' holds ({} sequences of {} tokens): "
                 "at most {} (0 scores each of them once)", a.batches, rows, cfg.data.valid_file, held,
                 cfg.model.seq_len, most);
+  if (a.batches < 0) check_eval_batches(cfg, valid);
   const int batches = a.batches < 0 ? cfg.train.eval_batches : a.batches;
   return batches == 0 ? static_cast<int>(most) : batches;
 }

@@ -3,8 +3,8 @@
 //       --prompt "Call me Ishmael." --max-new-tokens 40 --temperature 0.8 --top-k 40 --seed 1
 // --temperature 0 is greedy decoding. Generation stops early after <|endoftext|>. The text is printed
 // as each token comes; Ctrl-C stops there, keeps what was printed and exits 130. With --json, one
-// object at the end: the prompt's ids, the new ids and their text (train/generate.hpp says how
-// tokens are drawn).
+// object at the end: the prompt's ids, the new ids and their text, bytes that are no UTF-8 as
+// U+FFFD (train/generate.hpp says how tokens are drawn).
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
@@ -73,7 +73,9 @@ int run_generate(const GenerateArgs& a) {
   const std::vector<int32_t> ids = generate(*m.model, prompt, o);
   if (a.json) {
     nlohmann::json j{{"prompt", a.prompt}, {"prompt_ids", prompt}, {"ids", ids}, {"text", tok->decode(ids)}};
-    fmt::print("{}\n", j.dump());
+    // Byte-level tokens may cut a character in two (the last one always may): JSON holds UTF-8
+    // only, so such bytes print as U+FFFD; the ids keep them exactly.
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     std::fputs("\n", stdout);
   }

@@ -2,7 +2,8 @@
 // or several runs from their log.jsonl, raw and smoothed as the PipeFisher paper's Figure 7
 // (viz/loss_chart.hpp), with an optional target loss and the points where each run reaches it.
 //   pipefisher report runs/nvlamb runs/kfac --target 6.69 --out /tmp/fig7.svg
-// Writes the SVG (and a PNG beside it when rsvg-convert is installed) and prints, per run, its
+// Writes the SVG (and a PNG beside it when rsvg-convert is installed; a picture there that it did not
+// draw is refused without --overwrite) and prints, per run, its
 // final losses and where its smoothed loss first reaches the target (--json: one JSON object).
 // Time is the run's cumulative step_time_s (training without evaluations). A skipped step (its loss
 // non-finite, logged as null) is a gap in the curves, and counted in the text and the JSON.
@@ -32,6 +33,7 @@ struct ReportArgs {
   std::string out, title = "Training loss";
   std::optional<double> target;
   bool json = false;
+  bool overwrite = false;
 };
 
 // One run's curve from RUN_DIR/log.jsonl (or the file itself when given one).
@@ -49,6 +51,24 @@ LossCurve read_run(const std::string& run, const std::string& label) {
   c.name = label.empty() ? fs::path(run).lexically_normal().filename().string() : label;
   if (c.name.empty()) c.name = fs::path(run).lexically_normal().parent_path().filename().string();
   return c;
+}
+
+// `--out photo.svg` writes photo.png beside it: a picture already there is replaced only when this
+// command drew it (the SVG beside it is a loss chart) or with --overwrite, never someone's photo.
+void check_replaceable(const OutputFile& svg, const OutputFile& png, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (overwrite) return;
+  std::string head(4096, '\0');
+  if (fs::is_regular_file(svg.path, ec)) {
+    std::ifstream f(svg.path, std::ios::binary);
+    head.resize(static_cast<size_t>(f.read(head.data(), static_cast<std::streamsize>(head.size())).gcount()));
+  }
+  if (fs::is_regular_file(svg.path, ec) && is_loss_chart_svg(head)) return;
+  for (const OutputFile* f : {&svg, &png})
+    if (fs::is_regular_file(f->path, ec))
+      usage_error("--out", "'{}' exists and is no chart of pipefisher report's{}: give another --out, or --overwrite "
+                  "to replace it", f->path, f == &png ? fmt::format(" (no loss chart '{}' beside it)", svg.path) : "");
 }
 
 // A number for JSON: null when not finite (a run with no finite loss).
@@ -115,6 +135,7 @@ int run(const ReportArgs& a) {
   std::vector<NamedPath> logs;
   for (const std::string& r : a.runs) logs.push_back({fs::is_directory(r) ? r + "/log.jsonl" : r, "a run log"});
   check_outputs({svg, png_file}, logs);
+  check_replaceable(svg, png_file, a.overwrite);
   write_output(svg, loss_chart_svg(curves, {a.title, a.target}));
   const Png made = write_png(png_file, out);
   if (made == Png::failed) {  // the SVG stays; the status says the picture is missing
@@ -164,6 +185,8 @@ Runner setup(CLI::App& app) {
   app.add_option("--label", a->labels, "Name of each run in the legend, in order (default: the directory's name)");
   app.add_option("--title", a->title, "Title of the figure");
   app.add_flag("--json", a->json, "Print one JSON object (per run: final losses, the target's crossing)");
+  app.add_flag("--overwrite", a->overwrite,
+               "replace an SVG or PNG at --out's names that is no chart of this command (by default refused)");
   return [a] { return run(*a); };
 }
 

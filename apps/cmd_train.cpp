@@ -39,10 +39,11 @@ bool set_on_command_line(const std::vector<std::string>& sets, const std::string
   return false;
 }
 
-// --resume of a run directory continues it where it now is (run_dir.hpp's relocate_run), when the
-// configuration is the run's own and no --set names another train.out_dir.
-void relocate_resumed_run(const TrainArgs& a, const std::string& config, pf::Config& cfg) {
-  const std::string run = pf::run_dir_of_resume(a.resume);
+// A run continued through its own config.toml (--resume RUN, or --config RUN/config.toml) continues
+// it where it now is (run_dir.hpp's relocate_run): a copy of a run never writes into the
+// original. Not when a --set names another train.out_dir.
+void relocate_own_run(const TrainArgs& a, const std::string& config, pf::Config& cfg) {
+  const std::string run = a.resume.empty() ? pf::run_dir_of_config(config) : pf::run_dir_of_resume(a.resume);
   std::error_code ec;
   if (run.empty() || set_on_command_line(a.sets, "train.out_dir") ||
       !std::filesystem::equivalent(config, std::filesystem::path(run) / "config.toml", ec))
@@ -59,20 +60,24 @@ int run_train(const TrainArgs& a) {
   // A resumed run continues its own configuration (the config.toml beside its checkpoints).
   const std::string config = config_for(a.config, a.resume);
   Config cfg = Config::load(config, sets);
-  if (!a.resume.empty()) relocate_resumed_run(a, config, cfg);
+  relocate_own_run(a, config, cfg);
   if (!a.log_json.empty()) cfg.train.log_json = absolute_path(a.log_json);
   if (a.print_config) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
-  if (a.dry_run) return pf::app::train_dry_run(cfg, a.init, resume_dir_of(a.resume, cfg));
+  // --dry-run takes the run's own path to its first write (train_loop.hpp), so that it refuses
+  // whatever the run refuses.
   const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg),
                          {config, a.config.empty() ? "the run's config.toml" : "--config"}, a.profile_dir,
                          !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
                           parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model),
-                          a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)}};
-  const int ranks = std::max(1, launcher_world_size());
+                          a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)},
+                         a.dry_run ? std::function<int(const Config&)>(pf::app::train_dry_run) : nullptr};
+  // A dry run without mpirun checks the layout as launched with the ranks it needs.
+  const int ranks = a.dry_run && launcher_world_size() == 1 ? cfg.parallel.stages * cfg.parallel.data_parallel
+                                                            : std::max(1, launcher_world_size());
   if (run.seams.noise.slow_rank >= ranks)
     usage_error("--bench-slow", "rank {} but the run has {} rank{}", run.seams.noise.slow_rank, ranks, ranks == 1 ? "" : "s");
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).

@@ -7,9 +7,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 
 namespace pf::app {
 std::vector<Command>& commands() {
@@ -49,10 +52,29 @@ std::string extras_message(CLI::App& app, const CLI::ExtrasError& e) {
          (cmd == &app ? "" : "; see pipefisher " + cmd->get_name() + " --help");
 }
 
+// A command whose output could not be written (a full disk, `> /dev/full`, a closed pipe's
+// reader gone) failed: it exits 2 with a line saying so, never 0. stdout is buffered when
+// redirected, so the failure may show only at this last flush.
+int checked_stdout(int status) {
+  const int earlier = errno;  // most likely the failed write's, when an earlier one failed
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int e = flushed ? earlier : errno;
+  if (flushed && !std::ferror(stdout) && std::cout.good()) return status;
+  std::fprintf(stderr, "pipefisher: cannot write the output (stdout): %s\n",
+               e != 0 ? std::strerror(e) : "a write to it failed");
+  return status == 0 ? 2 : status;
+}
+
 }  // namespace
+
+int run_main(int argc, char** argv);  // the command line, below
 }  // namespace pf::app
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) { return pf::app::checked_stdout(pf::app::run_main(argc, argv)); }
+
+int pf::app::run_main(int argc, char** argv) {
   // A file-size limit (ulimit -f) would kill the process silently at the write that crosses it;
   // ignored, the write fails with EFBIG and is refused like a full disk, naming the file.
   std::signal(SIGXFSZ, SIG_IGN);

@@ -33,8 +33,10 @@ Config load_model_config(const ModelFlags& f, const char* command) {
 
 LoadedModel load_model(const ModelFlags& f, const Config& cfg) {
   LoadedModel m{cfg, nullptr};
-  // Under ulimit -v OpenBLAS spins for ever on a buffer it cannot map: refuse first.
-  check_address_space(cfg);
+  // train's memory check, before any tensor of the model is made (a shape from a Hugging Face
+  // config.json or --set that no memory holds is refused naming the key, not std::bad_alloc); it
+  // includes ulimit -v's, under which OpenBLAS spins for ever on a buffer it cannot map.
+  check_resources(cfg);
   const std::string weights = run_weights_of(f.init);
   std::unique_ptr<CheckpointReader> ckpt = open_init_checkpoint(weights, "", cfg.model);
   set_threads(cfg.train.threads);

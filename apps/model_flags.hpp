@@ -28,8 +28,9 @@ struct LoadedModel {
 // --set over it) and the --init path checked (required: a run directory, a safetensors file or a
 // checkpoint directory); UsageError naming the flag or key.
 Config load_model_config(const ModelFlags& f, const char* command);
-// Sets the thread count from cfg, builds the whole model and loads the --init weights into it
-// (a run directory's model.safetensors).
+// Runs train's memory check (check_resources: UsageError naming the key), sets the thread count
+// from cfg, builds the whole model and loads the --init weights into it (a run directory's
+// model.safetensors).
 LoadedModel load_model(const ModelFlags& f, const Config& cfg);
 
 }  // namespace pf::app

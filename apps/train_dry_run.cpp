@@ -2,15 +2,11 @@
 
 #include "command.hpp"
 #include "config/limits.hpp"
-#include "core/error.hpp"
 #include "core/peak_flops.hpp"
-#include "data/batches.hpp"
 #include "kfac/factor.hpp"
 #include "nn/flops.hpp"
 #include "runtime/layout.hpp"
 #include "sim/kfac_cost.hpp"
-#include "train/checkpointing.hpp"
-#include "train/run_dir.hpp"
 
 #include <fmt/format.h>
 
@@ -21,18 +17,6 @@
 namespace pf::app {
 
 namespace {
-
-// The inputs a run reads, checked as the run checks them (the first fault is a UsageError).
-void check_inputs(const Config& cfg, const std::string& init, const std::string& resume) {
-  cfg.check_files();
-  make_batcher(cfg.model, cfg.data, false);  // maps the token files: sizes, vocabulary, token ranges
-  make_batcher(cfg.model, cfg.data, true);
-  const std::string weights = run_weights_of(init);
-  if (!weights.empty() || !resume.empty()) {
-    const auto ckpt = open_init_checkpoint(weights, resume, cfg.model);  // checks directories' weights
-    if (!ckpt && !weights.empty()) check_weights_fit(cfg.model, weights, nullptr);
-  }
-}
 
 // What a pipeline's stage costs at the sgemm peak, as `plan` flags (ms): forward and backward of
 // its share of the blocks for one micro-batch, and K-FAC's curvature (per micro-batch), inversions
@@ -57,20 +41,37 @@ std::vector<std::string> cost_model_flags(const Config& cfg, int stages, double 
           "--tprec", fmt::format("{:.6g}", prec * blocks * ms)};
 }
 
-// `pipefisher plan`'s flags for this run's layout.
+// The keys of the run that change PipeFisher's plan, as `plan` flags: what the run plans with.
+std::vector<std::string> kfac_plan_flags(const KfacConfig& k) {
+  std::vector<std::string> f = {"--kfac", "--min-refresh-steps", std::to_string(k.min_refresh_steps)};
+  if (k.split_inversions) f.push_back("--split-to-shorten");
+  return f;
+}
+
+// `pipefisher plan`'s flags for this run's layout: its schedule, and every key the run's own
+// simulation and plan read (parallel.recompute, parallel.zb_memory, kfac_plan_flags).
 std::vector<std::string> plan_flags(const Config& cfg, const Layout& layout, bool pipefisher) {
   const ParallelConfig& p = cfg.parallel;
-  if (pipefisher && !cfg.kfac.plan_profile.empty()) return {"--kfac", "--profile", cfg.kfac.plan_profile};
+  if (pipefisher && !cfg.kfac.plan_profile.empty()) {
+    std::vector<std::string> f = kfac_plan_flags(cfg.kfac);
+    f.insert(f.end(), {"--profile", cfg.kfac.plan_profile});
+    return f;
+  }
   std::vector<std::string> f;
   if (!p.schedule_file.empty()) f = {"--schedule-file", p.schedule_file};
   else f = {"--schedule", name_of(p.schedule), "--stages", std::to_string(layout.devices), "--micro-batches",
             std::to_string(layout.micro_batches)};
   if (p.schedule == ScheduleName::Interleaved) f.insert(f.end(), {"--virtual-stages", std::to_string(p.virtual_stages)});
   if (layout.replicas > 1) f.insert(f.end(), {"--data-parallel", std::to_string(layout.replicas)});
+  if (p.schedule_file.empty() && p.schedule == ScheduleName::ZbAuto)
+    f.insert(f.end(), {"--zb-memory", fmt::format("{:g}", p.zb_memory)});
+  if (p.recompute) f.push_back("--recompute");
   const std::vector<std::string> costs = cost_model_flags(cfg, layout.stages(), sgemm_peak().flops_per_s);
   f.insert(f.end(), costs.begin(), costs.end());
   if (pipefisher) {
-    f.insert(f.end(), {"--kfac", "--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages()))});
+    const std::vector<std::string> k = kfac_plan_flags(cfg.kfac);
+    f.insert(f.end(), k.begin(), k.end());
+    f.insert(f.end(), {"--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages()))});
     if (!cfg.model.preset.empty()) f.insert(f.end(), {"--model", cfg.model.preset});
   }
   return f;
@@ -93,13 +94,12 @@ int run_plan(const std::vector<std::string>& flags) {
 
 }  // namespace
 
-int train_dry_run(const Config& cfg, const std::string& init, const std::string& resume) {
-  check_inputs(cfg, init, resume);
+int train_dry_run(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   const int ranks = p.stages * p.data_parallel;
-  check_resources(cfg, ranks, ranks);
   const double peak = estimate_peak_bytes(cfg, ranks, ranks);
   const MachineMemory available = machine_memory();
+  for (const std::string& w : config_warnings(cfg)) std::fprintf(stderr, "pipefisher: warning: %s\n", w.c_str());
   fmt::print("dry run: the configuration and every input check out; nothing was written\n");
   fmt::print("memory: at most {} per rank ({} for {} rank{} on this host), {} available ({})\n",
              format_bytes(peak / ranks), format_bytes(peak), ranks, ranks > 1 ? "s" : "", format_bytes(available.bytes),

@@ -6,13 +6,11 @@
 
 namespace pf::app {
 
-// Resolves nothing further (cfg is the resolved configuration) and checks every input: the
-// token files (sizes, vocabulary, token ranges; NSP's document index), --init's or --resume's
-// weights against the model, the layout (stages, schedule, partition) and the memory estimate
-// against what is available (refusing as the run would: UsageError). Then prints the memory per
-// rank, and for a pipeline `pipefisher plan`'s report of its schedule: with PipeFisher, the plan
-// from kfac.plan_profile when set, else from a cost model of the model's FLOPs at this machine's
-// sgemm peak. Writes nothing. Returns the exit status.
-int train_dry_run(const Config& cfg, const std::string& init, const std::string& resume);
+// The report of `train --dry-run`, after the run's own set-up checked everything it would check
+// (train/train_loop.hpp: TrainRunArgs::dry_run) and before its first write: the memory per rank,
+// and for a pipeline `pipefisher plan`'s report of its schedule: with PipeFisher, the plan from
+// kfac.plan_profile when set, else from a cost model of the model's FLOPs at this machine's sgemm
+// peak. Writes nothing. Returns the exit status.
+int train_dry_run(const Config& cfg);
 
 }  // namespace pf::app

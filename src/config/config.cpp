@@ -121,6 +121,8 @@ class Reader {
       if (!std::isfinite(v)) usage_error(key, "must be a finite number (got {})", v);
       if (std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
         usage_error(key, "must be a finite number within single precision (|x| < 3.4e38) (got {})", v);
+      if (v != 0 && static_cast<float>(v) == 0.0f)  // 1e-50 passes "> 0" but is 0 where it is used
+        usage_error(key, "{} is 0 in single precision, the arithmetic it is used in (|x| >= 1.4e-45, or 0)", v);
       out = static_cast<T>(v);
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!n.is_string()) usage_error(key, "expected a string");
@@ -455,12 +457,10 @@ void Config::check_files() const {
   };
   if (!fs::exists(data.train_file)) missing("data.train_file", data.train_file);
   if (!fs::exists(data.valid_file)) missing("data.valid_file", data.valid_file);
-  if (!kfac.refresh_record.empty() && !fs::is_regular_file(kfac.refresh_record))
-    usage_error("kfac.refresh_record", "no such file '{}' (a K-FAC pipeline run writes out_dir/kfac_refresh.json)",
-                kfac.refresh_record);
-  if (!kfac.plan_profile.empty() && !fs::is_regular_file(kfac.plan_profile))
-    usage_error("kfac.plan_profile", "no such file '{}' (a PipeFisher run writes out_dir/kfac_profile.json)",
-                kfac.plan_profile);
+  if (!kfac.refresh_record.empty())
+    require_input_file(kfac.refresh_record, "kfac.refresh_record", "a K-FAC pipeline run writes out_dir/kfac_refresh.json");
+  if (!kfac.plan_profile.empty())
+    require_input_file(kfac.plan_profile, "kfac.plan_profile", "a PipeFisher run writes out_dir/kfac_profile.json");
 }
 
 

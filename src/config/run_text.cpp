@@ -63,6 +63,13 @@ std::vector<std::string> config_warnings(const Config& c) {
     w.push_back(fmt::format("{} = {} exceeds train.steps = {}: the learning rate never reaches optim.lr = {}",
                             kfac_own ? "kfac.warmup_steps" : "optim.warmup_steps", warmup, c.train.steps,
                             shortest_double(c.optim.lr)));
+  // The rate decays over optim.decay_steps, then stays at its floor: a shorter decay than the run
+  // trains its last steps at optim.min_lr (0 by default), which nobody asks for unseen.
+  const OptimConfig& o = c.optim;
+  if (o.decay_steps > 0 && o.decay_steps < c.train.steps && o.schedule != LrDecay::Constant)
+    w.push_back(fmt::format("optim.decay_steps = {} is below train.steps = {}: from step {} on the learning rate stays "
+                            "at optim.min_lr = {}", o.decay_steps, c.train.steps, o.decay_steps + 1,
+                            shortest_double(o.min_lr)));
   // One stage runs each micro-batch's backward right after its forward: one micro-batch's
   // activations are held either way, so there is nothing to recompute.
   if (c.parallel.recompute && c.parallel.stages == 1)

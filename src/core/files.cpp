@@ -205,6 +205,16 @@ void remove_stale_temporaries(const std::string& dir, const std::vector<std::str
   }
 }
 
+void require_input_file(const std::string& path, const std::string& what, const std::string& hint) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    if (e == ENOENT) usage_error(what, "no such file '{}' ({})", path, hint);
+    usage_error(what, "cannot open '{}': {}", path, std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) usage_error(what, "'{}' is a {}, not a regular file", path, kind_of(st.st_mode));
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, size_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {

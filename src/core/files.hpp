@@ -76,6 +76,11 @@ void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<Nam
 // is being written).
 void remove_stale_temporaries(const std::string& dir, const std::vector<std::string>& names);
 
+// An input named by `what` must be a regular file (followed through links): UsageError "no such
+// file" (with `hint`, how one is made) when nothing is there, "is a FIFO, not a regular file" (a
+// directory, a device...) when something else is.
+void require_input_file(const std::string& path, const std::string& what, const std::string& hint);
+
 // An input read whole: a regular file (followed through links) of at most max_bytes. A device,
 // FIFO or directory, or a larger file, is a UsageError naming `what` and the path, before it is
 // read: /dev/zero as a profile must not grow until the kernel kills the process.

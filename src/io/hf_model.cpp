@@ -76,8 +76,11 @@ int64_t hf_int(const nlohmann::json& j, const char* field, const std::string& fi
     if (fallback >= 0) return fallback;
     usage_error("--init", "'{}' has no {}", file, field);
   }
-  if (!j[field].is_number_integer() || j[field].get<int64_t>() <= 0 || j[field].get<int64_t>() > (int64_t{1} << 30))
+  if (!j[field].is_number_integer() || j[field].get<int64_t>() <= 0)
     usage_error("--init", "'{}': {} is {}, not a positive whole number", file, field, j[field].dump());
+  if (j[field].get<int64_t>() > (int64_t{1} << 30))
+    usage_error("--init", "'{}': {} is {}, over the bound of 2^30 = {} (no model of that size is held)", file, field,
+                j[field].dump(), int64_t{1} << 30);
   return j[field].get<int64_t>();
 }
 

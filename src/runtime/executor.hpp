@@ -56,7 +56,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace pf {
@@ -108,7 +110,8 @@ class Executor {
                   std::vector<ActionTime>* times, BubbleFiller* filler = nullptr);
   // Mean validation loss of train.eval_batches micro-batches (replica 0's pipeline 0 computes;
   // every rank gets the result). Collective.
-  double evaluate(Batcher& valid);
+  // Nothing when `stopped` was true on any rank before a micro-batch (asked of every rank, summed).
+  std::optional<double> evaluate(Batcher& valid, const std::function<bool()>& stopped);
   // Loads every chunk's parameters (mirrors included) from a safetensors file.
   void load(const std::string& path);
   // Collective: on world rank 0, a whole model holding every stage's parameters (pipeline 0 of

@@ -10,7 +10,7 @@
 
 namespace pf {
 
-double Executor::evaluate(Batcher& valid) {
+std::optional<double> Executor::evaluate(Batcher& valid, const std::function<bool()>& stopped) {
   const int rows = cfg_.parallel.micro_batch_size;
   MicroBatch mb;
   mb.resize(rows, cfg_.model.seq_len);
@@ -19,6 +19,9 @@ double Executor::evaluate(Batcher& valid) {
   static Tensor no_output;
   const EvalScales scale = eval_scales(valid, cfg_.train.eval_batches, rows, mb);
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
+    double stop[1] = {stopped() ? 1.0 : 0.0};  // every rank, every micro-batch: a stop ends it within one
+    comm::allreduce_sum(stop, MPI_COMM_WORLD, "the stop flags");
+    if (stop[0] > 0) return std::nullopt;
     valid.fill(static_cast<int64_t>(b) * rows, rows, mb);  // the held-out sequences Trainer::evaluate uses
     mb.index = 0;
     mb.loss_scale = scale.loss;

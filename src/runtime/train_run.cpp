@@ -14,6 +14,7 @@
 #include "runtime/kfac_checkpoint.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/plan_record.hpp"
 #include "runtime/pipefisher/controller.hpp"
 #include "runtime/profiler.hpp"
 #include "runtime/units/inline_placement.hpp"
@@ -82,7 +83,8 @@ std::unique_ptr<KfacPlacement> make_placement(const Config& cfg, const Layout& l
 // with K-FAC, its units (the executor's K-FAC handlers) and the placement choosing each step's list.
 class MpiEngine final : public TrainEngine {
  public:
-  MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams);
+  // `ranks`: the layout's (the world's size, or more for a --dry-run in one process).
+  MpiEngine(const comm::World& world, int ranks, const Config& cfg, ProfileOptions profile, const TestSeams& seams);
 
   bool root() const override { return world_.rank() == 0; }
   void on_root(const std::function<void()>& fn) override { comm::on_root_agreed(world_.rank(), fn); }
@@ -95,6 +97,7 @@ class MpiEngine final : public TrainEngine {
   void checkpoint_written() override { comm::checkpoint_written(); }
 
   std::string layout_name() const override { return layout_name_; }
+  bool builds_here() const override { return world_.size() == layout_.devices * layout_.replicas; }
   void check_resume(const CheckpointReader& r, const std::string& dir) const override;
   void build(const Config& cfg) override;
   void load_init(const std::string& init, const CheckpointReader* ckpt) override;
@@ -103,7 +106,7 @@ class MpiEngine final : public TrainEngine {
   EngineBanner banner() const override;
 
   EngineStep step(int64_t step) override;
-  double evaluate() override { return exec_->evaluate(*valid_data_); }
+  std::optional<double> evaluate(const StopAsked& stopped) override { return exec_->evaluate(*valid_data_, stopped); }
   std::vector<CheckpointFile> write_checkpoint(const std::string& step_dir) override;
   FinalRecords finish(const std::string& out_dir) override;
 
@@ -138,11 +141,12 @@ class MpiEngine final : public TrainEngine {
   int timed_steps_ = 0;
 };
 
-MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions profile, const TestSeams& seams)
+MpiEngine::MpiEngine(const comm::World& world, int ranks, const Config& cfg, ProfileOptions profile,
+                     const TestSeams& seams)
     : world_(world), cfg_(cfg), profile_opt_(std::move(profile)), seams_(seams) {
   check_kfac_placement(cfg, KfacRunner::mpi);
   try {
-    layout_ = make_layout(cfg, world.size());
+    layout_ = make_layout(cfg, ranks);
   } catch (const ScheduleError& e) {
     if (root()) std::fprintf(stderr, "%s", e.grid.c_str());
     throw;
@@ -150,6 +154,9 @@ MpiEngine::MpiEngine(const comm::World& world, const Config& cfg, ProfileOptions
   const ParallelConfig& p = cfg.parallel;
   layout_name_ = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout_.schedule.name, p.data_parallel);
   check_profile_steps(profile_opt_, cfg.train.steps);
+  // The controller reads it when built; refused here too, for a --dry-run that builds nothing.
+  if (cfg.kfac.enabled && is_pipefisher(cfg.kfac.placement) && !cfg.kfac.plan_profile.empty())
+    read_plan_profile(cfg, layout_);
 }
 
 void MpiEngine::check_resume(const CheckpointReader& r, const std::string& dir) const {
@@ -358,12 +365,15 @@ int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> pr
   comm::World world;
   try {
     require_one_configuration(cfg, args, world.rank());  // MPMD launches may differ: before anything else
+    // --dry-run without mpirun checks the layout as launched with the ranks it needs, on this host.
+    const bool preview = args.dry_run && launcher_world_size() == 1;
+    const int ranks = preview ? cfg.parallel.stages * cfg.parallel.data_parallel : world.size();
     // Memory and threads of the ranks on this host, before anything is allocated.
-    check_resources(cfg, launcher_local_size(), world.size());
+    check_resources(cfg, preview ? ranks : launcher_local_size(), ranks);
     const std::string ckpt_dir = checkpoint_dir_of(cfg);
     comm::RankMonitor monitor(world, [ckpt_dir] { return last_checkpoint_note(ckpt_dir); },
                               args.seams.oom_counter.empty() ? "/proc/vmstat" : args.seams.oom_counter);
-    MpiEngine engine(world, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams);
+    MpiEngine engine(world, ranks, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams);
     return run_training(engine, std::move(cfg), args);
   } catch (const UsageError&) {
     if (world.rank() == 0) throw;

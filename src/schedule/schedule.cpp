@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -123,12 +124,16 @@ Schedule parse_lines(const std::string& text, const std::string& source, const c
 }
 
 Schedule parse_text(const std::string& text, const std::string& source) {
-  return parse_lines(text, source, " \t", [](Schedule& s, const std::string& line, const std::string& where) {
+  int64_t count = 0;
+  return parse_lines(text, source, " \t", [&](Schedule& s, const std::string& line, const std::string& where) {
     auto colon = line.find(':');
     if (colon == std::string::npos) usage_error(where, "expected '<device>: <actions...>'");
     int d = parse_device(line.substr(0, colon), s, where);
     std::istringstream toks(line.substr(colon + 1));
-    for (std::string t; toks >> t;) s.per_device[d].push_back(parse_token(t, where));
+    for (std::string t; toks >> t;) {
+      count_schedule_cells(count, 1, source);
+      s.per_device[d].push_back(parse_token(t, where));
+    }
   });
 }
 
@@ -151,8 +156,17 @@ std::string to_csv(const Schedule& s) {
   return out;
 }
 
+void count_schedule_cells(int64_t& cells, int64_t more, const std::string& source) {
+  cells += more;
+  if (cells > kMaxScheduleCells)
+    usage_error(source, "over {} cells (actions and idle steps): more than any schedule the simulator takes",
+                kMaxScheduleCells);
+}
+
 Schedule parse_csv(const std::string& text, const std::string& source) {
-  return parse_lines(text, source, " \t,", [](Schedule& s, const std::string& line, const std::string& where) {
+  int64_t count = 0;
+  return parse_lines(text, source, " \t,", [&](Schedule& s, const std::string& line, const std::string& where) {
+    count_schedule_cells(count, std::count(line.begin(), line.end(), ',') + 1, source);
     std::vector<std::string> cells;
     std::istringstream row(line);
     for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
@@ -168,7 +182,7 @@ Schedule parse_csv(const std::string& text, const std::string& source) {
 Schedule read_schedule_file(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) usage_error(what, "'{}' is a directory, not a schedule file", path);
-  const std::string text = read_input_file(path, what, size_t{64} << 20);
+  const std::string text = read_input_file(path, what, kMaxScheduleFileBytes);
   bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
   if (csv && is_torch_csv(text)) return parse_torch_csv(text, path);  // torch.distributed.pipelining's form
   return csv ? parse_csv(text, path) : parse_text(text, path);

@@ -48,4 +48,13 @@ Schedule parse_csv(const std::string& text, const std::string& source);
 // anything else as text. UsageError names the file.
 Schedule read_schedule_file(const std::string& path, const std::string& what = "--schedule-file");
 
+// A schedule file's bounds, so that a hostile one (63 MiB of commas) costs time and memory in
+// proportion to a real schedule, not 2 GB: at most kMaxScheduleFileBytes, and kMaxScheduleCells
+// cells (actions and idle slots; the simulator takes 4M actions at most, sim/limits.hpp).
+constexpr size_t kMaxScheduleFileBytes = size_t{16} << 20;
+constexpr int64_t kMaxScheduleCells = 4'000'000;
+// Adds `more` cells to the count `cells` of the file `source`, before they are stored;
+// UsageError naming it past kMaxScheduleCells.
+void count_schedule_cells(int64_t& cells, int64_t more, const std::string& source);
+
 }  // namespace pf

@@ -15,7 +15,8 @@ namespace pf {
 namespace {
 
 // torch's _action_regex: stage, type, optional micro-batch.
-const std::regex kTorchAction(R"((\d{1,6})(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d{0,6}))");
+const std::regex kTorchAction(R"((\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*))");
+constexpr size_t kMaxIndexDigits = 6;  // stages and micro-batches up to 999999
 
 std::string trimmed(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
@@ -29,11 +30,15 @@ std::vector<std::string> cells_of(const std::string& line) {
   return cells;
 }
 
-// The rows of the text: every line, less trailing empty ones.
-std::vector<std::string> rows_of(const std::string& text) {
+// The rows of the text: every line, less trailing empty ones. Each counts one cell (`count`),
+// its commas one more each (parse_torch_csv).
+std::vector<std::string> rows_of(const std::string& text, int64_t& count, const std::string& source) {
   std::vector<std::string> rows;
   std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  for (std::string line; std::getline(in, line);) {
+    count_schedule_cells(count, 1, source);
+    rows.push_back(line);
+  }
   while (!rows.empty() && trimmed(rows.back()).empty()) rows.pop_back();
   return rows;
 }
@@ -75,7 +80,8 @@ std::string to_torch_csv(const Schedule& s, const std::string& what) {
 }
 
 Schedule parse_torch_csv(const std::string& text, const std::string& source) {
-  const std::vector<std::string> rows = rows_of(text);
+  int64_t count = 0;
+  const std::vector<std::string> rows = rows_of(text, count, source);
   Schedule s;
   s.name = "file";
   s.devices = static_cast<int>(rows.size());
@@ -83,6 +89,7 @@ Schedule parse_torch_csv(const std::string& text, const std::string& source) {
   std::map<int, int> rank_of;  // stage -> rank
   int micro_batches = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
+    count_schedule_cells(count, std::count(rows[r].begin(), rows[r].end(), ','), source);
     const std::vector<std::string> cells = cells_of(rows[r]);
     for (size_t c = 0; c < cells.size(); ++c) {
       if (cells[c].empty()) continue;  // idle
@@ -94,6 +101,9 @@ Schedule parse_torch_csv(const std::string& text, const std::string& source) {
       const std::optional<Kind> kind = kind_from_name(m[2].str());
       if (!kind || !is_pass(*kind)) continue;  // communication and sharding: derived or not ours
       if (m[3].length() == 0) usage_error(where, "'{}' has no micro-batch (0F0, not 0F)", cells[c]);
+      for (const auto& [index, name] : {std::pair{m[1].str(), "stage"}, {m[3].str(), "micro-batch"}})
+        if (index.size() > kMaxIndexDigits)
+          usage_error(where, "'{}': {} {} is over the bound of 999999", cells[c], name, index);
       const int stage = std::stoi(m[1]), mb = std::stoi(m[3]);
       const auto [it, fresh] = rank_of.emplace(stage, static_cast<int>(r));
       if (!fresh && it->second != static_cast<int>(r))

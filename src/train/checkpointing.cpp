@@ -1,6 +1,7 @@
 #include "train/checkpointing.hpp"
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "io/safetensors.hpp"
 #include "train/kfac_replay.hpp"
 #include "nn/model.hpp"
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 
@@ -25,6 +27,37 @@ int64_t sequences_per_step(const Config& cfg) {
 bool ends_its_run(const CheckpointManifest& m) {
   auto it = m.info.find("train.steps");
   return it != m.info.end() && it->second == std::to_string(m.step);
+}
+
+// `latest` of a checkpoint directory as it reads now ("" when there is none).
+std::string latest_name(const std::string& dir) {
+  std::ifstream f(std::filesystem::path(dir) / "latest");
+  std::string name;
+  std::getline(f, name);
+  return name;
+}
+
+// The newest complete checkpoint of `dir`, opened (its files mapped: kept while the reader
+// lives). A run writing there may rotate away the one found before it is opened: when `latest`
+// moved or the checkpoint it named is gone, found again, a few times; then a UsageError saying
+// the run is writing (a run checkpointing every few milliseconds outpaces the verification).
+std::unique_ptr<CheckpointReader> open_latest(const std::string& dir, const std::string& what,
+                                              std::string* passed_over) {
+  constexpr int kAttempts = 10;
+  for (int attempt = 1;; ++attempt) {
+    const std::string before = latest_name(dir);
+    try {
+      return std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, what, passed_over));
+    } catch (const UsageError&) {
+      std::error_code ec;
+      const bool moved = latest_name(dir) != before ||
+                         (!before.empty() && !std::filesystem::exists(std::filesystem::path(dir) / before, ec));
+      if (!moved) throw;  // a fault of the checkpoints themselves
+      if (attempt == kAttempts)
+        usage_error(what, "the checkpoints in '{}' changed {} times while being opened: a run is writing there "
+                    "(open them when it is done, or name one of its step directories)", dir, kAttempts);
+    }
+  }
 }
 
 }  // namespace
@@ -55,8 +88,10 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
 }
 
 void require_init_path(const std::string& init) {
-  if (!std::filesystem::is_directory(init) && !std::filesystem::is_regular_file(init))
-    usage_error("--init", "no such file or checkpoint directory '{}'", init);
+  std::error_code ec;
+  if (std::filesystem::is_directory(init, ec) || std::filesystem::is_regular_file(init, ec)) return;
+  if (!std::filesystem::exists(init, ec)) usage_error("--init", "no such file or checkpoint directory '{}'", init);
+  require_input_file(init, "--init", "");  // names what is there instead: a FIFO, a device
 }
 
 std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, const std::string& resume,
@@ -65,7 +100,7 @@ std::unique_ptr<CheckpointReader> open_init_checkpoint(const std::string& init, 
   const bool dir = !init.empty() && std::filesystem::is_directory(init);
   if (!init.empty() && !resume.empty()) usage_error("--init", "give --init or --resume, not both");
   std::unique_ptr<CheckpointReader> ckpt;
-  if (dir) ckpt = std::make_unique<CheckpointReader>(find_latest_checkpoint(init, "--init"));
+  if (dir) ckpt = open_latest(init, "--init", nullptr);
   if (!init.empty()) check_weights_fit(model, init, ckpt.get());
   return ckpt;
 }
@@ -172,7 +207,7 @@ std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m) {
 std::unique_ptr<CheckpointReader> open_resume_checkpoint(Config& cfg, const std::string& dir, const std::string& what,
                                                          std::vector<std::string>& notes) {
   std::string passed_over;
-  auto r = std::make_unique<CheckpointReader>(find_latest_checkpoint(dir, what, &passed_over));
+  std::unique_ptr<CheckpointReader> r = open_latest(dir, what, &passed_over);
   if (!passed_over.empty()) notes.push_back(what + ": " + passed_over + "; resuming from the newest that verifies");
   check_resume(cfg, r->manifest());
   check_weights_fit(cfg.model, "", r.get());

@@ -19,7 +19,7 @@ class OneProcessEngine final : public TrainEngine {
   EngineBanner banner() const override { return {}; }
 
   EngineStep step(int64_t step) override;
-  double evaluate() override { return trainer_->evaluate(); }
+  std::optional<double> evaluate(const StopAsked& stopped) override { return trainer_->evaluate(stopped); }
   std::vector<CheckpointFile> write_checkpoint(const std::string& step_dir) override;
   FinalRecords finish(const std::string& out_dir) override;
 

@@ -148,9 +148,12 @@ int take_lock(const std::string& dir, const std::string& what) {
 // logging and output arguments too): its length and its schedule's, and how it runs and reports
 // rather than what it trains (the thread count, where and how often it logs, evaluates and
 // checkpoints). A new thread count changes the bits of the steps after it (README: determinism).
+// train.out_dir too: out_dir's own config.toml records where the run was written, which differs
+// from out_dir only for a copied or moved run (continued where it now is: run_dir.hpp).
 const std::vector<std::string> kContinuingKeys = {"train.steps",       "optim.decay_steps", "train.threads",
                                                   "train.log_json",    "train.log_every",   "train.eval_every",
-                                                  "train.checkpoint_every", "train.keep_checkpoints"};
+                                                  "train.checkpoint_every", "train.keep_checkpoints",
+                                                  "train.out_dir"};
 
 // The first key whose value differs between the run's config.toml (theirs) and this command's,
 // with both values: "'[train] steps': run has 5, this command 6"; "" when none.
@@ -179,7 +182,7 @@ void check_not_another_run(const Config& cfg, bool continuing) {
   if (theirs.empty() || theirs == ours) return;
   std::string at = config_difference(theirs, ours, kContinuingKeys), why;
   if (at.empty() && !continuing) {
-    at = config_difference(theirs, ours, {});
+    at = config_difference(theirs, ours, {"train.out_dir"});
     why = fmt::format(" and no checkpoint in '{}' to continue it from", checkpoint_dir_of(cfg));
   }
   if (at.empty()) return;

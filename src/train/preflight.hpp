@@ -66,7 +66,8 @@ struct RunOutputs {
 // Auto-resume (Hugging Face's resume_from_checkpoint=True, Megatron's --load): out_dir holds the
 // config.toml of this configuration, but for keys that do not change what is trained (the length:
 // train.steps, optim.decay_steps; how it runs and reports: train.threads, log_json, log_every,
-// eval_every, checkpoint_every, keep_checkpoints), and the checkpoint directory a checkpoint
+// eval_every, checkpoint_every, keep_checkpoints; where it was written: the train.out_dir a copied
+// or moved run's config.toml recorded), and the checkpoint directory a checkpoint
 // (has_checkpoint: verified when opened). Reads only.
 bool continues_its_run(const Config& cfg);
 

@@ -47,12 +47,14 @@ std::string run_config_of(const std::string& path) {
 
 namespace {
 
-// A folder Hugging Face's save_pretrained wrote (or ours without its config.toml).
+// A folder Hugging Face's save_pretrained wrote (or ours without its config.toml). Its config.json
+// need only be there: one that is no file (a FIFO) is refused as such when read, not taken for a
+// checkpoint directory.
 bool hf_folder(const std::string& path) {
   std::error_code ec;
   const fs::path dir(path);
-  return !path.empty() && fs::is_directory(dir, ec) && !is_file(dir / "config.toml") && is_file(dir / "config.json") &&
-         is_file(dir / "model.safetensors");
+  return !path.empty() && fs::is_directory(dir, ec) && !is_file(dir / "config.toml") &&
+         fs::exists(fs::symlink_status(dir / "config.json", ec)) && is_file(dir / "model.safetensors");
 }
 
 }  // namespace
@@ -82,6 +84,15 @@ std::string resume_dir_of(const std::string& path, const Config& cfg) {
 std::string run_dir_of_resume(const std::string& resume) {
   const std::string config = run_config_of(resume);
   return config.empty() ? "" : fs::path(config).parent_path().string();
+}
+
+std::string run_dir_of_config(const std::string& config) {
+  std::error_code ec;
+  const fs::path p = fs::absolute(config, ec).lexically_normal();
+  if (config.empty() || ec || p.filename() != "config.toml" || !is_file(p)) return "";
+  const fs::path dir = p.parent_path();
+  const bool run = is_file(dir / "log.jsonl") || fs::exists(fs::symlink_status(dir / ".pipefisher-lock", ec));
+  return run ? dir.string() : "";
 }
 
 namespace {

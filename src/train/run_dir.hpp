@@ -45,6 +45,10 @@ std::string resume_dir_of(const std::string& path, const Config& cfg);
 // or "" when no run directory holds it.
 std::string run_dir_of_resume(const std::string& resume);
 
+// The run directory whose own config.toml `config` is (RUN/config.toml of a directory that also
+// holds a run's log.jsonl or lock: a run, a copy or a moved run), or "" for any other file.
+std::string run_dir_of_config(const std::string& config);
+
 // Moves the run `cfg` configures to `run_dir`: train.out_dir, and every path under the recorded
 // out_dir (checkpoints, log, plan profile), follow it. A train.log_json outside it, of a run whose
 // recorded out_dir still exists (a copy), is another run's log: UsageError naming the key and both

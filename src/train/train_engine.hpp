@@ -9,6 +9,7 @@
 #include "train/trainer.hpp"
 
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -56,6 +57,9 @@ class TrainEngine {
   virtual std::string layout_name() const = 0;
   // What this layout refuses of the checkpoint of `--resume dir` beyond check_resume (UsageError).
   virtual void check_resume(const CheckpointReader& r, const std::string& dir) const {}
+  // False for --dry-run in one process of a layout of several ranks (no mpirun): the processes
+  // that would build and load the stages are not there, so build and the loads are not called.
+  virtual bool builds_here() const { return true; }
   // Collective: the model, optimizer and data of the resolved configuration; reads the token
   // files (a bad one is refused here). Allocates, writes nothing.
   virtual void build(const Config& cfg) = 0;
@@ -69,7 +73,9 @@ class TrainEngine {
 
   // --- the run ---
   virtual EngineStep step(int64_t step) = 0;  // collective: step index `step`, from 0
-  virtual double evaluate() = 0;              // collective: the validation loss, on every process
+  // Collective: the validation loss, on every process; nothing when `stopped` (a stop signal) was
+  // true on any process before one of its micro-batches: the evaluation ends there, within one.
+  virtual std::optional<double> evaluate(const StopAsked& stopped) = 0;
   // Writes this process's checkpoint files into step_dir (made by the root); UsageError on a full disk.
   virtual std::vector<CheckpointFile> write_checkpoint(const std::string& step_dir) = 0;
   // Collective, after the last step: the final weights and the engine's records (out_dir).

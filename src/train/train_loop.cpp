@@ -5,10 +5,12 @@
 #include "core/machine.hpp"
 #include "core/signals.hpp"
 #include "core/files.hpp"
+#include "data/batches.hpp"
 #include "io/hf_model.hpp"
 #include "train/checkpointing.hpp"
 #include "train/preflight.hpp"
 #include "train/run_log.hpp"
+#include "train/trainer.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -130,41 +132,65 @@ void add_checkpoint_files(std::vector<NamedPath>& in, const CheckpointReader* r,
   for (const auto& f : r->files()) in.push_back({f->path(), what});
 }
 
-// Everything that can refuse the run, then its outputs: nothing is written before every check
-// (files, checkpoints, output paths and locks, the model's shapes against the tensors it loads).
-void set_up(Run& r) {
+// What the checks of the set-up opened, for the loads and writes after them.
+struct Checked {
+  std::string init_path;  // --init, unless the run continues
+  std::unique_ptr<CheckpointReader> init, resume;
+  RunOutputs outputs;
+  std::vector<std::string> notes;
+};
+
+// Everything that can refuse the run but the loads into its model (files, checkpoints, output
+// paths); nothing is written. --dry-run runs exactly this, then the build and loads.
+Checked check_run(Run& r) {
   TrainEngine& e = r.engine;
   const TrainRunArgs& a = r.args;
+  Checked c;
   r.cfg.check_files();
+  check_eval_batches(r.cfg, *make_batcher(r.cfg.model, r.cfg.data, true));
   r.continuing = continues(r);
   const std::string resume_dir = r.continuing ? r.ckpt_dir : a.resume;
-  std::vector<std::string> notes;
   // A continued run's weights are its checkpoint's (as Trainer's resume over from_pretrained).
-  if (r.continuing && !a.init.empty()) notes.push_back("--init " + a.init + ": not loaded, the run continues");
-  const std::string init_path = r.continuing ? "" : a.init;
-  std::unique_ptr<CheckpointReader> init = open_init_checkpoint(init_path, a.resume, r.cfg.model);
-  std::unique_ptr<CheckpointReader> resume;
+  if (r.continuing && !a.init.empty()) c.notes.push_back("--init " + a.init + ": not loaded, the run continues");
+  c.init_path = r.continuing ? "" : a.init;
+  c.init = open_init_checkpoint(c.init_path, a.resume, r.cfg.model);
   if (!resume_dir.empty()) {
-    resume = open_resume_checkpoint(r.cfg, resume_dir, r.continuing ? "train.checkpoint_dir" : "--resume", notes);
-    e.check_resume(*resume, resume_dir);
+    c.resume = open_resume_checkpoint(r.cfg, resume_dir, r.continuing ? "train.checkpoint_dir" : "--resume", c.notes);
+    e.check_resume(*c.resume, resume_dir);
   }
-  RunOutputs outputs{a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), r.continuing, a.overwrite, "", {}};
-  outputs.inputs = {a.config, {init_path, "--init"}};  // a checkpoint directory's files instead, below
-  add_checkpoint_files(outputs.inputs, init.get(), "--init");
-  add_checkpoint_files(outputs.inputs, resume.get(), r.continuing ? "train.checkpoint_dir" : "--resume");
-  if (resume) outputs.resume_dir = std::filesystem::path(resume->dir()).parent_path().string();
-  e.on_root([&] { check_output_paths(r.cfg, outputs); });
+  c.outputs = {a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), r.continuing, a.overwrite, "", {}};
+  c.outputs.inputs = {a.config, {c.init_path, "--init"}};  // a checkpoint directory's files instead, below
+  add_checkpoint_files(c.outputs.inputs, c.init.get(), "--init");
+  add_checkpoint_files(c.outputs.inputs, c.resume.get(), r.continuing ? "train.checkpoint_dir" : "--resume");
+  if (c.resume) c.outputs.resume_dir = std::filesystem::path(c.resume->dir()).parent_path().string();
+  e.on_root([&] { check_output_paths(r.cfg, c.outputs); });
+  return c;
+}
+
+// The model, with --init's or the checkpoint's tensors (a shape that differs is refused here).
+void load_model(Run& r, Checked& c) {
+  TrainEngine& e = r.engine;
   e.build(r.cfg);
-  e.load_init(init_path, init.get());
-  init.reset();  // unmaps the files
-  if (resume) {
-    e.load_resume(*resume);
-    r.first_step = resume->manifest().step;
-  }
-  e.on_root([&] { open_outputs(r, outputs, notes, resume.get()); });
-  resume.reset();
-  e.open_outputs();
+  e.load_init(c.init_path, c.init.get());
+  c.init.reset();  // unmaps the files
+  if (!c.resume) return;
+  e.load_resume(*c.resume);
+  r.first_step = c.resume->manifest().step;
+}
+
+// The run's first writes, after every refusal.
+void set_up(Run& r, Checked& c) {
+  r.engine.on_root([&] { open_outputs(r, c.outputs, c.notes, c.resume.get()); });
+  c.resume.reset();
+  r.engine.open_outputs();
   print_banner(r);
+}
+
+// --dry-run, in place of the first write: the notes the run would print, then the report (root).
+int dry_run(Run& r, const Checked& c) {
+  if (!r.engine.root()) return 0;
+  for (const std::string& n : c.notes) std::fprintf(stderr, "pipefisher train: %s\n", n.c_str());
+  return r.args.dry_run(r.cfg);
 }
 
 // --- the phases of a step ---
@@ -196,12 +222,30 @@ bool take_step(Run& r, int64_t s, StepStats& st) {
   return false;
 }
 
-// Evaluate: after every train.eval_every steps and after the last.
+// A stop signal cuts an evaluation short (within a micro-batch): the run stops after it.
+bool stop_seen() { return g_stop != 0; }
+
+// Evaluate: after every train.eval_every steps and after the last. Nothing when not due, or cut
+// short by a stop signal (agreed_stop then stops the run).
 std::optional<double> evaluate_after(Run& r, int64_t s) {
   const int every = r.cfg.train.eval_every;
   if (s + 1 != r.cfg.train.steps && !(every > 0 && (s + 1) % every == 0)) return std::nullopt;
   r.args.seams.signal.at(SignalSeam::Where::eval, s + 1);
-  return r.valid = r.engine.evaluate();
+  const std::optional<double> valid = r.engine.evaluate(stop_seen);
+  if (valid) r.valid = *valid;
+  return valid;
+}
+
+// A validation loss that is not finite after a finite step: its update overflowed the weights,
+// the run diverged. It stops (status 1) before that state is checkpointed or written as the
+// run's result. (After a skipped step, take_step's count of skipped steps decides.)
+bool diverged(const Run& r, int64_t steps_done, std::optional<double> valid) {
+  if (!valid || std::isfinite(*valid) || r.skipped_in_a_row > 0) return false;
+  if (r.engine.root())
+    std::fprintf(stderr, "pipefisher train: validation loss %g after step %lld: the run diverged (a smaller optim.lr?); "
+                 "its weights are not written as its result; %s\n", *valid, static_cast<long long>(steps_done),
+                 last_checkpoint_note(r.ckpt_dir).c_str());
+  return true;
 }
 
 // Collective: every rank's peak resident set so far at the root, by rank (empty elsewhere).
@@ -311,6 +355,7 @@ std::optional<int> run_steps(Run& r) {
     if (!take_step(r, s, st)) return 1;
     const std::optional<double> valid = evaluate_after(r, s);
     log_step(r, st, valid);
+    if (diverged(r, s + 1, valid)) return 1;
     const int sig = agreed_stop(r);
     if ((sig && checkpoints_on(r.cfg)) || checkpoint_due(r.cfg, s + 1)) save_checkpoint(r, s + 1);
     if (sig) {
@@ -374,7 +419,15 @@ void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memor
 
 // The final evaluation when no step ran (a run resumed at its end), then the final outputs.
 int finish(Run& r, double wall) {
-  if (r.first_step == r.cfg.train.steps) r.valid = r.engine.evaluate();
+  if (r.first_step == r.cfg.train.steps) {
+    const std::optional<double> valid = r.engine.evaluate(stop_seen);
+    if (!valid) {
+      const int sig = agreed_stop(r);
+      if (r.engine.root()) say_stopped(r, sig, r.first_step);
+      return 128 + sig;
+    }
+    if (diverged(r, r.first_step, r.valid = *valid)) return 1;
+  }
   const FinalRecords rec = r.engine.finish(r.cfg.train.out_dir);
   const MemoryUse memory = memory_use(r);
   r.engine.on_root([&] { write_final_outputs(r, rec, memory, wall); });
@@ -389,7 +442,10 @@ int finish(Run& r, double wall) {
 int run_training(TrainEngine& engine, Config cfg, const TrainRunArgs& args) {
   Run r{engine, std::move(cfg), args, "", nullptr, nullptr, 0, 0, "", false, ""};
   r.ckpt_dir = checkpoint_dir_of(r.cfg);
-  set_up(r);
+  Checked checked = check_run(r);
+  if (!args.dry_run || engine.builds_here()) load_model(r, checked);
+  if (args.dry_run) return dry_run(r, checked);
+  set_up(r, checked);
   install_stop_signals();
   StepsRunning running(engine);
   const auto t0 = std::chrono::steady_clock::now();

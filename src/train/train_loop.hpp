@@ -6,9 +6,13 @@
 //               (verified, and their tensors loaded into the model, so a shape that differs is
 //               refused here), the output paths and their locks. Only then the run writes: the
 //               locks, --overwrite's removal of the previous run's outputs, config.toml, the logs.
+//               --dry-run is this phase up to its first write (TrainRunArgs::dry_run), so that it
+//               refuses exactly what the run refuses, with the same line.
 //   step        one optimizer step. A non-finite loss or gradient norm changed nothing: the step
 //               is skipped, or the run stops with status 1 (train.on_nonfinite = stop).
-//   evaluate    after every train.eval_every steps and after the last step.
+//   evaluate    after every train.eval_every steps and after the last step. A validation loss
+//               that is not finite means the weights diverged: the run stops with status 1,
+//               writing neither that state's checkpoint nor its model.
 //   checkpoint  after every train.checkpoint_every steps and after the last step, and when the
 //               run stops on a signal, into train.checkpoint_dir (default out_dir/checkpoints);
 //               train.checkpoint_every = 0: none at all, which the run says.
@@ -37,6 +41,7 @@
 #include "train/test_seams.hpp"
 #include "train/train_engine.hpp"
 
+#include <functional>
 #include <string>
 
 namespace pf {
@@ -48,10 +53,13 @@ struct TrainRunArgs {
   bool log_json_from_flag = false;  // train.log_json came from --log-json (named so in errors)
   bool overwrite = false;           // --overwrite: another run's outputs in out_dir are removed
   TestSeams seams;                  // tests only (hidden flags)
+  // --dry-run: the run's own set-up, every check through the same code, then this report on the
+  // root (its exit status) instead of the first write. Null: the run itself.
+  std::function<int(const Config&)> dry_run;
 };
 
 // Runs the training of `cfg` on `engine`; returns the exit status: 0, 1 (a non-finite step with
-// train.on_nonfinite = stop) or 128 + signal (stopped, checkpoint written). Throws UsageError for
+// train.on_nonfinite = stop, or a diverged run: a non-finite validation loss) or 128 + signal (stopped, checkpoint written). Throws UsageError for
 // a refusal (before anything is written) or a write error (naming the last complete checkpoint).
 int run_training(TrainEngine& engine, Config cfg, const TrainRunArgs& args);
 

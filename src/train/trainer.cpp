@@ -1,7 +1,9 @@
 #include "train/trainer.hpp"
 
 #include "core/blas.hpp"
+#include "core/error.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -161,8 +163,18 @@ double batch_mean_standard_error(std::span<const double> share, std::span<const 
   return std::sqrt(static_cast<double>(batches) / static_cast<double>(batches - 1) * sum_sq);
 }
 
+void check_eval_batches(const Config& cfg, const Batcher& valid) {
+  const int rows = cfg.parallel.micro_batch_size;
+  const int64_t held = valid.sequences_per_epoch();
+  const int64_t most = std::max<int64_t>(held / rows, 1);
+  if (cfg.train.eval_batches > most)
+    usage_error("train.eval_batches", "{} micro-batches of {} sequences are more than data.valid_file '{}' holds ({} "
+                "sequences of {} tokens): at most {}", cfg.train.eval_batches, rows, cfg.data.valid_file, held,
+                cfg.model.seq_len, most);
+}
+
 EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb,
-                          const EvalProgress& progress) {
+                          const EvalProgress& progress, const StopAsked& stopped) {
   EvalResult r;
   const EvalScales scale = eval_scales(valid, batches, rows, mb);
   const int forwards = scale.nsp > 0 ? 2 * batches : batches;
@@ -174,7 +186,9 @@ EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batc
   std::vector<int64_t> positions(batches);
   auto pass = [&](float nsp_scale) {
     std::vector<double> share(batches);
-    for (int b = 0; b < batches; ++b) {
+    for (int b = 0; b < batches && !r.stopped; ++b) {
+      r.stopped = stopped && stopped();
+      if (r.stopped) break;
       valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
       mb.index = 0;
       mb.loss_scale = scale.loss;
@@ -189,7 +203,7 @@ EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batc
   model.set_training(false);
   std::vector<double> lm = pass(scale.nsp);
   r.loss = r.lm_loss = sum(lm);
-  if (scale.nsp > 0) r.lm_loss = sum(lm = pass(0.0f));  // NSP pairs: the LM part alone, for perplexity
+  if (scale.nsp > 0 && !r.stopped) r.lm_loss = sum(lm = pass(0.0f));  // NSP pairs: the LM part alone, for perplexity
   model.set_training(true);
   r.positions = std::accumulate(positions.begin(), positions.end(), int64_t{0});
   r.lm_loss_se = batch_mean_standard_error(lm, positions);
@@ -199,12 +213,15 @@ EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batc
   return r;
 }
 
-double Trainer::evaluate() {
+double Trainer::evaluate() { return *evaluate(StopAsked{}); }
+
+std::optional<double> Trainer::evaluate(const StopAsked& stopped) {
   // Held-out sequences 0 .. eval_batches*mbs - 1: the same ones at every evaluation.
   if (kfac_) kfac_->detach();  // evaluation is no curvature (a step that threw may have left taps)
-  return evaluate_model(*model_, state_, *valid_data_, cfg_.train.eval_batches, cfg_.parallel.micro_batch_size,
-                        mbs_[0])
-      .loss;
+  const EvalResult r = evaluate_model(*model_, state_, *valid_data_, cfg_.train.eval_batches,
+                                      cfg_.parallel.micro_batch_size, mbs_[0], {}, stopped);
+  if (r.stopped) return std::nullopt;
+  return r.loss;
 }
 
 }  // namespace pf

@@ -30,6 +30,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -87,12 +88,20 @@ struct EvalResult {
   double lm_loss_se = 0;    // standard error of lm_loss over the micro-batches (batch_mean_standard_error); NaN for one
   std::vector<double> lm_shares;        // [micro-batch] its share of lm_loss (they sum to it)
   std::vector<int64_t> batch_positions; // [micro-batch] positions it scores
+  bool stopped = false;                 // `stopped` said so before a forward: the rest is left out
 };
 // `progress` (may be empty) is called with the forwards done of all it makes (batches, or twice
-// that with NSP pairs).
+// that with NSP pairs). `stopped` (may be empty) is asked before each forward: true (a stop signal
+// came) ends the evaluation there, EvalResult::stopped.
 using EvalProgress = std::function<void(int done, int total)>;
+using StopAsked = std::function<bool()>;
 EvalResult evaluate_model(Model& model, ModelState& st, Batcher& valid, int batches, int rows, MicroBatch& mb,
-                          const EvalProgress& progress = {});
+                          const EvalProgress& progress = {}, const StopAsked& stopped = {});
+
+// train.eval_batches micro-batches of parallel.micro_batch_size sequences are at most what the
+// held-out file `valid` holds, as eval's --batches are (more would score its sequences over again,
+// without bound): UsageError naming the key. Checked before a run's first write.
+void check_eval_batches(const Config& cfg, const Batcher& valid);
 
 // The standard error of a mean over B micro-batches whose scored positions differ (n_b of N in
 // all): batch b adds share[b] = n_b m_b / N to the mean m = sum(share), and the micro-batches, not
@@ -109,6 +118,8 @@ class Trainer {
   StepStats step();
   // Mean validation loss over train.eval_batches micro-batches of the held-out file.
   double evaluate();
+  // The same, or nothing when `stopped` said so before one of its forwards.
+  std::optional<double> evaluate(const StopAsked& stopped);
 
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *optim_; }

@@ -267,7 +267,13 @@ std::string smoothing_text(const std::vector<LossCurve>& curves) {
   return fmt::format("thick: smoothed (Butterworth, 3rd order, forward-backward; cutoff {})", fmt::join(each, ", "));
 }
 
+constexpr const char* kLegendLine = "thin: training loss per step;";  // is_loss_chart_svg looks for it
+
 }  // namespace
+
+bool is_loss_chart_svg(const std::string& svg) {
+  return svg.rfind("<svg ", 0) == 0 && svg.find(kLegendLine) != std::string::npos;
+}
 
 std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChartOptions& opt) {
   const double pw = 460, ph = 300, left = 70, top = 84, gapx = 90;
@@ -287,9 +293,10 @@ std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChart
                               "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
                               "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
                               "<text x=\"{:.0f}\" y=\"26\" font-size=\"16\" font-weight=\"bold\">{}</text>\n"
-                              "<text x=\"{:.0f}\" y=\"44\" font-size=\"11\" fill=\"#555\">thin: training loss per step; "
+                              "<text x=\"{:.0f}\" y=\"44\" font-size=\"11\" fill=\"#555\">{} "
                               "{}; dots: validation</text>\n",
-                              width, height, left, xml_escape(opt.title), left, xml_escape(smoothing_text(curves)));
+                              width, height, left, xml_escape(opt.title), left, kLegendLine,
+                              xml_escape(smoothing_text(curves)));
   o += loss_panel(curves, opt, {0, false, left, top, pw, ph, 1, ylo, yhi}, yt);
   o += loss_panel(curves, opt, {1, true, left + pw + gapx, top, pw, ph, 1, ylo, yhi}, yt);
   double ly = top + ph + 52;

@@ -43,6 +43,9 @@ struct LossChartOptions {
   std::optional<double> target;  // drawn, with each smoothed curve's crossing marked
 };
 std::string loss_chart_svg(const std::vector<LossCurve>& curves, const LossChartOptions& opt);
+// Whether `svg` (a file's first bytes suffice) is a chart loss_chart_svg drew: its legend line,
+// which every version has written, "thin: training loss per step".
+bool is_loss_chart_svg(const std::string& svg);
 
 // Round tick values covering [lo, hi]: about `count` of them at 1, 2 or 5 x 10^k.
 std::vector<double> nice_ticks(double lo, double hi, int count);

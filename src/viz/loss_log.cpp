@@ -39,6 +39,11 @@ void add_record(const nlohmann::json& j, const std::string& where, LossCurve& c,
   if (!step.value || *step.value < 0 || *step.value != std::floor(*step.value))
     usage_error(where, "\"step\" must be a whole number >= 0 (a run log record has step, loss, step_time_s)");
   if (!loss.present) usage_error(where, "no \"loss\" (a run log record has step, loss, step_time_s)");
+  // A run writes its steps in order (a resumed run drops the records past its checkpoint): lines
+  // out of order, or two runs in one file, would draw and report another run than either.
+  if (!c.step.empty() && *step.value <= c.step.back())
+    usage_error(where, "step {:g} after step {:g}: a run log's steps increase (its lines are out of order, or it "
+                "holds more than one run)", *step.value, c.step.back());
   const Field dt = field(j, "step_time_s", where);
   if (dt.present && !(dt.value && *dt.value >= 0))
     usage_error(where, "\"step_time_s\" must be a non-negative number of seconds, got {}", j["step_time_s"].dump());

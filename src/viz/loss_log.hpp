@@ -5,7 +5,8 @@
 //
 // Every log the program writes reads: a skipped step (non-finite loss, logged as null) stays in the
 // curve as NaN, a gap in the chart, and is counted in LossCurve::skipped; a null valid_loss (a
-// non-finite evaluation) is left out. A last line without its newline that is not JSON (a run cut
+// non-finite evaluation) is left out. Steps increase line by line (else a UsageError naming the
+// line: lines out of order, two runs in one file). A last line without its newline that is not JSON (a run cut
 // off mid-write, a full disk) is left out and flagged in LossCurve::cut_short. Anything else
 // malformed (not a JSON object, a missing or mistyped field, a negative or absurd number) is a
 // UsageError naming "path:line" and the field.

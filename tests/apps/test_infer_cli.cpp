@@ -184,6 +184,22 @@ TEST(GenerateCli, SameSeedSameTextOtherSeedOtherText) {
   EXPECT_NE(a.at("ids"), c.at("ids"));  // 12 draws among 50 candidates each: equal by chance ~never
 }
 
+// Issue 50, item 7: byte-level tokens cut characters in two; --json prints what was generated for
+// every seed, bytes that are no UTF-8 as U+FFFD (before: "invalid UTF-8 byte", nothing printed).
+TEST(GenerateCli, JsonOfTextCutMidCharacterIsPrinted) {
+  const auto sets = tiny_sets("gpt");
+  const fs::path w = pf_test::scratch_dir("infer_cli") / "utf8.safetensors";
+  train_and_save(sets, w, 1);
+  const std::string cmd = generate_cmd(sets, w, "--max-new-tokens 200 --temperature 1");
+  int replaced = 0;
+  for (int seed = 1; seed <= 5; ++seed) {
+    const auto j = json_of(run(cmd + " --seed " + std::to_string(seed)));
+    EXPECT_FALSE(j.at("ids").empty()) << seed;
+    replaced += j.at("text").get<std::string>().find("\xEF\xBF\xBD") != std::string::npos;
+  }
+  EXPECT_GT(replaced, 0) << "no seed cut a character: the case is not tested";
+}
+
 // The logits of the last position, computed here: the transformer body's output (the model
 // without its head), then GPT-2's head written out from the weights file: ln_f, then the
 // tied word embedding.

@@ -349,3 +349,50 @@ TEST(ReportCli, ALongLogIsThinnedToThePixelsAndKeepsItsSpikes) {
   }
   EXPECT_EQ(ys.size(), 2u) << d_attr.substr(0, 400);
 }
+
+namespace {
+
+// Issue 50, item 16: a log whose lines are out of order (or that holds two runs) is refused naming
+// the file and line, not reported as the run its last line belongs to.
+TEST(ReportCli, ALogOutOfOrderIsRefusedNamingTheLine) {
+  fs::create_directories(dir() / "disorder");
+  std::ofstream(dir() / "disorder" / "log.jsonl") << "{\"step\": 1, \"loss\": 3}\n{\"step\": 3, \"loss\": 2}\n"
+                                                  << "{\"step\": 2, \"loss\": 2.5}\n";
+  for (const std::string json : {"", " --json"}) {
+    const pf_test::Launch r = report((dir() / "disorder").string() + json);
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_NE(r.out.find("log.jsonl:3: step 2 after step 3"), std::string::npos) << r.out;
+  }
+  fs::create_directories(dir() / "twice");
+  std::ofstream(dir() / "twice" / "log.jsonl") << "{\"step\": 1, \"loss\": 3}\n{\"step\": 1, \"loss\": 3}\n";
+  const pf_test::Launch t = report((dir() / "twice").string());
+  EXPECT_EQ(t.status, 2) << t.out;
+  EXPECT_NE(t.out.find("log.jsonl:2: step 1 after step 1"), std::string::npos) << t.out;
+}
+
+// Issue 50, item 17: `--out photo.svg` never replaces a photo.png (or an SVG) this command did not
+// draw; its own chart is redrawn in place; --overwrite replaces the others.
+TEST(ReportCli, APictureItDidNotDrawIsNotReplaced) {
+  const fs::path run = fake_run("pictures", 20, 0.1, 1), pics = dir() / "pictures-out";
+  fs::create_directories(pics);
+  std::ofstream(pics / "photo.png") << "a photo";
+  const pf_test::Launch r = report(run.string() + " --out " + (pics / "photo.svg").string());
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--out: '" + (pics / "photo.png").string() + "' exists and is no chart"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(pics / "photo.svg"));
+  std::ofstream(pics / "drawing.svg") << "<svg xmlns=\"http://www.w3.org/2000/svg\"/>";
+  const pf_test::Launch d = report(run.string() + " --out " + (pics / "drawing.svg").string());
+  EXPECT_EQ(d.status, 2) << d.out;
+  EXPECT_NE(d.out.find("drawing.svg' exists and is no chart"), std::string::npos) << d.out;
+  std::ifstream photo(pics / "photo.png");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(photo), {}), "a photo");
+  // Its own chart, twice: the second replaces the first's SVG and PNG.
+  for (int k = 0; k < 2; ++k) {
+    const pf_test::Launch own = report(run.string() + " --out " + (pics / "chart.svg").string());
+    EXPECT_EQ(own.status, 0) << own.out;
+  }
+  const pf_test::Launch o = report(run.string() + " --out " + (pics / "photo.svg").string() + " --overwrite");
+  EXPECT_EQ(o.status, 0) << o.out;
+}
+
+}  // namespace

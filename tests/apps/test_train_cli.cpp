@@ -43,12 +43,15 @@ class TrainCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // Runs with `sets` on the committed sample and expects exit 2, one line starting with `prefix`,
-  // and no output directory.
+  // and no output directory; --dry-run refuses alike (issue 50, item 3).
   void expect_refused(const std::string& sets, const std::string& prefix) {
     const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
-    CliRun r = train("--set data.train_file=" + sample + " --set data.valid_file=" + sample +
-                      " --set train.out_dir=" + out_.string() + " " + sets,
-                  dir_);
+    const std::string args = "--set data.train_file=" + sample + " --set data.valid_file=" + sample +
+                             " --set train.out_dir=" + out_.string() + " " + sets;
+    const CliRun dry = train(args + " --dry-run", dir_);
+    CliRun r = train(args, dir_);
+    EXPECT_EQ(dry.status, r.status) << sets << "\n" << dry.err;
+    EXPECT_EQ(dry.err, r.err) << sets;
     EXPECT_EQ(r.status, 2) << sets << "\n" << r.err;
     EXPECT_EQ(r.err.rfind("pipefisher: " + prefix, 0), 0u) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

@@ -91,6 +91,46 @@ TEST(Pfrun, AnOptionWithoutItsValueIsNamed) {
   }
 }
 
+// Issue 50, item 10: a file-size limit too small for mpirun's shared-memory files and a run's
+// checkpoints (it hung mpirun, a zombie rank, SIGTERM ignored) is refused before launching,
+// naming it; the run itself and a limit that fits are left alone.
+TEST(Pfrun, ASmallFileSizeLimitIsRefusedBeforeLaunching) {
+  tiny_config(dir());
+  const std::string train = mpi_train_cmd(2, dir(), "fsize", "--set parallel.stages=2 --steps 2");
+  const Launch r = run("(ulimit -f 2000; " + train + ")");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "pfrun: the file-size limit (ulimit -f) is 2000 KiB")) << r.out;
+  EXPECT_LT(r.seconds, 10) << r.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-fsize"));
+  const Launch dry = run("(ulimit -f 2000000; PFRUN_DRY=1 " + kPfrun + " -np 2 prog)");
+  EXPECT_EQ(dry.status, 0) << dry.out;
+}
+
+// Issue 50, item 11: hostile schedule CSVs (63 MiB of commas took 2.3 GB) are bounded as the other
+// inputs are: by size, and by cells counted before they are stored.
+TEST(BoundedInputs, ASchedulesSizeAndCellsAreBounded) {
+  const fs::path d = dir();
+  auto file = [&](const std::string& name, const std::string& unit, size_t bytes) {
+    std::string text;
+    while (text.size() + unit.size() <= bytes) text += unit;
+    std::ofstream(d / name, std::ios::binary) << text;
+    return (d / name).string();
+  };
+  const struct {
+    std::string path, what;
+  } cases[] = {
+      {file("commas.csv", std::string(4096, ','), 15 << 20), "over 4000000 cells"},
+      {file("rows.csv", std::string(4096, '\n'), 15 << 20), "over 4000000 cells"},
+      {file("actions.csv", "0F0,", 17 << 20), "over the bound of 16777216 bytes"},
+  };
+  for (const auto& c : cases) {
+    const Launch r = run(kEnv + kBinary + " plan --schedule-file " + c.path);
+    EXPECT_EQ(r.status, 2) << c.path << "\n" << r.out.substr(0, 2000);
+    EXPECT_TRUE(contains(r.out, c.what)) << c.path << "\n" << r.out.substr(0, 2000);
+    EXPECT_LT(r.seconds, 10) << c.path;
+  }
+}
+
 // Issue 34, messages: a whole-number flag out of range says what it wants, not CLI11's range of
 // "0.000000 to 1797693..." (300 digits of DBL_MAX); plan --profile DIR names the directory.
 TEST(Messages, RangeErrorsSayWhatIsWanted) {

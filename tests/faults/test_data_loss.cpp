@@ -81,7 +81,7 @@ TEST(DataLoss, AnOutputNamingAnInputIsRefused) {
     tiny_config(dir());  // the same inode: a case that wrote over it does not spoil the next
     const std::string before = slurp(c.input);
     const fs::path out = dir() / ("out-in" + std::to_string(k++));
-    expect_one_line_refusal(run(tiny_train(out, c.flags)), c.what, c.flags);
+    expect_one_line_refusal(run_both_ways(tiny_train(out, c.flags)), c.what, c.flags);
     EXPECT_EQ(slurp(c.input), before) << c.flags;
     EXPECT_FALSE(fs::exists(out)) << c.flags;
   }
@@ -128,7 +128,7 @@ TEST(DataLoss, ResumeOfACopiedRunWritesIntoTheCopy) {
   ASSERT_EQ(l.status, 0) << l.out;
   fs::copy(logged, logged_copy, fs::copy_options::recursive);
   const std::string log_before = slurp(log);
-  expect_one_line_refusal(run(kEnv + kBinary + " train --resume " + logged_copy.string() + " --steps 4"),
+  expect_one_line_refusal(run_both_ways(kEnv + kBinary + " train --resume " + logged_copy.string() + " --steps 4"),
                           "train.log_json: '" + log.string() + "' is the log of the run in '" + logged.string() + "'");
   EXPECT_EQ(slurp(log), log_before);
 }
@@ -147,7 +147,7 @@ TEST(DataLoss, ACheckpointDirectoryBelongsToOneRun) {
   const auto before = snapshot(ck);
   const std::string owned = "train.checkpoint_dir: '" + ck.string() + "' holds the checkpoints of the run in '" +
                             a.string() + "' (" + (ck / "owner.json").string() + ")";
-  expect_one_line_refusal(run(tiny_train(dir() / "run-b", "--steps 4 --set train.seed=7" + cks)), owned);
+  expect_one_line_refusal(run_both_ways(tiny_train(dir() / "run-b", "--steps 4 --set train.seed=7" + cks)), owned);
   Launch mpi = run(kEnv + kPfrun + " -np 2 " + kBinary + " train --config " + (dir() / "tiny.toml").string() +
                    " --set parallel.stages=2 --set train.out_dir=" + (dir() / "run-b2").string() + " --steps 4" + cks);
   EXPECT_EQ(mpi.status, 2) << mpi.out;
@@ -180,7 +180,7 @@ TEST(DataLoss, AFolderThatIsNoRunDirectoryIsNotWrittenInto) {
   for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "README.md"})
     std::ofstream(hf / name) << "theirs: " << name << "\n";
   const auto before = snapshot(hf);
-  expect_one_line_refusal(run(tiny_train(hf, "--steps 1")),
+  expect_one_line_refusal(run_both_ways(tiny_train(hf, "--steps 1")),
                           "train.out_dir: '" + hf.string() + "' is not empty and not a pipefisher run directory (it "
                           "holds README.md, config.json, model.safetensors, tokenizer.json, ... (5 entries))");
   EXPECT_TRUE(snapshot(hf) == before) << "the folder changed";
@@ -195,3 +195,40 @@ TEST(DataLoss, AFolderThatIsNoRunDirectoryIsNotWrittenInto) {
 }
 
 }  // namespace
+
+// Issue 50, item 1: cp -r of a run, then the same command through the copy's own config.toml
+// (which records the original's out_dir): the copy goes on where it is and the original keeps
+// every byte; so does its dry run, and a moved run continued through its config.toml.
+TEST(DataLoss, ContinuingACopiedRunThroughItsOwnConfigWritesIntoTheCopy) {
+  tiny_config(dir());
+  const fs::path orig = dir() / "own-orig", copy = dir() / "own-copy", moved = dir() / "own-moved";
+  Launch first = run(tiny_train(orig, "--steps 2"));
+  ASSERT_EQ(first.status, 0) << first.out;
+  fs::copy(orig, copy, fs::copy_options::recursive);
+  const auto before = snapshot(orig);
+  const std::string own = kEnv + kBinary + " train --config " + (copy / "config.toml").string();
+  Launch dry = run(own + " --steps 4 --dry-run");
+  EXPECT_EQ(dry.status, 0) << dry.out;
+  Launch resumed = run(own + " --steps 4");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "resuming from " + (copy / "checkpoints" / "step-000002").string())) << resumed.out;
+  EXPECT_FALSE(contains(resumed.out, orig.string() + "/")) << resumed.out;
+  EXPECT_TRUE(snapshot(orig) == before) << "the original run directory changed";
+  EXPECT_EQ(read_log(copy / "log.jsonl").size(), 4u);
+  EXPECT_EQ(slurp(copy / "checkpoints" / "latest"), "step-000004\n");
+  EXPECT_TRUE(contains(slurp(copy / "config.toml"), "out_dir = '" + copy.string() + "'"));
+
+  fs::rename(copy, moved);
+  Launch again = run(kEnv + kBinary + " train --config " + (moved / "config.toml").string() + " --steps 6");
+  ASSERT_EQ(again.status, 0) << again.out;
+  EXPECT_TRUE(contains(again.out, "resuming from " + (moved / "checkpoints" / "step-000004").string())) << again.out;
+  EXPECT_EQ(read_log(moved / "log.jsonl").size(), 6u);
+  EXPECT_FALSE(fs::exists(copy)) << "the run wrote where it was before the move";
+  // A --set naming another out_dir takes the configuration as a template: a new run there.
+  const fs::path fresh = dir() / "own-fresh";
+  Launch other = run(kEnv + kBinary + " train --config " + (moved / "config.toml").string() +
+                     " --set train.out_dir=" + fresh.string() + " --steps 2");
+  ASSERT_EQ(other.status, 0) << other.out;
+  EXPECT_FALSE(contains(other.out, "resuming")) << other.out;
+  EXPECT_TRUE(snapshot(orig) == before) << "the original run directory changed";
+}

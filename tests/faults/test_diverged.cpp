@@ -54,3 +54,26 @@ TEST(Diverged, EvalOfWeightsWithoutAFiniteLossExitsNonzero) {
                     (dir() / "ok.safetensors").string() + " --json");
   EXPECT_EQ(fine.status, 0) << fine.out;
 }
+
+// Issue 50, item 2: optim.lr = 1e30 over one step: the step's loss is finite, its update overflows
+// the weights, the final validation loss is not finite. The run diverged: status 1, no model, no
+// summary; with an evaluation mid-run it stops there, before that state's checkpoint. The same
+// under mpirun.
+TEST(Diverged, ALastUpdateThatDivergesWritesNoModel) {
+  tiny_config(dir());
+  const std::string lr = "--set optim.lr=1e30 --set optim.warmup_steps=0 ";
+  Launch r = run(train_cmd(dir(), "last", lr + "--steps 1"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "after step 1: the run diverged")) << r.out;
+  for (const char* f : {"model.safetensors", "summary.json", "checkpoints/step-000001"})
+    EXPECT_FALSE(fs::exists(dir() / "out-last" / f)) << f << "\n" << r.out;
+  Launch mid = run(train_cmd(dir(), "mid", lr + "--steps 4 --set train.eval_every=1 --set train.checkpoint_every=1"));
+  EXPECT_EQ(mid.status, 1) << mid.out;
+  EXPECT_TRUE(contains(mid.out, "after step 1: the run diverged")) << mid.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-mid" / "checkpoints" / "step-000001")) << mid.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-mid" / "model.safetensors")) << mid.out;
+  Launch mpi = run(mpi_train_cmd(2, dir(), "mpilast", lr + "--steps 1 --set parallel.stages=2"));
+  EXPECT_EQ(mpi.status, 1) << mpi.out;
+  EXPECT_TRUE(contains(mpi.out, "after step 1: the run diverged")) << mpi.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-mpilast" / "model.safetensors")) << mpi.out;
+}

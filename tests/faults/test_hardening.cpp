@@ -10,6 +10,7 @@
 #include "io/safetensors.hpp"
 
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,9 +28,10 @@ void expect_refusal(const Launch& r, const std::string& what, const std::string&
   EXPECT_TRUE(contains(r.out, what)) << context << ": expected '" << what << "'\n" << r.out;
 }
 
-// `pipefisher train` of the tiny config under `name`: refused, and nothing of it written.
+// `pipefisher train` of the tiny config under `name`: refused, and nothing of it written; its
+// --dry-run refused alike.
 void expect_train_refused(const std::string& name, const std::string& sets, const std::string& what) {
-  Launch r = run(train_cmd(dir(), name, sets));
+  Launch r = run_both_ways(train_cmd(dir(), name, sets));
   expect_refusal(r, what, sets);
   EXPECT_FALSE(fs::exists(dir() / ("out-" + name))) << sets << ": out_dir written";
   EXPECT_FALSE(fs::exists(dir() / (name + ".jsonl"))) << sets << ": log written";
@@ -65,6 +67,12 @@ TEST(Hardening, BadConfigurationValuesAreRefusedBeforeAnythingIsWritten) {
       {"--set model.vocab=2000000000", "model.vocab: 2000000000 makes the run need an estimated"},
       {"--set parallel.micro_batch_size=2000000000", "parallel.micro_batch_size: 2000000000 makes the run need"},
       {"--set kfac.warmup_steps=-5", "kfac.warmup_steps: must be >= 0, or -1"},
+      // Issue 50, item 5: bounds hold for the value used, and 1e-50 is 0 in single precision.
+      {"--set optim.lr=1e-50", "optim.lr: 1e-50 is 0 in single precision"},
+      {"--set optim.eps=1e-50", "optim.eps: 1e-50 is 0 in single precision"},
+      // Issue 50, item 9: bounded by the held-out file, as eval's --batches.
+      {"--set train.eval_batches=100000000", "train.eval_batches: 100000000 micro-batches of 2 sequences are more "
+                                             "than data.valid_file"},
   };
   int k = 0;
   for (const auto& c : cases) expect_train_refused("cfg" + std::to_string(k++), c.sets, c.what);
@@ -398,3 +406,86 @@ TEST(Hardening, MemoryEstimateBoundsThePeak) {
 }
 
 }  // namespace
+
+// Issue 50, item 9: train.eval_batches past the held-out file is refused by eval and under mpirun
+// as by train (the one-process case is in BadConfigurationValuesAreRefusedBeforeAnythingIsWritten).
+TEST(Hardening, EvalBatchesAreBoundedByTheHeldOutFile) {
+  tiny_config(dir());
+  const std::string many = "--set train.eval_batches=100000000";
+  const std::string what = "train.eval_batches: 100000000 micro-batches of 2 sequences are more than data.valid_file";
+  Launch r = run(train_cmd(dir(), "evb", "--steps 1"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_refusal(run(kEnv + kBinary + " eval --init " + (dir() / "out-evb").string() + " " + many), what);
+  Launch mpi = run_both_ways(mpi_train_cmd(2, dir(), "evb-mpi", "--set parallel.stages=2 " + many));
+  EXPECT_EQ(mpi.status, 2) << mpi.out;
+  EXPECT_TRUE(contains(mpi.out, what)) << mpi.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-evb-mpi"));
+}
+
+// Issue 50, item 8: a shape no memory holds, from a Hugging Face config.json or --set, is refused by
+// train's memory check naming the key in every command that builds a model (before: bad_alloc).
+TEST(Hardening, HugeShapesAreRefusedByEveryCommandThatBuildsAModel) {
+  tiny_config(dir());
+  Launch r = run(train_cmd(dir(), "shape", "--steps 1"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path run_dir = dir() / "out-shape";
+  auto hf_folder = [&](const std::string& name, const std::string& key, int64_t value) {
+    const fs::path hf = dir() / name;
+    fs::create_directories(hf);
+    fs::copy_file(run_dir / "model.safetensors", hf / "model.safetensors", fs::copy_options::overwrite_existing);
+    nlohmann::json j = nlohmann::json::parse(slurp(run_dir / "config.json"));
+    j[key] = value;
+    std::ofstream(hf / "config.json") << j.dump();
+    return hf.string();
+  };
+  const std::string wide = hf_folder("hf-wide", "hidden_size", 1000000);
+  const std::string deep = hf_folder("hf-ffn", "intermediate_size", 1000000000);
+  const std::string estimate = " makes the run need an estimated";
+  const std::string seq = " --set model.seq_len=16";  // the tiny run's max_position, config.json's too
+  expect_refusal(run(kEnv + kBinary + " eval --init " + wide + seq), "model.hidden: 1000000" + estimate);
+  expect_refusal(run(kEnv + kBinary + " eval --init " + deep + seq), "model.ffn: 1000000000" + estimate);
+  expect_refusal(run(kEnv + kBinary + " eval --config " + (dir() / "tiny.toml").string() + " --init " +
+                     (run_dir / "model.safetensors").string() + " --set model.hidden=1000000"),
+                 "model.hidden: 1000000" + estimate);
+  expect_train_refused("shape-dry", "--init " + wide, "model.hidden: 1000000" + estimate);
+}
+
+// Issue 50, item 14: each refusal names what is wrong: a device or FIFO given as a file is not
+// "no such file", an HF folder whose config.json is a FIFO is not "no complete checkpoint", a size
+// over the bound is not "not a positive whole number", an index over the bound is a CSV action.
+TEST(Hardening, RefusalsNameWhatIsWrong) {
+  tiny_config(dir());
+  const fs::path fifo = dir() / "a-fifo";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string replay = "--set kfac.enabled=true --set kfac.placement=replay --set kfac.refresh_record=";
+  const std::string bubbles = "--set kfac.enabled=true --set kfac.placement=bubbles --set kfac.plan_profile=";
+  for (const std::string& f : {std::string("/dev/zero"), fifo.string()}) {
+    const std::string kind = f == "/dev/zero" ? "is a character device, not a regular file" : "is a FIFO, not a regular file";
+    expect_train_refused("rr", replay + f, "kfac.refresh_record: '" + f + "' " + kind);
+    expect_train_refused("pp", bubbles + f, "kfac.plan_profile: '" + f + "' " + kind);
+    expect_train_refused("in", "--init " + f, "--init: '" + f + "' " + kind);
+    expect_refusal(run(kEnv + kBinary + " eval --config " + (dir() / "tiny.toml").string() + " --init " + f),
+                   "--init: '" + f + "' " + kind);
+  }
+  Launch r = run(train_cmd(dir(), "named", "--steps 1"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path hf = dir() / "hf-fifo";
+  fs::create_directories(hf);
+  fs::copy_file(dir() / "out-named" / "model.safetensors", hf / "model.safetensors", fs::copy_options::overwrite_existing);
+  fs::remove(hf / "config.json");
+  ASSERT_EQ(::mkfifo((hf / "config.json").c_str(), 0600), 0);
+  expect_refusal(run(kEnv + kBinary + " eval --init " + hf.string()),
+                 "--init: '" + (hf / "config.json").string() + "' is a FIFO, not a regular file");
+  const fs::path huge = dir() / "hf-2-40";
+  fs::create_directories(huge);
+  fs::copy_file(dir() / "out-named" / "model.safetensors", huge / "model.safetensors", fs::copy_options::overwrite_existing);
+  nlohmann::json j = nlohmann::json::parse(slurp(dir() / "out-named" / "config.json"));
+  j["hidden_size"] = int64_t{1} << 40;
+  std::ofstream(huge / "config.json") << j.dump();
+  expect_refusal(run(kEnv + kBinary + " eval --init " + huge.string()),
+                 "hidden_size is 1099511627776, over the bound of 2^30");
+  std::ofstream(dir() / "big-mb.csv") << "0F1000000000\n";
+  expect_refusal(run(kEnv + kBinary + " plan --schedule-file " + (dir() / "big-mb.csv").string() + " --tf 1 --tb 2"),
+                 "'0F1000000000': micro-batch 1000000000 is over the bound of 999999");
+}

@@ -161,7 +161,7 @@ TEST(Outputs, OutputsNamingOneFileAreRefused) {
   };
   const std::string before = slurp(train_file);
   for (const auto& c : cases) {
-    expect_one_line_refusal(run(tiny_train(out.string(), "--steps 1 " + c.flags)), c.what, c.flags);
+    expect_one_line_refusal(run_both_ways(tiny_train(out.string(), "--steps 1 " + c.flags)), c.what, c.flags);
     EXPECT_FALSE(fs::exists(out)) << c.flags;
     EXPECT_FALSE(fs::exists(dir() / "w.bin")) << c.flags;
   }
