@@ -2,7 +2,8 @@
 """The tables of bench/convergence/tune.sh (it calls this; see its header for the study).
 
     study.py grid OUT STEPS "LRS" "RATIOS" "DAMPINGS" DEFAULT_DAMPING
-        grid.csv and best.json (each optimizer's best setting by final validation loss)
+        grid.csv and best.json (each optimizer's best setting by whole-split masked-LM loss when every
+        run has a record with it, else by final validation loss)
     study.py summary OUT STEPS "SEEDS" BIN MODEL TOKENS_PER_STEP VALID.bin TRAIN.bin VOCAB [STEP_TIMES]
         seeds.csv, summary.md, summary.json and figure7.svg from the seed runs of the best settings;
         beside the targets, the language model's context-free floor (unigram.py: the held-out
@@ -87,8 +88,16 @@ def grid_row(out, name):
     v = valid[-1] if valid else float("nan")
     first = rows[0]["loss"] if rows else None
     diverged = status != 0 or not rows or not math.isfinite(v) or first is None or not (v < first)
+    rec = f"{out}/records/{name}.json"
+    lm = json.load(open(rec)).get("lm_loss") if os.path.exists(rec) else None
     return {"run": name, "exit": status, "steps": len(rows), "final_loss": final, "final_valid_loss": v,
-            "diverged": diverged}
+            "lm_loss": lm if lm is not None else "", "diverged": diverged}
+
+
+def grid_metric(table):
+    """The key the best setting is chosen by: the whole-split masked-LM loss (the records' lm_loss,
+    the 65,536 study's protocol) when every run has one, else the last validation (8 batches)."""
+    return "lm_loss" if table and all(r["lm_loss"] != "" for r in table) else "final_valid_loss"
 
 
 def grid(out, steps, lrs, ratios, dampings, default_damping):
@@ -105,8 +114,11 @@ def grid(out, steps, lrs, ratios, dampings, default_damping):
                     r = {"optimizer": opt, "lr": lr, "warmup_ratio": ratio, "warmup_steps": w,
                          "damping": d or "", **grid_row(out, name)}
                     table.append(r)
-                    if not r["diverged"] and (opt not in best or r["final_valid_loss"] < best[opt]["final_valid_loss"]):
-                        best[opt] = r
+    key = grid_metric(table)
+    for r in table:
+        if not r["diverged"] and (r["optimizer"] not in best or r[key] < best[r["optimizer"]][key]):
+            best[r["optimizer"]] = r
+    print(f"tune.sh: best settings chosen by {'whole-split masked-LM loss' if key == 'lm_loss' else 'last validation loss'}")
     with written(f"{out}/grid.csv", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
         w.writeheader()
@@ -549,10 +561,13 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, cadence, analysis, 
                      (f", damping {b['damping']}" if b.get("damping") else "") for o, b in st.best.items())
     time_note = (f"time = steps x PipeFisher's step time / NVLAMB's, r = {ratio:.3f} ({ratio_source})" if ratio
                  else "time = the runs' summed step_time_s")
+    grid_rows = list(csv.DictReader(open(f"{st.out}/grid.csv")))
+    metric = ("whole-split masked-LM loss" if grid_metric([{"lm_loss": g.get("lm_loss", "")} for g in grid_rows]) == "lm_loss"
+              else "final validation loss")
     lines = [f"# {st.model}: NVLAMB vs K-FAC with PipeFisher, tuned with the same budget", "",
              open(f"{st.out}/machine.txt").read().strip(), "",
-             f"{st.steps} steps ({epochs:.2f} epochs of the training split's tokens); best settings by final "
-             f"validation loss (grid.csv) on tuning seed {TUNING_SEED}: {best}", "",
+             f"{st.steps} steps ({epochs:.2f} epochs of the training split's tokens); best settings by "
+             f"{metric} (grid.csv) on tuning seed {TUNING_SEED}: {best}", "",
              "## Final losses over seeds " + " ".join(st.seeds) + f" (seed {TUNING_SEED} is the tuning seed)", "",
              "| optimizer | training loss (smoothed) | validation loss | training time (s) |", "|---|---|---|---|"]
     for o in per:
@@ -576,7 +591,6 @@ def write_summary_md(st, per, rows, targets, nv_time, ratio, cadence, analysis, 
         tuning = " (tuning)" if int(r["seed"]) == TUNING_SEED else ""
         lines.append(f"| {r['seed']}{tuning} | {r['target_valid']:.4f} | {pct(r['ts'])} | {pct(r['tt'])} | {pct(r['vs'])} | {pct(r['vt'])} |")
     lines.append("| mean | | " + " | ".join(pct(mean_or_none([r[k] for r in rows])) for k in ("ts", "tt", "vs", "vt")) + " |")
-    grid_rows = list(csv.DictReader(open(f"{st.out}/grid.csv")))
     div = [g for g in grid_rows if g["diverged"] == "True"]
     lines += ["", "Diverged in the grid: " + (", ".join(f"{g['optimizer']} lr {g['lr']} warm-up {g['warmup_steps']}"
                                                          for g in div) or "none")]
