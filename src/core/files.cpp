@@ -219,6 +219,7 @@ std::string read_input_file(const std::string& path, const std::string& what, si
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
+    if (e == ENOENT) usage_error(what, "cannot open '{}': no such file", path);
     usage_error(what, "cannot open '{}': {}", path, std::strerror(e));
   }
   struct Closer {

@@ -366,7 +366,7 @@ void CheckpointReader::load_params(const std::vector<Param*>& params) const {
     by_file[it->second.first].push_back(p);
   }
   for (size_t k = 0; k < files_.size(); ++k)
-    if (!by_file[k].empty()) load_safetensors(files_[k]->path(), by_file[k], {true, true});
+    if (!by_file[k].empty()) load_safetensors(*files_[k], by_file[k], {true, true});
 }
 
 const SafetensorsMetadata& CheckpointReader::metadata_of(std::string_view name) const {

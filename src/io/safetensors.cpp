@@ -364,7 +364,12 @@ void save_safetensors(const std::string& path, const std::vector<const Param*>& 
 
 SafetensorsLoadResult load_safetensors(const std::string& path, const std::vector<Param*>& params,
                                        const SafetensorsLoadOptions& options) {
-  SafetensorsReader file(path);
+  return load_safetensors(SafetensorsReader(path), params, options);
+}
+
+SafetensorsLoadResult load_safetensors(const SafetensorsReader& file, const std::vector<Param*>& params,
+                                       const SafetensorsLoadOptions& options) {
+  const std::string& path = file.path();
   SafetensorsLoadResult result;
   // Check everything first, so that a refused file leaves every Param untouched.
   std::vector<std::pair<Param*, const SafetensorsEntry*>> plan;

@@ -120,5 +120,8 @@ struct SafetensorsLoadResult {
 // Nothing is modified unless every check passes.
 SafetensorsLoadResult load_safetensors(const std::string& path, const std::vector<Param*>& params,
                                        const SafetensorsLoadOptions& options = {});
+// The same from a file already open (a checkpoint's: its files may be rotated away by name).
+SafetensorsLoadResult load_safetensors(const SafetensorsReader& file, const std::vector<Param*>& params,
+                                       const SafetensorsLoadOptions& options = {});
 
 }  // namespace pf
