@@ -7,7 +7,11 @@
 // final losses and where its smoothed loss first reaches the target (--json: one JSON object).
 // Time is the run's cumulative step_time_s (training without evaluations). A skipped step (its loss
 // non-finite, logged as null) is a gap in the curves, and counted in the text and the JSON.
+//   pipefisher report --account runs/pf/profile --baseline runs/nvlamb/profile [--json]
+// instead accounts for PipeFisher's measured step against NVLAMB's from two --profile-dirs
+// (report_account.hpp).
 #include "command.hpp"
+#include "report_account.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "core/process.hpp"
@@ -34,6 +38,7 @@ struct ReportArgs {
   std::optional<double> target;
   bool json = false;
   bool overwrite = false;
+  std::string account, baseline;  // --account, --baseline: two --profile-dirs
 };
 
 // One run's curve from RUN_DIR/log.jsonl (or the file itself when given one).
@@ -121,6 +126,13 @@ std::string short_run_note(const LossCurve& c) {
 }
 
 int run(const ReportArgs& a) {
+  if (!a.account.empty() || !a.baseline.empty()) {
+    if (a.account.empty() || a.baseline.empty() || !a.runs.empty())
+      usage_error(a.account.empty() ? "--baseline" : "--account",
+                  "the step account takes --account PROFILE_DIR and --baseline PROFILE_DIR, and no run directory");
+    return run_step_account(a.account, a.baseline, a.json);
+  }
+  if (a.runs.empty()) usage_error("runs", "give one or more run directories (each with log.jsonl)");
   if (a.target && !(std::fabs(*a.target) <= kMaxLogValue))
     usage_error("--target", "must be a finite loss (at most {:g} in size), got {}", kMaxLogValue, *a.target);
   if (!a.labels.empty() && a.labels.size() != a.runs.size())
@@ -178,13 +190,17 @@ int run(const ReportArgs& a) {
 
 Runner setup(CLI::App& app) {
   auto a = std::make_shared<ReportArgs>();
-  app.add_option("runs", a->runs, "Run directories (each with log.jsonl) or log files")->required();
+  app.add_option("runs", a->runs, "Run directories (each with log.jsonl) or log files");
+  app.add_option("--account", a->account, "A PipeFisher run's --profile-dir: account for its measured step against "
+                                          "--baseline's, part by part (no loss chart)");
+  app.add_option("--baseline", a->baseline, "With --account: the NVLAMB run's --profile-dir (same layout and steps)");
   app.add_option("--out", a->out, "SVG to write (default: RUN_DIR/loss.svg of the first run); a PNG goes beside it "
                                   "when rsvg-convert is installed");
   app.add_option("--target", a->target, "Target loss: drawn, and where each run's smoothed loss first reaches it");
   app.add_option("--label", a->labels, "Name of each run in the legend, in order (default: the directory's name)");
   app.add_option("--title", a->title, "Title of the figure");
-  app.add_flag("--json", a->json, "Print one JSON object (per run: final losses, the target's crossing)");
+  app.add_flag("--json", a->json, "Print one JSON object (per run: final losses, the target's crossing; with "
+                                   "--account: every step's parts, units and critical path)");
   app.add_flag("--overwrite", a->overwrite,
                "replace an SVG or PNG at --out's names that is no chart of this command (by default refused)");
   return [a] { return run(*a); };

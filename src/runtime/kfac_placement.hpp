@@ -18,6 +18,7 @@
 // which a layout allows.
 #include "runtime/action_time.hpp"
 #include "schedule/schedule.hpp"
+#include "sim/sim.hpp"
 #include "core/micro_batch.hpp"
 
 #include <nlohmann/json_fwd.hpp>
@@ -51,6 +52,9 @@ class KfacPlacement {
   // kfac.placement = adaptive: the filler the executor runs each step's units through
   // (runtime/bubble_filler.hpp); null: the list's order.
   virtual BubbleFiller* filler() { return nullptr; }
+  // The plan's timeline of this device's step `step` (plan/planned_row.hpp), for the profiler;
+  // empty when the step follows no plan (profiling, draining, inline).
+  virtual std::vector<TimedAction> planned_row(int64_t step) const { return {}; }
 
   // Checkpoints: the placement's own state, as JSON fields added to / read from `j` (the rank's
   // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits).

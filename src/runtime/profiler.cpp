@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 #include <tuple>
+#include <type_traits>
 
 namespace pf {
 
@@ -132,22 +133,64 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times) {
   record(step, times, layout_.schedule.per_device[groups_.stage]);
 }
 
-void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions) {
-  // Each rank's stamps followed by its action list (both trivially copyable).
+namespace {
+
+// One rank's part of a profiled step, as it travels to rank 0 (every field trivially copyable).
+struct RankStep {
+  std::vector<ActionTime> times;
+  std::vector<Action> actions;
+  std::vector<TimedAction> planned;
+};
+
+template <class T>
+void append(std::string& out, const std::vector<T>& v) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  const uint64_t n = v.size();
+  out.append(reinterpret_cast<const char*>(&n), sizeof n);
+  out.append(reinterpret_cast<const char*>(v.data()), n * sizeof(T));
+}
+
+template <class T>
+std::vector<T> take(const std::string& in, size_t& at) {
+  uint64_t n = 0;
+  PF_CHECK(at + sizeof n <= in.size(), "a profiled step's record is cut short");
+  std::memcpy(&n, in.data() + at, sizeof n);
+  at += sizeof n;
+  PF_CHECK(n <= (in.size() - at) / sizeof(T), "a profiled step's record is cut short");
+  std::vector<T> v(n);
+  std::memcpy(v.data(), in.data() + at, n * sizeof(T));
+  at += n * sizeof(T);
+  return v;
+}
+
+RankStep unpack(const std::string& in) {
+  size_t at = 0;
+  RankStep r;
+  r.times = take<ActionTime>(in, at);
+  r.actions = take<Action>(in, at);
+  r.planned = take<TimedAction>(in, at);
+  return r;
+}
+
+}  // namespace
+
+void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions,
+                      const std::vector<TimedAction>& planned) {
   PF_CHECK(times.size() == actions.size(), "{} stamps for {} actions", times.size(), actions.size());
-  std::string mine(times.size() * (sizeof(ActionTime) + sizeof(Action)), '\0');
-  std::memcpy(mine.data(), times.data(), times.size() * sizeof(ActionTime));
-  std::memcpy(mine.data() + times.size() * sizeof(ActionTime), actions.data(), actions.size() * sizeof(Action));
+  std::string mine;
+  append(mine, times);
+  append(mine, actions);
+  append(mine, planned);
   std::vector<std::string> all = comm::gather_bytes(mine, 0, MPI_COMM_WORLD);
   if (groups_.rank != 0) return;
   std::vector<std::vector<ActionTime>> per_rank(all.size());
   std::vector<std::vector<Action>> per_rank_actions(all.size());
+  std::vector<std::vector<TimedAction>> per_rank_planned(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
-    const size_t n = all[r].size() / (sizeof(ActionTime) + sizeof(Action));
-    per_rank[r].resize(n);
-    per_rank_actions[r].resize(n);
-    std::memcpy(per_rank[r].data(), all[r].data(), n * sizeof(ActionTime));
-    std::memcpy(per_rank_actions[r].data(), all[r].data() + n * sizeof(ActionTime), n * sizeof(Action));
+    RankStep rs = unpack(all[r]);
+    per_rank[r] = std::move(rs.times);
+    per_rank_actions[r] = std::move(rs.actions);
+    per_rank_planned[r] = std::move(rs.planned);
     for (ActionTime& t : per_rank[r]) t.start -= offsets_.offset_ns[r], t.end -= offsets_.offset_ns[r];
   }
   MeasuredStep m;
@@ -158,6 +201,7 @@ void Profiler::record(int64_t step, const std::vector<ActionTime>& times, const 
   if (origin_ns_ < 0) origin_ns_ = t0;
   m.start = static_cast<double>(t0 - origin_ns_) / 1e6;
   m.timeline = measured_timeline(per_rank_actions, per_rank);
+  m.planned = std::move(per_rank_planned);
   for (size_t r = 0; r < per_rank.size(); ++r) {
     double w = 0;
     for (const TimedAction& t : m.timeline.per_device[r]) w += is_wait(t.action.kind) ? t.end - t.start : 0;
@@ -391,7 +435,8 @@ nlohmann::json Profiler::profile_json(const nlohmann::json& stages, const CostMo
 void Profiler::write_trace() const {
   const Schedule& sched = layout_.schedule;
   std::vector<TraceStep> trace;
-  for (const MeasuredStep& m : measured_) trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline});
+  for (const MeasuredStep& m : measured_)
+    trace.push_back({.step = m.step, .start = m.start, .timeline = &m.timeline, .planned = &m.planned});
   write_output({opt_.dir + "/trace.json", "--profile-dir"},
                chrome_trace(trace, fmt::format("measured {} D={} W={} N={}", sched.name, layout_.devices,
                                                layout_.replicas, sched.micro_batches), layer_names_));

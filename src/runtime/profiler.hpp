@@ -25,6 +25,8 @@
 //                              shapes (sim/memory.hpp); with PipeFisher, each stage's
 //                              K-FAC units as planned ("kfac_layers", "precondition", "sync") and
 //                              the "pipefisher_plan" its plan was made from (runtime/plan_record.hpp).
+// In trace.json an action of a planned PipeFisher step carries args planned_start / planned_end
+// (ms from the step's start on the plan's clock): `pipefisher report --account` reads them.
 // `pipefisher plan --profile DIR/profile.json` then predicts the same run (no other flag), or any
 // schedule from measured costs.
 // Steps are numbered from 1 as the log prints them.
@@ -60,6 +62,9 @@ struct MeasuredStep {
   double start = 0;                 // ms from the first profiled step's start
   Timeline timeline;                // one row per world rank
   std::vector<double> comm_wait;    // [rank] ms spent waiting for messages and collectives
+  // [rank] the plan's timeline of the step (KfacPlacement::planned_row; empty: no plan), carried
+  // into trace.json as each action's planned_start / planned_end.
+  std::vector<std::vector<TimedAction>> planned;
 };
 
 struct StepSummary;  // the profiled steps' times, averaged (profiler.cpp)
@@ -81,8 +86,10 @@ class Profiler {
   bool wants(int64_t step) const;  // 0-based step index
   // Collective: gathers the step's action times to rank 0, which writes its SVG and trace.
   void record(int64_t step, const std::vector<ActionTime>& times);
-  // The same for a step whose action list is not the lowered schedule (K-FAC units inserted).
-  void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions);
+  // The same for a step whose action list is not the lowered schedule (K-FAC units inserted);
+  // `planned`: the plan's timeline of this rank's step (KfacPlacement::planned_row), or empty.
+  void record(int64_t step, const std::vector<ActionTime>& times, const std::vector<Action>& actions,
+              const std::vector<TimedAction>& planned = {});
   // Rank 0: writes profile.json and trace.json and prints one summary line. Call after the last
   // step. plan: the profile the PipeFisher plan was made from (KfacPlacement::plan_profile), carried
   // into profile.json so that kfac.plan_profile can name it; null for none.

@@ -287,7 +287,8 @@ void MpiEngine::record_profile(int64_t s, std::vector<Action> actions, std::stri
   try {
     std::vector<ActionTime> stamps = times_;
     if (kfac_units_) kfac_units_->expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
-    profiler_->record(s, stamps, actions);         // collective; rank 0 writes
+    // Collective; rank 0 writes. With the plan's timeline of the step (none outside a plan).
+    profiler_->record(s, stamps, actions, placement_ ? placement_->planned_row(s) : std::vector<TimedAction>{});
   } catch (const UsageError& e) {
     write_error = e.what();
   }

@@ -254,6 +254,21 @@ std::string chrome_trace(const Timeline& tl, const std::string& name, double us_
   return chrome_trace({TraceStep{.step = 1, .start = 0, .timeline = &tl}}, name, {}, us_per_unit);
 }
 
+namespace {
+
+// The plan's times of `a` from its device's planned row (TraceStep::planned), when it is there.
+void add_planned(nlohmann::json& args, const Action& a, const TraceStep& st, size_t device, double us_per_unit) {
+  if (!st.planned || device >= st.planned->size()) return;
+  for (const TimedAction& p : (*st.planned)[device])
+    if (p.action == a) {
+      args["planned_start"] = p.start * us_per_unit / 1000;
+      args["planned_end"] = p.end * us_per_unit / 1000;
+      return;
+    }
+}
+
+}  // namespace
+
 std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string& name, const LayerNames& layers,
                          double us_per_unit) {
   using nlohmann::json;
@@ -285,6 +300,7 @@ std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string&
         if (a.micro_batch >= 0) args["micro_batch"] = a.micro_batch;
         if (a.block >= 0) args["block"] = a.block;
         if (t.in_wait_of >= 0) args["in_wait_of"] = to_token(tl.per_device[d].at(static_cast<size_t>(t.in_wait_of)).action);
+        add_planned(args, a, st, d, us_per_unit);
         std::string ev = to_token(a);
         if (a.layer >= 0) {
           args["layer"] = a.layer;

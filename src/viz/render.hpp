@@ -50,6 +50,9 @@ struct TraceStep {
   int step = 1;            // the number it is labelled with
   double start = 0;        // when it began, in the timeline's unit from the trace's origin
   const Timeline* timeline = nullptr;
+  // [device] the plan's timeline of the step, or null: an action found in its device's row gets
+  // args planned_start / planned_end (the plan's times from the step's start).
+  const std::vector<std::vector<TimedAction>>* planned = nullptr;
 };
 
 std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit = 1000);

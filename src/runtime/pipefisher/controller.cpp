@@ -4,6 +4,7 @@
 
 #include "comm/small.hpp"
 #include "core/error.hpp"
+#include "plan/planned_row.hpp"
 #include "runtime/plan_record.hpp"
 
 #include <nlohmann/json.hpp>
@@ -55,6 +56,11 @@ const std::vector<Action>& Controller::actions_for(int64_t step) const {
   if (draining(step)) return step == phase_.boundary ? drain_first_ : drain_plain_;
   if (step == switch_.at) return switch_.first;
   return plan_->actions(groups_.replica, device_, step - phase_.plan_start);
+}
+
+std::vector<TimedAction> Controller::planned_row(int64_t step) const {
+  if (profiling(step) || draining(step)) return {};
+  return pf::planned_row(*plan_, groups_.replica, device_, step - phase_.plan_start);
 }
 
 bool Controller::begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {

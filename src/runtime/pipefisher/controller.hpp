@@ -67,6 +67,7 @@ class Controller final : public KfacPlacement {
   int plan_period() const override;
   const PlanProfile* plan_profile() const override { return plan_ ? &plan_input_ : nullptr; }
   BubbleFiller* filler() override { return filler_ ? &*filler_ : nullptr; }
+  std::vector<TimedAction> planned_row(int64_t step) const override;
   void save_state(nlohmann::json& j) const override;
   void load_state(const nlohmann::json& j, const std::string& where) override;
 
