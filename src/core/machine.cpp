@@ -86,6 +86,11 @@ std::string best_kernel_for(IsaLevel level) {
   return "";
 }
 
+bool kernel_inverts_odd_orders(const std::string& openblas_core) {
+  const std::string c = lower(openblas_core);
+  return c == "haswell" || c == "zen" || c == "sandybridge" || c == "nehalem";
+}
+
 EnvironmentFix environment_fix(const std::string& loaded, IsaLevel cpu, const char* (*env)(const char*),
                                bool address_limited) {
   EnvironmentFix fix;

@@ -18,6 +18,15 @@ IsaLevel kernel_isa_level(const std::string& openblas_core);
 // nothing better exists). SkylakeX and Cooperlake run the same sgemm kernels in 0.3.21 (measured
 // equal here, bench/RESULTS.md), and SkylakeX needs no BF16.
 std::string best_kernel_for(IsaLevel level);
+// Whether spotri (LAPACK's SPD inverse after spotrf) may be given a matrix of odd order with this
+// kernel family. Debian's OpenBLAS 0.3.21 single-threaded strtri crashes (a movaps on a misaligned
+// pointer into its own buffer, in strsm_kernel_RT) at odd orders: every one from 133 with Prescott,
+// from 517 with Penryn, some from 255-1025 with Barcelona, Core2, Atom, Dunnington; even orders ran
+// clean to 4096. Safe at every odd order to 1101 and at 1537, 2049, 3073, 4097: Haswell, Zen,
+// Sandybridge, Nehalem. Every other family, the AVX-512 ones included (not runnable where this was
+// measured), counts as unsafe: the caller pads such a block with one row of the identity, which
+// leaves its inverse exact.
+bool kernel_inverts_odd_orders(const std::string& openblas_core);
 
 // libgomp spins this many times before an idle thread sleeps (its default: 300000). Short enough
 // that 2 threads beside a busy process keep up with 1, long enough that an idle machine loses

@@ -1,5 +1,7 @@
 #include "kfac/factor.hpp"
 
+#include "core/machine.hpp"
+
 #include <cblas.h>
 #include <lapacke.h>
 #include <spdlog/spdlog.h>
@@ -70,6 +72,13 @@ void set_identity(Tensor& t, int64_t d, FactorKind kind) {
   for (int64_t i = 0; i < d; ++i) t[i * d + i] = 1.0f;
 }
 
+// The order LAPACK inverts a block of order n at: n + 1 for odd n where the loaded OpenBLAS kernels
+// cannot invert odd orders (core/machine.hpp).
+int64_t inverse_order(int64_t n) {
+  static const bool odd_ok = kernel_inverts_odd_orders(blas_kernel_name());
+  return odd_ok || n % 2 == 0 ? n : n + 1;
+}
+
 }  // namespace
 
 KfacFactor::KfacFactor(std::string name, int64_t dim, FactorKind kind, int blocks, double ema_decay,
@@ -88,7 +97,8 @@ void KfacFactor::set_blocks(int k) {
   blocks_ = split_blocks(dim_, k);
   int64_t largest = 0;
   for (const FactorBlock& b : blocks_) largest = std::max(largest, b.size);
-  work_ = Tensor(kind_ == FactorKind::Dense ? Shape{largest * largest} : Shape{largest});
+  // Dense: room for a block padded to even order (inverse_order).
+  work_ = Tensor(kind_ == FactorKind::Dense ? Shape{(largest + 1) * (largest + 1)} : Shape{largest});
   if (kind_ == FactorKind::Diagonal) return;
   // Drop what lies outside the new blocks: the factor is the block-diagonal approximation.
   std::vector<int> block_of(dim_);
@@ -206,23 +216,29 @@ bool KfacFactor::try_invert(const FactorBlock& b, double damping, int* info) {
     std::memcpy(inv + off, w, n * sizeof(float));
     return true;
   }
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = r; c < n; ++c) w[r * n + c] = v[(off + r) * dim_ + off + c] + (r == c ? lambda : 0.0f);
-  const auto ln = static_cast<lapack_int>(n);
-  *info = LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', ln, w, ln);
+  // The block, damped, in the first n rows of an m x m matrix; a padded row is the identity's.
+  const int64_t m = inverse_order(n);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = r; c < n; ++c) w[r * m + c] = v[(off + r) * dim_ + off + c] + (r == c ? lambda : 0.0f);
+    for (int64_t c = n; c < m; ++c) w[r * m + c] = 0.0f;
+  }
+  for (int64_t r = n; r < m; ++r)
+    for (int64_t c = r; c < m; ++c) w[r * m + c] = r == c ? 1.0f : 0.0f;
+  const auto lm = static_cast<lapack_int>(m);
+  *info = LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', lm, w, lm);
   if (*info != 0) return false;
-  *info = LAPACKE_spotri(LAPACK_COL_MAJOR, 'L', ln, w, ln);
+  *info = LAPACKE_spotri(LAPACK_COL_MAJOR, 'L', lm, w, lm);
   if (*info != 0) return false;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = r; c < n; ++c)
-      if (!std::isfinite(w[r * n + c])) {
+      if (!std::isfinite(w[r * m + c])) {
         *info = static_cast<int>(r + 1);
         return false;
       }
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = r; c < n; ++c) {
-      inv[(off + r) * dim_ + off + c] = w[r * n + c];
-      inv[(off + c) * dim_ + off + r] = w[r * n + c];
+      inv[(off + r) * dim_ + off + c] = w[r * m + c];
+      inv[(off + c) * dim_ + off + r] = w[r * m + c];
     }
   return true;
 }
