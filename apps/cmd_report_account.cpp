@@ -81,9 +81,14 @@ json parts_json(const std::array<double, kNumParts>& pf, const std::array<double
 
 json step_json(const StepAccount& a, const TracedStep& s, const TracedStep& base) {
   json passes = json::array(), units = json::array();
-  for (const RankPasses& p : a.passes)
+  for (const RankPasses& p : a.passes) {
+    json settings = json::array();
+    for (int k = 0; k < kNumPassSettings; ++k)
+      settings.push_back({{"setting", pass_setting_name(static_cast<PassSetting>(k))}, {"passes", p.by_setting[k].count},
+                          {"ms", p.by_setting[k].ms}, {"baseline_ms", p.by_setting[k].base_ms}});
     passes.push_back({{"rank", p.rank}, {"forward_ms", p.forward}, {"baseline_forward_ms", p.base_forward},
-                      {"backward_ms", p.backward}, {"baseline_backward_ms", p.base_backward}});
+                      {"backward_ms", p.backward}, {"baseline_backward_ms", p.base_backward}, {"by_setting", settings}});
+  }
   for (const UnitAccount& u : a.units) units.push_back(unit_json(u, s));
   return {{"step", a.step}, {"baseline_step", a.base_step}, {"step_ms", a.step_time},
           {"baseline_step_ms", a.base_step_time}, {"difference_ms", a.difference()},
@@ -146,6 +151,15 @@ void print_step(const StepAccount& a, const TracedStep& s) {
     fmt::print("  rank {} passes: forward {:.2f} ms (NVLAMB {:.2f}, {:+.2f}), backward {:.2f} ms (NVLAMB {:.2f}, {:+.2f})\n",
                p.rank, p.forward, p.base_forward, p.forward - p.base_forward, p.backward, p.base_backward,
                p.backward - p.base_backward);
+  for (const RankPasses& p : a.passes) {
+    fmt::print("  rank {} passes against NVLAMB's same passes:", p.rank);
+    for (int k = 0; k < kNumPassSettings; ++k) {
+      const PassGroup& g = p.by_setting[k];
+      fmt::print("{} {} {}: {:+.2f} ms", k ? ";" : "", g.count, pass_setting_name(static_cast<PassSetting>(k)), g.ms - g.base_ms);
+      if (g.base_ms > 0) fmt::print(" ({:+.1f}%)", 100 * (g.ms / g.base_ms - 1));
+    }
+    fmt::print("\n");
+  }
   for (const json& p : preconditions_json(a, s))
     fmt::print("  precondition {} on rank {}: {:.2f} ms, {:.2f} ms of it on the critical path\n",
                p["action"].get<std::string>(), p["rank"].get<int>(), p["measured_ms"].get<double>(),

@@ -142,7 +142,57 @@ void pass_sums(const std::vector<TracedAction>& row, double& forward, double& ba
   }
 }
 
+// Time within [start, end] when some other rank ran a bubble unit (units of one rank never overlap).
+double beside_units(const TracedStep& s, int rank, double start, double end) {
+  double t = 0;
+  for (size_t r = 0; r < s.per_rank.size(); ++r) {
+    if (static_cast<int>(r) == rank) continue;
+    for (const TracedAction& u : s.per_rank[r])
+      if (is_bubble_unit(u.action.kind)) t += std::max(0.0, std::min(end, u.end) - std::max(start, u.start));
+  }
+  return t;
+}
+
+// The same action's duration in `row`; NaN when it has none.
+double duration_of(const std::vector<TracedAction>& row, const Action& a) {
+  for (const TracedAction& b : row)
+    if (b.action == a) return b.duration();
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+std::array<PassGroup, kNumPassSettings> passes_by_setting(const TracedStep& s, const TracedStep& base, int rank) {
+  std::array<PassGroup, kNumPassSettings> groups{};
+  const std::vector<TracedAction>& row = s.per_rank[rank];
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (!is_pass(row[i].action.kind)) continue;
+    const double base_ms = duration_of(base.per_rank[rank], row[i].action);
+    if (!std::isfinite(base_ms)) continue;
+    PassGroup& g = groups[static_cast<int>(pass_setting(s, rank, static_cast<int>(i)))];
+    ++g.count;
+    g.ms += row[i].duration();
+    g.base_ms += base_ms;
+  }
+  return groups;
+}
+
 }  // namespace
+
+std::string_view pass_setting_name(PassSetting p) {
+  static constexpr std::string_view names[kNumPassSettings] = {"after a unit", "beside a unit", "alone"};
+  return names[static_cast<int>(p)];
+}
+
+PassSetting pass_setting(const TracedStep& s, int rank, int index) {
+  const std::vector<TracedAction>& row = s.per_rank[rank];
+  for (int i = index - 1; i >= 0; --i) {
+    const Part p = part_of(row[i].action.kind);
+    if (p == Part::communication) continue;
+    if (is_bubble_unit(row[i].action.kind)) return PassSetting::after_unit;
+    break;
+  }
+  const TracedAction& a = row[index];
+  return 2 * beside_units(s, rank, a.start, a.end) >= a.duration() ? PassSetting::beside_unit : PassSetting::alone;
+}
 
 std::string_view part_name(Part p) {
   static constexpr std::string_view names[kNumParts] = {
@@ -226,6 +276,7 @@ StepAccount account_step(const TracedStep& s, int devices, const TracedStep& bas
     RankPasses p{.rank = static_cast<int>(r)};
     pass_sums(s.per_rank[r], p.forward, p.backward);
     pass_sums(base.per_rank[r], p.base_forward, p.base_backward);
+    p.by_setting = passes_by_setting(s, base, static_cast<int>(r));
     a.passes.push_back(p);
   }
   return a;

@@ -64,10 +64,26 @@ struct UnitAccount {
   int delayed = -1;             // the action it delayed (overrun > 0), in the rank's list; -1 none
 };
 
-// Per rank: the passes' total time (F; B, I, W) in both steps.
+// Where a pass of PipeFisher's step ran, for telling apart what may slow it: right after a K-FAC
+// unit on its own rank (the unit's data in the core's caches: it follows the unit, skipping sends
+// and receives), else beside a unit of another rank for at least half of its time (sharing the
+// memory system), else neither.
+enum class PassSetting { after_unit, beside_unit, alone };
+inline constexpr int kNumPassSettings = 3;
+std::string_view pass_setting_name(PassSetting s);  // "after a unit", "beside a unit", "alone"
+
+// Passes of one setting: how many, their time, and the same passes' (same action) time in NVLAMB's
+// step.
+struct PassGroup {
+  int count = 0;
+  double ms = 0, base_ms = 0;
+};
+
+// Per rank: the passes' total time (F; B, I, W) in both steps, and every pass by its setting.
 struct RankPasses {
   int rank = 0;
   double forward = 0, backward = 0, base_forward = 0, base_backward = 0;
+  std::array<PassGroup, kNumPassSettings> by_setting{};
 };
 
 struct StepAccount {
@@ -83,6 +99,7 @@ struct StepAccount {
 
 std::vector<PathSegment> critical_path(const TracedStep& s, int devices);
 BubbleEnd bubble_end(const TracedStep& s, int devices, int rank, int index);
+PassSetting pass_setting(const TracedStep& s, int rank, int index);
 StepAccount account_step(const TracedStep& s, int devices, const TracedStep& base, int base_devices);
 // The steps profiled in both runs, paired by number; UsageError naming `flag` when there is
 // none, or when the runs have different ranks.

@@ -18,6 +18,7 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -195,10 +196,51 @@ double kind_time(const std::vector<Event>& row, const std::string& kind) {
   return t;
 }
 
+// A pass's setting by the rule step_account.hpp states: right after a unit of its rank (sends
+// and receives skipped), else beside another rank's units for at least half its time, else alone.
+std::string setting_of(const Step& s, int rank, size_t i) {
+  const std::vector<Event>& row = s.ranks.at(rank);
+  for (size_t k = i; k-- > 0;) {
+    if (part_of(row[k].kind) == "send/receive") continue;
+    if (is_unit(row[k].kind)) return "after a unit";
+    break;
+  }
+  double beside = 0;
+  for (const Event& u : s.ranks.at(1 - rank))
+    if (is_unit(u.kind)) beside += std::max(0.0, std::min(row[i].end, u.end) - std::max(row[i].start, u.start));
+  return 2 * beside >= row[i].end - row[i].start ? "beside a unit" : "alone";
+}
+
+// Per setting: the passes' count, time, and the same passes' time in the baseline.
+void check_settings(const json& settings, const Step& s, const Step& base, int rank) {
+  std::map<std::string, std::tuple<int, double, double>> want;
+  for (size_t i = 0; i < s.ranks.at(rank).size(); ++i) {
+    const Event& e = s.ranks[rank][i];
+    if (e.kind != "F" && e.kind != "B") continue;
+    const Event* b = find(base, rank, e.action);
+    ASSERT_NE(b, nullptr) << e.action;
+    auto& [n, ms, base_ms] = want[setting_of(s, rank, i)];
+    ++n;
+    ms += e.end - e.start;
+    base_ms += b->end - b->start;
+  }
+  ASSERT_EQ(settings.size(), 3u);
+  int passes = 0;
+  for (const json& g : settings) {
+    const auto [n, ms, base_ms] = want[g["setting"].get<std::string>()];
+    EXPECT_EQ(g["passes"].get<int>(), n) << g.dump();
+    EXPECT_NEAR(g["ms"].get<double>(), ms, kTol) << g.dump();
+    EXPECT_NEAR(g["baseline_ms"].get<double>(), base_ms, kTol) << g.dump();
+    passes += n;
+  }
+  EXPECT_EQ(passes, 8);  // 4 micro-batches, forward and backward
+}
+
 void check_passes(const json& passes, const Step& s, const Step& base) {
   ASSERT_EQ(passes.size(), 2u);
   for (const json& p : passes) {
     const int r = p["rank"];
+    check_settings(p["by_setting"], s, base, r);
     EXPECT_NEAR(p["forward_ms"].get<double>(), kind_time(s.ranks.at(r), "F"), kTol);
     EXPECT_NEAR(p["backward_ms"].get<double>(), kind_time(s.ranks.at(r), "B"), kTol);  // 1F1B: no split backward
     EXPECT_NEAR(p["baseline_forward_ms"].get<double>(), kind_time(base.ranks.at(r), "F"), kTol);
