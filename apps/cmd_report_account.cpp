@@ -143,15 +143,9 @@ void print_units(const StepAccount& a, const TracedStep& s) {
   if (over.size() > kShownOverruns) fmt::print("  ... {} more (--json lists every unit)\n", over.size() - kShownOverruns);
 }
 
-void print_step(const StepAccount& a, const TracedStep& s) {
-  fmt::print("step {}: PipeFisher {:.2f} ms, NVLAMB {:.2f} ms (its step {}), difference {:+.2f} ms\n", a.step, a.step_time,
-             a.base_step_time, a.base_step, a.difference());
-  print_parts(a.parts, a.base_parts, a.step_time, a.base_step_time);
-  for (const RankPasses& p : a.passes)
-    fmt::print("  rank {} passes: forward {:.2f} ms (NVLAMB {:.2f}, {:+.2f}), backward {:.2f} ms (NVLAMB {:.2f}, {:+.2f})\n",
-               p.rank, p.forward, p.base_forward, p.forward - p.base_forward, p.backward, p.base_backward,
-               p.backward - p.base_backward);
-  for (const RankPasses& p : a.passes) {
+// Each rank's passes by setting against NVLAMB's same passes (of one step, or summed over steps).
+void print_pass_settings(const std::vector<RankPasses>& passes) {
+  for (const RankPasses& p : passes) {
     fmt::print("  rank {} passes against NVLAMB's same passes:", p.rank);
     for (int k = 0; k < kNumPassSettings; ++k) {
       const PassGroup& g = p.by_setting[k];
@@ -160,6 +154,30 @@ void print_step(const StepAccount& a, const TracedStep& s) {
     }
     fmt::print("\n");
   }
+}
+
+// Every step's pass groups added up, per rank.
+std::vector<RankPasses> summed_passes(const std::vector<StepAccount>& accounts) {
+  std::vector<RankPasses> sum = accounts.front().passes;
+  for (size_t i = 1; i < accounts.size(); ++i)
+    for (size_t r = 0; r < sum.size() && r < accounts[i].passes.size(); ++r)
+      for (int k = 0; k < kNumPassSettings; ++k) {
+        PassGroup &to = sum[r].by_setting[k];
+        const PassGroup& g = accounts[i].passes[r].by_setting[k];
+        to.count += g.count, to.ms += g.ms, to.base_ms += g.base_ms;
+      }
+  return sum;
+}
+
+void print_step(const StepAccount& a, const TracedStep& s) {
+  fmt::print("step {}: PipeFisher {:.2f} ms, NVLAMB {:.2f} ms (its step {}), difference {:+.2f} ms\n", a.step, a.step_time,
+             a.base_step_time, a.base_step, a.difference());
+  print_parts(a.parts, a.base_parts, a.step_time, a.base_step_time);
+  for (const RankPasses& p : a.passes)
+    fmt::print("  rank {} passes: forward {:.2f} ms (NVLAMB {:.2f}, {:+.2f}), backward {:.2f} ms (NVLAMB {:.2f}, {:+.2f})\n",
+               p.rank, p.forward, p.base_forward, p.forward - p.base_forward, p.backward, p.base_backward,
+               p.backward - p.base_backward);
+  print_pass_settings(a.passes);
   for (const json& p : preconditions_json(a, s))
     fmt::print("  precondition {} on rank {}: {:.2f} ms, {:.2f} ms of it on the critical path\n",
                p["action"].get<std::string>(), p["rank"].get<int>(), p["measured_ms"].get<double>(),
@@ -194,6 +212,8 @@ int run_step_account(const std::string& profile_dir, const std::string& baseline
   fmt::print("mean over the {} steps: PipeFisher {:.2f} ms, NVLAMB {:.2f} ms, difference {:+.2f} ms ({:.3f}x)\n",
              accounts.size(), step, base_step, step - base_step, base_step > 0 ? step / base_step : 0.0);
   print_parts(mean, base_mean, step, base_step);
+  fmt::print("  the passes of the {} steps, by setting:\n", accounts.size());
+  print_pass_settings(summed_passes(accounts));
   return 0;
 }
 

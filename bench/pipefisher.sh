@@ -7,8 +7,8 @@
 #
 # Tokens per step are the configuration's own: parallel.micro_batches (MB) x
 # parallel.micro_batch_size x model.seq_len (SEQ); the micro-batch size is TOKENS / (MB x SEQ).
-# For each shape, REPEAT rounds of three runs side by side (the machine may be shared, so each is
-# timed in every round):
+# For each shape, REPEAT rounds of three runs one after another, in an order that rotates per round
+# (the machine may be shared or drift, so each is timed in every round):
 #   nvlamb     kfac.enabled = false
 #   pipefisher kfac.enabled = true, kfac.placement = bubbles (steps 1-2 profile K-FAC inline,
 #              then the planner's static schedule runs), kfac.replan_on_drift = false (a re-profile
@@ -48,17 +48,28 @@ trap 'rm -rf "$out"' EXIT
 cd "$root"
 pf_machine "$bin" 1  # the ranks run 1 thread each
 run() { pf_two_ranks "$1" "$schedule" "${@:2}"; }  # dir, extra args...
+run_nvlamb() { run "$1/nvlamb" > /dev/null; }
+run_pipefisher() {
+  run "$1/pipefisher" --set kfac.enabled=true --set kfac.placement=bubbles --set kfac.replan_on_drift=false |
+    grep -E "^pipefisher: planned" > "$1/plan.txt" || true
+}
+run_skip() {  # after the round's PipeFisher run: its longest refresh interval
+  local every
+  every=$(sed -nE 's/.*refresh every ([0-9 ]+) steps.*/\1/p' "$1/plan.txt" | tr ' ' '\n' | sort -n | tail -1)
+  [[ -n $every ]] || { echo "pipefisher.sh: the PipeFisher run printed no plan" >&2; exit 1; }
+  run "$1/skip" --set kfac.enabled=true --set kfac.placement=skip --set kfac.inverse_every="$every" > /dev/null
+}
+# The order rotates per round, so that a machine that drifts within a round favours no run: NVLAMB
+# first, second and last once in every 3 rounds (skip needs the round's PipeFisher plan).
+orders=("nvlamb pipefisher skip" "pipefisher skip nvlamb" "pipefisher nvlamb skip")
 for t in $tokens; do
   mbs=$((t / (mb * seq)))
   for ((k = 1; k <= repeat; ++k)); do
     d=$out/$t/$k
-    echo "== $t tokens per step ($mb x $mbs x $seq), round $k: nvlamb, pipefisher, skip"
-    run "$d/nvlamb" > /dev/null
-    run "$d/pipefisher" --set kfac.enabled=true --set kfac.placement=bubbles --set kfac.replan_on_drift=false |
-      grep -E "^pipefisher: planned" > "$d/plan.txt" || true
-    every=$(sed -nE 's/.*refresh every ([0-9 ]+) steps.*/\1/p' "$d/plan.txt" | tr ' ' '\n' | sort -n | tail -1)
-    [[ -n $every ]] || { echo "pipefisher.sh: the PipeFisher run printed no plan" >&2; exit 1; }
-    run "$d/skip" --set kfac.enabled=true --set kfac.placement=skip --set kfac.inverse_every="$every" > /dev/null
+    order=${orders[$(((k - 1) % 3))]}
+    mkdir -p "$d"
+    echo "== $t tokens per step ($mb x $mbs x $seq), round $k: ${order// /, }"
+    for r in $order; do "run_$r" "$d"; done
   done
 done
 
