@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # bench/step_account.sh: where PipeFisher's step goes against NVLAMB's (issue 52). For each
-# tokens-per-step, one NVLAMB and one PipeFisher run of bert-mini on 2 ranks x 1F1B (1 thread per
-# rank, kfac.replan_on_drift = false), both profiled at steps 5..STEPS, then
-# `pipefisher report --account` of the pair: the critical path's parts, averaged over the steps,
-# and the plan's line (what the planner was told and predicted).
+# tokens-per-step, three runs of bert-mini on 2 ranks x 1F1B (1 thread per rank,
+# kfac.replan_on_drift = false), each profiled at steps 5..STEPS: NVLAMB, PipeFisher, NVLAMB
+# again. Then `pipefisher report --account` of PipeFisher against the first NVLAMB run (the
+# critical path's parts averaged over the steps, the passes by setting, and the plan's line), and
+# the control: the second NVLAMB run against the first, the same code twice, whose difference is
+# what the machine alone moves a run by.
 #
 #   bench/step_account.sh [build-dir]
 #   env: TOKENS="4096 16384" SEQ=128 MB=4 STEPS=12 SCHEDULE=1f1b FULL=0 (1: every step's table)
 #
-# Run it on a quiet machine: the account is of one pair of runs, not a median.
+# Run it on a quiet machine: the account is of one run each, not a median.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -38,6 +40,9 @@ for t in $tokens; do
   pf_two_ranks "$d/pipefisher" "$schedule" --set kfac.enabled=true --set kfac.placement=bubbles \
     --set kfac.replan_on_drift=false --profile-dir "$d/pipefisher/profile" --profile-steps "$profiled" |
     grep -E "^pipefisher: planned" || true
+  pf_two_ranks "$d/nvlamb2" "$schedule" --profile-dir "$d/nvlamb2/profile" --profile-steps "$profiled" > /dev/null
   "$bin" report --account "$d/pipefisher/profile" --baseline "$d/nvlamb/profile" > "$d/account.txt"
   if [[ ${FULL:-0} == 1 ]]; then cat "$d/account.txt"; else sed -n '/^mean over/,$p' "$d/account.txt"; fi
+  echo "-- control: the second NVLAMB run against the first (\"PipeFisher\" below is NVLAMB again)"
+  "$bin" report --account "$d/nvlamb2/profile" --baseline "$d/nvlamb/profile" | sed -n '/^mean over/,$p'
 done
