@@ -99,8 +99,6 @@ std::vector<Strategy> strategies() {
   return out;
 }
 
-bool is_curvature(Kind k) { return k == Kind::CURV_A || k == Kind::CURV_B; }
-
 // A unit the gaps take (not inline, not pinned) that replica w runs.
 bool gap_unit(const Unit& unit, int replica) { return !unit.runs_inline && !unit.pinned && runs_on(unit, replica); }
 

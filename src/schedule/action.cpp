@@ -37,6 +37,7 @@ bool is_p2p(Kind k) {
 }
 bool is_bcast_inv(Kind k) { return k == Kind::BCAST_INV_A || k == Kind::BCAST_INV_B; }
 bool is_inversion(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
+bool is_curvature(Kind k) { return k == Kind::CURV_A || k == Kind::CURV_B; }
 bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV || is_bcast_inv(k); }
 bool is_compute(Kind k) { return !is_p2p(k) && !is_collective(k); }
 bool is_pass(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W; }

@@ -51,6 +51,7 @@ bool is_collective(Kind k);                     // ALLREDUCE, SYNC_CURV, BCAST_I
 bool is_kfac(Kind k);                           // CURV_*, SYNC_CURV, INV_*, BCAST_INV_*, PREC
 bool is_bcast_inv(Kind k);                      // BCAST_INV_A / BCAST_INV_B
 bool is_inversion(Kind k);                      // INV_A / INV_B (a whole factor or one diagonal block)
+bool is_curvature(Kind k);                      // CURV_A / CURV_B
 // K-FAC's kinds by factor side, 0 = A (the layer's input), 1 = B (its output gradient):
 // side_index(CURV_A) == side_index(INV_A) == side_index(BCAST_INV_A) == 0, the _B kinds 1.
 int side_index(Kind curv_inv_or_bcast);

@@ -1,65 +1,52 @@
 #include "schedule/deps.hpp"
 
+#include "schedule/kfac_graph.hpp"
+
 #include <map>
 #include <tuple>
-#include <unordered_map>
 
 namespace pf {
 
 namespace {
 
-// Packs (kind, pipeline, stage, micro-batch, layer) into one 64-bit key.
-uint64_t key(Kind k, int p, int s, int m, int l) {
-  uint64_t x = static_cast<uint64_t>(k);
-  x = x * 8 + static_cast<uint64_t>(p & 7);
-  x = (x << 16) | static_cast<uint64_t>(s & 0xffff);
-  x = (x << 20) | static_cast<uint64_t>((m + 1) & 0xfffff);
-  x = (x << 16) | static_cast<uint64_t>((l + 1) & 0xffff);
-  return x;
-}
-uint64_t key(const Action& a) { return key(a.kind, a.pipeline, a.stage, a.micro_batch, a.layer); }
-
+// The schedule's actions in the K-FAC graph's index (kfac_graph.hpp), numbered device by device.
 struct Index {
-  std::unordered_map<uint64_t, ActionRef> at;
-  // Per (pipeline, stage): final backwards (B or W), and curvature actions by (kind, layer).
-  std::map<std::pair<int, int>, std::vector<ActionRef>> final_backward;
-  std::map<std::tuple<int, int, int>, std::vector<ActionRef>> curvature;  // (p, s, kind*65536+layer)
-  std::map<std::pair<int, int>, std::vector<ActionRef>> any_curvature;
+  KfacIndex kfac;
+  std::vector<ActionRef> ref;  // [number]
 
   const ActionRef* find(Kind k, int p, int s, int m, int l = -1) const {
-    auto it = at.find(key(k, p, s, m, l));
-    return it == at.end() ? nullptr : &it->second;
+    const int n = kfac.find(k, p, s, m, l);
+    return n < 0 ? nullptr : &ref[n];
+  }
+  void add(const std::vector<int>& numbers, std::vector<ActionRef>& w) const {
+    for (int n : numbers) w.push_back(ref[n]);
   }
 };
 
 Index build_index(const Schedule& s) {
   Index ix;
-  ix.at.reserve(s.num_actions() * 2);
+  ix.kfac.reserve(s.num_actions());
   for (int d = 0; d < s.devices; ++d)
     for (int i = 0; i < static_cast<int>(s.per_device[d].size()); ++i) {
-      const Action& a = s.per_device[d][i];
-      ix.at.emplace(key(a), ActionRef{d, i});  // a duplicate keeps the first; the validator reports it
-      if (a.kind == Kind::B || a.kind == Kind::W) ix.final_backward[{a.pipeline, a.stage}].push_back({d, i});
-      if (a.kind == Kind::CURV_A || a.kind == Kind::CURV_B) {
-        ix.curvature[{a.pipeline, a.stage, static_cast<int>(a.kind) * 65536 + a.layer}].push_back({d, i});
-        ix.any_curvature[{a.pipeline, a.stage}].push_back({d, i});
-      }
+      ix.kfac.add(s.per_device[d][i]);
+      ix.ref.push_back({d, i});
     }
   return ix;
 }
 
-// What action `a` waits for (the table in deps.hpp), appended to w.
+// What action `a` waits for (the table in deps.hpp; K-FAC units: kfac_graph.hpp), appended to w.
 void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<ActionRef>& w) {
   auto need = [&](const ActionRef* r) {
     if (r) w.push_back(*r);
   };
-  auto need_all = [&](const auto& map, const auto& k) {
-    auto it = map.find(k);
-    if (it != map.end()) w.insert(w.end(), it->second.begin(), it->second.end());
-  };
   auto backward = [&](int st) {  // B or I of (pipeline, st, mb)
     const ActionRef* r = ix.find(Kind::B, a.pipeline, st, a.micro_batch);
     return r ? r : ix.find(Kind::I, a.pipeline, st, a.micro_batch);
+  };
+  auto final_backwards = [&] {
+    std::vector<int> n;
+    ix.kfac.every(kFinalBackwards, a.pipeline, a.stage, -1, n);
+    ix.add(n, w);
   };
   const int p = a.pipeline, st = a.stage, m = a.micro_batch;
   switch (a.kind) {
@@ -78,28 +65,26 @@ void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<
     case Kind::RECV_F: need(ix.find(Kind::SEND_F, p, st - 1, m)); break;
     case Kind::SEND_B: need(backward(st)); break;
     case Kind::RECV_B: need(ix.find(Kind::SEND_B, p, st + 1, m)); break;
-    case Kind::CURV_A: need(ix.find(Kind::F, p, st, m)); break;
-    case Kind::CURV_B: need(backward(st)); break;
-    case Kind::SYNC_CURV: need_all(ix.any_curvature, std::pair{p, st}); break;
-    case Kind::INV_A:
-    case Kind::INV_B: {
-      Kind c = curvature_kind(side_index(a.kind));
-      need_all(ix.curvature, std::tuple{p, st, static_cast<int>(c) * 65536 + a.layer});
-      need(ix.find(Kind::SYNC_CURV, p, st, -1));
-      break;
-    }
-    case Kind::ALLREDUCE: need_all(ix.final_backward, std::pair{p, st}); break;
-    case Kind::PREC:
-      need_all(ix.final_backward, std::pair{p, st});
-      need(ix.find(Kind::ALLREDUCE, p, st, -1));
-      break;
-    case Kind::BCAST_INV_A:
-    case Kind::BCAST_INV_B: break;  // the previous refresh cycle's inverse: nothing of this step
+    case Kind::ALLREDUCE: final_backwards(); break;
     case Kind::OPT:
-      need_all(ix.final_backward, std::pair{p, st});
+      final_backwards();
       need(ix.find(Kind::ALLREDUCE, p, st, -1));
       need(ix.find(Kind::PREC, p, st, -1));
       break;
+    case Kind::CURV_A:
+    case Kind::CURV_B:
+    case Kind::SYNC_CURV:
+    case Kind::INV_A:
+    case Kind::INV_B:
+    case Kind::PREC:
+    case Kind::BCAST_INV_A:
+    case Kind::BCAST_INV_B: {  // the K-FAC units: what they read (a recomputed CURV_A's backward
+                               // precedes it in its device's list)
+      std::vector<int> n;
+      ix.kfac.reads(a, {}, n);
+      ix.add(n, w);
+      break;
+    }
   }
 }
 

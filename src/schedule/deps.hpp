@@ -6,12 +6,11 @@
 //   W(p,s,m)      I(p,s,m)
 //   SEND_F(p,s,m) F(p,s,m);   RECV_F(p,s,m)  SEND_F(p,s-1,m)
 //   SEND_B(p,s,m) B/I(p,s,m); RECV_B(p,s,m)  SEND_B(p,s+1,m)
-//   CURV_A(p,s,m,l) F(p,s,m); CURV_B(p,s,m,l) B/I(p,s,m)
-//   SYNC_CURV(p,s) every CURV_* of (p,s);  INV_A/B(p,s,l) every CURV_A/B of (p,s,l), SYNC_CURV(p,s)
 //   ALLREDUCE(p,s) every final backward (B or W) of (p,s)
-//   PREC(p,s)     every final backward of (p,s), ALLREDUCE(p,s)
 //   OPT(p,s)      every final backward of (p,s), ALLREDUCE(p,s), PREC(p,s)
-//   BCAST_INV_A/B nothing (it sends the previous refresh cycle's inverse)
+//   K-FAC units   what they read (the K-FAC graph's table, schedule/kfac_graph.hpp; a CURV_A
+//                 reads its F: with recomputation the plan puts it after the backward too, on the
+//                 same device)
 // (only the listed actions that exist in the schedule). Collective kinds (ALLREDUCE, SYNC_CURV,
 // BCAST_INV_*) with the same (kind, stage, layer, block) on different devices form a group that starts together:
 // the copies of one stage (Chimera's down and up pipelines, data-parallel replicas).
