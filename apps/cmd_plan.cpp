@@ -375,7 +375,8 @@ void add_kfac_options(CLI::App& app, PlanFlags& a, const PlanValidators& v) {
                  "Model preset: its shapes size the memory model and split the K-FAC costs (default bert-base)");
   app.add_option("--data-parallel", a.data_parallel, "Replicas W per stage (curvature sync, inversions shared)")
       ->check(v.positive);
-  app.add_option("--margin", a.margin, "Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default 0.05)")
+  app.add_option("--margin", a.margin,
+                 fmt::format("Safety margin: a unit fits a gap if duration*(1+margin) <= gap (default {:g})", kFitMargin))
       ->check(v.fraction);
   app.add_option("--bcast-alpha", a.bcast_alpha,
                  "Broadcast of an inverse among replicas: alpha, ms (default: the profile's all-reduce alpha, else 0)")

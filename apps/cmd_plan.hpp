@@ -6,6 +6,7 @@
 #include "config/config.hpp"
 #include "schedule/generators.hpp"
 #include "schedule/schedule.hpp"
+#include "sim/fit.hpp"
 #include "sim/profile.hpp"
 
 #include <CLI/CLI.hpp>
@@ -26,7 +27,7 @@ struct PlanFlags {
   bool json = false, sweep = false, kfac = false, no_kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;
   int data_parallel = 1;
   int svg_steps = 0, svg_width = 0;  // --steps, --width: what --svg draws (0: its defaults)
-  double margin = 0.05;
+  double margin = kFitMargin;
   int min_refresh_steps = 1;  // --min-refresh-steps (kfac.min_refresh_steps)
   double zb_memory = 1;  // --zb-memory: zb-auto's memory limit, times 1F1B's peak
   double bcast_alpha = -1, bcast_beta = -1;  // < 0: the profile's all-reduce alpha / beta
@@ -60,7 +61,7 @@ struct PlanOutputs {
 
 // PipeFisher's options (--kfac).
 struct KfacOptions {
-  double margin = 0.05;
+  double margin = kFitMargin;
   std::optional<double> bcast_alpha, bcast_beta;  // none: the profile's
   bool split_to_shorten = false;
   int min_refresh_steps = 1;

@@ -60,24 +60,22 @@ void check_kfac_size(const PlanRequest& r, const Schedule& s, const Profile& pro
 
 PlanInput kfac_input(const PlanRequest& r, const Schedule& s, const Profile& prof, const KfacModel& m) {
   const KfacOptions& a = r.kfac;
-  PlanInput in;
-  in.schedule = s;
-  in.cost = prof.cost;
-  in.replicas = r.data_parallel;
-  in.margin = a.margin;
-  in.split_to_shorten = a.split_to_shorten;
-  in.min_refresh_steps = a.min_refresh_steps;
-  in.chimera_group = a.stage_group;
-  in.recompute = r.recompute;
+  const PlanSettings settings{.replicas = r.data_parallel,
+                              .margin = a.margin,
+                              .split_to_shorten = a.split_to_shorten,
+                              .chimera_group = a.stage_group,
+                              .recompute = r.recompute,
+                              .min_refresh_steps = a.min_refresh_steps};
   // Broadcast of an inverse among the replicas (Algorithm 1's t_comm): the flags, else the
   // profile's all-reduce fit (the same bytes over the same links; 0 without one: all CT).
   // A run's profile carries the broadcast model its plan used.
-  in.bcast_alpha = a.bcast_alpha.value_or(prof.plan.bcast_alpha >= 0 ? prof.plan.bcast_alpha : prof.cost.allreduce_alpha);
-  in.bcast_beta = a.bcast_beta.value_or(prof.plan.bcast_beta >= 0 ? prof.plan.bcast_beta : prof.cost.allreduce_beta);
-  if (m.measured) {
-    for (const StageKfacCost& k : prof.plan.kfac) in.kfac.push_back(planner_cost(k));  // measured by the run, as it planned
-    return in;
-  }
+  const std::pair<double, double> bcast = {
+      a.bcast_alpha.value_or(prof.plan.bcast_alpha >= 0 ? prof.plan.bcast_alpha : prof.cost.allreduce_alpha),
+      a.bcast_beta.value_or(prof.plan.bcast_beta >= 0 ? prof.plan.bcast_beta : prof.cost.allreduce_beta)};
+  // Units measured by the run, as it planned; else split from the model's shapes below.
+  PlanInput in = plan_input(s, settings, bcast, m.measured ? prof.plan.kfac : std::vector<StageKfacCost>{});
+  in.cost = prof.cost;
+  if (m.measured) return in;
   for (size_t st = 0; st < prof.cost.stages.size(); ++st) {
     const StageCost& c = prof.cost.stages[st];
     const std::vector<LinearShape> layers = stage_linears(m, static_cast<int>(st));

@@ -61,7 +61,7 @@ std::pair<int, double> Placer::place(double ready, double dur, bool best_fit, bo
     }
     if (g.gap.end <= ready) continue;
     double s0 = std::max(cursor(g), ready);
-    if (s0 + dur * (1 + margin) > g.gap.end - (keep ? gaps[g.cursor_gap].kept : 0.0) + kEps) continue;
+    if (!fit.holds(s0, dur, g.gap.end - (keep ? gaps[g.cursor_gap].kept : 0.0))) continue;
     if (found < 0 || g.gap.end - s0 < gaps[found].gap.end - std::max(cursor(gaps[found]), ready))
       found = static_cast<int>(i);
     if (!best_fit) break;
@@ -108,16 +108,16 @@ bool gap_unit(const Unit& unit, int replica) { return !unit.runs_inline && !unit
 void keep_room_for_inversions(const PlanState& state, const std::vector<Unit>& units, int replica, int device,
                               const Strategy& strategy, Placer& placer) {
   if (strategy.reserve == 0) return;
-  const double margin = 1 + state.in.margin;
+  const Fit fit = gap_fit(state.in);
   double big = 0, work = 0, bubble = 0;
   for (const Unit& unit : units)
     if (gap_unit(unit, replica)) {
       work += unit.duration;
-      if (is_inversion(unit.action.kind)) big = std::max(big, unit.duration * margin);
+      if (is_inversion(unit.action.kind)) big = std::max(big, fit.padded(unit.duration));
     }
   int count = 0;
   for (const Unit& unit : units)
-    count += is_inversion(unit.action.kind) && gap_unit(unit, replica) && 2 * unit.duration * margin > big;
+    count += is_inversion(unit.action.kind) && gap_unit(unit, replica) && fit.padded(2 * unit.duration) > big;
   for (const Gap& g : state.base.timeline.gaps(device)) bubble += g.end - g.start;
   if (big <= kEps || bubble <= kEps) return;
   const int steps = placer.period > 0 ? placer.period : static_cast<int>(std::ceil(work / bubble - 1e-12));
@@ -177,7 +177,7 @@ struct Packing {
         result{Placer{.step0 = state.cycle_step0[w].timeline,
                       .base = state.base.timeline,
                       .device = d,
-                      .margin = state.in.margin,
+                      .fit = gap_fit(state.in),
                       .period = p.period,
                       .max_step = p.period > 0 ? p.period + p.sync_step : INT_MAX},
                std::vector<int>(units.size(), -1), std::vector<double>(units.size(), 0.0), 1},
@@ -241,7 +241,7 @@ void fill_gap(Packing& packing, int gap_index, std::vector<int>& todo) {
       if (!packing.deps_done(i)) continue;
       const double start = std::max(cursor, packing.ready(i));
       const double room = g.gap.end - (is_inversion(units[i].action.kind) ? 0.0 : placer.gaps[g.cursor_gap].kept);
-      if (start + units[i].duration * (1 + placer.margin) > room + kEps) continue;
+      if (!placer.fit.holds(start, units[i].duration, room)) continue;
       const bool now = start <= cursor + kEps, best_now = best >= 0 && best_start <= cursor + kEps;
       if (best < 0 || (now && !best_now) ||
           (now == best_now && (now ? units[i].duration > units[best].duration + kEps : start < best_start - kEps)))

@@ -87,7 +87,7 @@ void insert_preconditions(const PlanState& state, const Timeline& tl, int d, Tim
     for (Gap& g : gaps) {
       if (state.in.precondition == PrecPlacement::end) break;
       const double s0 = std::max(g.start, p.ready);
-      if (g.insert_at > p.after && s0 + t * (1 + state.in.margin) <= g.end + kEps) {
+      if (g.insert_at > p.after && gap_fit(state.in).holds(s0, t, g.end)) {
         at = g.insert_at;
         g.start = s0 + t;
         break;

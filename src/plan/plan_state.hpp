@@ -6,6 +6,7 @@
 // One PlanState flows through the passes in order; each pass reads what earlier passes stored
 // and returns its own output, which run_pass stores in the pass's field.
 #include "plan/planner.hpp"
+#include "schedule/kfac_graph.hpp"
 
 #include <climits>
 #include <cstddef>
@@ -20,6 +21,9 @@ namespace pf::plan {
 constexpr double kEps = 1e-9;
 constexpr double kMinCollective = 1e-6;  // shortest broadcast unit (time units of the input)
 constexpr int kNoReplica = -2;           // a unit owned by another holder of its stage (Chimera group)
+
+// The fit rule (sim/fit.hpp) with the input's margin, up to the rounding of the planner's sums.
+inline Fit gap_fit(const PlanInput& in) { return {in.margin, kEps}; }
 
 // The gaps K-FAC units go into are Timeline::gaps (sim/sim.hpp: the one definition of a gap).
 
@@ -79,7 +83,7 @@ struct Placer {
   const Timeline& step0;
   const Timeline& base;
   int device = 0;
-  double margin = 0;
+  Fit fit = {};
   int period = 0, max_step = INT_MAX;
   struct StepGap {
     Gap gap;

@@ -54,7 +54,7 @@ namespace {
 
 // A unit larger than every gap (with margin) of a device whose largest gap is max_gap.
 bool larger_than_every_gap(const PlanInput& in, double dur, double max_gap) {
-  return max_gap <= kEps || dur * (1 + in.margin) > max_gap + kEps;
+  return max_gap <= kEps || !gap_fit(in).holds(0, dur, max_gap);
 }
 
 }  // namespace
@@ -85,84 +85,70 @@ OptimizerSetAside set_aside_optimizer(const PlanInput& input) {
 
 namespace {
 
-using UnitsOf = std::map<std::tuple<int, int, int, int>, std::vector<int>>;  // (p, s, side, layer) -> units
-
-// CURV_A / CURV_B of every layer after the F (A; with recomputation after the backward) or the
-// input-gradient backward (B, or I) of each micro-batch, A first.
-void add_curvature_units(const PlanInput& in, const Timeline& step, DeviceUnits& dev_units, UnitsOf& curv_of_factor,
-                         std::map<std::pair<int, int>, std::vector<int>>& curv_of_stage) {
-  auto& u = dev_units.units;
-  for (int side = 0; side < 2; ++side)
-    for (const TimedAction& t : step.per_device[dev_units.device]) {
-      const Action& a = t.action;
-      const bool backward = a.kind == Kind::B || a.kind == Kind::I;
-      const bool src = side == 0 && !in.recompute ? a.kind == Kind::F : backward;
-      if (!src) continue;
-      const StageKfacCost& c = stage_cost(in, a.stage);
-      for (int l = 0; l < c.layers(); ++l) {
-        Unit x;
-        x.action = Action{curvature_kind(side), a.stage, a.pipeline, a.micro_batch, l};
-        x.duration = side == 0 ? c.curv_a[l] : c.curv_b[l];
-        x.ready = t.end;
-        curv_of_stage[{a.pipeline, a.stage}].push_back(static_cast<int>(u.size()));
-        curv_of_factor[{a.pipeline, a.stage, side, l}].push_back(static_cast<int>(u.size()));
-        u.push_back(x);
-      }
-    }
-}
-
 // How many diagonal blocks an inversion runs as: 1 (whole), k > 1 (split: larger than every gap,
 // or forced), 0 (inline: even a single row would not fit, or no gap at all).
 int inversion_blocks(const PlanInput& in, double whole, int dim, double max_gap, const ForcedSplits& force,
                      const std::tuple<int, int, int, int>& key) {
+  const Fit fit = gap_fit(in);
   int k = 1;
   if (max_gap <= kEps) {
     k = 0;
-  } else if (whole * (1 + in.margin) > max_gap + kEps) {  // larger than every gap: split if a split fits
+  } else if (!fit.holds(0, whole, max_gap)) {  // larger than every gap: split if a split fits
     k = 0;
     for (int t = 2; t <= dim && k == 0; ++t)
-      if (block_cost(whole, dim, t, 0) * (1 + in.margin) <= max_gap + kEps) k = t;
+      if (fit.holds(0, block_cost(whole, dim, t, 0), max_gap)) k = t;
   }
   // A factor of dimension d has at most d diagonal blocks (BERT's NSP head: B is 2 x 2).
   if (k == 1 && force.count(key)) k = std::min(force.at(key), dim);
   return k;
 }
 
-// INV_A, then INV_B, of every layer of every hosted stage: whole, or its diagonal blocks.
-void add_inversion_units(const PlanInput& in, DeviceUnits& dev_units, double max_gap, UnitsOf& curv_of_factor,
-                         std::map<std::pair<int, int>, int>& sync_of, const ForcedSplits& force) {
-  auto& u = dev_units.units;
-  for (int side = 0; side < 2; ++side)
-    for (auto [p, s] : dev_units.stages) {
-      const StageKfacCost& c = stage_cost(in, s);
-      const Kind kind = inversion_kind(side);
-      for (int l = 0; l < c.layers(); ++l) {
-        const double whole = side == 0 ? c.inv_a[l] : c.inv_b[l];
-        const int dim = side == 0 ? c.dim_a[l] : c.dim_b[l];
-        std::vector<int> deps = curv_of_factor[{p, s, side, l}];
-        if (sync_of.count({p, s})) deps.push_back(sync_of[{p, s}]);
-        const int k = inversion_blocks(in, whole, dim, max_gap, force, {p, s, side, l});
-        if (k > 1) {
-          FactorSplit f{p, s, l, kind, k, whole, 0};
-          for (int j = 0; j < k; ++j) {
-            Unit x;
-            x.action = Action{kind, s, p, -1, l, j};
-            x.duration = block_cost(whole, dim, k, j);
-            f.pieces += x.duration;
-            x.deps = deps;
-            u.push_back(x);
-          }
-          dev_units.splits.push_back(f);
-          continue;
-        }
-        Unit x;
-        x.action = Action{kind, s, p, -1, l};
-        x.duration = whole;
-        x.deps = deps;
-        x.runs_inline = k == 0;
-        u.push_back(x);
-      }
+// An inversion node: its factor whole, or its diagonal blocks, each reading what the node reads.
+void add_inversion(const PlanInput& in, const KfacNode& node, const std::vector<int>& deps, double max_gap,
+                   const ForcedSplits& force, DeviceUnits& dev_units) {
+  const Kind kind = node.cost.kind;
+  const int p = node.cost.pipeline, s = node.cost.stage, l = node.cost.layer, side = side_index(kind);
+  const StageKfacCost& c = stage_cost(in, s);
+  const double whole = c.unit(kind, l);
+  const int dim = side == 0 ? c.dim_a[l] : c.dim_b[l];
+  const int k = inversion_blocks(in, whole, dim, max_gap, force, {p, s, side, l});
+  if (k > 1) {
+    FactorSplit f{p, s, l, kind, k, whole, 0};
+    for (int j = 0; j < k; ++j) {
+      Unit x;
+      x.action = Action{kind, s, p, -1, l, j};
+      x.duration = block_cost(whole, dim, k, j);
+      f.pieces += x.duration;
+      x.deps = deps;
+      dev_units.units.push_back(x);
     }
+    dev_units.splits.push_back(f);
+    return;
+  }
+  Unit x;
+  x.action = node.action;
+  x.duration = whole;
+  x.deps = deps;
+  x.runs_inline = k == 0;
+  dev_units.units.push_back(x);
+}
+
+// The unit of a curvature or sync node: a curvature unit is ready when the pass it reads ends; a
+// sync (several holders: replicas, or Chimera's twins, where it is pinned) is never zero long, as
+// a broadcast (list order breaks ties in start time by start only).
+Unit node_unit(const PlanInput& in, const std::vector<TimedAction>& step, const KfacNode& node, std::vector<int> deps) {
+  Unit x;
+  x.action = node.action;
+  x.deps = std::move(deps);
+  const StageKfacCost& c = stage_cost(in, node.action.stage);
+  if (node.action.kind == Kind::SYNC_CURV) {
+    x.duration = std::max(c.sync, kMinCollective);
+    x.pinned = in.schedule.pipelines > 1;
+  } else {
+    x.duration = c.unit(node.cost.kind, node.cost.layer);
+    x.ready = step[node.pass].end;
+  }
+  return x;
 }
 
 // Curvature and sync larger than every gap run inline; an inline unit's dependencies run inline
@@ -180,36 +166,38 @@ void mark_inline(const PlanInput& in, std::vector<Unit>& u, double max_gap, bool
       if (x.runs_inline && is_inversion(x.action.kind)) x.runs_inline = false, x.pinned = true;
 }
 
+// The K-FAC graph's input: recomputation, a sync per stage with several holders, each stage's layers.
+KfacGraphInput graph_input(const PlanInput& in) {
+  KfacGraphInput g;
+  g.rules.recompute = in.recompute;
+  g.sync = in.replicas > 1 || in.schedule.pipelines > 1;
+  for (int s = 0; s < in.schedule.stages; ++s)
+    g.layers.push_back(in.kfac.size() == 1 || s < static_cast<int>(in.kfac.size()) ? stage_cost(in, s).layers() : 0);
+  return g;
+}
+
 }  // namespace
 
-// The units of device d in priority order: CURV_A, CURV_B, SYNC, INV_A, INV_B.
+// Device d's units: the K-FAC graph's nodes of its step (schedule/kfac_graph.hpp) in their
+// priority order (CURV_A, CURV_B, SYNC, INV_A, INV_B), each inversion whole or as its blocks.
 DeviceUnits make_device_units(const PlanInput& in, const Timeline& step, int d, double max_gap,
                               const ForcedSplits& force) {
+  const std::vector<TimedAction>& row = step.per_device[d];
+  std::vector<Action> list;
+  for (const TimedAction& t : row) list.push_back(t.action);
+  const KfacGraph graph = kfac_graph(list, graph_input(in));
   DeviceUnits dev_units;
   dev_units.device = d;
-  for (const TimedAction& t : step.per_device[d])
-    if (t.action.kind == Kind::F &&
-        std::find(dev_units.stages.begin(), dev_units.stages.end(), std::pair{t.action.pipeline, t.action.stage}) == dev_units.stages.end())
-      dev_units.stages.push_back({t.action.pipeline, t.action.stage});
-  std::map<std::pair<int, int>, std::vector<int>> curv_of_stage;
-  UnitsOf curv_of_factor;
-  add_curvature_units(in, step, dev_units, curv_of_factor, curv_of_stage);
-  // SYNC_CURV per stage with several holders (replicas, or Chimera's twins: pinned).
-  std::map<std::pair<int, int>, int> sync_of;
-  const bool chimera = in.schedule.pipelines > 1;
-  if (in.replicas > 1 || chimera)
-    for (auto [p, s] : dev_units.stages) {
-      Unit x;
-      x.action = Action{Kind::SYNC_CURV, s, p, -1, -1};
-      // Never zero (as a broadcast): list order breaks ties in start time by start only.
-      x.duration = std::max(stage_cost(in, s).sync, kMinCollective);
-      x.deps = curv_of_stage[{p, s}];
-      x.pinned = chimera;
-      sync_of[{p, s}] = static_cast<int>(dev_units.units.size());
-      dev_units.units.push_back(x);
-    }
-  add_inversion_units(in, dev_units, max_gap, curv_of_factor, sync_of, force);
-  mark_inline(in, dev_units.units, max_gap, chimera);
+  dev_units.stages = graph.chunks;
+  std::vector<int> unit_of;  // [node] its (first) unit
+  for (const KfacNode& node : graph.nodes) {
+    unit_of.push_back(static_cast<int>(dev_units.units.size()));
+    std::vector<int> deps;
+    for (int r : node.reads) deps.push_back(unit_of[r]);
+    if (is_inversion(node.action.kind)) add_inversion(in, node, deps, max_gap, force, dev_units);
+    else dev_units.units.push_back(node_unit(in, row, node, std::move(deps)));
+  }
+  mark_inline(in, dev_units.units, max_gap, in.schedule.pipelines > 1);
   return dev_units;
 }
 

@@ -29,7 +29,7 @@ TimedSchedule timed_input(const PlanInput& in) {
 // device's previous W, which it stays behind (the output gradients kept for W are freed first in,
 // first out, as sim/memory.cpp and the runtime count them).
 int earlier_gap(const TimedSchedule& ts, const Timeline& tl, const std::vector<Gap>& gaps, int d, int i,
-                double margin) {
+                const Fit& fit) {
   const std::vector<Action>& row = ts.schedule.per_device[d];
   const Action& w = row[i];
   int after = -1;
@@ -41,10 +41,9 @@ int earlier_gap(const TimedSchedule& ts, const Timeline& tl, const std::vector<G
     after = j;
     ready = std::max(ready, tl.per_device[d][j].end);
   }
-  const double need = ts.durations[d][i] * (1 + margin);
   for (const Gap& g : gaps) {
     if (g.insert_at >= i) break;
-    if (g.insert_at > after && std::max(g.start, ready) + need <= g.end + kEps) return g.insert_at;
+    if (g.insert_at > after && fit.holds(std::max(g.start, ready), ts.durations[d][i], g.end)) return g.insert_at;
   }
   return -1;
 }
@@ -79,7 +78,7 @@ WeightGradientStep place_weight_gradients(const PlanState& state) {
       std::vector<Gap> gaps = tl.gaps(d);
       for (int i = 0; i < static_cast<int>(ts.schedule.per_device[d].size()); ++i) {
         if (ts.schedule.per_device[d][i].kind != Kind::W) continue;
-        const int to = earlier_gap(ts, tl, gaps, d, i, state.in.margin);
+        const int to = earlier_gap(ts, tl, gaps, d, i, gap_fit(state.in));
         if (to < 0) continue;
         TimedSchedule trial = ts;
         move_earlier(trial, d, i, to);

@@ -169,6 +169,16 @@ bool better(const KfacPlan& a, const KfacPlan& b) {
 
 }  // namespace
 
+PlanInput plan_input(const Schedule& step, const PlanSettings& settings, std::pair<double, double> bcast,
+                     const std::vector<StageKfacCost>& measured, double scale) {
+  PlanInput in;
+  static_cast<PlanSettings&>(in) = settings;
+  in.schedule = step;
+  std::tie(in.bcast_alpha, in.bcast_beta) = bcast;
+  for (const StageKfacCost& c : measured) in.kfac.push_back(planner_cost(c, scale));
+  return in;
+}
+
 KfacPlan plan_kfac(const PlanInput& in) {
   check_input(in);
   if (in.precondition != PrecPlacement::best) {

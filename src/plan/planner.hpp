@@ -4,12 +4,12 @@
 // `pipefisher plan --kfac`.
 //
 // Usage (runtime):
-//   PlanInput in;
-//   in.schedule  = layout.schedule;                 // one step, compute-only or lowered
-//   in.durations = measured;                        // [device][index] ms, same shape (or empty:
-//   in.cost      = ...;                             //  durations from this cost model)
-//   in.kfac      = {StageKfacCost{...}, ...};       // [stage]: measured per-unit durations
-//   in.replicas  = W;  in.margin = 0.05;
+//   PlanInput in = plan_input(layout.schedule,      // one step, compute-only or lowered
+//                             settings,             // W replicas, margin, ... (PlanSettings)
+//                             {alpha, beta},        // the broadcast model
+//                             measured, scale);     // [stage] measured per-unit durations
+//   in.durations = measured_ms;                     // [device][index] ms, same shape (or empty:
+//                                                   //  durations from in.cost)
 //   KfacPlan plan = plan_kfac(in);
 //   for each step t:  run plan.actions(replica, device, t)   // F/B/comm + K-FAC + OPT, in order
 //   and call set_blocks(k) once for every plan.splits() entry (block-diagonal factor).
@@ -27,17 +27,18 @@
 //   gap of the step's timeline after its I and the device's previous W where
 //   duration * (1 + margin) fits from max(gap start, ready), never later than the schedule put
 //   it; the step is re-timed after each move. The K-FAC units below fill what W leaves.
-//   CURV_A(p,s,m,l) after F(p,s,m); CURV_B(p,s,m,l) after the input-gradient backward (B, or I
-//   in zero-bubble schedules: the output gradient exists at I, so W need not run first).
-//   SYNC_CURV(p,s) (only W > 1) after every CURV_* of (p,s). INV_A/B(p,s,l) after its
-//   curvature (and the sync). PREC(p,s) every step after the stage's last backward (and its
-//   ALLREDUCE), before its OPT: in the first gap after that which fits, else at the device's end
+//   The K-FAC units and what each reads are the K-FAC graph's (schedule/kfac_graph.hpp: CURV_A
+//   after its F, CURV_B after its B or I, SYNC_CURV (several holders) after the stage's
+//   curvature, INV_A/B after its factor's curvature and the sync). PREC(p,s) every step after
+//   the stage's last backward (and its ALLREDUCE), before its OPT: in the first gap after that
+//   which fits, else at the device's end
 //   (PlanInput::precondition; a stage whose last backward ends before the step does, as the later
 //   stages of GPipe and 1F1B, has it in that tail gap either way). With several holders (replicas,
 //   Chimera's twins) each holder's PREC preconditions its share of the stage's layers and the
 //   holders all-gather the results (PrecSplit).
 //   Priorities: CURV_A, CURV_B, SYNC, INV_A, INV_B; within a kind, by readiness then layer.
-//   A unit fits a gap if duration * (1 + margin) <= the gap's free time from max(cursor, ready).
+//   A unit fits a gap if duration * (1 + margin) <= the gap's free time from max(cursor, ready)
+//   (sim/fit.hpp, the one fit rule).
 //   What does not fit goes to the gaps of the following steps (copies of the step). The paper's
 //   greedy first fit is tried first; a few other deterministic packings (largest first within a
 //   class, best fit within the earliest step) are tried too and the one needing the fewest steps
@@ -105,6 +106,7 @@
 #include "kfac/placement.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/cost.hpp"
+#include "sim/fit.hpp"
 #include "sim/kfac_cost.hpp"
 #include "sim/sim.hpp"
 
@@ -124,18 +126,11 @@ enum class PrecPlacement {
   best,  // both planned; kept: the fewer refresh steps (the longest, then their sum), then the shorter step
 };
 
-struct PlanInput {
-  // One step, without K-FAC actions. Its optimizer steps (OPT) are set aside and end every list
-  // of the plan, after the step's K-FAC units (a PREC must precede its stage's OPT).
-  Schedule schedule;
-  std::vector<std::vector<double>> durations;    // [device][index] measured (shape of schedule), or empty
-  CostModel cost;                                // durations when `durations` is empty
-  std::vector<StageKfacCost> kfac;               // [stage], or one entry for uniform stages
-  int replicas = 1;                              // W data-parallel replicas per stage
-  // Broadcast of an inverse among the replicas (W > 1): bcast_alpha + bcast_beta * bytes, 4-byte
-  // floats of the upper triangle (the comm performance model's fit; 0, 0: every piece is CT).
-  double bcast_alpha = 0, bcast_beta = 0;
-  double margin = 0.05;
+// What a run (its kfac.* and parallel.* settings) or `pipefisher plan --kfac` (its flags) asks
+// of the planner besides the step and its costs.
+struct PlanSettings {
+  int replicas = 1;  // W data-parallel replicas per stage
+  double margin = kFitMargin;
   // Split a device's largest inversions into diagonal blocks when that lowers its refresh steps
   // (see above). Off by default (exact factors, the paper's choice): only units larger than
   // every gap are split.
@@ -154,6 +149,25 @@ struct PlanInput {
   // still refreshes every this many; its cycle's later steps run no curvature or inversion.
   int min_refresh_steps = 1;
 };
+
+struct PlanInput : PlanSettings {
+  // One step, without K-FAC actions. Its optimizer steps (OPT) are set aside and end every list
+  // of the plan, after the step's K-FAC units (a PREC must precede its stage's OPT).
+  Schedule schedule;
+  std::vector<std::vector<double>> durations;    // [device][index] measured (shape of schedule), or empty
+  CostModel cost;                                // durations when `durations` is empty
+  std::vector<StageKfacCost> kfac;               // [stage], or one entry for uniform stages
+  // Broadcast of an inverse among the replicas (W > 1): bcast_alpha + bcast_beta * bytes, 4-byte
+  // floats of the upper triangle (the comm performance model's fit; 0, 0: every piece is CT).
+  double bcast_alpha = 0, bcast_beta = 0;
+};
+
+// The one builder of a PlanInput (the runtime's plans, `pipefisher plan --kfac`): the step, the
+// settings, the broadcast model (alpha, beta), and each stage's measured K-FAC units as the
+// planner takes them (planner_cost, times `scale`; none: the caller gives model costs). The
+// step's durations (measured per action, or in.cost) are the caller's.
+PlanInput plan_input(const Schedule& step, const PlanSettings& settings, std::pair<double, double> bcast,
+                     const std::vector<StageKfacCost>& measured, double scale = 1);
 
 // One placed K-FAC unit of one replica's device, times relative to its cycle step's start.
 struct PlacedUnit {

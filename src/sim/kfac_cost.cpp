@@ -39,6 +39,27 @@ StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double cu
   return c;
 }
 
+namespace {
+// StageKfacCost::unit, const or not.
+template <class Cost>
+auto& unit_of(Cost& c, Kind kind, int layer) {
+  switch (kind) {
+    case Kind::CURV_A: return c.curv_a.at(layer);
+    case Kind::CURV_B: return c.curv_b.at(layer);
+    case Kind::INV_A: return c.inv_a.at(layer);
+    case Kind::INV_B: return c.inv_b.at(layer);
+    case Kind::SYNC_CURV: return c.sync;
+    case Kind::PREC: return c.precondition;
+    default: break;
+  }
+  PF_CHECK(false, "{} has no K-FAC cost", kind_name(kind));
+  return c.sync;  // not reached
+}
+}  // namespace
+
+double StageKfacCost::unit(Kind kind, int layer) const { return unit_of(*this, kind, layer); }
+double& StageKfacCost::unit(Kind kind, int layer) { return unit_of(*this, kind, layer); }
+
 StageKfacCost planner_cost(const StageKfacCost& measured, double scale) {
   StageKfacCost c = measured;
   for (std::vector<double>* unit : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})

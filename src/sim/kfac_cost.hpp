@@ -2,6 +2,8 @@
 // The K-FAC work's costs per stage, as the PipeFisher planner (plan/planner.hpp) and the
 // simulator's profiles and memory model take them: the K-FAC Linears of a transformer block, and
 // block-level costs split into per-factor units (curvature ~ d^2 per token, inversion ~ d^3).
+#include "schedule/action.hpp"
+
 #include <string>
 #include <vector>
 
@@ -26,6 +28,9 @@ struct StageKfacCost {
   double precondition = 0;             // PREC of the stage, every step
   double sync = 0;                     // SYNC_CURV of the stage (used only when replicas > 1)
   int layers() const { return static_cast<int>(curv_a.size()); }
+  // The cost of unit `kind` (CURV_A/B, INV_A/B: of `layer`; SYNC_CURV, PREC: the stage's).
+  double unit(Kind kind, int layer) const;
+  double& unit(Kind kind, int layer);
   bool operator==(const StageKfacCost&) const = default;
 };
 
