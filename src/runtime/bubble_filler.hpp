@@ -17,21 +17,18 @@
 //     rank's tail);
 //   - at its deadline otherwise: before the next action that needs its result (the "cheapest
 //     place" the step still offers).
-// The units form a dependency-ordered ready queue: the units of one layer (of one chunk) run in
-// the plan's order, so each factor sums in the same order and an inversion reads the factors the
-// plan's did (its damping reads both of its layer's); units of different layers share no state, so
-// a unit that fits a wait may pass one that does not. A unit never runs before the actions it
-// reads from nor after those that read it (its window):
-//   CURV_A / CURV_B  between its chunk's passes (F, B, I, W: the saved inputs and gradients)
-//   INV_A / INV_B    between its chunk's SYNC_CURV, BCAST_INV and PREC
-//   all              before any OPT (the first OPT preconditions every chunk) and the step's end
-// Collectives (SYNC_CURV, BCAST_INV) and PREC stay where the plan put them: copies switch inverses
-// at the same step whatever order each one's filler chose, and no rank blocks in a collective
-// that its copy reaches only after a message from it.
+// The units form a dependency-ordered ready queue: each runs within its window, and the units of
+// one layer (of one chunk) in the plan's order, as the K-FAC graph says (schedule/kfac_graph.hpp:
+// kfac_windows); units of different layers share no state, so a unit that fits a wait may pass
+// one that does not. Collectives (SYNC_CURV, BCAST_INV) and PREC stay where the plan put them:
+// copies switch inverses at the same step whatever order each one's filler chose, and no rank
+// blocks in a collective that its copy reaches only after a message from it. A unit fits a wait
+// by the planner's rule and margin (sim/fit.hpp).
 //
 // With no prediction yet (a wait or unit not seen before) a wait runs only the units planned
 // before it, as `bubbles` would. Timing decides only *when* a unit runs, never what it computes.
 #include "schedule/action.hpp"
+#include "schedule/kfac_graph.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -60,10 +57,10 @@ class BubbleFiller {
  public:
   // The actions whose waits units may fill: a receive, a gradient all-reduce.
   static bool is_wait(Kind k) { return k == Kind::RECV_F || k == Kind::RECV_B || k == Kind::ALLREDUCE; }
-  // Step start: the step's floating units, their windows and the deadlines.
+  // Step start: the step's floating units and their windows (kfac_windows).
   void begin(const std::vector<Action>& list);
   bool floats(size_t i) const { return floating_.at(i) >= 0; }
-  size_t units() const { return queue_.size(); }
+  size_t units() const { return windows_.size(); }
   // A unit that must run before action i (i = the list's size: the step's end), if any is left:
   // the first in queue order whose window closes there or earlier.
   std::optional<size_t> next_due(size_t i) const;
@@ -81,28 +78,22 @@ class BubbleFiller {
   const FillerStats& stats() const { return stats_; }
 
  private:
-  using Key = std::tuple<int, int, int, int, int>;  // kind, pipeline, stage, layer or micro-batch, block
-  static Key unit_key(const Action& a);
-  static Key wait_key(const Action& a);
+  using WaitKey = std::tuple<int, int, int, int>;  // kind, pipeline, stage, micro-batch
+  static WaitKey wait_key(const Action& a);
   bool ready(size_t q, size_t i) const;  // unit q may run at action i: window open, its layer's earlier units run
-  void set_windows(const std::vector<Action>& list);
   bool room_later(size_t q, size_t i, double room_ns) const;  // a wait after i in q's window has more room
   bool due_at_pass(size_t q) const;                           // q's deadline is a pass (F, B, I, W)
-  std::optional<double> predicted(const std::map<Key, double>& m, const Key& k) const;
 
   // The step.
   const std::vector<Action>* list_ = nullptr;
-  std::vector<int> floating_;     // [action] its place in queue_, -1 if it does not float
-  std::vector<size_t> queue_;     // floating units' action indices, in plan order
-  std::vector<size_t> earliest_;  // [queue] the first action index it may run at
-  std::vector<size_t> deadline_;  // [queue] the action it must run before (list size: the step's
-                                  // end); never after a later unit of its layer's
-  std::vector<int> before_;       // [queue] the previous unit of its layer, -1 if none
-  std::vector<bool> ran_;         // [queue]
-  std::vector<size_t> waits_;     // the step's waits (is_wait), in order
-  size_t open_ = 0;               // queue_[..open_) have all run
+  std::vector<int> floating_;        // [action] its place in the queue, -1 if it does not float
+  std::vector<KfacWindow> windows_;  // the queue: each floating unit's window, in plan order
+  std::vector<bool> ran_;            // [queue]
+  std::vector<size_t> waits_;        // the step's waits (is_wait), in order
+  size_t open_ = 0;                  // the queue's [0, open_) have all run
   // The running profile (ns), over the run: exponential averages.
-  std::map<Key, double> unit_ns_, wait_ns_;
+  std::map<KfacCostKey, double> unit_ns_;
+  std::map<WaitKey, double> wait_ns_;
   FillerStats stats_;
 };
 
