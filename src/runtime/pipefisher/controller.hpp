@@ -48,9 +48,6 @@
 namespace pf {
 
 inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
-// Safety margin of a unit in a gap (the planner's rule: duration * (1 + margin) <= gap), the
-// paper's 5%. (20% measured no better on this shared 2-core machine: bench/RESULTS.md.)
-inline constexpr double kPlanMargin = 0.05;
 // adaptive: the fewest steps measured before the refresh cycles may change.
 inline constexpr int kAdaptSteps = 6;
 
@@ -110,6 +107,14 @@ class Controller final : public KfacPlacement {
     std::vector<Action> actions;
     std::vector<int> lowered_index;
   };
+  // What this rank measured, as the planner takes it: its lowered actions' ms over the replicas
+  // (those the planner measures, else 0), each hosted chunk's K-FAC units, the broadcast model
+  // (ms, ms per byte; used when the profile has one).
+  struct RankTimes {
+    std::vector<double> actions;        // [lowered action]
+    std::vector<StageKfacCost> chunks;  // [hosted chunk]
+    std::pair<double, double> bcast = {0, 0};
+  };
   bool profiling(int64_t t) const { return !plan_ || (t >= phase_.profile_start && t < phase_.profile_start + kProfileSteps); }
   const ProfiledList& profiled_list(int64_t t) const {
     return phase_.replan_at >= 0 && t == phase_.replan_at ? reprofile_first_ : inline_;
@@ -125,11 +130,14 @@ class Controller final : public KfacPlacement {
   void measure_steady(const std::vector<Action>& list, const std::vector<ActionTime>& times);
   bool adapt_due(int64_t step) const;
   void adapt(int64_t step);
-  PlanProfile measured_profile() const;
+  RankTimes steady_times() const;
   std::string not_adaptable(const KfacPlan& next) const;
   void save_adapt(nlohmann::json& j) const;
   void load_adapt(const nlohmann::json& j);
   // controller_plan.cpp
+  RankTimes profiled_times();
+  // Every rank's times all-reduced into the profile every rank plans from (the same bits).
+  PlanProfile measured_profile(const RankTimes& mine, nlohmann::json shape, const char* what) const;
   void plan_from_profile();
   std::pair<double, double> bcast_model();
   std::unique_ptr<KfacPlan> plan_for(const PlanProfile& prof, double scale) const;

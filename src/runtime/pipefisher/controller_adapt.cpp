@@ -93,7 +93,7 @@ bool Controller::adapt_due(int64_t step) const {
 
 // Collective: every rank plans from the same all-reduced measurements, so every rank decides the same.
 void Controller::adapt(int64_t step) {
-  PlanProfile measured = measured_profile();
+  PlanProfile measured = measured_profile(steady_times(), plan_input_.shape, "the measured K-FAC steps");
   const double scale = seams_.adapt_cost_scale.value_or(seams_.cost_scale);
   std::unique_ptr<KfacPlan> next = plan_for(measured, scale);
   const int64_t since = steady_.since;
@@ -109,44 +109,31 @@ void Controller::adapt(int64_t step) {
   }
 }
 
-// The plan's profile with what the steady state measured in place of the profiled times; a time
-// not measured (a split factor's inversion, a split precondition, a unit another holder runs)
-// stays the plan's. Summed over the ranks as plan_from_profile sums the profile.
-PlanProfile Controller::measured_profile() const {
+// What the steady state measured in place of the profiled times; a time not measured (a split
+// factor's inversion, a split precondition, a unit another holder runs) stays the plan's.
+Controller::RankTimes Controller::steady_times() const {
   const int W = layout_.replicas;
-  const ProfileLayout wire(layout_);
-  std::vector<double> v = wire.zeros();
-  std::vector<double> mine(lowered_.size(), 0.0);
+  RankTimes mine;
+  mine.actions.assign(lowered_.size(), 0.0);
   for (size_t i = 0; i < lowered_.size(); ++i) {
     const Mean& m = steady_.actions[i];
-    if (planner_measures(lowered_[i].kind)) mine[i] = (m.n > 0 ? m.sum / m.n : plan_input_.action_ms[device_][i]) / W;
+    if (planner_measures(lowered_[i].kind)) mine.actions[i] = (m.n > 0 ? m.sum / m.n : plan_input_.action_ms[device_][i]) / W;
   }
-  wire.set_actions(v, device_, mine);
   for (size_t c = 0; c < units_.hosted().size(); ++c) {
     const HostedKfac& h = units_.hosted()[c];
     StageKfacCost cost = plan_input_.kfac.size() == 1 ? plan_input_.kfac[0] : plan_input_.kfac.at(h.stage);
     const PrecSplit* split = plan_->prec_split(h.pipeline, h.stage);
     for (const auto& [key, m] : steady_.units) {
       const auto [chunk, kind, layer] = key;
-      if (chunk != static_cast<int>(c) || m.n == 0) continue;
-      const double ms = m.sum / m.n;
-      switch (static_cast<Kind>(kind)) {
-        case Kind::CURV_A: cost.curv_a.at(layer) = ms; break;
-        case Kind::CURV_B: cost.curv_b.at(layer) = ms; break;
-        case Kind::INV_A: cost.inv_a.at(layer) = ms; break;
-        case Kind::INV_B: cost.inv_b.at(layer) = ms; break;
-        case Kind::PREC: if (!split || !split->split()) cost.precondition = ms; break;
-        case Kind::SYNC_CURV: cost.sync = ms; break;
-        default: break;
-      }
+      const Kind k = static_cast<Kind>(kind);
+      if (chunk != static_cast<int>(c) || m.n == 0 || !is_kfac(k) || is_bcast_inv(k)) continue;
+      if (k == Kind::PREC && split && split->split()) continue;
+      cost.unit(k, layer) = m.sum / m.n;
     }
-    wire.add_stage(v, h.stage, cost);
+    mine.chunks.push_back(std::move(cost));
   }
-  if (wire.broadcast) wire.add_broadcast(v, plan_input_.bcast_alpha, plan_input_.bcast_beta);
-  comm::allreduce_sum(v, MPI_COMM_WORLD, "the measured K-FAC steps");
-  PlanProfile p = wire.mean(v);
-  p.shape = plan_input_.shape;
-  return p;
+  mine.bcast = {plan_input_.bcast_alpha, plan_input_.bcast_beta};
+  return mine;
 }
 
 // Why the run does not switch to a plan with other refresh cycles ("": it does): it switches when

@@ -94,37 +94,47 @@ void passes_at_their_median(const std::vector<Action>& lowered, std::vector<doub
 
 }  // namespace
 
-// Every rank contributes its measured means to one all-reduce (runtime/plan_record.hpp's wire
-// form), so every rank plans from the same numbers (the same bits) and gets the same plan.
-void Controller::plan_from_profile() {
+// The profiling steps' means: each pass at its kind's median on this device, each chunk's units
+// as ChunkKfac timed them, the broadcast model when the profile has one (measured once).
+Controller::RankTimes Controller::profiled_times() {
   const int W = layout_.replicas;
   const double samples = std::max(1, profile_.samples);
-  std::vector<double> mine(lowered_.size(), 0.0);  // this device's action times, over the replicas
+  RankTimes mine;
+  mine.actions.assign(lowered_.size(), 0.0);
+  for (size_t i = 0; i < lowered_.size(); ++i)
+    if (planner_measures(lowered_[i].kind)) mine.actions[i] = profile_.action_ms[i] / samples / W;
+  passes_at_their_median(lowered_, mine.actions);
+  for (size_t c = 0; c < units_.hosted().size(); ++c)
+    mine.chunks.push_back(measured_cost(*units_.hosted()[c].kfac, profile_.chunks[c]));
+  if (ProfileLayout(layout_).broadcast) mine.bcast = bcast_model();  // every rank's model of its stage's broadcasts
+  return mine;
+}
+
+// Every rank contributes its times to one all-reduce (runtime/plan_record.hpp's wire form): each
+// stage's units are the mean over its holders, the broadcast model the mean over the ranks.
+PlanProfile Controller::measured_profile(const RankTimes& mine, nlohmann::json shape, const char* what) const {
+  const ProfileLayout wire(layout_);
+  std::vector<double> v = wire.zeros();
+  wire.set_actions(v, device_, mine.actions);
+  for (size_t c = 0; c < units_.hosted().size(); ++c) wire.add_stage(v, units_.hosted()[c].stage, mine.chunks[c]);
+  if (wire.broadcast) wire.add_broadcast(v, mine.bcast.first, mine.bcast.second);
+  comm::allreduce_sum(v, MPI_COMM_WORLD, what);
+  PlanProfile p = wire.mean(v);
+  p.shape = std::move(shape);
+  return p;
+}
+
+// At the profile's end every rank plans from the same numbers (the same bits), so every rank
+// gets the same plan.
+void Controller::plan_from_profile() {
+  const double samples = std::max(1, profile_.samples);
   planned_compute_ms_ = 0;
   for (size_t i = 0; i < lowered_.size(); ++i) {
     const Kind kd = lowered_[i].kind;
-    if (planner_measures(kd)) mine[i] = profile_.action_ms[i] / samples / W;
     if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) planned_compute_ms_ += profile_.action_ms[i] / samples;
   }
-  passes_at_their_median(lowered_, mine);
-  if (recorded_) {
-    plan_input_ = *recorded_;  // kfac.plan_profile: every rank plans from the same recorded numbers
-  } else {
-    const ProfileLayout wire(layout_);
-    std::vector<double> v = wire.zeros();
-    wire.set_actions(v, device_, mine);
-    for (size_t c = 0; c < units_.hosted().size(); ++c) {
-      HostedKfac& h = units_.hosted()[c];
-      wire.add_stage(v, h.stage, measured_cost(*h.kfac, profile_.chunks[c]));
-    }
-    if (wire.broadcast) {  // every rank's model of its stage's broadcasts; the planner gets the mean
-      const auto [alpha, beta] = bcast_model();
-      wire.add_broadcast(v, alpha, beta);
-    }
-    comm::allreduce_sum(v, MPI_COMM_WORLD, "the K-FAC profile");
-    plan_input_ = wire.mean(v);
-    plan_input_.shape = plan_shape(cfg_, layout_);
-  }
+  // kfac.plan_profile: every rank plans from the same recorded numbers.
+  plan_input_ = recorded_ ? *recorded_ : measured_profile(profiled_times(), plan_shape(cfg_, layout_), "the K-FAC profile");
   // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
   // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
   plan_scale_ = seams_.cost_scale;
@@ -157,20 +167,16 @@ void Controller::make_plan(bool restoring) {
 // lowered step with its measured durations (the planner sets the optimizer steps aside and ends
 // every list with them), the K-FAC units' costs times `scale` (tests only: not 1).
 std::unique_ptr<KfacPlan> Controller::plan_for(const PlanProfile& prof, double scale) const {
-  const int W = layout_.replicas;
-  PlanInput in;
-  in.schedule = layout_.schedule;
-  in.durations = prof.action_ms;
-  in.replicas = W;
-  in.margin = kPlanMargin;
-  in.split_to_shorten = cfg_.kfac.split_inversions;
   // Chimera: a stage's twins and their replicas form one group sharing its inversions, each pair
-  // of twins with its own cycle (PlanInput::chimera_group, the default).
-  in.recompute = cfg_.parallel.recompute && layout_.stages() > 1;
-  in.bcast_alpha = std::max(0.0, prof.bcast_alpha);  // none: no broadcasts to model
-  in.bcast_beta = std::max(0.0, prof.bcast_beta);
-  in.min_refresh_steps = cfg_.kfac.min_refresh_steps;
-  for (const StageKfacCost& c : prof.kfac) in.kfac.push_back(planner_cost(c, scale));
+  // of twins with its own cycle (PlanSettings::chimera_group, the default).
+  const PlanSettings settings{.replicas = layout_.replicas,
+                              .split_to_shorten = cfg_.kfac.split_inversions,
+                              .recompute = cfg_.parallel.recompute && layout_.stages() > 1,
+                              .min_refresh_steps = cfg_.kfac.min_refresh_steps};
+  // No broadcast model: no broadcasts to model.
+  PlanInput in = plan_input(layout_.schedule, settings, {std::max(0.0, prof.bcast_alpha), std::max(0.0, prof.bcast_beta)},
+                            prof.kfac, scale);
+  in.durations = prof.action_ms;
   return std::make_unique<KfacPlan>(plan_kfac(in));
 }
 
