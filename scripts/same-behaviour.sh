@@ -2,9 +2,10 @@
 # Checks that two builds behave alike, for a redesign that must change nothing:
 #   29 `pipefisher plan` commands (every schedule, --kfac with the published profiles, sweeps,
 #   refusals): stdout, stderr, exit status and written files byte for byte;
-#   5 training runs on 2 or 4 ranks whose plan comes from one recorded profile (1F1B, Chimera,
-#   1F1B x 2 replicas) or that need none (inline and skip K-FAC over 2 replicas): every step's
-#   loss and gradient norm, and the final weights, bit for bit.
+#   6 training runs on 2 or 4 ranks whose plan comes from one recorded profile (1F1B, Chimera,
+#   1F1B x 2 replicas, and 1F1B adaptive: its units move into measured waits, its bits do not) or
+#   that need none (inline and skip K-FAC over 2 replicas): every step's loss and gradient norm,
+#   and the final weights, bit for bit.
 # Usage: scripts/same-behaviour.sh OLD_BINARY NEW_BINARY [WORK_DIR]   (exit 1 if anything differs)
 set -euo pipefail
 old=$(realpath "$1") new=$(realpath "$2")
@@ -114,6 +115,8 @@ for tag in old new; do
   train "$bin" "$work/$tag/chimera" 2 parallel.stages=2 parallel.schedule=chimera kfac.plan_profile="$work/profile-chimera.json"
   train "$bin" "$work/$tag/2x2" 4 parallel.stages=2 parallel.data_parallel=2 parallel.schedule=1f1b \
     kfac.plan_profile="$work/profile-2x2.json"
+  train "$bin" "$work/$tag/adaptive" 2 parallel.stages=2 parallel.schedule=1f1b kfac.placement=adaptive \
+    kfac.plan_profile="$work/profile-1f1b.json"
   train "$bin" "$work/$tag/inline-dp" 2 parallel.data_parallel=2
   train "$bin" "$work/$tag/skip-dp" 2 parallel.data_parallel=2 kfac.placement=skip kfac.inverse_every=3
 done
@@ -123,7 +126,7 @@ for i in $(seq 1 "$(plans | wc -l)"); do
   else echo "plan $i: DIFFERS ($(plans | sed -n "${i}p"))"; differ=1; fi
 done
 losses() { jq -c '[.step, .loss, .grad_norm, .precond_grad_norm, .valid_loss]' "$1/log.jsonl"; }
-for run in 1f1b chimera 2x2 inline-dp skip-dp; do
+for run in 1f1b chimera 2x2 adaptive inline-dp skip-dp; do
   if cmp -s <(losses "$work/old/$run") <(losses "$work/new/$run") &&
      cmp -s "$work/old/$run/model.safetensors" "$work/new/$run/model.safetensors"; then
     echo "training $run: losses and weights identical"
