@@ -194,8 +194,10 @@ AdaptedRun adaptive_run(const std::string& name, const std::string& scales, cons
 //   long to short: every rank switches to the shortest cycles; with kfac.min_refresh_steps = 2 both
 //     plans keep two steps or more, the re-plan exactly two.
 // Timing decides the cycles, so on a loaded machine a re-plan may need the same cycles, or split a
-// factor where the plan did not (then nothing switches); what must never happen is a switch the
-// bounds forbid, a refusal they do not explain, or a record the single process cannot follow.
+// factor where the plan did not (then nothing switches), and a later re-plan may switch again (the
+// first switch is checked exactly, each later one against the bounds); what must never happen is
+// a switch the bounds forbid, a refusal they do not explain, or a record the single process cannot
+// follow.
 TEST(PipeFisherAdaptive, RefreshCyclesFollowTheBubblesWithinTheUsersBounds) {
   const AdaptedRun bounded = adaptive_run("adapt_bounded", "0.0001,3", "", {});
   ASSERT_EQ(bounded.profiled.size(), 1u);
@@ -209,9 +211,8 @@ TEST(PipeFisherAdaptive, RefreshCyclesFollowTheBubblesWithinTheUsersBounds) {
   if (longer.adapted.empty()) {
     EXPECT_TRUE(refused_only_for_splits_or_inline(longer.not_taken)) << longer.out;
   } else {
-    ASSERT_EQ(longer.adapted.size(), 1u);
     EXPECT_GT(longest(longer.adapted[0]), longest(shortest));
-    EXPECT_LE(longest(longer.adapted[0]), 50);
+    for (const std::vector<int>& cycles : longer.adapted) EXPECT_LE(longest(cycles), 50);
   }
 
   const AdaptedRun shorter = adaptive_run("adapt_shorter", "3,0.0001", "", {});
@@ -219,9 +220,10 @@ TEST(PipeFisherAdaptive, RefreshCyclesFollowTheBubblesWithinTheUsersBounds) {
   if (shorter.adapted.empty()) {
     EXPECT_TRUE(refused_only_for_splits_or_inline(shorter.not_taken)) << shorter.out;
   } else {
-    ASSERT_EQ(shorter.adapted.size(), 1u);
     EXPECT_EQ(shorter.adapted[0], shortest);
-    EXPECT_EQ(shorter.record["period"], std::lcm(shortest[0], shortest[1]));
+    for (const std::vector<int>& cycles : shorter.adapted) EXPECT_LE(longest(cycles), longest(shorter.profiled[0]));
+    if (shorter.adapted.size() == 1)
+      EXPECT_EQ(shorter.record["period"], std::lcm(shortest[0], shortest[1]));
     EXPECT_GE(shorter.record["plan_start"].get<int64_t>(), 2 + pf::kAdaptSteps);
   }
 
@@ -235,8 +237,9 @@ TEST(PipeFisherAdaptive, RefreshCyclesFollowTheBubblesWithinTheUsersBounds) {
   } else if (min2.adapted.empty()) {
     EXPECT_TRUE(refused_only_for_splits_or_inline(min2.not_taken)) << min2.out;
   } else {
-    ASSERT_EQ(min2.adapted.size(), 1u);
     EXPECT_EQ(min2.adapted[0], std::vector<int>(2, 2));
-    EXPECT_EQ(min2.record["period"], 2);
+    for (const std::vector<int>& cycles : min2.adapted)
+      for (int r : cycles) EXPECT_GE(r, 2);
+    if (min2.adapted.size() == 1) EXPECT_EQ(min2.record["period"], 2);
   }
 }
