@@ -87,7 +87,8 @@ json step_json(const StepAccount& a, const TracedStep& s, const TracedStep& base
       settings.push_back({{"setting", pass_setting_name(static_cast<PassSetting>(k))}, {"passes", p.by_setting[k].count},
                           {"ms", p.by_setting[k].ms}, {"baseline_ms", p.by_setting[k].base_ms}});
     passes.push_back({{"rank", p.rank}, {"forward_ms", p.forward}, {"baseline_forward_ms", p.base_forward},
-                      {"backward_ms", p.backward}, {"baseline_backward_ms", p.base_backward}, {"by_setting", settings}});
+                      {"backward_ms", p.backward}, {"baseline_backward_ms", p.base_backward}, {"taps_ms", p.taps},
+                      {"baseline_taps_ms", p.base_taps}, {"by_setting", settings}});
   }
   for (const UnitAccount& u : a.units) units.push_back(unit_json(u, s));
   return {{"step", a.step}, {"baseline_step", a.base_step}, {"step_ms", a.step_time},
@@ -143,7 +144,8 @@ void print_units(const StepAccount& a, const TracedStep& s) {
   if (over.size() > kShownOverruns) fmt::print("  ... {} more (--json lists every unit)\n", over.size() - kShownOverruns);
 }
 
-// Each rank's passes by setting against NVLAMB's same passes (of one step, or summed over steps).
+// Each rank's passes by setting against NVLAMB's same passes, without their taps (of one step, or
+// summed over steps).
 void print_pass_settings(const std::vector<RankPasses>& passes) {
   for (const RankPasses& p : passes) {
     fmt::print("  rank {} passes against NVLAMB's same passes:", p.rank);
@@ -174,9 +176,10 @@ void print_step(const StepAccount& a, const TracedStep& s) {
              a.base_step_time, a.base_step, a.difference());
   print_parts(a.parts, a.base_parts, a.step_time, a.base_step_time);
   for (const RankPasses& p : a.passes)
-    fmt::print("  rank {} passes: forward {:.2f} ms (NVLAMB {:.2f}, {:+.2f}), backward {:.2f} ms (NVLAMB {:.2f}, {:+.2f})\n",
+    fmt::print("  rank {} passes without taps: forward {:.2f} ms (NVLAMB {:.2f}, {:+.2f}), backward {:.2f} ms (NVLAMB "
+               "{:.2f}, {:+.2f}); K-FAC taps {:.2f} ms (NVLAMB {:.2f})\n",
                p.rank, p.forward, p.base_forward, p.forward - p.base_forward, p.backward, p.base_backward,
-               p.backward - p.base_backward);
+               p.backward - p.base_backward, p.taps, p.base_taps);
   print_pass_settings(a.passes);
   for (const json& p : preconditions_json(a, s))
     fmt::print("  precondition {} on rank {}: {:.2f} ms, {:.2f} ms of it on the critical path\n",

@@ -10,9 +10,12 @@ namespace pf {
 // step finishing the gradients: all-reduces, embedding sum, norm), drawn as idle time.
 // `in_wait_of`: a K-FAC unit that kfac.placement = adaptive ran inside a receive's wait: that
 // receive's index in the list (the pictures mark the wait it filled); -1 otherwise.
+// `taps`: the part of a pass spent in K-FAC's taps on its layers (the copies of inputs and output
+// gradients that later curvature units read; with an inline refresh, the curvature itself).
 struct ActionTime {
   int64_t start = 0, end = 0, wait = 0;
   int64_t in_wait_of = -1;
+  int64_t taps = 0;
 };
 
 }  // namespace pf

@@ -12,12 +12,14 @@ int64_t Executor::run_timed(const StepRun& r, size_t i) {
   const bool kf = kfac_ && is_kfac(a.kind);
   const bool noisy = noise_.on();
   const bool stamp = r.times || kf || noisy || r.filler;
+  const bool taps = r.times && kfac_ && is_pass(a.kind);
+  const int64_t taps0 = taps ? kfac_->tap_ns() : 0;
   const int64_t t0 = stamp ? comm::steady_now_ns() : 0;
   finish_ns_ = 0;
   run_action(a, r.in);
   int64_t t1 = stamp ? comm::steady_now_ns() : 0;
   if (noisy && is_compute(a.kind)) t1 = with_noise(r.step, i, t1 - t0 - finish_ns_, t1);
-  if (r.times) (*r.times)[i] = {t0, t1, finish_ns_};
+  if (r.times) (*r.times)[i] = {.start = t0, .end = t1, .wait = finish_ns_, .taps = taps ? kfac_->tap_ns() - taps0 : 0};
   if (kf) kfac_ns_ += t1 - t0;
   return t1 - t0;
 }

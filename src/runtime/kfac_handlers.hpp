@@ -5,6 +5,7 @@
 // there are none, and a K-FAC kind is refused by name.
 #include "schedule/schedule.hpp"
 
+#include <cstdint>
 #include <vector>
 
 namespace pf {
@@ -51,6 +52,9 @@ class KfacHandlers {
   // The step is skipped (non-finite somewhere): the curvature it added is undone.
   virtual void discard_step() = 0;
   virtual KfacWork work() const = 0;  // this step's so far
+  // Time spent in the layers' taps since the run began (steady-clock ns): the executor takes a
+  // pass's share as the difference across it.
+  virtual int64_t tap_ns() const = 0;
 };
 
 }  // namespace pf

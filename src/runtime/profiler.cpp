@@ -64,7 +64,7 @@ Timeline measured_timeline(const std::vector<std::vector<Action>>& per_rank_acti
       const ActionTime& t = per_rank[r][i];
       // The wait inside an action (OPT finishing the gradients) shows as idle before it.
       const double start = static_cast<double>(t.start + t.wait - t0) / 1e6, end = static_cast<double>(t.end - t0) / 1e6;
-      tl.per_device[r].push_back({actions[i], start, end, static_cast<int>(t.in_wait_of)});
+      tl.per_device[r].push_back({actions[i], start, end, static_cast<int>(t.in_wait_of), static_cast<double>(t.taps) / 1e6});
       if (is_compute(actions[i].kind)) tl.busy[r] += end - start;
       tl.step_time = std::max(tl.step_time, end);
     }

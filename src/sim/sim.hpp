@@ -19,6 +19,9 @@ struct TimedAction {
   // Measured only (kfac.placement = adaptive): a K-FAC unit run inside the wait of the receive at
   // this index of its row; -1 otherwise (and in every simulated or planned timeline).
   int in_wait_of = -1;
+  // Measured only: the part of a pass spent in K-FAC's taps on its layers (ActionTime::taps), in
+  // the timeline's unit; 0 otherwise.
+  double taps = 0;
 };
 
 // An idle interval of one device in one step: the room other work (PipeFisher's K-FAC units)

@@ -107,9 +107,18 @@ Cursor back_over(const TracedStep& s, int devices, int rank, int i, double t, st
   return {rank, a.start};
 }
 
-std::array<double, kNumParts> part_sums(const std::vector<PathSegment>& path) {
+// A pass's stretch gives its taps their share of it (the taps' fraction of the whole pass).
+std::array<double, kNumParts> part_sums(const std::vector<PathSegment>& path, const TracedStep& s) {
   std::array<double, kNumParts> sums{};
-  for (const PathSegment& p : path) sums[static_cast<int>(p.part)] += p.end - p.start;
+  for (const PathSegment& p : path) {
+    double taps = 0;
+    if (p.part == Part::forward || p.part == Part::backward) {
+      const TracedAction& a = at(s, p.rank, p.index);
+      if (a.taps > 0 && a.duration() > 0) taps = std::min(1.0, a.taps / a.duration()) * (p.end - p.start);
+    }
+    sums[static_cast<int>(Part::taps)] += taps;
+    sums[static_cast<int>(p.part)] += p.end - p.start - taps;
+  }
   return sums;
 }
 
@@ -135,10 +144,11 @@ std::vector<UnitAccount> unit_accounts(const TracedStep& s, int devices) {
   return out;
 }
 
-void pass_sums(const std::vector<TracedAction>& row, double& forward, double& backward) {
+void pass_sums(const std::vector<TracedAction>& row, double& forward, double& backward, double& taps) {
   for (const TracedAction& a : row) {
-    if (a.action.kind == Kind::F) forward += a.duration();
-    else if (is_pass(a.action.kind)) backward += a.duration();
+    if (!is_pass(a.action.kind)) continue;
+    (a.action.kind == Kind::F ? forward : backward) += a.without_taps();
+    taps += a.taps;
   }
 }
 
@@ -153,10 +163,10 @@ double beside_units(const TracedStep& s, int rank, double start, double end) {
   return t;
 }
 
-// The same action's duration in `row`; NaN when it has none.
+// The same action's duration without its taps in `row`; NaN when it has none.
 double duration_of(const std::vector<TracedAction>& row, const Action& a) {
   for (const TracedAction& b : row)
-    if (b.action == a) return b.duration();
+    if (b.action == a) return b.without_taps();
   return std::numeric_limits<double>::quiet_NaN();
 }
 
@@ -169,7 +179,7 @@ std::array<PassGroup, kNumPassSettings> passes_by_setting(const TracedStep& s, c
     if (!std::isfinite(base_ms)) continue;
     PassGroup& g = groups[static_cast<int>(pass_setting(s, rank, static_cast<int>(i)))];
     ++g.count;
-    g.ms += row[i].duration();
+    g.ms += row[i].without_taps();
     g.base_ms += base_ms;
   }
   return groups;
@@ -196,9 +206,9 @@ PassSetting pass_setting(const TracedStep& s, int rank, int index) {
 
 std::string_view part_name(Part p) {
   static constexpr std::string_view names[kNumParts] = {
-      "forward passes",    "backward passes",   "optimizer",
-      "send/receive",      "precondition",      "curvature overrun",
-      "inversion overrun", "sync/broadcast overrun", "other (between actions)"};
+      "forward passes",    "backward passes",   "K-FAC taps in passes",   "optimizer",
+      "send/receive",      "precondition",      "curvature overrun",      "inversion overrun",
+      "sync/broadcast overrun", "other (between actions)"};
   return names[static_cast<int>(p)];
 }
 
@@ -269,13 +279,13 @@ StepAccount account_step(const TracedStep& s, int devices, const TracedStep& bas
   a.base_step_time = base.step_time;
   a.path = critical_path(s, devices);
   a.base_path = critical_path(base, base_devices);
-  a.parts = part_sums(a.path);
-  a.base_parts = part_sums(a.base_path);
+  a.parts = part_sums(a.path, s);
+  a.base_parts = part_sums(a.base_path, base);
   a.units = unit_accounts(s, devices);
   for (size_t r = 0; r < std::min(s.per_rank.size(), base.per_rank.size()); ++r) {
     RankPasses p{.rank = static_cast<int>(r)};
-    pass_sums(s.per_rank[r], p.forward, p.backward);
-    pass_sums(base.per_rank[r], p.base_forward, p.base_backward);
+    pass_sums(s.per_rank[r], p.forward, p.backward, p.taps);
+    pass_sums(base.per_rank[r], p.base_forward, p.base_backward, p.base_taps);
     p.by_setting = passes_by_setting(s, base, static_cast<int>(r));
     a.passes.push_back(p);
   }

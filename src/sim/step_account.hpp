@@ -9,7 +9,9 @@
 // K-FAC unit only for its overrun (below): before its bubble's end the path goes through what
 // ended the bubble. Each stretch is filed under one Part; the stretches tile [0, step time], so
 // the parts sum to the step exactly. A stretch where a rank ran nothing is Part::other (the
-// executor between actions: the residual).
+// executor between actions: the residual). A pass's K-FAC taps (TracedAction::taps: the copies
+// its layers make for later curvature units) are a part of their own: a stretch of a pass files
+// the taps' share of its length under Part::taps, the rest under its pass.
 //
 // The difference PipeFisher's step minus NVLAMB's is the sum over the parts of (PipeFisher's
 // part - NVLAMB's part): an identity, whatever the timings.
@@ -29,10 +31,11 @@
 
 namespace pf {
 
-enum class Part { forward, backward, optimizer, communication, precondition, curvature, inversion, kfac_collective, other };
-inline constexpr int kNumParts = 9;
-// "forward passes", "backward passes", "optimizer", "send/receive", "precondition",
-// "curvature overrun", "inversion overrun", "sync/broadcast overrun", "other (between actions)".
+enum class Part { forward, backward, taps, optimizer, communication, precondition, curvature, inversion, kfac_collective, other };
+inline constexpr int kNumParts = 10;
+// "forward passes", "backward passes", "K-FAC taps in passes", "optimizer", "send/receive",
+// "precondition", "curvature overrun", "inversion overrun", "sync/broadcast overrun",
+// "other (between actions)".
 std::string_view part_name(Part p);
 // F -> forward; B, I, W -> backward; OPT -> optimizer; SEND/RECV/ALLREDUCE -> communication;
 // PREC -> precondition; CURV -> curvature; INV -> inversion; SYNC_CURV, BCAST_INV -> kfac_collective.
@@ -73,16 +76,18 @@ inline constexpr int kNumPassSettings = 3;
 std::string_view pass_setting_name(PassSetting s);  // "after a unit", "beside a unit", "alone"
 
 // Passes of one setting: how many, their time, and the same passes' (same action) time in NVLAMB's
-// step.
+// step, each without its K-FAC taps.
 struct PassGroup {
   int count = 0;
   double ms = 0, base_ms = 0;
 };
 
-// Per rank: the passes' total time (F; B, I, W) in both steps, and every pass by its setting.
+// Per rank: the passes' total time (F; B, I, W) in both steps without their K-FAC taps, the
+// taps' time, and every pass by its setting.
 struct RankPasses {
   int rank = 0;
   double forward = 0, backward = 0, base_forward = 0, base_backward = 0;
+  double taps = 0, base_taps = 0;
   std::array<PassGroup, kNumPassSettings> by_setting{};
 };
 

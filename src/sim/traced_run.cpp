@@ -71,7 +71,8 @@ std::vector<TracedStep> steps_of(const json& events, const std::string& where) {
                    .start = (e["ts"].get<double>() - t0) / 1000,
                    .end = (e["ts"].get<double>() + e["dur"].get<double>() - t0) / 1000,
                    .planned_start = number_arg(args, "planned_start"),
-                   .planned_end = number_arg(args, "planned_end")};
+                   .planned_end = number_arg(args, "planned_end"),
+                   .taps = std::isfinite(number_arg(args, "kfac_taps_ms")) ? number_arg(args, "kfac_taps_ms") : 0.0};
     it->second.step_time = std::max(it->second.step_time, a.end);
     it->second.per_rank[rank].push_back(a);
   }

@@ -20,7 +20,9 @@ struct TracedAction {
   double start = 0, end = 0;
   double planned_start = std::numeric_limits<double>::quiet_NaN();
   double planned_end = std::numeric_limits<double>::quiet_NaN();
+  double taps = 0;  // ms of a pass in K-FAC's taps on its layers (args.kfac_taps_ms), part of its duration
   double duration() const { return end - start; }
+  double without_taps() const { return duration() - taps; }
   bool planned() const { return std::isfinite(planned_start) && std::isfinite(planned_end); }
 };
 

@@ -300,6 +300,7 @@ std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string&
         if (a.micro_batch >= 0) args["micro_batch"] = a.micro_batch;
         if (a.block >= 0) args["block"] = a.block;
         if (t.in_wait_of >= 0) args["in_wait_of"] = to_token(tl.per_device[d].at(static_cast<size_t>(t.in_wait_of)).action);
+        if (t.taps > 0) args["kfac_taps_ms"] = t.taps * us_per_unit / 1000;
         add_planned(args, a, st, d, us_per_unit);
         std::string ev = to_token(a);
         if (a.layer >= 0) {

@@ -10,7 +10,8 @@
 //                  "communication" thread (send/recv, all-reduce, curvature sync, broadcasts);
 //                  several steps in one file, each marked on a "steps" track, K-FAC units named
 //                  by their layer's name when given; a unit run in a wait has the awaited
-//                  receive or all-reduce in args.in_wait_of
+//                  receive or all-reduce in args.in_wait_of, and a measured pass whose layers'
+//                  K-FAC taps took time has it in args.kfac_taps_ms
 //   timeline_text  a terminal rendering, one line per device
 // Files are written by the caller through core/files.hpp (write_output).
 #include "schedule/schedule.hpp"

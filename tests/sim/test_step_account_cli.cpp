@@ -55,6 +55,7 @@ struct Event {
   std::string action, kind;
   double start = 0, end = 0;
   json planned_start, planned_end;
+  double taps = 0;  // args.kfac_taps_ms: the pass's time in K-FAC's taps
 };
 struct Step {
   double time = 0;
@@ -74,7 +75,8 @@ std::map<int, Step> read_trace(const fs::path& profile) {
     Event ev{.action = a["action"].get<std::string>(), .kind = "",
              .start = (e["ts"].get<double>() - start.at(k)) / 1000,
              .end = (e["ts"].get<double>() + e["dur"].get<double>() - start.at(k)) / 1000,
-             .planned_start = a.value("planned_start", json()), .planned_end = a.value("planned_end", json())};
+             .planned_start = a.value("planned_start", json()), .planned_end = a.value("planned_end", json()),
+             .taps = a.value("kfac_taps_ms", 0.0)};
     std::smatch m;
     std::regex_search(ev.action, m, std::regex("^[0-9]+([A-Z_]+)"));
     ev.kind = m[1];
@@ -130,7 +132,8 @@ double bubble_end(const Step& s, int rank, int i) {
 }
 
 // The path tiles [0, step] with stretches of real events (or stretches where the rank ran
-// nothing), each filed under its kind's part; returns the sums per part.
+// nothing), each filed under its kind's part; returns the sums per part, a pass's stretch giving
+// its taps' fraction of the pass to "K-FAC taps in passes".
 std::map<std::string, double> check_path(const json& path, const Step& s, double step_ms) {
   std::map<std::string, double> sums;
   double t = 0;
@@ -151,6 +154,9 @@ std::map<std::string, double> check_path(const json& path, const Step& s, double
       continue;
     }
     const Event* e = &s.ranks[rank][p["index"].get<size_t>()];
+    const double taps = e->taps > 0 ? e->taps / (e->end - e->start) * (b - a) : 0;
+    sums[p["part"].get<std::string>()] -= taps;
+    sums["K-FAC taps in passes"] += taps;
     EXPECT_EQ(e->action, p["action"]) << p.dump();
     EXPECT_EQ(p["part"], part_of(e->kind)) << p.dump();
     // Within its event, or (the first OPT) within the wait drawn before it, after the rank's previous action.
@@ -190,9 +196,20 @@ void check_units(const json& units, const Step& s, bool planned) {
   }
 }
 
+// The time of a kind's actions without their taps.
 double kind_time(const std::vector<Event>& row, const std::string& kind) {
   double t = 0;
-  for (const Event& e : row) t += e.kind == kind ? e.end - e.start : 0;
+  for (const Event& e : row) t += e.kind == kind ? e.end - e.start - e.taps : 0;
+  return t;
+}
+
+double taps_time(const std::vector<Event>& row) {
+  double t = 0;
+  for (const Event& e : row) {
+    EXPECT_GE(e.taps, 0) << e.action;
+    EXPECT_LE(e.taps, e.end - e.start + kTol) << e.action;
+    t += e.taps;
+  }
   return t;
 }
 
@@ -211,7 +228,7 @@ std::string setting_of(const Step& s, int rank, size_t i) {
   return 2 * beside >= row[i].end - row[i].start ? "beside a unit" : "alone";
 }
 
-// Per setting: the passes' count, time, and the same passes' time in the baseline.
+// Per setting: the passes' count, time, and the same passes' time in the baseline, without taps.
 void check_settings(const json& settings, const Step& s, const Step& base, int rank) {
   std::map<std::string, std::tuple<int, double, double>> want;
   for (size_t i = 0; i < s.ranks.at(rank).size(); ++i) {
@@ -221,8 +238,8 @@ void check_settings(const json& settings, const Step& s, const Step& base, int r
     ASSERT_NE(b, nullptr) << e.action;
     auto& [n, ms, base_ms] = want[setting_of(s, rank, i)];
     ++n;
-    ms += e.end - e.start;
-    base_ms += b->end - b->start;
+    ms += e.end - e.start - e.taps;
+    base_ms += b->end - b->start - b->taps;
   }
   ASSERT_EQ(settings.size(), 3u);
   int passes = 0;
@@ -236,8 +253,10 @@ void check_settings(const json& settings, const Step& s, const Step& base, int r
   EXPECT_EQ(passes, 8);  // 4 micro-batches, forward and backward
 }
 
-void check_passes(const json& passes, const Step& s, const Step& base) {
-  ASSERT_EQ(passes.size(), 2u);
+// Returns the taps' time of both ranks.
+double check_passes(const json& passes, const Step& s, const Step& base) {
+  EXPECT_EQ(passes.size(), 2u);
+  double taps = 0;
   for (const json& p : passes) {
     const int r = p["rank"];
     check_settings(p["by_setting"], s, base, r);
@@ -245,7 +264,12 @@ void check_passes(const json& passes, const Step& s, const Step& base) {
     EXPECT_NEAR(p["backward_ms"].get<double>(), kind_time(s.ranks.at(r), "B"), kTol);  // 1F1B: no split backward
     EXPECT_NEAR(p["baseline_forward_ms"].get<double>(), kind_time(base.ranks.at(r), "F"), kTol);
     EXPECT_NEAR(p["baseline_backward_ms"].get<double>(), kind_time(base.ranks.at(r), "B"), kTol);
+    EXPECT_NEAR(p["taps_ms"].get<double>(), taps_time(s.ranks.at(r)), kTol);
+    EXPECT_EQ(p["baseline_taps_ms"].get<double>(), 0);  // NVLAMB has no taps
+    EXPECT_EQ(taps_time(base.ranks.at(r)), 0);
+    taps += p["taps_ms"].get<double>();
   }
+  return taps;
 }
 
 TEST(StepAccountCli, PartsSumToTheMeasuredDifferenceAndMatchTheRawEvents) {
@@ -257,6 +281,7 @@ TEST(StepAccountCli, PartsSumToTheMeasuredDifferenceAndMatchTheRawEvents) {
   const json j = json::parse(r.out);
   const std::map<int, Step> pf_trace = read_trace(pf), nv_trace = read_trace(nv);
   ASSERT_EQ(j["steps"].size(), 4u) << r.out.substr(0, 2000);
+  double taps = 0;
   for (const json& st : j["steps"]) {
     const int k = st["step"];
     SCOPED_TRACE("step " + std::to_string(k));
@@ -282,16 +307,19 @@ TEST(StepAccountCli, PartsSumToTheMeasuredDifferenceAndMatchTheRawEvents) {
     const std::map<std::string, double> base_path = check_path(st["baseline_critical_path"], base, base.time);
     for (const auto& [part, ms] : pf_parts) EXPECT_NEAR(ms, path.count(part) ? path.at(part) : 0.0, kTol) << part;
     for (const auto& [part, ms] : nv_parts) EXPECT_NEAR(ms, base_path.count(part) ? base_path.at(part) : 0.0, kTol) << part;
-    for (const char* kfac : {"precondition", "curvature overrun", "inversion overrun", "sync/broadcast overrun"})
+    for (const char* kfac : {"K-FAC taps in passes", "precondition", "curvature overrun", "inversion overrun",
+                             "sync/broadcast overrun"})
       EXPECT_EQ(nv_parts.at(kfac), 0) << kfac;
     // Units: planned times from step 3 on (steps 1-2 profile K-FAC inline); overruns from the events.
     check_units(st["units"], s, k > 2);
-    check_passes(st["passes"], s, base);
+    taps += check_passes(st["passes"], s, base);
     double prec_on_path = 0;
     for (const json& p : st["preconditions"]) prec_on_path += p["on_critical_path_ms"].get<double>();
     EXPECT_EQ(st["preconditions"].size(), 2u);  // one per stage
     EXPECT_NEAR(prec_on_path, pf_parts.at("precondition"), kTol);
   }
+  // The profiling step and each cycle's first step copy the layers' inputs and gradients: taps.
+  EXPECT_GT(taps, 0);
   // The text form: one table per step and the mean, whose rows sum to its difference.
   const pf_test::Launch text = pf_test::run(std::string(PF_BINARY) + " report --account " + pf.string() +
                                             " --baseline " + nv.string());

@@ -69,17 +69,21 @@ void ChunkKfac::take_over_cycle() {
 void ChunkKfac::on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) {
   const int i = pre_->index_of(l);
   if (i < 0 || skip_inputs_) return;
+  const int64_t t0 = comm::steady_now_ns();
   if (saving_) take_over_cycle(), saved_.save(i, Side::A, micro_batch, x, rows, cols);
   if (tapping_ && dist_) dist_->on_input(l, micro_batch, x, rows, cols);
   else if (tapping_) pre_->curvature(i, Side::A, x, rows);
+  tap_ns_ += comm::steady_now_ns() - t0;
 }
 
 void ChunkKfac::on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) {
   const int i = pre_->index_of(l);
   if (i < 0) return;
+  const int64_t t0 = comm::steady_now_ns();
   if (saving_) take_over_cycle(), saved_.save(i, Side::B, micro_batch, g, rows, cols);
   if (tapping_ && dist_) dist_->on_grad_output(l, micro_batch, g, rows, cols);
   else if (tapping_) pre_->curvature(i, Side::B, g, rows);
+  tap_ns_ += comm::steady_now_ns() - t0;
 }
 
 void ChunkKfac::curvature(Side s, int layer, int m) {

@@ -173,6 +173,9 @@ class ChunkKfac final : public LinearTap {
 
   void on_input(const Linear& l, int micro_batch, const float* x, int64_t rows, int64_t cols) override;
   void on_grad_output(const Linear& l, int micro_batch, const float* g, int64_t rows, int64_t cols) override;
+  // Time spent in the two taps above since construction (steady-clock ns): what the copies for
+  // later curvature units (or an inline refresh's curvature) add to the passes.
+  int64_t tap_ns() const { return tap_ns_; }
 
  private:
   void take_over_cycle();
@@ -194,6 +197,7 @@ class ChunkKfac final : public LinearTap {
   bool overlap_;
   SavedActivations saved_;  // M_err^save (planned placements)
   bool saving_ = false, tapping_ = false, preconditioned_ = false, skip_inputs_ = false;
+  int64_t tap_ns_ = 0;
   std::vector<UnitStamp> inline_units_;
   int64_t cycle_step_ = 0;  // step whose micro-batches the saved buffers hold
   float loss_scale_ = 1.0f;

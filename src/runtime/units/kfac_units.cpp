@@ -167,6 +167,12 @@ double KfacUnits::raw_grad_sq(int pipeline, int stage, double sq) const {
   return sq - h.kfac->pre().grad_sq_sum() + h.raw_grad_sq;
 }
 
+int64_t KfacUnits::tap_ns() const {
+  int64_t ns = 0;
+  for (const HostedKfac& h : hosted_) ns += h.kfac->tap_ns();
+  return ns;
+}
+
 void KfacUnits::discard_step() {
   for (HostedKfac& h : hosted_) h.kfac->discard_step();
 }

@@ -84,6 +84,7 @@ class KfacUnits final : public KfacHandlers {
   double raw_grad_sq(int pipeline, int stage, double sq) const override;
   void discard_step() override;
   KfacWork work() const override { return work_; }
+  int64_t tap_ns() const override;
   // BCAST_INV's sender: world rank of the holder that inverted the piece (the plan knows it).
   using Inverter = std::function<int(const Action&)>;
   void set_inverter(Inverter f) { inverter_ = std::move(f); }
