@@ -139,6 +139,7 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss, const st
   busy_s_ += s.step_time_s;
   const double tps = s.step_time_s > 0 ? static_cast<double>(s.tokens) / s.step_time_s : 0;
   const double segment_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double mfu = o_.throughput.mfu(tps, peak_rss.size());
 
   nlohmann::ordered_json j{{"step", s.step + 1},         {"time", utc_now()}, {"elapsed_s", elapsed_before_ + segment_s},
                            {"loss", s.loss},             {"lr", s.lr},        {"grad_norm", s.grad_norm},
@@ -146,7 +147,7 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss, const st
                            {"tokens_per_s", tps},
                            {"model_flops_per_token", o_.throughput.model_flops_per_token},
                            {"flops_per_s", o_.throughput.flops_per_s(tps)},
-                           {"mfu", o_.throughput.mfu(tps, peak_rss.size())},
+                           {"mfu", mfu},
                            {"peak_rss_bytes", std::vector<int64_t>(peak_rss.begin(), peak_rss.end())}};
   if (valid_loss) j["valid_loss"] = *valid_loss;
   if (o_.kfac) {
@@ -169,18 +170,28 @@ void RunLog::step(const StepStats& s, std::optional<double> valid_loss, const st
       usage_error(f.out.path, "cannot write the log after step {}: {}", s.step + 1, std::strerror(errno ? errno : EIO));
   }
 
+  print_status(status_text(s, tps, mfu, segment_s), valid_loss, s.step + 1 == o_.total_steps,
+               s.step);
+}
+
+// Megatron's fields: loss, learning rate, gradient norm, step time, tokens/s, MFU; then the time
+// so far and to go.
+std::string RunLog::status_text(const StepStats& s, double tokens_per_s, double mfu, double segment_s) const {
   const int total = o_.total_steps;
   const double eta = segment_s / static_cast<double>(segment_steps_) * static_cast<double>(total - s.step - 1);
-  const std::string text =
-      fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {} elapsed, ETA {}", s.step + 1,
-                  fmt::formatted_size("{}", total), total, s.loss, s.lr, tps,
-                  clock_time(elapsed_before_ + segment_s), clock_time(eta));
+  return fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.4g} | {:.0f} ms | {:.0f} tok/s | "
+                     "MFU {:.1f}% | {} elapsed, ETA {}",
+                     s.step + 1, fmt::formatted_size("{}", total), total, s.loss, s.lr, s.grad_norm,
+                     s.step_time_s * 1000, tokens_per_s, 100 * mfu, clock_time(elapsed_before_ + segment_s),
+                     clock_time(eta));
+}
+
+void RunLog::print_status(const std::string& text, std::optional<double> valid_loss, bool last, int64_t step) const {
   const std::string valid = valid_loss ? fmt::format(" | valid {:.4f}", *valid_loss) : "";
-  const bool last = s.step + 1 == total;
   if (tty_) {
     // A status line rewritten in place; validation results and the last step stay on screen.
     std::fprintf(stderr, "\r%s%s\033[K%s", text.c_str(), valid.c_str(), (valid_loss || last) ? "\n" : "");
-  } else if ((s.step + 1) % o_.log_every == 0 || s.step == 0 || last || valid_loss) {
+  } else if ((step + 1) % o_.log_every == 0 || step == 0 || last || valid_loss) {
     std::fprintf(stdout, "%s%s\n", text.c_str(), valid.c_str());
     std::fflush(stdout);
   }

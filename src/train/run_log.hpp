@@ -96,6 +96,8 @@ class RunLog {
   };
   void open(File& file);  // truncates, or on resume keeps the records up to resume_step
   void count_previous(const std::string& json_line);
+  std::string status_text(const StepStats& s, double tokens_per_s, double mfu, double segment_s) const;
+  void print_status(const std::string& text, std::optional<double> valid_loss, bool last, int64_t step) const;
 
   RunLogOptions o_;
   bool tty_;

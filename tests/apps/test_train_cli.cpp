@@ -3,11 +3,14 @@
 #include "config/config.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
@@ -188,6 +191,41 @@ TEST_F(TrainCli, WarmupLongerThanTheRunIsWarnedAbout) {
   EXPECT_NE(r.out.find("pipefisher train: bert-tiny (bert, 2 layers"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", nvlamb, 2 steps"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" elapsed, ETA "), std::string::npos) << r.out;
+}
+
+// printf's rendering of v, for comparing the status line with log.jsonl's record.
+std::string printed(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// The status line carries Megatron's fields, each as log.jsonl records the step: loss, learning
+// rate, gradient norm, step time, tokens/s and MFU.
+TEST_F(TrainCli, StatusLineShowsTheStepLogJsonRecords) {
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const Output r = pipefisher("train --set model.preset=bert-tiny --set model.seq_len=16 --set parallel.micro_batches=1 "
+                              "--set parallel.micro_batch_size=2 --set train.eval_batches=1 --steps 3 --set data.train_file=" +
+                              sample + " --set data.valid_file=" + sample + " --set train.out_dir=" + out_.string(), dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<nlohmann::json> log;
+  std::ifstream f(out_ / "log.jsonl");
+  for (std::string line; std::getline(f, line);) log.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(log.size(), 3u);
+  const std::regex status(R"(step (\d+)/3 \| loss (\S+) \| lr (\S+) \| grad norm (\S+) \| (\S+) ms \| (\S+) tok/s \| MFU (\S+)% \| )");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), status); it != std::sregex_iterator(); ++it, ++lines) {
+    const std::smatch& m = *it;
+    const nlohmann::json& j = log.at(std::stoul(m[1]) - 1);
+    EXPECT_EQ(m[2], printed("%.4f", j["loss"])) << m[0];
+    EXPECT_EQ(m[3], printed("%.2e", j["lr"])) << m[0];
+    EXPECT_EQ(m[4], printed("%.4g", j["grad_norm"])) << m[0];
+    EXPECT_EQ(m[5], printed("%.0f", 1000 * j["step_time_s"].get<double>())) << m[0];
+    EXPECT_EQ(m[6], printed("%.0f", j["tokens_per_s"])) << m[0];
+    EXPECT_EQ(m[7], printed("%.1f", 100 * j["mfu"].get<double>())) << m[0];
+    EXPECT_GT(j["grad_norm"].get<double>(), 0) << m[0];
+  }
+  EXPECT_GE(lines, 2) << r.out;  // the first and the last step at least
 }
 
 // An out_dir holding another run's outputs (another config) is refused, its files untouched;
