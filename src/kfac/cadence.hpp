@@ -1,11 +1,13 @@
 #pragma once
 // When an inline K-FAC refresh runs (step numbers from 0): curvature at the steps t with
 // t % curvature_every == 0, inversion at t % inversion_every == 0; step 0 always refreshes.
-// With k = kfac.inverse_every (refresh_cadence, train/trainer.hpp):
+// With k = kfac.inverse_every (refresh_cadence, below):
 //   inline  {1, k}: curvature every step, inversion every k (k = 1: all K-FAC work every step, on
 //           the critical path; k > 1: KAISA's pattern)
 //   skip    {k, k}: curvature and inversion only every k ("K-FAC + skip")
 // PipeFisher's placement has no cadence: its plan decides.
+#include "config/config.hpp"
+
 #include <cstdint>
 
 namespace pf {
@@ -15,5 +17,11 @@ struct KfacCadence {
   bool curvature_step(int64_t t) const { return t % curvature_every == 0; }
   bool inversion_step(int64_t t) const { return t % inversion_every == 0; }
 };
+
+// The inline refresh's cadence of kfac.placement = inline or skip: the single-process Trainer's
+// and the runtime's inline placement's.
+inline KfacCadence refresh_cadence(const KfacConfig& k) {
+  return {k.placement == Placement::Inline ? 1 : k.inverse_every, k.inverse_every};
+}
 
 }  // namespace pf

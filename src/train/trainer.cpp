@@ -2,6 +2,7 @@
 
 #include "core/blas.hpp"
 #include "core/error.hpp"
+#include "kfac/cadence.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -39,10 +40,6 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
   OptimConfig o = cfg.optim;
   if (cfg.kfac.enabled && cfg.kfac.warmup_steps >= 0) o.warmup_steps = cfg.kfac.warmup_steps;
   return make_lr_schedule(o, o.decay_steps > 0 ? o.decay_steps : cfg.train.steps);
-}
-
-KfacCadence refresh_cadence(const KfacConfig& k) {
-  return {k.placement == Placement::Inline ? 1 : k.inverse_every, k.inverse_every};
 }
 
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {

@@ -17,7 +17,6 @@
 // exactly the plain one.
 #include "config/config.hpp"
 #include "data/batches.hpp"
-#include "kfac/cadence.hpp"
 #include "kfac/preconditioner.hpp"
 #include "nn/model.hpp"
 #include "optim/lr_schedule.hpp"
@@ -61,9 +60,6 @@ struct StepStats {
 // The run's learning-rate schedule: optim's, with K-FAC's own warm-up (kfac.warmup_steps, -1 =
 // optim.warmup_steps) when kfac.enabled. The paper shortens K-FAC's warm-up (600 vs 2000 steps).
 LrSchedule make_run_lr_schedule(const Config& cfg);
-
-// The inline refresh's cadence of kfac.placement = inline or skip (kfac/cadence.hpp).
-KfacCadence refresh_cadence(const KfacConfig& k);
 
 // Fills the step's micro-batches from `batcher` and sets each one's loss_scale to 1 / (loss
 // positions in the whole step). `mbs` must hold count micro-batches sized for rows x seq.

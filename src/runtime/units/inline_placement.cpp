@@ -1,7 +1,6 @@
 #include "runtime/units/inline_placement.hpp"
 
 #include "plan/planner.hpp"
-#include "train/trainer.hpp"
 
 namespace pf {
 
