@@ -163,4 +163,28 @@ std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig
   usage_error("model.arch", "unknown architecture '{}' (expected bert or gpt)", model.arch);
 }
 
+void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>& mbs) {
+  const int64_t global = static_cast<int64_t>(mbs.size()) * rows;
+  int64_t positions = 0, pairs = 0;
+  for (size_t j = 0; j < mbs.size(); ++j) {
+    batcher.fill(step * global + static_cast<int64_t>(j) * rows, rows, mbs[j]);
+    mbs[j].index = static_cast<int>(j);
+    positions += mbs[j].loss_positions();
+    pairs += mbs[j].nsp_sequences();
+  }
+  const float scale = positions > 0 ? 1.0f / static_cast<float>(positions) : 0.0f;
+  const float nsp_scale = pairs > 0 ? 1.0f / static_cast<float>(pairs) : 0.0f;
+  for (MicroBatch& mb : mbs) mb.loss_scale = scale, mb.nsp_scale = nsp_scale;
+}
+
+EvalScales eval_scales(Batcher& valid, int batches, int rows, MicroBatch& mb) {
+  int64_t positions = 0, pairs = 0;
+  for (int b = 0; b < batches; ++b) {
+    valid.fill(static_cast<int64_t>(b) * rows, rows, mb);
+    positions += mb.loss_positions();
+    pairs += mb.nsp_sequences();
+  }
+  return {positions > 0 ? 1.0f / static_cast<float>(positions) : 0.0f, pairs > 0 ? 1.0f / static_cast<float>(pairs) : 0.0f};
+}
+
 }  // namespace pf

@@ -165,4 +165,15 @@ void mask_positions(int32_t* tok, int32_t* labels, int* candidates, int count, i
 // UsageError naming the key or file on a missing file, a vocabulary/arch mismatch, or too few tokens.
 std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig& data, bool validation);
 
+// Fills the step's micro-batches from `batcher` and sets each one's loss_scale to 1 / (loss
+// positions in the whole step). `mbs` must hold count micro-batches sized for rows x seq.
+void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>& mbs);
+// Validation: the loss scales of the `batches` held-out micro-batches of `rows` sequences (the
+// same ones every evaluation), 1 / (masked positions) and 1 / (NSP sequences) over all of them,
+// so that the summed forward losses are the mean masked-LM loss (+ the mean NSP loss). Uses mb.
+struct EvalScales {
+  float loss = 0, nsp = 0;
+};
+EvalScales eval_scales(Batcher& valid, int batches, int rows, MicroBatch& mb);
+
 }  // namespace pf

@@ -7,7 +7,6 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "runtime/executor_chunk.hpp"
-#include "train/trainer.hpp"
 
 #include <algorithm>
 #include <chrono>

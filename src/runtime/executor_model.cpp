@@ -6,7 +6,6 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/executor_chunk.hpp"
-#include "train/trainer.hpp"
 
 namespace pf {
 

@@ -61,17 +61,6 @@ struct StepStats {
 // optim.warmup_steps) when kfac.enabled. The paper shortens K-FAC's warm-up (600 vs 2000 steps).
 LrSchedule make_run_lr_schedule(const Config& cfg);
 
-// Fills the step's micro-batches from `batcher` and sets each one's loss_scale to 1 / (loss
-// positions in the whole step). `mbs` must hold count micro-batches sized for rows x seq.
-void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>& mbs);
-// Validation: the loss scales of the `batches` held-out micro-batches of `rows` sequences (the
-// same ones every evaluation), 1 / (masked positions) and 1 / (NSP sequences) over all of them,
-// so that the summed forward losses are the mean masked-LM loss (+ the mean NSP loss). Uses mb.
-struct EvalScales {
-  float loss = 0, nsp = 0;
-};
-EvalScales eval_scales(Batcher& valid, int batches, int rows, MicroBatch& mb);
-
 // Validation loss over `batches` micro-batches of `rows` held-out sequences, sequences
 // 0 .. batches*rows - 1 of `valid` (the same ones every time), without dropout: what the trainer
 // logs (Trainer::evaluate), and for `pipefisher eval` also the language-model part alone. `mb`
