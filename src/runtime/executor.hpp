@@ -51,7 +51,6 @@
 #include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
-#include "train/checkpointing.hpp"
 #include "train/test_seams.hpp"
 
 #include <array>
@@ -117,11 +116,12 @@ class Executor {
   // Collective: on world rank 0, a whole model holding every stage's parameters (pipeline 0 of
   // replica 0), for saving; null elsewhere.
   std::unique_ptr<Model> gather_model();
-  // Checkpoints (train/checkpointing.hpp): each hosted chunk's parameters and optimizer, in
-  // (pipeline, stage) order (TrainState::kfac left null: the K-FAC units hold it).
+  // What a checkpoint saves of each hosted chunk, in (pipeline, stage) order: its parameters
+  // (mirrors included) and optimizer. Its K-FAC state is the K-FAC units' (runtime/units/).
   struct ChunkState {
     int pipeline = 0, stage = 0;
-    TrainState state;
+    std::vector<Param*> params;
+    Optimizer* optim = nullptr;
   };
   std::vector<ChunkState> chunk_states();
 

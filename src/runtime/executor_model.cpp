@@ -110,7 +110,7 @@ ActivationMemory Executor::activation_memory() const {
 
 std::vector<Executor::ChunkState> Executor::chunk_states() {
   std::vector<ChunkState> out;
-  for (auto& c : chunks_) out.push_back({c->pipeline, c->stage, {c->params, c->optim.get(), nullptr}});
+  for (auto& c : chunks_) out.push_back({c->pipeline, c->stage, c->params, c->optim.get()});
   return out;
 }
 

@@ -7,7 +7,6 @@
 #include "io/checkpoint.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/units/kfac_units.hpp"
-#include "train/checkpointing.hpp"
 
 #include <string>
 #include <vector>

@@ -116,7 +116,6 @@ class MpiEngine final : public TrainEngine {
   void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
   void print_filler_summary();
   StepOutcome run_step(int64_t step, double lr, bool profiled);
-  std::vector<Executor::ChunkState> chunk_states();  // the executor's, with the units' K-FAC
 
   const comm::World& world_;
   Config cfg_;
@@ -207,7 +206,7 @@ void MpiEngine::agreed(const std::function<void()>& fn) {
 void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt) {
   agreed([&] {
     if (ckpt) {
-      for (auto& c : exec_->chunk_states()) ckpt->load_params(c.state.params);
+      for (const auto& c : exec_->chunk_states()) ckpt->load_params(c.params);
     } else if (!init.empty()) {
       exec_->load(init);
     }
@@ -216,10 +215,8 @@ void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt)
 
 void MpiEngine::load_resume(const CheckpointReader& r) {
   agreed([&] {
-    for (auto& c : exec_->chunk_states()) {
-      c.state.kfac = nullptr;  // this rank's own copy, below (replicas and twins differ mid-cycle)
-      load_train_state(r, c.state);
-    }
+    // K-FAC: this rank's own copy, below (replicas and twins differ mid-cycle).
+    for (const auto& c : exec_->chunk_states()) load_train_state(r, {c.params, c.optim, nullptr});
   });
   if (placement_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
 }
@@ -308,22 +305,17 @@ void MpiEngine::print_filler_summary() {
   std::fflush(stdout);
 }
 
-std::vector<Executor::ChunkState> MpiEngine::chunk_states() {
-  std::vector<Executor::ChunkState> out = exec_->chunk_states();
-  if (kfac_units_)
-    for (auto& c : out) c.state.kfac = kfac_units_->preconditioner(c.pipeline, c.stage);
-  return out;
-}
-
 // Rank 0 makes the step directory (the loop); the ranks holding pipeline 0 of replica 0 write
 // their stages (with K-FAC, factors and inverses in the single-process format), every rank its
 // K-FAC state (kfac-rank-R).
 std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_dir) {
   std::vector<CheckpointFile> files;
   if (groups_.replica == 0)
-    for (auto& c : chunk_states())
-      if (c.pipeline == 0)
-        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, c.state)) files.push_back(f);
+    for (const auto& c : exec_->chunk_states())
+      if (c.pipeline == 0) {
+        KfacPreconditioner* kfac = kfac_units_ ? kfac_units_->preconditioner(c.pipeline, c.stage) : nullptr;
+        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, {c.params, c.optim, kfac})) files.push_back(f);
+      }
   if (placement_)
     for (const CheckpointFile& f : write_kfac_state(step_dir, groups_.rank, cfg_, *kfac_units_, *placement_))
       files.push_back(f);
