@@ -5,7 +5,7 @@
 #include "config/limits.hpp"
 #include "config/paths.hpp"
 #include "core/error.hpp"
-#include "runtime/train_run.hpp"
+#include "train/mpi_run.hpp"
 #include "train_dry_run.hpp"
 #include "train/one_process.hpp"
 #include "train/run_dir.hpp"

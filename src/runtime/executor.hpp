@@ -51,7 +51,7 @@
 #include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
-#include "train/test_seams.hpp"
+#include "runtime/seams.hpp"
 
 #include <array>
 #include <cstdint>
@@ -96,7 +96,7 @@ class Executor {
   // The K-FAC handlers of this rank (kfac_handlers.hpp), given once after construction (they are
   // made from hosted_chunks()); none: a K-FAC kind is refused.
   void set_kfac(KfacHandlers* kfac) { kfac_ = kfac; }
-  // Benchmarks only: compute actions made slower by sleeping (train/test_seams.hpp's NoiseSeam).
+  // Benchmarks only: compute actions made slower by sleeping (runtime/seams.hpp's NoiseSeam).
   void set_noise(const NoiseSeam& noise) { noise_ = noise; }
   std::vector<HostedChunk> hosted_chunks() const;  // in (pipeline, stage) order
 
@@ -206,7 +206,7 @@ class Executor {
   std::vector<Param*> word_copies_;  // this rank's copies
   std::unique_ptr<comm::BucketedAllReduce> word_sync_;
   KfacHandlers* kfac_ = nullptr;
-  PoisonStep poison_;  // tests only: a step whose loss is reported NaN on purpose (train/test_seams.hpp)
+  PoisonStep poison_;  // tests only: a step whose loss is reported NaN on purpose (runtime/seams.hpp)
   NoiseSeam noise_;    // benchmarks only: slower compute actions
   int64_t with_noise(int64_t step, size_t action, int64_t compute_ns, int64_t now);
   // Per step.

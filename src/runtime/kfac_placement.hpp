@@ -1,6 +1,6 @@
 #pragma once
 // Where K-FAC's work runs in a training step (kfac.placement), behind one small interface. A
-// step with K-FAC reads (runtime/train_run.cpp):
+// step with K-FAC reads (train/mpi_run.cpp):
 //
 //   list = placement.actions_for(step);
 //   stamps = placement.begin_step(step, micro-batches);   // each hosted chunk told its work
@@ -14,7 +14,7 @@
 //   Controller (runtime/pipefisher/controller.hpp)  kfac.placement = bubbles, PipeFisher: profile,
 //       plan, the planned cycle, drift and re-planning; = adaptive, the same with the planned
 //       units placed at run time by its BubbleFiller (runtime/bubble_filler.hpp).
-// make_placement (train_run.cpp's) picks one; kfac_placement_allowed (config/config.hpp) says
+// make_placement (train/mpi_run.cpp's) picks one; kfac_placement_allowed (config/config.hpp) says
 // which a layout allows.
 #include "runtime/action_time.hpp"
 #include "schedule/schedule.hpp"

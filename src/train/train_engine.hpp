@@ -1,7 +1,7 @@
 #pragma once
 // What the training loop (train/train_loop.hpp) asks of the processes that train: one process
 // holding the whole model (train/one_process.hpp), or every rank of an MPI job holding its stages
-// (runtime/train_run.cpp). The loop owns the rest: the order of the set-up, non-finite steps, stop
+// (train/mpi_run.cpp). The loop owns the rest: the order of the set-up, non-finite steps, stop
 // signals, the evaluation and checkpoint cadence, the logs, the checkpoints' manifests and the
 // final outputs. Calls marked collective are made by every process, in the same order.
 #include "config/config.hpp"

@@ -33,9 +33,9 @@
 #include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/seams.hpp"
 #include "runtime/units/kfac_units.hpp"
 #include "sim/profile.hpp"
-#include "train/test_seams.hpp"
 
 #include <map>
 #include <memory>
@@ -53,7 +53,7 @@ inline constexpr int kAdaptSteps = 6;
 
 class Controller final : public KfacPlacement {
  public:
-  // seams: tests only (train/test_seams.hpp): drift forced, unit costs scaled, a fixed broadcast model.
+  // seams: tests only (runtime/seams.hpp): drift forced, unit costs scaled, a fixed broadcast model.
   Controller(const Config& cfg, const Layout& layout, const comm::Groups& groups, KfacUnits& units,
              const KfacSeams& seams);
 

@@ -1,8 +1,9 @@
 #pragma once
 // `pipefisher train` under MPI: the training loop (train/train_loop.hpp) with every rank running
-// its stages' executor; world rank 0 writes what a single-process run writes (config.toml,
-// log.jsonl, model.safetensors, summary.json in train.out_dir, the status lines) plus
-// activations.json, the K-FAC records and the profiler's files.
+// its stages' executor (src/runtime: the layer below, which includes nothing of train); world
+// rank 0 writes what a single-process run writes (config.toml, log.jsonl, model.safetensors,
+// summary.json in train.out_dir, the status lines) plus activations.json, the K-FAC records and
+// the profiler's files.
 #include "config/config.hpp"
 #include "train/train_loop.hpp"
 

@@ -1,6 +1,6 @@
 // Issue 20 item 8: the text ranks compare at start-up, and the key a difference is named by.
 // (The ranks' exchange under real mpirun with MPMD launches: tests/faults/test_run_limits.cpp.)
-#include "runtime/config_agreement.hpp"
+#include "train/config_agreement.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/train_run.hpp"
+#include "train/mpi_run.hpp"
 
 #include "comm/collectives.hpp"
 #include "comm/rank_monitor.hpp"
@@ -9,7 +9,6 @@
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
-#include "runtime/config_agreement.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/kfac_checkpoint.hpp"
 #include "runtime/kfac_placement.hpp"
@@ -21,6 +20,7 @@
 #include "runtime/units/kfac_units.hpp"
 #include "schedule/validate.hpp"
 #include "train/checkpointing.hpp"
+#include "train/config_agreement.hpp"
 #include "train/train_engine.hpp"
 #include "train/train_loop.hpp"
 #include "train/trainer.hpp"

@@ -1,4 +1,4 @@
-#include "runtime/config_agreement.hpp"
+#include "train/config_agreement.hpp"
 
 #include "comm/collectives.hpp"
 #include "comm/small.hpp"
