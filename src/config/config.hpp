@@ -117,6 +117,10 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+// The largest zb-auto memory limit X (parallel.zb_memory, plan's --zb-memory): beyond it the
+// limit is refused; N micro-batches cap it anyway.
+inline constexpr double kMaxZbMemory = 100;
+
 // The longest refresh cycle a config may ask for (a plan lists every step of its cycle).
 inline constexpr int kMaxRefreshSteps = 1000;
 

@@ -5,7 +5,6 @@
 // walking these tables; a new key is one line here and a member in config.hpp. Internal to the
 // config module (config.cpp, describe.cpp).
 #include "config/config.hpp"
-#include "schedule/zb_auto.hpp"
 
 #include <limits>
 

@@ -1,5 +1,6 @@
 #include "schedule/generators.hpp"
 
+#include "config/config.hpp"
 #include "core/error.hpp"
 #include "schedule/list_scheduler.hpp"
 

@@ -29,7 +29,8 @@ namespace pf {
 // Times of one micro-batch on one of the schedule's stages (uniform stages; zb-v's are chunks, half
 // a device's layers), the point-to-point time of a message between devices, and the memory limit
 // as a multiple X of 1F1B's peak on device 0, its D micro-batches (X = 1 is Qi et al.'s ZB-1p,
-// X = 2 ZB-2p; zb-v keeps X = 1). Without T_comm the order does not change with the times' scale.
+// X = 2 ZB-2p; zb-v keeps X = 1; at most kMaxZbMemory, config/config.hpp). Without T_comm the
+// order does not change with the times' scale.
 struct ZbSpec {
   double forward = 1;
   double input_grad = 1;
@@ -37,7 +38,6 @@ struct ZbSpec {
   double comm = 0;
   double memory = 1;
 };
-inline constexpr double kMaxZbMemory = 100;  // a larger X is refused; N micro-batches cap it anyway
 // The heuristic's work grows as actions x devices per try (a few hundred tries): larger is refused.
 inline constexpr double kMaxZbWork = 2e6;
 
