@@ -1,9 +1,9 @@
 #pragma once
 // The configuration's keys, each declared once: its dotted name, its member and its bounds
 // (the values validate() accepts and the sentence refusing the others) and one line of meaning.
-// config.cpp reads, validates, prints (config.toml, --print-config) and describes every key by
-// walking these tables; a new key is one line here and a member in config.hpp. Internal to the
-// config module (config.cpp, describe.cpp).
+// config.cpp reads and prints (config.toml, --print-config), validate.cpp validates and
+// describe.cpp describes every key by walking these tables; a new key is one line here and a
+// member in config.hpp. Internal to the config module (config.cpp, validate.cpp, describe.cpp).
 #include "config/config.hpp"
 
 #include <limits>
