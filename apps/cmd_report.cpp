@@ -125,13 +125,8 @@ std::string short_run_note(const LossCurve& c) {
                          : fmt::format("smoothed with cutoff {:.3g} of the Nyquist frequency, not 0.05", c.smoothing_cutoff));
 }
 
-int run(const ReportArgs& a) {
-  if (!a.account.empty() || !a.baseline.empty()) {
-    if (a.account.empty() || a.baseline.empty() || !a.runs.empty())
-      usage_error(a.account.empty() ? "--baseline" : "--account",
-                  "the step account takes --account PROFILE_DIR and --baseline PROFILE_DIR, and no run directory");
-    return run_step_account(a.account, a.baseline, a.json);
-  }
+// The loss chart's runs, read and smoothed, after the arguments are checked.
+std::vector<LossCurve> read_curves(const ReportArgs& a) {
   if (a.runs.empty()) usage_error("runs", "give one or more run directories (each with log.jsonl)");
   if (a.target && !(std::fabs(*a.target) <= kMaxLogValue))
     usage_error("--target", "must be a finite loss (at most {:g} in size), got {}", kMaxLogValue, *a.target);
@@ -140,6 +135,35 @@ int run(const ReportArgs& a) {
   std::vector<LossCurve> curves;
   for (size_t i = 0; i < a.runs.size(); ++i) curves.push_back(read_run(a.runs[i], a.labels.empty() ? "" : a.labels[i]));
   smooth_curves(curves);
+  return curves;
+}
+
+// One run's object of the --json output (run_line prints it as text).
+nlohmann::json run_summary(const LossCurve& c, const std::optional<double>& target) {
+  nlohmann::json r = {{"name", c.name},
+                      {"steps", c.step.back()},
+                      {"time_s", c.time_s.back()},
+                      {"final_loss", number_or_null(last_finite(c.loss))},
+                      {"final_smoothed_loss", number_or_null(last_finite(c.smoothed))},
+                      {"final_valid_loss", c.valid_loss.empty() ? nlohmann::json() : nlohmann::json(c.valid_loss.back())},
+                      {"skipped_steps", c.skipped},
+                      {"smoothing_cutoff", c.smoothing_cutoff},
+                      {"log_cut_short", c.cut_short}};
+  if (target) {
+    const auto hit = first_crossing(c, c.smoothed, *target);
+    r["reaches_target"] = hit ? nlohmann::json{{"step", hit->step}, {"time_s", hit->time_s}} : nlohmann::json();
+  }
+  return r;
+}
+
+int run(const ReportArgs& a) {
+  if (!a.account.empty() || !a.baseline.empty()) {
+    if (a.account.empty() || a.baseline.empty() || !a.runs.empty())
+      usage_error(a.account.empty() ? "--baseline" : "--account",
+                  "the step account takes --account PROFILE_DIR and --baseline PROFILE_DIR, and no run directory");
+    return run_step_account(a.account, a.baseline, a.json);
+  }
+  const std::vector<LossCurve> curves = read_curves(a);
   namespace fs = std::filesystem;
   const std::string out = a.out.empty() ? (fs::is_directory(a.runs[0]) ? a.runs[0] + "/loss.svg" : "loss.svg") : a.out;
   if (out.size() < 5 || out.compare(out.size() - 4, 4, ".svg") != 0) usage_error("--out", "'{}' does not end in .svg", out);
@@ -157,22 +181,7 @@ int run(const ReportArgs& a) {
   }
   const std::string png = made == Png::made ? png_file.path : "";
   nlohmann::json runs = nlohmann::json::array();
-  for (const LossCurve& c : curves) {
-    nlohmann::json r = {{"name", c.name},
-                        {"steps", c.step.back()},
-                        {"time_s", c.time_s.back()},
-                        {"final_loss", number_or_null(last_finite(c.loss))},
-                        {"final_smoothed_loss", number_or_null(last_finite(c.smoothed))},
-                        {"final_valid_loss", c.valid_loss.empty() ? nlohmann::json() : nlohmann::json(c.valid_loss.back())},
-                        {"skipped_steps", c.skipped},
-                        {"smoothing_cutoff", c.smoothing_cutoff},
-                        {"log_cut_short", c.cut_short}};
-    if (a.target) {
-      const auto hit = first_crossing(c, c.smoothed, *a.target);
-      r["reaches_target"] = hit ? nlohmann::json{{"step", hit->step}, {"time_s", hit->time_s}} : nlohmann::json();
-    }
-    runs.push_back(r);
-  }
+  for (const LossCurve& c : curves) runs.push_back(run_summary(c, a.target));
   if (a.json) {
     nlohmann::json j = {{"svg", out}, {"png", png.empty() ? nlohmann::json() : nlohmann::json(png)}, {"runs", runs}};
     if (a.target) j["target"] = *a.target;
