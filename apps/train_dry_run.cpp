@@ -71,9 +71,12 @@ std::vector<std::string> plan_flags(const Config& cfg, const Layout& layout, boo
   if (pipefisher) {
     const std::vector<std::string> k = kfac_plan_flags(cfg.kfac);
     f.insert(f.end(), k.begin(), k.end());
-    f.insert(f.end(), {"--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages()))});
-    if (!cfg.model.preset.empty()) f.insert(f.end(), {"--model", cfg.model.preset});
   }
+  // The run's own model sizes the memory model (and splits K-FAC's costs).
+  f.insert(f.end(), {"--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages())),
+                     "--micro-batch-size", std::to_string(p.micro_batch_size), "--seq-len",
+                     std::to_string(cfg.model.seq_len)});
+  if (!cfg.model.preset.empty()) f.insert(f.end(), {"--model", cfg.model.preset});
   return f;
 }
 

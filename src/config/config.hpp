@@ -95,9 +95,13 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+// parallel.data_parallel = auto, as torchtitan and Megatron take it: the MPI world's size over
+// the stages, known only once the run is launched (resolve_data_parallel).
+inline constexpr int kAutoDataParallel = 0;
+
 struct ParallelConfig {
   int stages = 1;
-  int data_parallel = 1;
+  int data_parallel = kAutoDataParallel;  // resolve_data_parallel() sets it before a run
   ScheduleName schedule = ScheduleName::OneFOneB;
   std::string schedule_file;
   int micro_batches = 4;        // per step per replica
@@ -184,6 +188,11 @@ struct Config {
   std::string to_toml() const;
   bool operator==(const Config&) const = default;
 };
+
+// parallel.data_parallel = auto made a number: world_size / parallel.stages, refused naming both
+// numbers when the stages do not divide the world; a number already set is kept. Validates again
+// (a key such as kfac.placement = replay depends on it).
+void resolve_data_parallel(Config& c, int world_size);
 
 // Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
 std::vector<std::string> config_keys();

@@ -32,6 +32,7 @@ void check_bounds(const char* key, const T& v, const Bounds& b) {
   if constexpr (std::is_same_v<T, std::string>) {
     if (v.empty()) throw UsageError(std::string(key) + ": " + b.refusal);
   } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if (b.auto_word && v == kAutoDataParallel) return;
     if (!b.accepts(static_cast<double>(v))) throw UsageError(std::string(key) + ": " + fmt::format(fmt::runtime(b.refusal), v));
   }
 }
@@ -65,7 +66,8 @@ void check_replay(const Config& c) {
   if (k.refresh_record.empty())
     usage_error("kfac.refresh_record", "kfac.placement = replay follows a recorded refresh pattern: name the "
                 "kfac_refresh.json of a kfac.placement = bubbles run");
-  if (c.parallel.stages != 1 || c.parallel.data_parallel != 1)
+  const int W = c.parallel.data_parallel;  // auto: checked again once it is a number
+  if (c.parallel.stages != 1 || (W != 1 && W != kAutoDataParallel))
     usage_error("kfac.placement", "'replay' is one process following a pipeline's record: parallel.stages = 1 and "
                 "parallel.data_parallel = 1 (got {} and {})", c.parallel.stages, c.parallel.data_parallel);
   require(k.ema == 0, "kfac.ema", "must be 0 with kfac.placement = replay: the record names one step's factors (got {})",
@@ -112,6 +114,17 @@ void Config::validate() const {
   for_each_key(*this, [](const char* key, const auto& v, const Bounds& b, const char*) { check_bounds(key, v, b); });
   check_model_relations(*this);
   check_run_relations(*this);
+}
+
+void resolve_data_parallel(Config& c, int world_size) {
+  ParallelConfig& p = c.parallel;
+  if (p.data_parallel != kAutoDataParallel) return;
+  if (world_size % p.stages != 0)
+    usage_error("parallel.stages", "the MPI world has {} rank{}, which {} stages do not divide (parallel.data_parallel = "
+                "auto takes world size / stages: launch with scripts/pfrun -np {} or a multiple of it)", world_size,
+                world_size == 1 ? "" : "s", p.stages, p.stages);
+  p.data_parallel = world_size / p.stages;
+  c.validate();
 }
 
 void Config::check_files() const {

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <sstream>
 
 namespace pf {
 
@@ -98,7 +99,6 @@ class MpiEngine final : public TrainEngine {
 
   std::string layout_name() const override { return layout_name_; }
   bool builds_here() const override { return world_.size() == layout_.devices * layout_.replicas; }
-  void check_resume(const CheckpointReader& r, const std::string& dir) const override;
   void build(const Config& cfg) override;
   void load_init(const std::string& init, const CheckpointReader* ckpt) override;
   void load_resume(const CheckpointReader& r) override;
@@ -111,6 +111,7 @@ class MpiEngine final : public TrainEngine {
   FinalRecords finish(const std::string& out_dir) override;
 
  private:
+  std::vector<int64_t> gather_stage_parameters();
   // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
   void agreed(const std::function<void()>& fn);
   void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
@@ -132,6 +133,7 @@ class MpiEngine final : public TrainEngine {
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<comm::StepsRunning> running_;
   std::unique_ptr<Model> model_;  // the gathered final model (rank 0)
+  std::vector<int64_t> stage_parameters_;  // rank 0's: by stage, of pipeline 0 of replica 0
   std::vector<MicroBatch> mbs_;
   LrSchedule lr_;
   std::vector<ActionTime> times_;
@@ -158,17 +160,6 @@ MpiEngine::MpiEngine(const comm::World& world, int ranks, const Config& cfg, Pro
     read_plan_profile(cfg, layout_);
 }
 
-void MpiEngine::check_resume(const CheckpointReader& r, const std::string& dir) const {
-  // Each rank's K-FAC state (its chunks' factors, cycle, plan) belongs to its place in the
-  // layout: it continues only in the same one. Weights and optimizer state load into any.
-  if (!cfg_.kfac.enabled) return;
-  auto it = r.manifest().info.find("layout");
-  const std::string was = it == r.manifest().info.end() ? "an unrecorded layout" : it->second;
-  if (was != layout_name_)
-    usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
-                "the same layout (start from its weights with --init {})", was, layout_name_, dir);
-}
-
 void MpiEngine::build(const Config& cfg) {
   cfg_ = cfg;
   const ParallelConfig& p = cfg.parallel;
@@ -186,7 +177,8 @@ void MpiEngine::build(const Config& cfg) {
   }
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
-  lr_ = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
+  lr_ = make_run_lr_schedule(cfg);
+  stage_parameters_ = gather_stage_parameters();  // K-FAC's own warm-up, as the Trainer
 }
 
 void MpiEngine::agreed(const std::function<void()>& fn) {
@@ -227,6 +219,21 @@ void MpiEngine::open_outputs() {
                                          profile_opt_);
 }
 
+// Collective: each stage's parameter count at rank 0, from the ranks of replica 0 that host
+// pipeline 0's chunks (Chimera's second pipeline holds copies).
+std::vector<int64_t> MpiEngine::gather_stage_parameters() {
+  std::string mine;
+  if (groups_.replica == 0)
+    for (const HostedChunk& c : exec_->hosted_chunks())
+      if (c.pipeline == 0) mine += fmt::format("{} {} ", c.stage, parameter_count(*c.model));
+  std::vector<int64_t> counts(static_cast<size_t>(layout_.stages()), 0);
+  for (const std::string& s : comm::gather_bytes(mine, 0, MPI_COMM_WORLD)) {
+    std::istringstream in(s);
+    for (int stage = 0; in >> stage;) in >> counts.at(static_cast<size_t>(stage));
+  }
+  return counts;
+}
+
 EngineBanner MpiEngine::banner() const {
   const ParallelConfig& p = cfg_.parallel;
   EngineBanner b;
@@ -237,6 +244,7 @@ EngineBanner MpiEngine::banner() const {
                          p.data_parallel);
   const std::string shared = kfac_units_ ? kfac_units_->distributed_line() : "";
   if (!shared.empty()) b.notes.push_back(shared);
+  if (exec_) b.stage_parameters = stage_parameters_;
   return b;
 }
 

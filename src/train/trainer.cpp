@@ -19,9 +19,10 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
 }
 
 Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+  resolve_data_parallel(cfg_, 1);  // one process is a world of one
   check_kfac_placement(cfg, KfacRunner::one_process);
   set_threads(cfg.train.threads);
-  const auto& p = cfg.parallel;
+  const auto& p = cfg_.parallel;
   train_data_ = make_batcher(cfg.model, cfg.data, false);
   valid_data_ = make_batcher(cfg.model, cfg.data, true);
   model_ = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
