@@ -133,7 +133,9 @@ double predicted_step_time(const PlanRequest& q, const SimulatedStep& r) {
 
 SimulatedStep simulate_step(const PlanRequest& q, Schedule s) {
   SimulatedStep r;
-  check_layers_per_stage(q, s);
+  // With --kfac (stage_blocks) the model's Linears are listed; without, a named model's depth
+  // bounds the blocks too (an unnamed one only sizes memory the paper's CSV already measured).
+  if (q.model_named) check_layers_per_stage(q, s);
   r.profile = q.partition.empty() ? q.profile : with_stage_blocks(q.profile, stage_blocks(q, s));
   const Profile& prof = r.profile;
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)

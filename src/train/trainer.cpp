@@ -18,8 +18,9 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
   return make_lr_schedule(o, o.decay_steps > 0 ? o.decay_steps : cfg.train.steps);
 }
 
-Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+Trainer::Trainer(const Config& given) : cfg_(given) {
   resolve_data_parallel(cfg_, 1);  // one process is a world of one
+  const Config& cfg = cfg_;
   check_kfac_placement(cfg, KfacRunner::one_process);
   set_threads(cfg.train.threads);
   const auto& p = cfg_.parallel;
