@@ -5,6 +5,7 @@
 #include "comm/small.hpp"
 #include "comm/world.hpp"
 #include "config/limits.hpp"
+#include "config/placement.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
@@ -71,12 +72,12 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
   return out.dump(2) + "\n";
 }
 
-// The placement of kfac.placement (runtime/kfac_placement.hpp): PipeFisher's controller for
-// bubbles, the inline list otherwise.
-std::unique_ptr<KfacPlacement> make_placement(const Config& cfg, const Layout& layout, const comm::Groups& groups,
-                                              KfacUnits& units, const KfacSeams& seams) {
-  if (is_pipefisher(cfg.kfac.placement)) return std::make_unique<Controller>(cfg, layout, groups, units, seams);
-  return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+// The placement of kfac.placement (runtime/kfac_placement.hpp), built from its spec
+// (config/placement.hpp): PipeFisher's controller for the planned ones, the inline list otherwise.
+std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const Config& cfg, const Layout& layout,
+                                              const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams) {
+  if (!spec.planned) return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+  return std::make_unique<Controller>(cfg, layout, groups, units, seams);
 }
 
 // The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor;
@@ -154,7 +155,7 @@ MpiEngine::MpiEngine(const comm::World& world, int ranks, const Config& cfg, Pro
   layout_name_ = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout_.schedule.name, p.data_parallel);
   check_profile_steps(profile_opt_, cfg.train.steps);
   // The controller reads it when built; refused here too, for a --dry-run that builds nothing.
-  if (cfg.kfac.enabled && is_pipefisher(cfg.kfac.placement) && !cfg.kfac.plan_profile.empty())
+  if (cfg.kfac.enabled && placement_spec(cfg.kfac).planned && !cfg.kfac.plan_profile.empty())
     read_plan_profile(cfg, layout_);
 }
 
@@ -179,9 +180,9 @@ void MpiEngine::build(const Config& cfg) {
   exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, seams_.poison);
   exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
-    const bool planned = is_pipefisher(cfg_.kfac.placement);
-    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), planned);
-    placement_ = make_placement(cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
+    const PlacementSpec spec = placement_spec(cfg_.kfac);
+    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), spec.planned);
+    placement_ = make_placement(spec, cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
   }
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
@@ -343,7 +344,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   r.files.emplace_back("activations.json", activations);
   r.listed.push_back("activations.json");
   if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
-  if (cfg_.kfac.enabled && is_pipefisher(cfg_.kfac.placement)) r.listed.push_back("kfac_profile.json");
+  if (cfg_.kfac.enabled && placement_spec(cfg_.kfac).planned) r.listed.push_back("kfac_profile.json");
   if (kfac_units_ && !kfac_units_->distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;
 }

@@ -3,6 +3,7 @@
 #include "runtime/pipefisher/controller.hpp"
 
 #include "comm/small.hpp"
+#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "plan/planned_row.hpp"
 #include "runtime/plan_record.hpp"
@@ -37,7 +38,7 @@ Controller::Controller(const Config& cfg, const Layout& layout, const comm::Grou
       device_(groups.stage),
       lowered_(layout.schedule.per_device.at(groups.stage)) {
   if (!cfg.kfac.plan_profile.empty()) recorded_ = read_plan_profile(cfg, layout);
-  if (cfg.kfac.placement == Placement::Adaptive) filler_.emplace();
+  if (placement_spec(cfg.kfac).fills_waits) filler_.emplace();
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
   InlineStep inline_step = profiling_actions(layout.schedule, device_);
