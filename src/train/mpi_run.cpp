@@ -73,11 +73,15 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
 }
 
 // The placement of kfac.placement (runtime/kfac_placement.hpp), built from its spec
-// (config/placement.hpp): PipeFisher's controller for the planned ones, the inline list otherwise.
+// (config/placement.hpp): PipeFisher's controller, its steps run in order (bubbles) or filling the
+// waits (adaptive); the inline list otherwise.
 std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const Config& cfg, const Layout& layout,
                                               const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams) {
   if (!spec.planned) return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
-  return std::make_unique<Controller>(cfg, layout, groups, units, seams);
+  std::unique_ptr<StepDriver> driver;
+  if (spec.fills_waits) driver = std::make_unique<FillingWaits>();
+  else driver = std::make_unique<InOrder>();
+  return std::make_unique<Controller>(cfg, std::move(driver), layout, groups, units, seams);
 }
 
 // The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor;
@@ -115,7 +119,6 @@ class MpiEngine final : public TrainEngine {
   // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
   void agreed(const std::function<void()>& fn);
   void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
-  void print_filler_summary();
   StepOutcome run_step(int64_t step, double lr, bool profiled);
 
   const comm::World& world_;
@@ -276,7 +279,7 @@ StepOutcome MpiEngine::run_step(int64_t s, double lr, bool profiled) {
   if (!placement_) return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
   const std::vector<Action>& list = placement_->actions_for(s);
   const bool stamps = placement_->begin_step(s, mbs_);
-  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr, placement_->filler());
+  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr, placement_->driver());
   placement_->after_step(s, list, stamps || profiled ? times_ : std::vector<ActionTime>{});
   return o;
 }
@@ -290,20 +293,6 @@ void MpiEngine::record_profile(int64_t s, std::vector<Action> actions, std::stri
   } catch (const UsageError& e) {
     write_error = e.what();
   }
-}
-
-// kfac.placement = adaptive: where the units ran, summed over the ranks (rank 0 prints).
-void MpiEngine::print_filler_summary() {
-  const BubbleFiller* f = placement_ ? placement_->filler() : nullptr;
-  if (!f) return;
-  const FillerStats& st = f->stats();
-  double sums[3] = {static_cast<double>(st.in_wait), static_cast<double>(st.at_deadline),
-                    static_cast<double>(st.waits_filled)};
-  comm::allreduce_sum({sums, 3}, MPI_COMM_WORLD, "the filler's counts");
-  if (root())
-    std::printf("pipefisher: adaptive: %.0f units ran in %.0f waits, %.0f at their deadlines (all ranks)\n", sums[0],
-                sums[2], sums[1]);
-  std::fflush(stdout);
 }
 
 // Rank 0 makes the step directory (the loop); the ranks holding pipeline 0 of replica 0 write
@@ -327,7 +316,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   FinalRecords r;
   model_ = exec_->gather_model();
   const std::string activations = activation_memory_json(*exec_, groups_, MPI_COMM_WORLD);
-  print_filler_summary();  // collective
+  if (placement_) placement_->driver().print_summary(root());  // collective (adaptive: where its units ran)
   // Rank 0's write errors here (collectives inside) are agreed on by the loop.
   try {
     if (placement_) {

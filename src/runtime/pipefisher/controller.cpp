@@ -28,9 +28,10 @@ ChunkKfacTimes times_of(const nlohmann::json& j) {
 }
 }  // namespace
 
-Controller::Controller(const Config& cfg, const Layout& layout, const comm::Groups& groups, KfacUnits& units,
-                       const KfacSeams& seams)
+Controller::Controller(const Config& cfg, std::unique_ptr<StepDriver> driver, const Layout& layout,
+                       const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams)
     : cfg_(cfg),
+      driver_(std::move(driver)),
       layout_(layout),
       groups_(groups),
       units_(units),
@@ -38,7 +39,6 @@ Controller::Controller(const Config& cfg, const Layout& layout, const comm::Grou
       device_(groups.stage),
       lowered_(layout.schedule.per_device.at(groups.stage)) {
   if (!cfg.kfac.plan_profile.empty()) recorded_ = read_plan_profile(cfg, layout);
-  if (placement_spec(cfg.kfac).fills_waits) filler_.emplace();
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
   InlineStep inline_step = profiling_actions(layout.schedule, device_);
@@ -91,7 +91,8 @@ void Controller::after_step(int64_t step, const std::vector<Action>& list, const
     return;
   }
   check_drift(step, list, times);
-  if (!filler_ || recorded_ || draining(step)) return;  // a recorded profile's plan never adapts
+  // adaptive only; a recorded profile's plan never adapts
+  if (!placement_spec(cfg_.kfac).fills_waits || recorded_ || draining(step)) return;
   measure_steady(list, times);
   if (adapt_due(step)) adapt(step);
 }

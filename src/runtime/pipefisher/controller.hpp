@@ -1,6 +1,6 @@
 #pragma once
 // PipeFisher's controller: kfac.placement = bubbles (and adaptive: the planned units then placed
-// at run time by its BubbleFiller, runtime/bubble_filler.hpp) in the MPI runtime
+// at run time by its step driver, FillingWaits, runtime/step_driver.hpp) in the MPI runtime
 // (runtime/kfac_placement.hpp).
 // It decides which list each step runs and what each hosted chunk's units do in it, through these
 // phases (runtime/README.md):
@@ -30,10 +30,10 @@
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "plan/planner.hpp"
-#include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/seams.hpp"
+#include "runtime/step_driver.hpp"
 #include "runtime/units/kfac_units.hpp"
 #include "sim/profile.hpp"
 
@@ -53,9 +53,10 @@ inline constexpr int kAdaptSteps = 6;
 
 class Controller final : public KfacPlacement {
  public:
+  // driver: how the executor runs each step's list (in order: bubbles; filling waits: adaptive).
   // seams: tests only (runtime/seams.hpp): drift forced, unit costs scaled, a fixed broadcast model.
-  Controller(const Config& cfg, const Layout& layout, const comm::Groups& groups, KfacUnits& units,
-             const KfacSeams& seams);
+  Controller(const Config& cfg, std::unique_ptr<StepDriver> driver, const Layout& layout, const comm::Groups& groups,
+             KfacUnits& units, const KfacSeams& seams);
 
   const std::vector<Action>& actions_for(int64_t step) const override;
   bool begin_step(int64_t step, const std::vector<MicroBatch>& mbs) override;
@@ -63,7 +64,7 @@ class Controller final : public KfacPlacement {
   int64_t plan_start() const override { return phase_.plan_start; }
   int plan_period() const override;
   const PlanProfile* plan_profile() const override { return plan_ ? &plan_input_ : nullptr; }
-  BubbleFiller* filler() override { return filler_ ? &*filler_ : nullptr; }
+  StepDriver& driver() override { return *driver_; }
   std::vector<TimedAction> planned_row(int64_t step) const override;
   void save_state(nlohmann::json& j) const override;
   void load_state(const nlohmann::json& j, const std::string& where) override;
@@ -149,6 +150,7 @@ class Controller final : public KfacPlacement {
   void load_plan(const nlohmann::json& j, const std::string& where);
 
   const Config& cfg_;
+  std::unique_ptr<StepDriver> driver_;
   const Layout& layout_;
   const comm::Groups& groups_;
   KfacUnits& units_;
@@ -166,7 +168,6 @@ class Controller final : public KfacPlacement {
   double plan_scale_ = 1.0;  // --test-kfac-cost-scale at planning
   std::optional<std::pair<double, double>> bcast_model_;  // W > 1: ms, ms per byte
   std::vector<Action> drain_first_, drain_plain_;
-  std::optional<BubbleFiller> filler_;  // kfac.placement = adaptive
   std::vector<int> profiled_refresh_;   // [device] the plan from the profile's cycles (adaptive's default bound)
   Steady steady_;
   Switch switch_;
