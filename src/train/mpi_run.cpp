@@ -16,6 +16,7 @@
 #include "runtime/layout.hpp"
 #include "runtime/plan_record.hpp"
 #include "runtime/pipefisher/controller.hpp"
+#include "runtime/pipefisher/pipefisher_options.hpp"
 #include "runtime/profiler.hpp"
 #include "runtime/units/inline_placement.hpp"
 #include "runtime/units/kfac_units.hpp"
@@ -81,7 +82,7 @@ std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const C
   std::unique_ptr<StepDriver> driver;
   if (spec.fills_waits) driver = std::make_unique<FillingWaits>();
   else driver = std::make_unique<InOrder>();
-  return std::make_unique<Controller>(cfg, std::move(driver), layout, groups, units, seams);
+  return std::make_unique<Controller>(pipefisher_options(cfg, layout), std::move(driver), layout, groups, units, seams);
 }
 
 // The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor;
@@ -157,9 +158,9 @@ MpiEngine::MpiEngine(const comm::World& world, int ranks, const Config& cfg, Pro
   const ParallelConfig& p = cfg.parallel;
   layout_name_ = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout_.schedule.name, p.data_parallel);
   check_profile_steps(profile_opt_, cfg.train.steps);
-  // The controller reads it when built; refused here too, for a --dry-run that builds nothing.
-  if (cfg.kfac.enabled && placement_spec(cfg.kfac).planned && !cfg.kfac.plan_profile.empty())
-    read_plan_profile(cfg, layout_);
+  // The controller's options (a recorded profile read) when built; refused here too, for a
+  // --dry-run that builds nothing.
+  if (cfg.kfac.enabled && placement_spec(cfg.kfac).planned) pipefisher_options(cfg, layout_);
 }
 
 void MpiEngine::check_resume(const CheckpointReader& r, const std::string& dir) const {

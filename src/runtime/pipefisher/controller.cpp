@@ -3,7 +3,6 @@
 #include "runtime/pipefisher/controller.hpp"
 
 #include "comm/small.hpp"
-#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "plan/planned_row.hpp"
 #include "runtime/plan_record.hpp"
@@ -28,9 +27,9 @@ ChunkKfacTimes times_of(const nlohmann::json& j) {
 }
 }  // namespace
 
-Controller::Controller(const Config& cfg, std::unique_ptr<StepDriver> driver, const Layout& layout,
+Controller::Controller(PipeFisherOptions options, std::unique_ptr<StepDriver> driver, const Layout& layout,
                        const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams)
-    : cfg_(cfg),
+    : opts_(std::move(options)),
       driver_(std::move(driver)),
       layout_(layout),
       groups_(groups),
@@ -38,7 +37,6 @@ Controller::Controller(const Config& cfg, std::unique_ptr<StepDriver> driver, co
       seams_(seams),
       device_(groups.stage),
       lowered_(layout.schedule.per_device.at(groups.stage)) {
-  if (!cfg.kfac.plan_profile.empty()) recorded_ = read_plan_profile(cfg, layout);
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
   InlineStep inline_step = profiling_actions(layout.schedule, device_);
@@ -91,10 +89,9 @@ void Controller::after_step(int64_t step, const std::vector<Action>& list, const
     return;
   }
   check_drift(step, list, times);
-  // adaptive only; a recorded profile's plan never adapts
-  if (!placement_spec(cfg_.kfac).fills_waits || recorded_ || draining(step)) return;
+  if (!opts_.adapts || draining(step)) return;
   measure_steady(list, times);
-  if (adapt_due(step)) adapt(step);
+  if (adapt_due(step) && adapt(step)) phase_.plan_start = step + 1;  // the re-plan's step 0
 }
 
 // The profiled step's timings added to the profile; at its last step, the plan.
@@ -121,9 +118,9 @@ void Controller::add_profile_step(int64_t step, const std::vector<Action>& list,
   }
 }
 
-// A recorded profile fixes the plan: no re-plan from this run's timings.
+// Not with a recorded profile, which fixes the plan (PipeFisherOptions::replans_on_drift).
 void Controller::check_drift(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
-  if (phase_.replan_at >= 0 || !cfg_.kfac.replan_on_drift || recorded_) return;
+  if (phase_.replan_at >= 0 || !opts_.replans_on_drift) return;
   double compute = 0;
   for (size_t i = 0; i < list.size() && i < times.size(); ++i)
     if (is_pass(list[i].kind)) compute += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;

@@ -1,15 +1,16 @@
 #pragma once
 // PipeFisher's controller: kfac.placement = bubbles (and adaptive: the planned units then placed
 // at run time by its step driver, FillingWaits, runtime/step_driver.hpp) in the MPI runtime
-// (runtime/kfac_placement.hpp).
+// (runtime/kfac_placement.hpp). It reads PipeFisher's typed options (pipefisher_options.hpp), not
+// the Config; where its plan comes from is their PlanSource (plan_source.hpp).
 // It decides which list each step runs and what each hosted chunk's units do in it, through these
 // phases (runtime/README.md):
 //
 //   profiling   kProfileSteps steps run the inline list; every unit runs at PREC, timed
 //               (controller.cpp: begin_step, after_step accumulating the profile)
-//   planning    at the profile's end every rank all-reduces its timings (or reads
-//               kfac.plan_profile) and calls the planner: the same bits give every rank the
-//               same plan (controller_plan.cpp)
+//   planning    at the profile's end every rank all-reduces its timings (or takes the
+//               recorded profile: the PlanSource) and calls the planner: the same bits give every
+//               rank the same plan (controller_plan.cpp)
 //   planned     step t runs plan.actions(replica, device, t - plan_start); a cycle begins where
 //               the plan says
 //   draining    forward/backward over 1.3x the profile for 3 steps on any rank (drift): each
@@ -24,14 +25,15 @@
 //               to there by every rank (its first step runs the ended cycle's wrapped units first)
 //
 // Each field is written in one file: the phase and the profile in controller.cpp (after_step,
-// drift, and load_state restoring them from a checkpoint), the plan and its input in
-// controller_plan.cpp (plan_from_profile, make_plan, load_plan, and switch_plan, which also moves
-// the phase's plan_start to the switch), the steady state in controller_adapt.cpp.
+// which also moves plan_start to an adaptive switch, drift, and load_state restoring them from a
+// checkpoint), the plan in use, its input, the switch to it and the profile's plan's cycles in
+// controller_plan.cpp (plan_from_profile, make_plan, switch_plan, load_plan), the steady state in
+// controller_adapt.cpp.
 #include "comm/world.hpp"
-#include "config/config.hpp"
 #include "plan/planner.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/pipefisher/pipefisher_options.hpp"
 #include "runtime/seams.hpp"
 #include "runtime/step_driver.hpp"
 #include "runtime/units/kfac_units.hpp"
@@ -47,7 +49,6 @@
 
 namespace pf {
 
-inline constexpr int kProfileSteps = 2;  // inline, timed K-FAC steps before planning
 // adaptive: the fewest steps measured before the refresh cycles may change.
 inline constexpr int kAdaptSteps = 6;
 
@@ -55,8 +56,8 @@ class Controller final : public KfacPlacement {
  public:
   // driver: how the executor runs each step's list (in order: bubbles; filling waits: adaptive).
   // seams: tests only (runtime/seams.hpp): drift forced, unit costs scaled, a fixed broadcast model.
-  Controller(const Config& cfg, std::unique_ptr<StepDriver> driver, const Layout& layout, const comm::Groups& groups,
-             KfacUnits& units, const KfacSeams& seams);
+  Controller(PipeFisherOptions options, std::unique_ptr<StepDriver> driver, const Layout& layout,
+             const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams);
 
   const std::vector<Action>& actions_for(int64_t step) const override;
   bool begin_step(int64_t step, const std::vector<MicroBatch>& mbs) override;
@@ -130,7 +131,7 @@ class Controller final : public KfacPlacement {
   void restart_steady(int64_t since);
   void measure_steady(const std::vector<Action>& list, const std::vector<ActionTime>& times);
   bool adapt_due(int64_t step) const;
-  void adapt(int64_t step);
+  bool adapt(int64_t step);  // true: switched to a re-plan at step + 1
   RankTimes steady_times() const;
   std::string not_adaptable(const KfacPlan& next) const;
   void save_adapt(nlohmann::json& j) const;
@@ -144,12 +145,13 @@ class Controller final : public KfacPlacement {
   std::unique_ptr<KfacPlan> plan_for(const PlanProfile& prof, double scale) const;
   void make_plan(bool restoring);
   void switch_plan(std::unique_ptr<KfacPlan> next, PlanProfile input, double scale, int64_t since, int64_t at);
+  void load_switch(const nlohmann::json& j);
   void split_as_planned();
   void split_preconditions();
   void save_plan(nlohmann::json& j) const;
   void load_plan(const nlohmann::json& j, const std::string& where);
 
-  const Config& cfg_;
+  const PipeFisherOptions opts_;
   std::unique_ptr<StepDriver> driver_;
   const Layout& layout_;
   const comm::Groups& groups_;
@@ -159,7 +161,6 @@ class Controller final : public KfacPlacement {
   const std::vector<Action>& lowered_;  // the device's lowered list (what the profile times)
   ProfiledList inline_;                 // lowered + each chunk's PREC before the first OPT
   ProfiledList reprofile_first_;        // a re-profile's first step: the cycle's wrapped units, then inline_
-  std::optional<PlanProfile> recorded_;  // kfac.plan_profile's; none: plan from timings
   Phase phase_;
   Profile profile_;
   std::unique_ptr<KfacPlan> plan_;

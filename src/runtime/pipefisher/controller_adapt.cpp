@@ -84,29 +84,34 @@ void Controller::measure_steady(const std::vector<Action>& list, const std::vect
 // Due at the end of `step` when the next step (one the run has) starts a cycle of every device,
 // kAdaptSteps or more after the steady state began, and the plan can change its cycles there: no
 // recorded profile fixes it, no drift re-plan is under way, and no Chimera sync is pinned to a
-// cycle step (its inversions wrap past the cycle's first step).
+// cycle step (its inversions wrap past the cycle's first step). (A recorded profile's plan never
+// adapts: after_step asks only when PipeFisherOptions::adapts.)
 bool Controller::adapt_due(int64_t step) const {
   const int64_t next = step + 1 - phase_.plan_start;
-  return !recorded_ && phase_.replan_at < 0 && plan_->sync_step < 0 && step + 1 < cfg_.train.steps &&
+  return phase_.replan_at < 0 && plan_->sync_step < 0 && step + 1 < opts_.steps &&
          step + 1 - steady_.since >= kAdaptSteps && plan_->all_cycles_start(next) == next;
 }
 
 // Collective: every rank plans from the same all-reduced measurements, so every rank decides the same.
-void Controller::adapt(int64_t step) {
+bool Controller::adapt(int64_t step) {
   PlanProfile measured = measured_profile(steady_times(), plan_input_.shape, "the measured K-FAC steps");
   const double scale = seams_.adapt_cost_scale.value_or(seams_.cost_scale);
   std::unique_ptr<KfacPlan> next = plan_for(measured, scale);
   const int64_t since = steady_.since;
   restart_steady(step + 1);
-  if (next->refresh_steps == plan_->refresh_steps) return;  // nothing to change
+  if (next->refresh_steps == plan_->refresh_steps) return false;  // nothing to change
   const std::string why_not = not_adaptable(*next);
-  if (why_not.empty()) return switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
+  if (why_not.empty()) {
+    switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
+    return true;
+  }
   if (groups_.rank == 0) {
     std::printf("pipefisher: re-planned from steps %lld-%lld as run (adaptive): refresh every %s steps, not taken: %s\n",
                 static_cast<long long>(since) + 1, static_cast<long long>(step) + 1,
                 fmt::format("{}", fmt::join(next->refresh_steps, " ")).c_str(), why_not.c_str());
     std::fflush(stdout);
   }
+  return false;
 }
 
 // What the steady state measured in place of the profiled times; a time not measured (a split
@@ -145,9 +150,9 @@ std::string Controller::not_adaptable(const KfacPlan& next) const {
   const KfacPlan& now = *plan_;
   if (next.sync_step >= 0) return "a Chimera sync pinned to a cycle step";
   for (size_t d = 0; d < next.refresh_steps.size(); ++d) {
-    const int bound = cfg_.kfac.max_refresh_steps > 0 ? cfg_.kfac.max_refresh_steps : profiled_refresh_.at(d);
+    const int bound = opts_.max_refresh_steps > 0 ? opts_.max_refresh_steps : profiled_refresh_.at(d);
     if (next.refresh_steps[d] > bound)
-      return cfg_.kfac.max_refresh_steps > 0
+      return opts_.max_refresh_steps > 0
                  ? fmt::format("device {} over kfac.max_refresh_steps = {}", d, bound)
                  : fmt::format("device {} over the profile's plan's {} steps (kfac.max_refresh_steps = 0)", d, bound);
   }
@@ -168,10 +173,9 @@ void Controller::save_adapt(nlohmann::json& j) const {
                 {"switch_first", first}, {"profiled_refresh", profiled_refresh_}};
 }
 
+// The steady state (the switch and the profile's plan's cycles: load_switch, with the plan).
 void Controller::load_adapt(const nlohmann::json& j) {
   restart_steady(phase_.plan_start);
-  switch_ = {};
-  profiled_refresh_ = plan_ ? plan_->refresh_steps : std::vector<int>{};
   if (!j.contains("adapt")) return;  // a checkpoint of a build without adapting
   const nlohmann::json& a = j.at("adapt");
   steady_.since = a.at("since").get<int64_t>();
@@ -181,9 +185,6 @@ void Controller::load_adapt(const nlohmann::json& j) {
   for (size_t i = 0; i < actions.size(); ++i) steady_.actions[i] = {actions[i][0].get<double>(), actions[i][1].get<int>()};
   for (const auto& u : a.at("units"))
     steady_.units[{u[0].get<int>(), u[1].get<int>(), u[2].get<int>()}] = {u[3].get<double>(), u[4].get<int>()};
-  switch_.at = a.at("switch_at").get<int64_t>();
-  for (const auto& t : a.at("switch_first")) switch_.first.push_back(parse_token(t.get<std::string>(), "checkpoint"));
-  profiled_refresh_ = a.at("profiled_refresh").get<std::vector<int>>();
 }
 
 }  // namespace pf
