@@ -57,9 +57,10 @@ class KfacPlacement {
   virtual std::vector<TimedAction> planned_row(int64_t step) const { return {}; }
 
   // Checkpoints: the placement's own state, as JSON fields added to / read from `j` (the rank's
-  // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits).
+  // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits);
+  // next_step: the step the resumed run runs first.
   virtual void save_state(nlohmann::json& j) const = 0;
-  virtual void load_state(const nlohmann::json& j, const std::string& where) = 0;
+  virtual void load_state(const nlohmann::json& j, const std::string& where, int64_t next_step) = 0;
 };
 
 }  // namespace pf

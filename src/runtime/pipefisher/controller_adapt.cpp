@@ -81,37 +81,34 @@ void Controller::measure_steady(const std::vector<Action>& list, const std::vect
   }
 }
 
-// Due at the end of `step` when the next step (one the run has) starts a cycle of every device,
-// kAdaptSteps or more after the steady state began, and the plan can change its cycles there: no
-// recorded profile fixes it, no drift re-plan is under way, and no Chimera sync is pinned to a
-// cycle step (its inversions wrap past the cycle's first step). (A recorded profile's plan never
-// adapts: after_step asks only when PipeFisherOptions::adapts.)
-bool Controller::adapt_due(int64_t step) const {
-  const int64_t next = step + 1 - phase_.plan_start;
-  return phase_.replan_at < 0 && plan_->sync_step < 0 && step + 1 < opts_.steps &&
+// Due at the end of a planned `step` (the plan's step 0 at plan_start) when the next step (one the
+// run has) starts a cycle of every device, kAdaptSteps or more after the steady state began, and
+// the plan can change its cycles there: no Chimera sync is pinned to a cycle step (its inversions
+// wrap past the cycle's first step). Asked only when the run adapts (no recorded profile fixes
+// the plan: PipeFisherOptions::adapts) and no drain was just decided.
+bool Controller::adapt_due(int64_t step, int64_t plan_start) const {
+  const int64_t next = step + 1 - plan_start;
+  return plan_->sync_step < 0 && step + 1 < opts_.steps &&
          step + 1 - steady_.since >= kAdaptSteps && plan_->all_cycles_start(next) == next;
 }
 
 // Collective: every rank plans from the same all-reduced measurements, so every rank decides the same.
-bool Controller::adapt(int64_t step) {
+std::optional<std::vector<Action>> Controller::adapt(int64_t step) {
   PlanProfile measured = measured_profile(steady_times(), plan_input_.shape, "the measured K-FAC steps");
   const double scale = seams_.adapt_cost_scale.value_or(seams_.cost_scale);
   std::unique_ptr<KfacPlan> next = plan_for(measured, scale);
   const int64_t since = steady_.since;
   restart_steady(step + 1);
-  if (next->refresh_steps == plan_->refresh_steps) return false;  // nothing to change
+  if (next->refresh_steps == plan_->refresh_steps) return std::nullopt;  // nothing to change
   const std::string why_not = not_adaptable(*next);
-  if (why_not.empty()) {
-    switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
-    return true;
-  }
+  if (why_not.empty()) return switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
   if (groups_.rank == 0) {
     std::printf("pipefisher: re-planned from steps %lld-%lld as run (adaptive): refresh every %s steps, not taken: %s\n",
                 static_cast<long long>(since) + 1, static_cast<long long>(step) + 1,
                 fmt::format("{}", fmt::join(next->refresh_steps, " ")).c_str(), why_not.c_str());
     std::fflush(stdout);
   }
-  return false;
+  return std::nullopt;
 }
 
 // What the steady state measured in place of the profiled times; a time not measured (a split
@@ -162,20 +159,18 @@ std::string Controller::not_adaptable(const KfacPlan& next) const {
   return "";
 }
 
-// Checkpoints: the steady state, the switch, the profiled plan's cycles.
+// Checkpoints: the steady state, the profiled plan's cycles (the switch: the phase's, save_state).
 void Controller::save_adapt(nlohmann::json& j) const {
-  nlohmann::json actions = nlohmann::json::array(), units = nlohmann::json::array(), first = nlohmann::json::array();
+  nlohmann::json actions = nlohmann::json::array(), units = nlohmann::json::array();
   for (const Mean& m : steady_.actions) actions.push_back({m.sum, m.n});
   for (const auto& [key, m] : steady_.units)
     units.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), m.sum, m.n});
-  for (const Action& a : switch_.first) first.push_back(to_token(a));
-  j["adapt"] = {{"since", steady_.since}, {"actions", actions}, {"units", units}, {"switch_at", switch_.at},
-                {"switch_first", first}, {"profiled_refresh", profiled_refresh_}};
+  j["adapt"] = {{"since", steady_.since}, {"actions", actions}, {"units", units}, {"profiled_refresh", profiled_refresh_}};
 }
 
-// The steady state (the switch and the profile's plan's cycles: load_switch, with the plan).
-void Controller::load_adapt(const nlohmann::json& j) {
-  restart_steady(phase_.plan_start);
+// The steady state (the profile's plan's cycles: load_profiled_refresh, with the plan).
+void Controller::load_adapt(const nlohmann::json& j, int64_t plan_start) {
+  restart_steady(plan_start);
   if (!j.contains("adapt")) return;  // a checkpoint of a build without adapting
   const nlohmann::json& a = j.at("adapt");
   steady_.since = a.at("since").get<int64_t>();

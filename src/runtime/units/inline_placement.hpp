@@ -24,7 +24,7 @@ class InlinePlacement final : public KfacPlacement {
   const PlanProfile* plan_profile() const override { return nullptr; }
   StepDriver& driver() override { return in_order_; }
   void save_state(nlohmann::json&) const override {}
-  void load_state(const nlohmann::json&, const std::string&) override {}
+  void load_state(const nlohmann::json&, const std::string&, int64_t) override {}
 
  private:
   KfacCadence cadence_;
