@@ -119,7 +119,7 @@ class MpiEngine final : public TrainEngine {
  private:
   // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
   void agreed(const std::function<void()>& fn);
-  void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
+  void record_profile(int64_t step, std::string& write_error);
   StepOutcome run_step(int64_t step, double lr, bool profiled);
 
   const comm::World& world_;
@@ -140,6 +140,10 @@ class MpiEngine final : public TrainEngine {
   std::vector<MicroBatch> mbs_;
   LrSchedule lr_;
   std::vector<ActionTime> times_;
+  // A profiled step's list and the plan's timeline of it, taken before the placement's step end
+  // (after_step moves the placement to the next step's phase).
+  std::vector<Action> profiled_actions_;
+  std::vector<TimedAction> profiled_row_;
   int64_t last_step_ = 0;     // the refresh record's length: last_step_ + 1
   double step_time_sum_ = 0;  // step times after the first two (dkfac.json)
   int timed_steps_ = 0;
@@ -269,7 +273,7 @@ EngineStep MpiEngine::step(int64_t s) {
   st.tokens = static_cast<int64_t>(mbs_.size()) * cfg_.parallel.micro_batch_size * cfg_.model.seq_len;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (s >= 2) step_time_sum_ += st.step_time_s, ++timed_steps_;
-  if (prof) record_profile(s, placement_ ? placement_->actions_for(s) : exec_->actions(), r.write_error);
+  if (prof) record_profile(s, r.write_error);
   return r;
 }
 
@@ -277,20 +281,25 @@ EngineStep MpiEngine::step(int64_t s) {
 // then handed back to the placement with its stamps.
 StepOutcome MpiEngine::run_step(int64_t s, double lr, bool profiled) {
   last_step_ = s;
-  if (!placement_) return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
+  if (!placement_) {
+    if (profiled) profiled_actions_ = exec_->actions(), profiled_row_.clear();
+    return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
+  }
   const std::vector<Action>& list = placement_->actions_for(s);
+  if (profiled) profiled_actions_ = list, profiled_row_ = placement_->planned_row(s);
   const bool stamps = placement_->begin_step(s, mbs_);
   const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr, placement_->driver());
   placement_->after_step(s, list, stamps || profiled ? times_ : std::vector<ActionTime>{});
   return o;
 }
 
-void MpiEngine::record_profile(int64_t s, std::vector<Action> actions, std::string& write_error) {
+void MpiEngine::record_profile(int64_t s, std::string& write_error) {
   try {
+    std::vector<Action> actions = profiled_actions_;
     std::vector<ActionTime> stamps = times_;
     if (kfac_units_) kfac_units_->expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
     // Collective; rank 0 writes. With the plan's timeline of the step (none outside a plan).
-    profiler_->record(s, stamps, actions, placement_ ? placement_->planned_row(s) : std::vector<TimedAction>{});
+    profiler_->record(s, stamps, actions, profiled_row_);
   } catch (const UsageError& e) {
     write_error = e.what();
   }
