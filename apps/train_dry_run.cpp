@@ -2,6 +2,7 @@
 
 #include "command.hpp"
 #include "config/limits.hpp"
+#include "config/placement.hpp"
 #include "core/peak_flops.hpp"
 #include "kfac/factor.hpp"
 #include "nn/flops.hpp"
@@ -109,7 +110,7 @@ int train_dry_run(const Config& cfg) {
              available.source);
   if (ranks == 1) return 0;
   const Layout layout = make_layout(cfg, ranks);
-  const bool pipefisher = cfg.kfac.enabled && is_pipefisher(cfg.kfac.placement);
+  const bool pipefisher = cfg.kfac.enabled && placement_spec(cfg.kfac).planned;
   if (pipefisher && cfg.kfac.plan_profile.empty())
     fmt::print("costs: a model of the FLOPs at this machine's sgemm peak (kfac.plan_profile names a recorded profile "
                "instead)\n");

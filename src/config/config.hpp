@@ -221,12 +221,10 @@ std::string preset_of(const ModelConfig& m);
 // The optimizer as a banner says it: "nvlamb", "nvlamb + K-FAC (inline)", ... (with K-FAC's placement).
 std::string optimizer_of(const Config& c);
 
-// PipeFisher's placements: K-FAC's units planned into a pipeline's bubbles (bubbles), and placed
-// at run time into the waits each rank sees (adaptive, runtime/bubble_filler.hpp).
-inline bool is_pipefisher(Placement p) { return p == Placement::Bubbles || p == Placement::Adaptive; }
-// Which kfac.placement a run allows, in one place: `bubbles` and `adaptive` fill a pipeline's
-// bubbles (parallel.stages > 1, under mpirun); `replay` follows a pipeline's record in one process;
-// `inline` and `skip` run anywhere. UsageError naming kfac.placement otherwise (nothing without K-FAC).
+// Which kfac.placement a run allows (asked of its spec, config/placement.hpp): the planned ones
+// fill a pipeline's bubbles (parallel.stages > 1, under mpirun); `replay` follows a pipeline's
+// record in one process; `inline` and `skip` run anywhere. UsageError naming kfac.placement
+// otherwise (nothing without K-FAC).
 enum class KfacRunner { one_process, mpi };
 void check_kfac_placement(const Config& c, KfacRunner runner);
 // K-FAC's placement when the key is unset: inline with one stage (no bubbles), bubbles otherwise.

@@ -4,6 +4,7 @@
 
 #include "config/config_keys.hpp"
 #include "config/paths.hpp"
+#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 
@@ -59,7 +60,7 @@ void check_model_relations(const Config& c) {
 // kfac.placement = replay: one process following a recorded refresh pattern, factors of one step each.
 void check_replay(const Config& c) {
   const auto& k = c.kfac;
-  const bool replay = k.enabled && k.placement == Placement::Replay;
+  const bool replay = k.enabled && placement_spec(k).replays;
   if (!k.refresh_record.empty() && !replay)
     usage_error("kfac.refresh_record", "only applies with kfac.enabled = true and kfac.placement = replay");
   if (!replay) return;
@@ -88,15 +89,16 @@ void check_run_relations(const Config& c) {
       usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}", sum, c.model.layers);
   }
   const auto& k = c.kfac;
-  if (!k.plan_profile.empty() && !(k.enabled && is_pipefisher(k.placement)))
+  const PlacementSpec spec = placement_spec(k);
+  if (!k.plan_profile.empty() && !(k.enabled && spec.planned))
     usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   check_replay(c);
-  if (k.min_refresh_steps != 1 && !(k.enabled && is_pipefisher(k.placement)))
+  if (k.min_refresh_steps != 1 && !(k.enabled && spec.planned))
     usage_error("kfac.min_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   if (k.max_refresh_steps > 0 && k.max_refresh_steps < k.min_refresh_steps)
     usage_error("kfac.max_refresh_steps", "must be 0 or at least kfac.min_refresh_steps = {} (got {})",
                 k.min_refresh_steps, k.max_refresh_steps);
-  if (k.max_refresh_steps > 0 && !(k.enabled && k.placement == Placement::Adaptive))
+  if (k.max_refresh_steps > 0 && !(k.enabled && spec.fills_waits))
     usage_error("kfac.max_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = adaptive");
   if (k.distributed != KfacStrategy::SpdKfac) {
     require(k.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",

@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include "core/blas.hpp"
+#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "kfac/cadence.hpp"
 
@@ -36,7 +37,7 @@ Trainer::Trainer(const Config& given) : cfg_(given) {
   optim_->init(params_);
   lr_ = make_run_lr_schedule(cfg);
   if (cfg.kfac.enabled) kfac_ = std::make_unique<KfacPreconditioner>(model_->linears(), cfg.kfac, cfg.model.vocab);
-  if (kfac_ && cfg.kfac.placement == Placement::Replay) replay_ = std::make_unique<KfacReplay>(cfg, *kfac_);
+  if (kfac_ && placement_spec(cfg.kfac).replays) replay_ = std::make_unique<KfacReplay>(cfg, *kfac_);
 }
 
 int64_t Trainer::tokens_per_step() const {
