@@ -76,7 +76,8 @@ std::vector<StageMemory> stage_memory(const PlanRequest& r, const Profile& prof)
   for (const StageMemory& m : prof.memory) measured = measured || m.param > 0 || m.act > 0;
   if (measured) return prof.memory;
   int blocks = r.blocks_per_stage();
-  const ModelConfig m = model_preset(r.model);
+  ModelConfig m = model_preset(r.model);
+  if (r.seq_len > 0) m.seq_len = r.seq_len;
   if (!prof.plan.kfac.empty())  // the run's own blocks per stage
     blocks = std::max<int>(1, prof.plan.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
   return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
@@ -132,6 +133,9 @@ double predicted_step_time(const PlanRequest& q, const SimulatedStep& r) {
 
 SimulatedStep simulate_step(const PlanRequest& q, Schedule s) {
   SimulatedStep r;
+  // With --kfac (stage_blocks) the model's Linears are listed; without, a named model's depth
+  // bounds the blocks too (an unnamed one only sizes memory the paper's CSV already measured).
+  if (q.model_named) check_layers_per_stage(q, s);
   r.profile = q.partition.empty() ? q.profile : with_stage_blocks(q.profile, stage_blocks(q, s));
   const Profile& prof = r.profile;
   if (prof.cost.stages.size() > 1 && static_cast<int>(prof.cost.stages.size()) != s.stages)
@@ -188,9 +192,11 @@ void print_json(const PlanRequest& a, SimulatedStep& r) {
                    {"utilization", tl.utilization[d]}, {"peak_in_flight", tl.peak_in_flight[d]}});
   nlohmann::json j = {
       {"schedule", s.name}, {"stages", s.devices}, {"virtual_stages", s.stages / s.devices},
-      {"pipelines", s.pipelines}, {"micro_batches", s.micro_batches}, {"recompute", a.recompute}, {"time_unit", "ms"},
+      {"pipelines", s.pipelines}, {"micro_batches", s.micro_batches}, {"recompute", a.recompute},
+      {"time_unit", a.unit_durations ? "unit" : "ms"},
       {"step_time", tl.step_time}, {"bubble_time", tl.mean_bubble()}, {"utilization", tl.mean_utilization()},
       {"per_device", per}, {"peak_in_flight", r.peak_in_flight}, {"memory", memory_json(r.memory)}};
+  if (const std::vector<std::string> w = a.warnings(); !w.empty()) j["warnings"] = w;
   if (a.kfac_mode()) {
     r.kfac.erase("timeline_text");
     r.kfac.erase("precondition_line");
@@ -213,10 +219,12 @@ void print_text(const PlanRequest& a, const SimulatedStep& r) {
   const Schedule& s = r.schedule;
   const Timeline& tl = r.timeline;
   const MemoryReport& mem = r.memory;
-  fmt::print("{}: {} devices, {} stages{}, {} micro-batches{}{} (times in ms)\n", s.name, s.devices, s.stages,
+  fmt::print("{}: {} devices, {} stages{}, {} micro-batches{}{} (times in {})\n", s.name, s.devices, s.stages,
              s.pipelines > 1 ? " per pipeline x 2 pipelines" : "", s.micro_batches,
              a.recompute ? ", activation recomputation" : "",
-             a.data_parallel > 1 ? fmt::format(", {} data-parallel replicas", a.data_parallel) : "");
+             a.data_parallel > 1 ? fmt::format(", {} data-parallel replicas", a.data_parallel) : "",
+             a.unit_durations ? "units" : "ms");
+  for (const std::string& w : a.warnings()) fmt::print("warning: {}\n", w);
   if (const std::optional<ProfileRun>& run = r.profile.run)
     fmt::print("profile: measured on {} D={} N={} W={}{}, step {:.2f} ms; predicted here {:.2f} ms\n", run->schedule,
                run->devices, run->micro_batches, run->replicas,
@@ -346,6 +354,10 @@ void add_schedule_options(CLI::App& app, PlanFlags& a, const PlanValidators& v) 
   app.add_option("--tprec", a.tprec, "K-FAC precondition time per stage, ms")->check(v.nonneg);
   app.add_option("--profile", a.profile, "Durations from a profile: the paper's CSV or pipefisher's JSON");
   app.add_option("--micro-batch-size", a.micro_batch_size, "Profile CSV row (bs) to use")->check(v.positive);
+  app.add_option("--seq-len", a.seq_len,
+                 "Tokens per sequence the memory model sizes activations for, when it estimates them from --model's "
+                 "shapes (default 128, model.seq_len's)")
+      ->check(v.positive);
   app.add_option("--layers-per-stage", a.layers_per_stage, "Transformer blocks per stage (scales the CSV profile)")
       ->check(v.positive);
   app.add_option("--partition", a.partition,
@@ -412,8 +424,23 @@ Runner setup(CLI::App& app) {
 
 }  // namespace
 
+// --layers-per-stage against the model's depth, the bound --partition's blocks meet
+// (runtime/layout.hpp's partition_blocks).
+void check_layers_per_stage(const PlanRequest& r, const Schedule& s) {
+  if (!r.layers_per_stage) return;
+  const int layers = model_preset(r.model).layers;
+  const int64_t blocks = int64_t{s.stages} * *r.layers_per_stage;
+  if (blocks > layers)
+    usage_error("--layers-per-stage", "{} stages x {} blocks = {} transformer blocks, but --model {} has {}{}", s.stages,
+                *r.layers_per_stage, blocks, r.model, layers,
+                s.devices < s.stages ? " (a device holding several stages counts each)" : "");
+}
+
 std::vector<int> stage_blocks(const PlanRequest& r, const Schedule& s) {
-  if (r.partition.empty()) return {r.blocks_per_stage()};
+  if (r.partition.empty()) {
+    check_layers_per_stage(r, s);
+    return {r.blocks_per_stage()};
+  }
   const std::string layers = fmt::format("--model {}'s layers", r.model);
   return partition_blocks(model_preset(r.model).layers, s.stages, r.partition,
                           {.partition = "--partition", .stages = "--partition", .layers = layers.c_str()});

@@ -23,6 +23,7 @@ struct PlanFlags {
   std::string schedule, schedule_file, profile, svg, trace, csv, model = "bert-base";
   std::string csv_format = "pipefisher";  // --csv-format: ours, or torch.distributed.pipelining's
   int stages = 0, micro_batches = 0, virtual_stages = 0, micro_batch_size = 0, layers_per_stage = 0;
+  int seq_len = 0;  // --seq-len (0: the configuration's default, model.seq_len's)
   double tf = 1, tb = 2, tw = 0, tcomm = 0, tcurv = 0, tinv = 0, tprec = 0;
   bool json = false, sweep = false, kfac = false, no_kfac = false, split_to_shorten = false, no_stage_group = false, recompute = false;
   int data_parallel = 1;
@@ -78,11 +79,13 @@ struct PlanRequest {
   Profile profile;
   std::vector<Profile> sweep_profiles;
   bool flag_durations = true;  // from --tf/--tb/--tcomm, not --profile (messages name them)
+  bool unit_durations = false;  // no --profile, --tf or --tb: every forward 1, every backward 2
   bool recompute = false;
   // The model whose shapes size the memory model and split K-FAC costs: a preset, named by
   // --model or the profile's run (model_named), else bert-base.
   std::string model = "bert-base";
   bool model_named = false;
+  int seq_len = 0;  // tokens per sequence the memory model sizes activations for (0: model.seq_len's default)
   std::optional<int> layers_per_stage;  // transformer blocks per stage (1 when not given)
   std::vector<int> partition;           // or blocks per stage (--partition: the paper's CSV profile is per block)
   int data_parallel = 1;
@@ -91,6 +94,8 @@ struct PlanRequest {
   PlanOutputs out;
   std::vector<std::string> from_profile;  // flags whose value came from the profile's run
   bool kfac_mode() const { return mode == PlanMode::kfac; }
+  // What the output must say of its inputs: unit durations, K-FAC planned at zero cost.
+  std::vector<std::string> warnings() const;
   const char* durations_flag() const { return flag_durations ? "--tf/--tb/--tcomm" : "--profile"; }
   int blocks_per_stage() const { return layers_per_stage.value_or(1); }
 };
@@ -112,6 +117,8 @@ nlohmann::json run_kfac(const PlanRequest& r, const Schedule& s, const Profile& 
 // Transformer blocks per stage of schedule `s`: --partition through the runtime's partition_blocks
 // (runtime/layout.hpp, checked against the model's layers), else one entry: --layers-per-stage.
 std::vector<int> stage_blocks(const PlanRequest& r, const Schedule& s);
+// UsageError when --layers-per-stage's blocks outnumber --model's layers, as --partition's would.
+void check_layers_per_stage(const PlanRequest& r, const Schedule& s);
 // The text report of run_kfac's JSON.
 void print_kfac(const nlohmann::json& k);
 

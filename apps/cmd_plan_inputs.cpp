@@ -220,8 +220,10 @@ PlanRequest request_of(PlanFlags& a) {
   r.schedule = schedule_request(a, filled);
   check_flag_combinations(a, r.schedule);
   r.flag_durations = a.profile.empty();
+  r.unit_durations = a.profile.empty() && !a.given("--tf") && !a.given("--tb");
   r.recompute = a.recompute;
   r.model = a.model;
+  r.seq_len = a.seq_len;
   r.model_named = a.given("--model") || filled.flags.count("--model") > 0;
   if (a.given("--layers-per-stage")) r.layers_per_stage = a.layers_per_stage;
   r.partition = a.partition;
@@ -237,6 +239,21 @@ PlanRequest request_of(PlanFlags& a) {
     if (r.recompute && !filled.recompute_measured) add_recomputation(r.profile.cost);
   }
   return r;
+}
+
+std::vector<std::string> PlanRequest::warnings() const {
+  std::vector<std::string> w;
+  if (unit_durations)
+    w.push_back("no durations given (--profile, or --tf and --tb): every forward takes 1 and every backward 2, "
+                "and the times below are in those units");
+  if (kfac_mode()) {
+    bool costs = !profile.plan.kfac.empty();
+    for (const StageCost& c : profile.cost.stages) costs = costs || c.curvature > 0 || c.inversion > 0 || c.precondition > 0;
+    if (!costs)
+      w.push_back("no K-FAC costs given (--profile with them, or --tcurv, --tinv and --tprec): K-FAC's units are "
+                  "planned at zero cost, and the plan shows only their order");
+  }
+  return w;
 }
 
 // The files --svg, --trace and --csv wrote (text mode: the JSON's reader named them).

@@ -66,6 +66,9 @@ int run_train(const TrainArgs& a) {
     std::fputs(cfg.to_toml().c_str(), stdout);
     return 0;
   }
+  // data_parallel = auto from the world as launched; a dry run without mpirun previews one replica.
+  const bool preview = a.dry_run && launcher_world_size() == 1;
+  resolve_data_parallel(cfg, preview ? cfg.parallel.stages : launcher_world_size());
   // --dry-run takes the run's own path to its first write (train_loop.hpp), so that it refuses
   // whatever the run refuses.
   const TrainRunArgs run{run_weights_of(a.init), a.save, resume_dir_of(a.resume, cfg),
@@ -76,8 +79,7 @@ int run_train(const TrainArgs& a) {
                           a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)},
                          a.dry_run ? std::function<int(const Config&)>(pf::app::train_dry_run) : nullptr};
   // A dry run without mpirun checks the layout as launched with the ranks it needs.
-  const int ranks = a.dry_run && launcher_world_size() == 1 ? cfg.parallel.stages * cfg.parallel.data_parallel
-                                                            : std::max(1, launcher_world_size());
+  const int ranks = preview ? cfg.parallel.stages * cfg.parallel.data_parallel : launcher_world_size();
   if (run.seams.noise.slow_rank >= ranks)
     usage_error("--bench-slow", "rank {} but the run has {} rank{}", run.seams.noise.slow_rank, ranks, ranks == 1 ? "" : "s");
   // Several ranks, a pipeline/data-parallel layout or the profiler: the MPI runtime (src/runtime).

@@ -24,6 +24,7 @@ Config load_model_config(const ModelFlags& f, const char* command) {
   std::vector<std::string> sets = init_model_sets(f.init);  // a Hugging Face folder's shape, then --set
   sets.insert(sets.end(), f.sets.begin(), f.sets.end());
   Config cfg = Config::load(config_for(f.config, f.init), sets);
+  resolve_data_parallel(cfg, cfg.parallel.stages);  // one process: the memory check counts one replica
   if (f.init.empty())
     usage_error("--init", "{} needs the weights: --init RUN_DIR (a run's out_dir), FILE.safetensors or a checkpoint "
                 "directory", command);

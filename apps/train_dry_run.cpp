@@ -2,6 +2,7 @@
 
 #include "command.hpp"
 #include "config/limits.hpp"
+#include "config/placement.hpp"
 #include "core/peak_flops.hpp"
 #include "kfac/factor.hpp"
 #include "nn/flops.hpp"
@@ -71,9 +72,12 @@ std::vector<std::string> plan_flags(const Config& cfg, const Layout& layout, boo
   if (pipefisher) {
     const std::vector<std::string> k = kfac_plan_flags(cfg.kfac);
     f.insert(f.end(), k.begin(), k.end());
-    f.insert(f.end(), {"--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages()))});
-    if (!cfg.model.preset.empty()) f.insert(f.end(), {"--model", cfg.model.preset});
   }
+  // The run's own model sizes the memory model (and splits K-FAC's costs).
+  f.insert(f.end(), {"--layers-per-stage", std::to_string(std::max(1, cfg.model.layers / layout.stages())),
+                     "--micro-batch-size", std::to_string(p.micro_batch_size), "--seq-len",
+                     std::to_string(cfg.model.seq_len)});
+  if (!cfg.model.preset.empty()) f.insert(f.end(), {"--model", cfg.model.preset});
   return f;
 }
 
@@ -106,7 +110,7 @@ int train_dry_run(const Config& cfg) {
              available.source);
   if (ranks == 1) return 0;
   const Layout layout = make_layout(cfg, ranks);
-  const bool pipefisher = cfg.kfac.enabled && is_pipefisher(cfg.kfac.placement);
+  const bool pipefisher = cfg.kfac.enabled && placement_spec(cfg.kfac).planned;
   if (pipefisher && cfg.kfac.plan_profile.empty())
     fmt::print("costs: a model of the FLOPs at this machine's sgemm peak (kfac.plan_profile names a recorded profile "
                "instead)\n");

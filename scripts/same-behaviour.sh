@@ -31,7 +31,7 @@ plans() {
 --kfac --schedule chimera --stages 8 --micro-batches 8 --model bert-large --profile $profiles/bert-large_p100.csv --micro-batch-size 8 --layers-per-stage 3
 --kfac --schedule chimera --stages 4 --micro-batches 4 --model bert-base --profile $profiles/bert-base_v100.csv --micro-batch-size 8 --layers-per-stage 3 --json
 --kfac --schedule 1f1b --stages 4 --micro-batches 8 --model bert-base --profile $profiles/bert-base_rtx3090.csv --micro-batch-size 8 --layers-per-stage 3 --data-parallel 2
---kfac --schedule interleaved --stages 4 --micro-batches 8 --model bert-base --profile $profiles/bert-base_p100.csv --micro-batch-size 8 --layers-per-stage 2
+--kfac --schedule interleaved --stages 4 --micro-batches 8 --model bert-base --profile $profiles/bert-base_p100.csv --micro-batch-size 8 --layers-per-stage 1
 --kfac --schedule gpipe --stages 4 --micro-batches 4 --model opt-125m --profile $profiles/opt-125m_v100.csv --micro-batch-size 8 --layers-per-stage 3
 --kfac --schedule zb-h1 --stages 4 --micro-batches 8 --model bert-base --profile $profiles/bert-base_p100.csv --micro-batch-size 8 --layers-per-stage 3
 --kfac --schedule zb-v --stages 4 --micro-batches 8 --model bert-base --profile $profiles/bert-base_p100.csv --micro-batch-size 8 --layers-per-stage 3

@@ -106,12 +106,7 @@ class Reader {
       if (!n.is_boolean()) usage_error(key, "expected true or false");
       out = *n.value<bool>();
     } else if constexpr (std::is_integral_v<T>) {
-      if (!n.is_integer()) usage_error(key, "expected an integer");
-      int64_t v = *n.value<int64_t>();
-      if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-          (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
-        usage_error(key, "{} is out of range", v);
-      out = static_cast<T>(v);
+      out = integer<T>(key, n, bounds);
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!n.is_number()) usage_error(key, "expected a number");
       const double v = *n.value<double>();
@@ -153,6 +148,23 @@ class Reader {
   }
 
   bool has(const std::string& key) const { return static_cast<bool>(root_.at_path(key)); }
+
+  // An integer key's value in T's range; with bounds.auto_word also the word "auto", as 0.
+  template <typename T>
+  static T integer(const std::string& key, const toml::node_view<const toml::node>& n, const Bounds& bounds) {
+    if (bounds.auto_word && n.is_string()) {
+      if (*n.value<std::string>() != "auto") usage_error(key, "expected an integer or 'auto'");
+      return static_cast<T>(kAutoDataParallel);
+    }
+    if (!n.is_integer() && bounds.auto_word) usage_error(key, "expected an integer or 'auto'");
+    if (!n.is_integer()) usage_error(key, "expected an integer");
+    const int64_t v = *n.value<int64_t>();
+    if (bounds.auto_word && v == kAutoDataParallel) usage_error(key, fmt::runtime(bounds.refusal), v);
+    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+        (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
+      usage_error(key, "{} is out of range", v);
+    return static_cast<T>(v);
+  }
 
   void refuse_unknown() const { walk(root_, ""); }
 
@@ -353,9 +365,11 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
 
 std::string Config::to_toml() const {
   toml::table t;
-  for_each_key(*this, [&](const std::string& key, const auto& v, const Bounds&, const char*) {
+  for_each_key(*this, [&](const std::string& key, const auto& v, const Bounds& b, const char*) {
     const size_t dot = key.find('.');
     toml::table* table = t.insert(key.substr(0, dot), toml::table{}).first->second.as_table();
+    if constexpr (std::is_integral_v<std::decay_t<decltype(v)>>)
+      if (b.auto_word && v == kAutoDataParallel) return void(table->insert(key.substr(dot + 1), "auto"));
     table->insert(key.substr(dot + 1), toml_value(v));
   });
   // toml++ prints doubles with 17 digits (0.10000000000000001): the tables are written here, the

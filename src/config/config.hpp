@@ -95,9 +95,13 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+// parallel.data_parallel = auto, as torchtitan and Megatron take it: the MPI world's size over
+// the stages, known only once the run is launched (resolve_data_parallel).
+inline constexpr int kAutoDataParallel = 0;
+
 struct ParallelConfig {
   int stages = 1;
-  int data_parallel = 1;
+  int data_parallel = kAutoDataParallel;  // resolve_data_parallel() sets it before a run
   ScheduleName schedule = ScheduleName::OneFOneB;
   std::string schedule_file;
   int micro_batches = 4;        // per step per replica
@@ -185,6 +189,11 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
+// parallel.data_parallel = auto made a number: world_size / parallel.stages, refused naming both
+// numbers when the stages do not divide the world; a number already set is kept. Validates again
+// (a key such as kfac.placement = replay depends on it).
+void resolve_data_parallel(Config& c, int world_size);
+
 // Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
 std::vector<std::string> config_keys();
 
@@ -212,12 +221,10 @@ std::string preset_of(const ModelConfig& m);
 // The optimizer as a banner says it: "nvlamb", "nvlamb + K-FAC (inline)", ... (with K-FAC's placement).
 std::string optimizer_of(const Config& c);
 
-// PipeFisher's placements: K-FAC's units planned into a pipeline's bubbles (bubbles), and placed
-// at run time into the waits each rank sees (adaptive, runtime/bubble_filler.hpp).
-inline bool is_pipefisher(Placement p) { return p == Placement::Bubbles || p == Placement::Adaptive; }
-// Which kfac.placement a run allows, in one place: `bubbles` and `adaptive` fill a pipeline's
-// bubbles (parallel.stages > 1, under mpirun); `replay` follows a pipeline's record in one process;
-// `inline` and `skip` run anywhere. UsageError naming kfac.placement otherwise (nothing without K-FAC).
+// Which kfac.placement a run allows (asked of its spec, config/placement.hpp): the planned ones
+// fill a pipeline's bubbles (parallel.stages > 1, under mpirun); `replay` follows a pipeline's
+// record in one process; `inline` and `skip` run anywhere. UsageError naming kfac.placement
+// otherwise (nothing without K-FAC).
 enum class KfacRunner { one_process, mpi };
 void check_kfac_placement(const Config& c, KfacRunner runner);
 // K-FAC's placement when the key is unset: inline with one stage (no bubbles), bubbles otherwise.

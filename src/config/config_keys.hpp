@@ -21,6 +21,8 @@ struct Bounds {
   // A file or directory: relative in a config file, against the file's directory; on the command
   // line (--set) or from the defaults, against the current directory. Held absolute after loading.
   bool path = false;
+  // An integer that may also be the word "auto", held as 0 (parallel.data_parallel).
+  bool auto_word = false;
   bool accepts(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
 };
 constexpr Bounds kAny{};
@@ -29,6 +31,7 @@ constexpr Bounds kNonNegative{0, kInf, false, false, "must be >= 0 (got {})"};
 constexpr Bounds kFraction{0, 1, false, true, "must be in [0, 1) (got {})"};
 constexpr Bounds kNonEmpty{0, kInf, false, false, "must not be empty"};
 constexpr Bounds kPath{.path = true};
+constexpr Bounds kPositiveOrAuto{0, kInf, true, false, "must be a positive integer or 'auto' (got {})", false, true};
 constexpr Bounds kNonEmptyPath{0, kInf, false, false, "must not be empty", true};
 
 // The keys, each declared once: its name, its member, its bounds and one line of meaning.
@@ -117,7 +120,8 @@ template <typename C, typename F>
 void parallel_keys(C& c, F& key) {
   auto& p = c.parallel;
   key("parallel.stages", p.stages, kPositive, "pipeline stages (ranks per pipeline)");
-  key("parallel.data_parallel", p.data_parallel, kPositive, "replicas of the pipeline (data parallelism)");
+  key("parallel.data_parallel", p.data_parallel, kPositiveOrAuto,
+      "replicas of the pipeline (data parallelism); auto: the MPI world's size over parallel.stages");
   key("parallel.schedule", p.schedule, kAny,
       "pipeline schedule: naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto or zb-v");
   key("parallel.schedule_file", p.schedule_file, kPath,

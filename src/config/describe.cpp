@@ -18,7 +18,7 @@ namespace {
 template <typename T>
 std::string type_text(const Bounds& b) {
   if constexpr (std::is_same_v<T, bool>) return "boolean";
-  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_integral_v<T>) return b.auto_word ? "integer or auto" : "integer";
   else if constexpr (std::is_floating_point_v<T>) return "number";
   else if constexpr (std::is_same_v<T, std::string>) return b.path ? "path" : "string";
   else if constexpr (ConfigEnum<T>) return "one of " + names_of<T>();
@@ -34,7 +34,7 @@ std::string allowed_text(const Bounds& b) {
   if (!b.refusal) return "";
   if constexpr (std::is_same_v<T, std::string>) return "not empty";
   else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-    if (b.hi == key_table::kInf) return (b.lo_open ? "> " : ">= ") + number(b.lo);
+    if (b.hi == key_table::kInf) return (b.lo_open ? "> " : ">= ") + number(b.lo) + (b.auto_word ? ", or auto" : "");
     return fmt::format("{}{}, {}{}", b.lo_open ? "(" : "[", number(b.lo), number(b.hi), b.hi_open ? ")" : "]");
   } else {
     return "";

@@ -78,6 +78,7 @@ struct Terms {
 // whatever the schedule.
 double in_flight(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
+  PF_CHECK(p.data_parallel != kAutoDataParallel, "a memory estimate before parallel.data_parallel = auto is resolved");
   return p.stages * p.data_parallel == 1 ? 1 : p.micro_batches;
 }
 

@@ -2,6 +2,7 @@
 // banner says them, the warnings, which kfac.placement a run allows, the first key where two
 // configurations differ.
 #include "config/config.hpp"
+#include "config/placement.hpp"
 
 #include "core/error.hpp"
 
@@ -15,15 +16,16 @@ Placement default_kfac_placement(int stages) { return stages == 1 ? Placement::I
 
 void check_kfac_placement(const Config& c, KfacRunner runner) {
   if (!c.kfac.enabled) return;
-  const Placement p = c.kfac.placement;
-  if (runner == KfacRunner::one_process && is_pipefisher(p))
+  const PlacementSpec p = placement_spec(c.kfac);
+  const std::string name = name_of(c.kfac.placement);
+  if (runner == KfacRunner::one_process && p.planned)
     usage_error("kfac.placement", "'{}' places K-FAC work in pipeline bubbles: it needs a pipeline "
                 "(parallel.stages > 1); a single process runs 'inline', 'skip' or 'replay' (a bubbles run's record)",
-                name_of(p));
-  if (runner == KfacRunner::mpi && is_pipefisher(p) && c.parallel.stages == 1)
+                name);
+  if (runner == KfacRunner::mpi && p.planned && c.parallel.stages == 1)
     usage_error("kfac.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline' "
-                "(the default with one stage) or 'skip'", name_of(p));
-  if (runner == KfacRunner::mpi && p == Placement::Replay)
+                "(the default with one stage) or 'skip'", name);
+  if (runner == KfacRunner::mpi && p.replays)
     usage_error("kfac.placement", "'replay' follows a pipeline's record in one process: run it without mpirun and "
                 "--profile-dir");
 }
@@ -41,17 +43,11 @@ std::string preset_of(const ModelConfig& m) {
 
 std::string optimizer_of(const Config& c) {
   if (!c.kfac.enabled) return name_of(c.optim.name);
-  if (c.kfac.placement == Placement::Bubbles) return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles: PipeFisher)";
-  if (c.kfac.placement == Placement::Adaptive)
-    return name_of(c.optim.name) + " + K-FAC (in the pipeline bubbles, placed at run time: PipeFisher adaptive)";
-  if (c.kfac.placement == Placement::Replay)
-    return name_of(c.optim.name) + " + K-FAC (replay: the refresh pattern of " + c.kfac.refresh_record + ")";
-  const std::string where = c.kfac.placement == Placement::Skip
-                                ? fmt::format("skip: refreshed every {} steps", c.kfac.inverse_every)
-                                : "inline";
-  // Stages with several copies (replicas, Chimera's twins) share factors and inversions by kfac.distributed.
+  const PlacementSpec p = placement_spec(c.kfac);
+  // Stages with several copies (replicas, Chimera's twins) share an inline refresh by kfac.distributed.
   const bool copies = c.parallel.data_parallel > 1 || c.parallel.schedule == ScheduleName::Chimera;
-  return fmt::format("{} + K-FAC ({}{})", c.optim.name, where, copies ? ", " + name_of(c.kfac.distributed) : "");
+  const bool shared = p.inline_refresh && copies;
+  return fmt::format("{} + K-FAC ({}{})", c.optim.name, p.where, shared ? ", " + name_of(c.kfac.distributed) : "");
 }
 
 std::vector<std::string> config_warnings(const Config& c) {

@@ -4,6 +4,7 @@
 
 #include "config/config_keys.hpp"
 #include "config/paths.hpp"
+#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 
@@ -32,6 +33,7 @@ void check_bounds(const char* key, const T& v, const Bounds& b) {
   if constexpr (std::is_same_v<T, std::string>) {
     if (v.empty()) throw UsageError(std::string(key) + ": " + b.refusal);
   } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if (b.auto_word && v == kAutoDataParallel) return;
     if (!b.accepts(static_cast<double>(v))) throw UsageError(std::string(key) + ": " + fmt::format(fmt::runtime(b.refusal), v));
   }
 }
@@ -58,14 +60,15 @@ void check_model_relations(const Config& c) {
 // kfac.placement = replay: one process following a recorded refresh pattern, factors of one step each.
 void check_replay(const Config& c) {
   const auto& k = c.kfac;
-  const bool replay = k.enabled && k.placement == Placement::Replay;
+  const bool replay = k.enabled && placement_spec(k).replays;
   if (!k.refresh_record.empty() && !replay)
     usage_error("kfac.refresh_record", "only applies with kfac.enabled = true and kfac.placement = replay");
   if (!replay) return;
   if (k.refresh_record.empty())
     usage_error("kfac.refresh_record", "kfac.placement = replay follows a recorded refresh pattern: name the "
                 "kfac_refresh.json of a kfac.placement = bubbles run");
-  if (c.parallel.stages != 1 || c.parallel.data_parallel != 1)
+  const int W = c.parallel.data_parallel;  // auto: checked again once it is a number
+  if (c.parallel.stages != 1 || (W != 1 && W != kAutoDataParallel))
     usage_error("kfac.placement", "'replay' is one process following a pipeline's record: parallel.stages = 1 and "
                 "parallel.data_parallel = 1 (got {} and {})", c.parallel.stages, c.parallel.data_parallel);
   require(k.ema == 0, "kfac.ema", "must be 0 with kfac.placement = replay: the record names one step's factors (got {})",
@@ -86,15 +89,16 @@ void check_run_relations(const Config& c) {
       usage_error("parallel.partition", "assigns {} transformer blocks but model.layers = {}", sum, c.model.layers);
   }
   const auto& k = c.kfac;
-  if (!k.plan_profile.empty() && !(k.enabled && is_pipefisher(k.placement)))
+  const PlacementSpec spec = placement_spec(k);
+  if (!k.plan_profile.empty() && !(k.enabled && spec.planned))
     usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   check_replay(c);
-  if (k.min_refresh_steps != 1 && !(k.enabled && is_pipefisher(k.placement)))
+  if (k.min_refresh_steps != 1 && !(k.enabled && spec.planned))
     usage_error("kfac.min_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   if (k.max_refresh_steps > 0 && k.max_refresh_steps < k.min_refresh_steps)
     usage_error("kfac.max_refresh_steps", "must be 0 or at least kfac.min_refresh_steps = {} (got {})",
                 k.min_refresh_steps, k.max_refresh_steps);
-  if (k.max_refresh_steps > 0 && !(k.enabled && k.placement == Placement::Adaptive))
+  if (k.max_refresh_steps > 0 && !(k.enabled && spec.fills_waits))
     usage_error("kfac.max_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = adaptive");
   if (k.distributed != KfacStrategy::SpdKfac) {
     require(k.spd_pipelining, "kfac.spd_pipelining", "only applies with kfac.distributed = spd-kfac (got {})",
@@ -112,6 +116,17 @@ void Config::validate() const {
   for_each_key(*this, [](const char* key, const auto& v, const Bounds& b, const char*) { check_bounds(key, v, b); });
   check_model_relations(*this);
   check_run_relations(*this);
+}
+
+void resolve_data_parallel(Config& c, int world_size) {
+  ParallelConfig& p = c.parallel;
+  if (p.data_parallel != kAutoDataParallel) return;
+  if (world_size % p.stages != 0)
+    usage_error("parallel.stages", "the MPI world has {} rank{}, which {} stages do not divide (parallel.data_parallel = "
+                "auto takes world size / stages: launch with scripts/pfrun -np {} or a multiple of it)", world_size,
+                world_size == 1 ? "" : "s", p.stages, p.stages);
+  p.data_parallel = world_size / p.stages;
+  c.validate();
 }
 
 void Config::check_files() const {

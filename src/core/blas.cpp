@@ -53,6 +53,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   }
 }
 
+void gemv(int64_t n, int64_t k, float alpha, const float* w, int64_t ldw, const float* x, float beta, float* y) {
+  if (n == 0) return;
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(k), alpha, w,
+              static_cast<blasint>(ldw), x, 1, beta, y, 1);
+}
+
 void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;

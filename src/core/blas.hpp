@@ -9,6 +9,9 @@ namespace pf {
 // Large products run on our OpenMP threads (OpenBLAS single-threaded per slice); see blas.cpp.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// y [n] = alpha * W [n, k] x [k] + beta * y: one row through a row-major weight (a Linear's forward
+// of a single token, generate's), without the packing of W a product of one row pays in gemm.
+void gemv(int64_t n, int64_t k, float alpha, const float* w, int64_t ldw, const float* x, float beta, float* y);
 // The same product by OpenBLAS's own threading (the reference the benchmark compares against).
 void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

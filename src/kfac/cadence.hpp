@@ -7,6 +7,7 @@
 //   skip    {k, k}: curvature and inversion only every k ("K-FAC + skip")
 // PipeFisher's placement has no cadence: its plan decides.
 #include "config/config.hpp"
+#include "config/placement.hpp"
 
 #include <cstdint>
 
@@ -21,7 +22,7 @@ struct KfacCadence {
 // The inline refresh's cadence of kfac.placement = inline or skip: the single-process Trainer's
 // and the runtime's inline placement's.
 inline KfacCadence refresh_cadence(const KfacConfig& k) {
-  return {k.placement == Placement::Inline ? 1 : k.inverse_every, k.inverse_every};
+  return {placement_spec(k).curvature_every, k.inverse_every};
 }
 
 }  // namespace pf

@@ -80,6 +80,14 @@ std::unique_ptr<BlockState> EmbeddingBlock::make_state(int max_rows, int seq, Ba
   return st;
 }
 
+void EmbeddingBlock::embed_one(int32_t token, int position, float* out) const {
+  PF_CHECK(!bert_, "decoding needs a causal LM");
+  PF_CHECK(0 <= token && token < cfg_.vocab && 0 <= position && position < cfg_.max_position,
+           "token {} at position {}", token, position);
+  embedding_forward(out, &token, nullptr, wte_.value.data(), wpe_.value.data() + int64_t{position} * cfg_.hidden,
+                    nullptr, 1, 1, cfg_.hidden);
+}
+
 float EmbeddingBlock::forward(const MicroBatch& mb, const Tensor&, Tensor& x_out, BlockState& bs) {
   // tokens (N) -> x_out (N, C) = [LayerNorm](wte[token] + wpe[t] [+ wtt[type]]), then dropout
   auto& st = static_cast<EmbeddingState&>(bs);

@@ -66,6 +66,8 @@ class EmbeddingBlock : public ModelBlock {
   void backward_weight(const MicroBatch& mb, BlockState& st) override;
   void init(uint64_t seed) override;
   Param& word() { return wte_; }
+  // Inference (GPT): one token's embedding at `position` (C floats), as forward computes it.
+  void embed_one(int32_t token, int position, float* out) const;
 
  private:
   ModelConfig cfg_;
@@ -88,6 +90,9 @@ class TransformerBlock : public ModelBlock {
   void backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
   void backward_weight(const MicroBatch& mb, BlockState& st) override;
   void init(uint64_t seed) override;
+  // Inference (GPT): x (C floats), the token at `position`, through the block in place; its key
+  // and value join the cache's rows `position` (k and v hold at least position + 1 rows of C).
+  void decode(float* x, int position, Tensor& k, Tensor& v) const;
 
  private:
   float forward_bert(const MicroBatch& mb, float* out, BlockState& st);

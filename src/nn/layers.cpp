@@ -92,6 +92,17 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
   }
 }
 
+void attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int64_t T, int64_t H,
+                      int64_t D) {
+  const int64_t C = H * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t h = 0; h < H; ++h) {
+    gemm(false, true, 1, T, D, scale, q + h * D, C, k + h * D, C, 0.0f, scores, T);
+    softmax_row(scores, T, T);
+    gemm(false, false, 1, D, T, 1.0f, scores, T, v + h * D, C, 0.0f, out + h * D, C);
+  }
+}
+
 int64_t attention_scratch_floats(int64_t T, int threads) { return T * T * threads; }
 
 void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scratch, int64_t scratch_floats,

@@ -40,6 +40,11 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
 // padding keys get probability 0 (BERT).
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t ld,
                        int64_t B, int64_t T, int64_t H, int64_t D, bool causal, const uint8_t* key_mask);
+// One new token's attention over the T keys and values so far (a KV cache, generate): q (C), k and v
+// (T, C) with head h in columns [h*D, (h+1)*D), out (C); `scores` holds T floats. The same
+// arithmetic as attention_forward's row of the last token, in a row product instead of a matrix's.
+void attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int64_t T, int64_t H,
+                      int64_t D);
 // Scratch the backward needs: one (T, T) matrix per thread.
 int64_t attention_scratch_floats(int64_t T, int threads);
 // dout (B, T, C) -> dq, dk, dv (B, T, ldg) written (not accumulated) in the same head layout.

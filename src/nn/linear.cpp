@@ -32,7 +32,10 @@ void Linear::forward(int micro_batch, const float* x, int64_t rows, float* y) co
     broadcast_rows(y, bias_->value.data(), rows, out_);
     beta = 1.0f;
   }
-  gemm(false, true, rows, out_, in_, 1.0f, x, in_, weight_->value.data(), in_, beta, y, out_);
+  // One row (a token decoded with the KV cache): a matrix-vector product, which reads W once
+  // instead of packing it (training's rows are tokens x sequences, never 1).
+  if (rows == 1) gemv(out_, in_, 1.0f, weight_->value.data(), in_, x, beta, y);
+  else gemm(false, true, rows, out_, in_, 1.0f, x, in_, weight_->value.data(), in_, beta, y, out_);
 }
 
 void Linear::backward_input(int micro_batch, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {

@@ -6,6 +6,13 @@ namespace pf {
 
 int num_blocks(const ModelConfig& cfg) { return cfg.layers + 2; }
 
+int64_t parameter_count(Model& m) {
+  int64_t n = 0;
+  for (const Param* p : m.params())
+    if (!p->mirror) n += p->value.numel();
+  return n;
+}
+
 Model::Model(const ModelConfig& cfg, int first_block, int last_block) : cfg_(cfg), first_(first_block), last_(last_block) {
   PF_CHECK(cfg.arch == Arch::Bert || cfg.arch == Arch::Gpt, "arch {}", cfg.arch);
   PF_CHECK(0 <= first_ && first_ <= last_ && last_ < num_blocks(cfg), "block range {}..{} of {}", first_, last_,
@@ -135,6 +142,29 @@ void Model::logits(const MicroBatch& mb, ModelState& st, int row, int position, 
   const int64_t C = cfg_.hidden;
   const auto& head = static_cast<const HeadBlock&>(*blocks_.back());
   head.logits(x->data() + (static_cast<int64_t>(row) * mb.seq + position) * C, 1, out);
+}
+
+KvCache Model::make_kv_cache(int capacity) const {
+  PF_CHECK(has_embedding() && has_head() && cfg_.arch == Arch::Gpt, "a KV cache needs the whole causal LM");
+  PF_CHECK(0 < capacity && capacity <= cfg_.max_position, "KV cache of {} tokens (max_position {})", capacity,
+           cfg_.max_position);
+  KvCache c;
+  for (int b = 0; b < cfg_.layers; ++b) {
+    c.k.emplace_back(Shape{capacity, cfg_.hidden});
+    c.v.emplace_back(Shape{capacity, cfg_.hidden});
+  }
+  return c;
+}
+
+void Model::decode(int32_t token, KvCache& cache, float* out) {
+  PF_CHECK(cache.length < cache.capacity(), "KV cache full at {} tokens", cache.length);
+  std::vector<float> x(static_cast<size_t>(cfg_.hidden));
+  static_cast<const EmbeddingBlock&>(*blocks_.front()).embed_one(token, cache.length, x.data());
+  for (int b = 0; b < cfg_.layers; ++b)
+    static_cast<const TransformerBlock&>(*blocks_[static_cast<size_t>(b) + 1])
+        .decode(x.data(), cache.length, cache.k[static_cast<size_t>(b)], cache.v[static_cast<size_t>(b)]);
+  static_cast<const HeadBlock&>(*blocks_.back()).logits(x.data(), 1, out);
+  ++cache.length;
 }
 
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, int first_block, int last_block) {

@@ -37,6 +37,14 @@ struct ModelState {
   int64_t deferred_bytes() const;
 };
 
+// The keys and values of the tokens a causal LM has decoded so far, per transformer block
+// (Model::decode): a new token then costs one token's work, plus its attention over the cache.
+struct KvCache {
+  int length = 0;             // tokens in the cache (the next one's position)
+  std::vector<Tensor> k, v;   // [block] (capacity, hidden)
+  int capacity() const { return k.empty() ? 0 : static_cast<int>(k.front().shape()[0]); }
+};
+
 class Model {
  public:
   Model(const ModelConfig& cfg, int first_block, int last_block);
@@ -74,6 +82,11 @@ class Model {
   // Inference on the whole model (embedding to head): the LM logits (vocab floats into `out`) at
   // token `position` of row `row` of mb. Runs every block but the head's loss; no backward may follow.
   void logits(const MicroBatch& mb, ModelState& st, int row, int position, float* out);
+  // Inference with a KV cache (GPT, the whole model): a cache for `capacity` tokens (at most
+  // model.max_position), and the next token through it, its LM logits (vocab floats) into `out`.
+  // The logits equal logits() of the same tokens to float32 rounding.
+  KvCache make_kv_cache(int capacity) const;
+  void decode(int32_t token, KvCache& cache, float* out);
   // Where block j of the range writes its input gradient in a backward: dx_in for the first
   // block, else grad_a / grad_b in turn.
   Tensor& block_input_grad(ModelState& st, size_t j, Tensor& dx_in) const;
@@ -83,6 +96,10 @@ class Model {
   int first_, last_;
   std::vector<std::unique_ptr<ModelBlock>> blocks_;
 };
+
+// The numbers in a model's Params; a mirror is its owner's (counted on the owner's stage), so the
+// stages' counts add up to the whole model's.
+int64_t parameter_count(Model& m);
 
 // Builds blocks first_block..last_block (inclusive) of the model described by cfg.
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, int first_block, int last_block);

@@ -309,3 +309,29 @@ void TransformerBlock::backward_input_gpt(const MicroBatch& mb, const float* dou
 }
 
 }  // namespace pf
+
+namespace pf {
+
+// forward_gpt for one token against the cache: the same operations on one row, without dropout.
+void TransformerBlock::decode(float* x, int position, Tensor& k, Tensor& v) const {
+  PF_CHECK(!bert_, "decoding needs a causal LM");
+  const int64_t C = cfg_.hidden, F = cfg_.ffn, H = cfg_.heads, T = position + 1;
+  PF_CHECK(k.numel() >= T * C && v.numel() >= T * C, "KV cache of {} rows at position {}", k.numel() / C, position);
+  std::vector<float> h(static_cast<size_t>(C)), qkv(static_cast<size_t>(3 * C)), a(h.size()), r1(h.size()),
+      f(static_cast<size_t>(F)), g(f.size()), scores(static_cast<size_t>(T));
+  float mean = 0, rstd = 0;
+  ln1_->forward(h.data(), &mean, &rstd, x, 1);
+  gpt_lin_.c_attn->forward(0, h.data(), 1, qkv.data());
+  std::copy(qkv.begin() + C, qkv.begin() + 2 * C, k.data() + position * C);
+  std::copy(qkv.begin() + 2 * C, qkv.end(), v.data() + position * C);
+  attention_decode(a.data(), scores.data(), qkv.data(), k.data(), v.data(), T, H, C / H);
+  gpt_lin_.attn_proj->forward(0, a.data(), 1, r1.data());
+  add_inplace(r1.data(), x, C);
+  ln2_->forward(h.data(), &mean, &rstd, r1.data(), 1);
+  gpt_lin_.c_fc->forward(0, h.data(), 1, f.data());
+  gelu_forward(g.data(), f.data(), F, gelu_);
+  gpt_lin_.mlp_proj->forward(0, g.data(), 1, x);
+  add_inplace(x, r1.data(), C);
+}
+
+}  // namespace pf

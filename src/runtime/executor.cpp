@@ -179,24 +179,18 @@ void Executor::start_step(int64_t step) {
 }
 
 StepOutcome Executor::run(int64_t step, const std::vector<Action>& list, const std::vector<MicroBatch>& mbs, double lr,
-                          std::vector<ActionTime>* times, BubbleFiller* filler) {
+                          std::vector<ActionTime>* times, StepDriver& driver) {
   start_step(step);
   if (times) times->assign(list.size(), {});
-  const StepRun r{step, list, StepInputs{mbs, lr}, times, filler};
-  if (filler) filler->begin(list);
-  for (size_t i = 0; i < list.size(); ++i) {
-    if (!filler) {
-      run_timed(r, i);
-      continue;
-    }
-    if (filler->floats(i)) continue;  // queued: it runs in a wait or at its deadline
-    run_floating(r, i);
-    if (BubbleFiller::is_wait(list[i].kind)) fill_wait(r, i);
-    else run_timed(r, i);
-  }
-  if (filler) run_floating(r, list.size());
+  StepRun r(*this, step, list, StepInputs{mbs, lr}, times, driver.stamps_all());
+  driver.run(list, r);
   p2p_->wait_all();  // sends done: the next step may write their buffers
   return outcome();
+}
+
+StepDriver& Executor::in_order() {
+  static InOrder driver;
+  return driver;
 }
 
 // The noise's extra time, slept as part of the action (its stamp includes it, as a slower rank's would).

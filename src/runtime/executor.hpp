@@ -48,10 +48,10 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/action_time.hpp"
-#include "runtime/bubble_filler.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/seams.hpp"
+#include "runtime/step_driver.hpp"
 
 #include <array>
 #include <cstdint>
@@ -103,10 +103,11 @@ class Executor {
   // One training step: runs `list` (the lowered schedule, actions(), or the K-FAC placement's
   // list of the step). `mbs` holds all W*N micro-batches of the step (filled by fill_step).
   // `times`, if given, receives each action's start and end (a floating unit's where it ran).
-  // `filler` (kfac.placement = adaptive, runtime/bubble_filler.hpp): the list's curvature and
-  // inversion units run in the waits or at their deadlines. Collective over the world.
+  // `driver` (runtime/step_driver.hpp, the placement's): the list in order, or adaptive's units
+  // filling the waits. Collective over the world.
   StepOutcome run(int64_t step, const std::vector<Action>& list, const std::vector<MicroBatch>& mbs, double lr,
-                  std::vector<ActionTime>* times, BubbleFiller* filler = nullptr);
+                  std::vector<ActionTime>* times, StepDriver& driver = in_order());
+  static StepDriver& in_order();  // the list's order (no K-FAC)
   // Mean validation loss of train.eval_batches micro-batches (replica 0's pipeline 0 computes;
   // every rank gets the result). Collective.
   // Nothing when `stopped` was true on any rank before a micro-batch (asked of every rank, summed).
@@ -146,18 +147,23 @@ class Executor {
     const std::vector<MicroBatch>& mbs;
     double lr;
   };
-  // One run of a list (executor_fill.cpp).
-  struct StepRun {
+  // One run of a list (executor_fill.cpp): what its driver asks of the executor (StepActions).
+  struct StepRun final : StepActions {
+    StepRun(Executor& e, int64_t step, const std::vector<Action>& list, StepInputs in, std::vector<ActionTime>* times,
+            bool stamp_all)
+        : e(e), step(step), list(list), in(in), times(times), stamp_all(stamp_all) {}
+    int64_t run(size_t i) override;
+    bool arrived(size_t i) override;
+    void received(size_t i) override;
+    void ran_in_wait(size_t u, size_t i) override;
+    Executor& e;
     int64_t step;
     const std::vector<Action>& list;
     StepInputs in;
     std::vector<ActionTime>* times;
-    BubbleFiller* filler;
+    bool stamp_all;  // the driver learns from every action's time
   };
   int64_t run_timed(const StepRun& r, size_t i);  // action i through the table, stamped; its ns
-  void run_floating(const StepRun& r, size_t i);  // the filler's units due before action i
-  bool arrived(const Action& a);                  // what wait `a` (BubbleFiller::is_wait) waits for has come
-  void fill_wait(const StepRun& r, size_t i);     // wait i filled with units that fit
   comm::Ticket receive_ticket(const Action& a);
   using Handler = void (Executor::*)(const Action&, const StepInputs&);
   static const std::array<Handler, kNumKinds>& handlers();  // [kind], null: no handler

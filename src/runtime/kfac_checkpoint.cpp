@@ -37,7 +37,7 @@ void load_kfac_state(const CheckpointReader& r, int rank, const Config& cfg, Kfa
     if (j.at("placement").get<std::string>() != name_of(cfg.kfac.placement))
       usage_error("kfac.placement", "the checkpoint's K-FAC state was written with kfac.placement = {}, this configuration has {}",
                   j.at("placement").get<std::string>(), cfg.kfac.placement);
-    placement.load_state(j, file);
+    placement.load_state(j, file, r.manifest().step);
     units.load_state(r, rank, j.at("chunks"), j.contains("distributed") ? &j.at("distributed") : nullptr);
   } catch (const nlohmann::json::exception& e) {
     usage_error(file, "malformed K-FAC state: {}", e.what());

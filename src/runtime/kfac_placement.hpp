@@ -4,7 +4,7 @@
 //
 //   list = placement.actions_for(step);
 //   stamps = placement.begin_step(step, micro-batches);   // each hosted chunk told its work
-//   executor.run(step, list, ...);                        // K-FAC kinds -> the units' handlers
+//   executor.run(step, list, ..., placement.driver());    // K-FAC kinds -> the units' handlers
 //   placement.after_step(step, list, stamps);
 //
 // Two placements:
@@ -13,9 +13,9 @@
 //       through the stage's DistributedKfac when the stage has copies.
 //   Controller (runtime/pipefisher/controller.hpp)  kfac.placement = bubbles, PipeFisher: profile,
 //       plan, the planned cycle, drift and re-planning; = adaptive, the same with the planned
-//       units placed at run time by its BubbleFiller (runtime/bubble_filler.hpp).
-// make_placement (train/mpi_run.cpp's) picks one; kfac_placement_allowed (config/config.hpp) says
-// which a layout allows.
+//       units placed at run time by its step driver, FillingWaits (runtime/step_driver.hpp).
+// make_placement (train/mpi_run.cpp's) builds one from the placement's spec (config/placement.hpp);
+// check_kfac_placement (config/config.hpp) says which a layout allows.
 #include "runtime/action_time.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/sim.hpp"
@@ -30,7 +30,7 @@
 namespace pf {
 
 struct PlanProfile;  // sim/profile.hpp
-class BubbleFiller;  // runtime/bubble_filler.hpp
+class StepDriver;    // runtime/step_driver.hpp
 
 class KfacPlacement {
  public:
@@ -49,17 +49,18 @@ class KfacPlacement {
   virtual int plan_period() const = 0;
   // The PipeFisher profile the plan in use was made from (runtime/plan_record.hpp); null without.
   virtual const PlanProfile* plan_profile() const = 0;
-  // kfac.placement = adaptive: the filler the executor runs each step's units through
-  // (runtime/bubble_filler.hpp); null: the list's order.
-  virtual BubbleFiller* filler() { return nullptr; }
+  // How the executor runs each step's list (runtime/step_driver.hpp): in order, or (adaptive)
+  // with the plan's units filling the waits.
+  virtual StepDriver& driver() = 0;
   // The plan's timeline of this device's step `step` (plan/planned_row.hpp), for the profiler;
   // empty when the step follows no plan (profiling, draining, inline).
   virtual std::vector<TimedAction> planned_row(int64_t step) const { return {}; }
 
   // Checkpoints: the placement's own state, as JSON fields added to / read from `j` (the rank's
-  // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits).
+  // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits);
+  // next_step: the step the resumed run runs first.
   virtual void save_state(nlohmann::json& j) const = 0;
-  virtual void load_state(const nlohmann::json& j, const std::string& where) = 0;
+  virtual void load_state(const nlohmann::json& j, const std::string& where, int64_t next_step) = 0;
 };
 
 }  // namespace pf

@@ -118,7 +118,9 @@ std::vector<int> partition_blocks(int layers, int stages, const std::vector<int>
   return counts;
 }
 
-Layout make_layout(const Config& cfg, int world_size) {
+Layout make_layout(const Config& given, int world_size) {
+  Config cfg = given;
+  resolve_data_parallel(cfg, world_size);
   const ParallelConfig& p = cfg.parallel;
   Layout L;
   L.devices = p.stages;

@@ -149,14 +149,22 @@ nlohmann::json stage_times(const Layout& layout, const PlanProfile& p) {
 
 }  // namespace
 
-nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const PlanProfile& p) {
+PlanRecordRun plan_record_run(const Config& cfg, const Layout& layout) {
+  return {plan_shape(cfg, layout), profile_run(cfg, layout), cfg.parallel.micro_batch_size};
+}
+
+nlohmann::json plan_profile_json(const PlanRecordRun& run, const Layout& layout, const PlanProfile& p) {
   nlohmann::json j = {{"format", "pipefisher-profile"},
                       {"version", 1},
-                      {"micro_batch_size", cfg.parallel.micro_batch_size},
+                      {"micro_batch_size", run.micro_batch_size},
                       {"stages", stage_times(layout, p)},
-                      {"run", profile_run(cfg, layout)}};
+                      {"run", run.run}};
   add_plan_profile(j, p);
   return j;
+}
+
+nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const PlanProfile& p) {
+  return plan_profile_json(plan_record_run(cfg, layout), layout, p);
 }
 
 PlanProfile read_plan_profile(const Config& cfg, const Layout& layout) {

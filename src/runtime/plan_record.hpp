@@ -53,8 +53,16 @@ struct ProfileLayout {
 nlohmann::json plan_shape(const Config& cfg, const Layout& layout);
 // The run's shape as a profile's "run" object (ProfileRun).
 nlohmann::json profile_run(const Config& cfg, const Layout& layout);
+// What a record says of its run besides the times, taken from the configuration once: the shape
+// it plans for (plan_shape), its "run" object (profile_run), the micro-batch size.
+struct PlanRecordRun {
+  nlohmann::json shape, run;
+  int micro_batch_size = 0;
+};
+PlanRecordRun plan_record_run(const Config& cfg, const Layout& layout);
 // The record: a profile JSON of `p`, each stage's forward, backward (input_grad and weight_grad
 // when split) and optimizer the mean of its actions' recorded times.
+nlohmann::json plan_profile_json(const PlanRecordRun& run, const Layout& layout, const PlanProfile& p);
 nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const PlanProfile& p);
 // The profile recorded in cfg.kfac.plan_profile (a run's kfac_profile.json or --profile-dir's
 // profile.json). UsageError naming kfac.plan_profile when the file cannot be read, is not JSON,

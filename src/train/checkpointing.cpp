@@ -180,6 +180,15 @@ void check_resume(const Config& cfg, const CheckpointManifest& m) {
   }
 }
 
+void check_kfac_layout(const Config& cfg, const CheckpointManifest& m, const std::string& layout, const std::string& dir) {
+  if (!cfg.kfac.enabled) return;
+  auto it = m.info.find("layout");
+  const std::string was = it == m.info.end() ? "an unrecorded layout" : it->second;
+  if (was != layout)
+    usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
+                "the same layout (start from its weights with --init {})", was, layout, dir);
+}
+
 std::string keep_lr_schedule(Config& cfg, const CheckpointManifest& m) {
   auto it = m.info.find("lr_decay_steps");
   if (it == m.info.end()) it = m.info.find("train.steps");  // written before lr_decay_steps was recorded

@@ -38,6 +38,10 @@ std::map<std::string, std::string> checkpoint_info(const Config& cfg, int64_t st
 // Refuses (UsageError naming the key) a configuration whose model, seeds, batch or optimizer differ
 // from those the checkpoint was written with: the resumed run would not continue the same one.
 void check_resume(const Config& cfg, const CheckpointManifest& m);
+// K-FAC's state (factors, inverses, a PipeFisher cycle and plan) belongs to the layout that wrote
+// it, one process being a layout too: with kfac.enabled a checkpoint of another layout (the
+// manifest's "layout", TrainEngine::layout_name) is refused, naming --init DIR for its weights.
+void check_kfac_layout(const Config& cfg, const CheckpointManifest& m, const std::string& layout, const std::string& dir);
 // A resumed run continues the checkpoint's learning-rate schedule (recorded as lr_decay_steps):
 // with a smaller train.steps it stops early on that schedule (cfg.optim.decay_steps is set to it);
 // a larger one extends the run, the rate following the schedule of a train.steps-step run from

@@ -5,6 +5,7 @@
 #include "comm/small.hpp"
 #include "comm/world.hpp"
 #include "config/limits.hpp"
+#include "config/placement.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
@@ -15,6 +16,7 @@
 #include "runtime/layout.hpp"
 #include "runtime/plan_record.hpp"
 #include "runtime/pipefisher/controller.hpp"
+#include "runtime/pipefisher/pipefisher_options.hpp"
 #include "runtime/profiler.hpp"
 #include "runtime/units/inline_placement.hpp"
 #include "runtime/units/kfac_units.hpp"
@@ -32,6 +34,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <sstream>
 
 namespace pf {
 
@@ -71,12 +74,16 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
   return out.dump(2) + "\n";
 }
 
-// The placement of kfac.placement (runtime/kfac_placement.hpp): PipeFisher's controller for
-// bubbles, the inline list otherwise.
-std::unique_ptr<KfacPlacement> make_placement(const Config& cfg, const Layout& layout, const comm::Groups& groups,
-                                              KfacUnits& units, const KfacSeams& seams) {
-  if (is_pipefisher(cfg.kfac.placement)) return std::make_unique<Controller>(cfg, layout, groups, units, seams);
-  return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+// The placement of kfac.placement (runtime/kfac_placement.hpp), built from its spec
+// (config/placement.hpp): PipeFisher's controller, its steps run in order (bubbles) or filling the
+// waits (adaptive); the inline list otherwise.
+std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const Config& cfg, const Layout& layout,
+                                              const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams) {
+  if (!spec.planned) return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+  std::unique_ptr<StepDriver> driver;
+  if (spec.fills_waits) driver = std::make_unique<FillingWaits>();
+  else driver = std::make_unique<InOrder>();
+  return std::make_unique<Controller>(pipefisher_options(cfg, layout), std::move(driver), layout, groups, units, seams);
 }
 
 // The training engine of an MPI job (train/train_engine.hpp): this rank's stages in an Executor;
@@ -98,7 +105,6 @@ class MpiEngine final : public TrainEngine {
 
   std::string layout_name() const override { return layout_name_; }
   bool builds_here() const override { return world_.size() == layout_.devices * layout_.replicas; }
-  void check_resume(const CheckpointReader& r, const std::string& dir) const override;
   void build(const Config& cfg) override;
   void load_init(const std::string& init, const CheckpointReader* ckpt) override;
   void load_resume(const CheckpointReader& r) override;
@@ -111,10 +117,10 @@ class MpiEngine final : public TrainEngine {
   FinalRecords finish(const std::string& out_dir) override;
 
  private:
+  std::vector<int64_t> gather_stage_parameters();
   // Collective: fn on every rank; the first rank's UsageError (in rank order) is thrown on all.
   void agreed(const std::function<void()>& fn);
-  void record_profile(int64_t step, std::vector<Action> actions, std::string& write_error);
-  void print_filler_summary();
+  void record_profile(int64_t step, std::string& write_error);
   StepOutcome run_step(int64_t step, double lr, bool profiled);
 
   const comm::World& world_;
@@ -132,9 +138,14 @@ class MpiEngine final : public TrainEngine {
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<comm::StepsRunning> running_;
   std::unique_ptr<Model> model_;  // the gathered final model (rank 0)
+  std::vector<int64_t> stage_parameters_;  // rank 0's: by stage, of pipeline 0 of replica 0
   std::vector<MicroBatch> mbs_;
   LrSchedule lr_;
   std::vector<ActionTime> times_;
+  // A profiled step's list and the plan's timeline of it, taken before the placement's step end
+  // (after_step moves the placement to the next step's phase).
+  std::vector<Action> profiled_actions_;
+  std::vector<TimedAction> profiled_row_;
   int64_t last_step_ = 0;     // the refresh record's length: last_step_ + 1
   double step_time_sum_ = 0;  // step times after the first two (dkfac.json)
   int timed_steps_ = 0;
@@ -153,20 +164,9 @@ MpiEngine::MpiEngine(const comm::World& world, int ranks, const Config& cfg, Pro
   const ParallelConfig& p = cfg.parallel;
   layout_name_ = fmt::format("{} stages ({}) x {} data-parallel", p.stages, layout_.schedule.name, p.data_parallel);
   check_profile_steps(profile_opt_, cfg.train.steps);
-  // The controller reads it when built; refused here too, for a --dry-run that builds nothing.
-  if (cfg.kfac.enabled && is_pipefisher(cfg.kfac.placement) && !cfg.kfac.plan_profile.empty())
-    read_plan_profile(cfg, layout_);
-}
-
-void MpiEngine::check_resume(const CheckpointReader& r, const std::string& dir) const {
-  // Each rank's K-FAC state (its chunks' factors, cycle, plan) belongs to its place in the
-  // layout: it continues only in the same one. Weights and optimizer state load into any.
-  if (!cfg_.kfac.enabled) return;
-  auto it = r.manifest().info.find("layout");
-  const std::string was = it == r.manifest().info.end() ? "an unrecorded layout" : it->second;
-  if (was != layout_name_)
-    usage_error("--resume", "the checkpoint's K-FAC state was written by {}, this run is {}: it continues only in "
-                "the same layout (start from its weights with --init {})", was, layout_name_, dir);
+  // The controller's options (a recorded profile read) when built; refused here too, for a
+  // --dry-run that builds nothing.
+  if (cfg.kfac.enabled && placement_spec(cfg.kfac).planned) pipefisher_options(cfg, layout_);
 }
 
 void MpiEngine::build(const Config& cfg) {
@@ -179,14 +179,15 @@ void MpiEngine::build(const Config& cfg) {
   exec_ = std::make_unique<Executor>(cfg_, layout_, groups_, seams_.poison);
   exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
-    const bool planned = is_pipefisher(cfg_.kfac.placement);
-    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), planned);
-    placement_ = make_placement(cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
+    const PlacementSpec spec = placement_spec(cfg_.kfac);
+    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), spec.planned);
+    placement_ = make_placement(spec, cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
   }
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
-  lr_ = make_run_lr_schedule(cfg);  // K-FAC's own warm-up, as the Trainer
+  lr_ = make_run_lr_schedule(cfg);
+  stage_parameters_ = gather_stage_parameters();  // K-FAC's own warm-up, as the Trainer
 }
 
 void MpiEngine::agreed(const std::function<void()>& fn) {
@@ -227,6 +228,21 @@ void MpiEngine::open_outputs() {
                                          profile_opt_);
 }
 
+// Collective: each stage's parameter count at rank 0, from the ranks of replica 0 that host
+// pipeline 0's chunks (Chimera's second pipeline holds copies).
+std::vector<int64_t> MpiEngine::gather_stage_parameters() {
+  std::string mine;
+  if (groups_.replica == 0)
+    for (const HostedChunk& c : exec_->hosted_chunks())
+      if (c.pipeline == 0) mine += fmt::format("{} {} ", c.stage, parameter_count(*c.model));
+  std::vector<int64_t> counts(static_cast<size_t>(layout_.stages()), 0);
+  for (const std::string& s : comm::gather_bytes(mine, 0, MPI_COMM_WORLD)) {
+    std::istringstream in(s);
+    for (int stage = 0; in >> stage;) in >> counts.at(static_cast<size_t>(stage));
+  }
+  return counts;
+}
+
 EngineBanner MpiEngine::banner() const {
   const ParallelConfig& p = cfg_.parallel;
   EngineBanner b;
@@ -237,6 +253,7 @@ EngineBanner MpiEngine::banner() const {
                          p.data_parallel);
   const std::string shared = kfac_units_ ? kfac_units_->distributed_line() : "";
   if (!shared.empty()) b.notes.push_back(shared);
+  if (exec_) b.stage_parameters = stage_parameters_;
   return b;
 }
 
@@ -264,7 +281,7 @@ EngineStep MpiEngine::step(int64_t s) {
   st.tokens = static_cast<int64_t>(mbs_.size()) * cfg_.parallel.micro_batch_size * cfg_.model.seq_len;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (s >= 2) step_time_sum_ += st.step_time_s, ++timed_steps_;
-  if (prof) record_profile(s, placement_ ? placement_->actions_for(s) : exec_->actions(), r.write_error);
+  if (prof) record_profile(s, r.write_error);
   return r;
 }
 
@@ -272,37 +289,28 @@ EngineStep MpiEngine::step(int64_t s) {
 // then handed back to the placement with its stamps.
 StepOutcome MpiEngine::run_step(int64_t s, double lr, bool profiled) {
   last_step_ = s;
-  if (!placement_) return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
+  if (!placement_) {
+    if (profiled) profiled_actions_ = exec_->actions(), profiled_row_.clear();
+    return exec_->run(s, exec_->actions(), mbs_, lr, profiled ? &times_ : nullptr);
+  }
   const std::vector<Action>& list = placement_->actions_for(s);
+  if (profiled) profiled_actions_ = list, profiled_row_ = placement_->planned_row(s);
   const bool stamps = placement_->begin_step(s, mbs_);
-  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr, placement_->filler());
+  const StepOutcome o = exec_->run(s, list, mbs_, lr, stamps || profiled ? &times_ : nullptr, placement_->driver());
   placement_->after_step(s, list, stamps || profiled ? times_ : std::vector<ActionTime>{});
   return o;
 }
 
-void MpiEngine::record_profile(int64_t s, std::vector<Action> actions, std::string& write_error) {
+void MpiEngine::record_profile(int64_t s, std::string& write_error) {
   try {
+    std::vector<Action> actions = profiled_actions_;
     std::vector<ActionTime> stamps = times_;
     if (kfac_units_) kfac_units_->expand_inline_units(actions, stamps);  // an inline refresh as its units, not one PREC
     // Collective; rank 0 writes. With the plan's timeline of the step (none outside a plan).
-    profiler_->record(s, stamps, actions, placement_ ? placement_->planned_row(s) : std::vector<TimedAction>{});
+    profiler_->record(s, stamps, actions, profiled_row_);
   } catch (const UsageError& e) {
     write_error = e.what();
   }
-}
-
-// kfac.placement = adaptive: where the units ran, summed over the ranks (rank 0 prints).
-void MpiEngine::print_filler_summary() {
-  const BubbleFiller* f = placement_ ? placement_->filler() : nullptr;
-  if (!f) return;
-  const FillerStats& st = f->stats();
-  double sums[3] = {static_cast<double>(st.in_wait), static_cast<double>(st.at_deadline),
-                    static_cast<double>(st.waits_filled)};
-  comm::allreduce_sum({sums, 3}, MPI_COMM_WORLD, "the filler's counts");
-  if (root())
-    std::printf("pipefisher: adaptive: %.0f units ran in %.0f waits, %.0f at their deadlines (all ranks)\n", sums[0],
-                sums[2], sums[1]);
-  std::fflush(stdout);
 }
 
 // Rank 0 makes the step directory (the loop); the ranks holding pipeline 0 of replica 0 write
@@ -326,7 +334,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   FinalRecords r;
   model_ = exec_->gather_model();
   const std::string activations = activation_memory_json(*exec_, groups_, MPI_COMM_WORLD);
-  print_filler_summary();  // collective
+  if (placement_) placement_->driver().print_summary(root());  // collective (adaptive: where its units ran)
   // Rank 0's write errors here (collectives inside) are agreed on by the loop.
   try {
     if (placement_) {
@@ -343,7 +351,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   r.files.emplace_back("activations.json", activations);
   r.listed.push_back("activations.json");
   if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
-  if (cfg_.kfac.enabled && is_pipefisher(cfg_.kfac.placement)) r.listed.push_back("kfac_profile.json");
+  if (cfg_.kfac.enabled && placement_spec(cfg_.kfac).planned) r.listed.push_back("kfac_profile.json");
   if (kfac_units_ && !kfac_units_->distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;
 }

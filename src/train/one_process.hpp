@@ -16,7 +16,7 @@ class OneProcessEngine final : public TrainEngine {
   void build(const Config& cfg) override;
   void load_init(const std::string& init, const CheckpointReader* ckpt) override;
   void load_resume(const CheckpointReader& r) override;
-  EngineBanner banner() const override { return {}; }
+  EngineBanner banner() const override { return {.stage_parameters = {parameter_count(trainer_->model())}}; }
 
   EngineStep step(int64_t step) override;
   std::optional<double> evaluate(const StopAsked& stopped) override { return trainer_->evaluate(stopped); }

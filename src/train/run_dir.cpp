@@ -57,6 +57,19 @@ bool hf_folder(const std::string& path) {
          fs::exists(fs::symlink_status(dir / "config.json", ec)) && is_file(dir / "model.safetensors");
 }
 
+// A Hugging Face folder with pickled weights only: unpickling runs code, so they are not read.
+void refuse_pickled_folder(const std::string& path) {
+  std::error_code ec;
+  const fs::path dir(path);
+  if (path.empty() || !fs::is_directory(dir, ec) || is_file(dir / "model.safetensors")) return;
+  for (const char* name : {"pytorch_model.bin", "pytorch_model.bin.index.json"})
+    if (fs::exists(fs::symlink_status(dir / name, ec)))
+      usage_error("--init", "'{}' holds {}, PyTorch's pickled weights, which are not read (unpickling runs code): convert "
+                  "them to model.safetensors beside config.json, e.g. with transformers: AutoModelForMaskedLM (BERT) or "
+                  "AutoModelForCausalLM (GPT-2) .from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)",
+                  path, name);
+}
+
 }  // namespace
 
 std::string run_weights_of(const std::string& path) {
@@ -70,6 +83,7 @@ std::string run_weights_of(const std::string& path) {
 }
 
 std::vector<std::string> init_model_sets(const std::string& path) {
+  refuse_pickled_folder(path);
   if (!hf_folder(path)) return {};
   const std::string file = (fs::path(path) / "config.json").string();
   return hf_model_sets(read_input_file(file, "--init", 1 << 20), file);

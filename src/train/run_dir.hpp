@@ -30,7 +30,8 @@ std::string run_weights_of(const std::string& path);
 // The model keys `--init PATH` brings, as from_pretrained takes the architecture from the folder:
 // for a Hugging Face model folder, its config.json's (io/hf_model.hpp's hf_model_sets), applied
 // before the command's own --set; none for anything else (a run directory's config.toml is the
-// configuration itself).
+// configuration itself). A folder with pickled weights only (pytorch_model.bin) is refused, saying
+// how to convert them.
 std::vector<std::string> init_model_sets(const std::string& path);
 
 // The checkpoint directory `--resume PATH` names: for a run directory (it holds config.toml), the

@@ -197,7 +197,29 @@ void RunLog::print_status(const std::string& text, std::optional<double> valid_l
   }
 }
 
-RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const {
+namespace {
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+}  // namespace
+
+std::string parameters_line(const std::vector<int64_t>& stage_parameters) {
+  if (stage_parameters.empty()) return "";
+  const int64_t total = std::accumulate(stage_parameters.begin(), stage_parameters.end(), int64_t{0});
+  std::string line = "parameters: " + with_commas(total);
+  if (stage_parameters.size() == 1) return line;
+  for (size_t k = 0; k < stage_parameters.size(); ++k)
+    line += fmt::format("{}stage {}: {}", k == 0 ? " (" : ", ", k, with_commas(stage_parameters[k]));
+  return line + ")";
+}
+
+RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryUse& memory,
+                           const std::vector<int64_t>& stage_parameters) const {
   const double peak = std::accumulate(memory.peak_rss.begin(), memory.peak_rss.end(), 0.0);
   const size_t ranks = memory.peak_rss.size();
   const double tps = busy_s_ > 0 ? tokens_ / busy_s_ : 0.0;
@@ -214,6 +236,9 @@ RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryU
                    {"peak_flops_per_s", static_cast<double>(ranks) * t.peak.flops_per_s},
                    {"mfu", t.mfu(tps, ranks)},
                    {"wall_time_s", elapsed_before_ + wall_s},
+                   {"parameters",
+                    {{"total", std::accumulate(stage_parameters.begin(), stage_parameters.end(), int64_t{0})},
+                     {"per_stage", stage_parameters}}},
                    {"machine",
                     {{"cpu", machine_.cpu},
                      {"blas", machine_.blas},

@@ -56,6 +56,10 @@ struct Throughput {
   }
 };
 
+// "parameters: 4,386,178 (stage 0: 2,193,664, stage 1: 2,192,514)", as a run's start prints them;
+// the stages' part under a pipeline only; "" when none were counted.
+std::string parameters_line(const std::vector<int64_t>& stage_parameters);
+
 // What a run ends with: summary.json's text, and the line printed last.
 struct RunSummary {
   std::string json;
@@ -83,7 +87,9 @@ class RunLog {
   void step(const StepStats& s, std::optional<double> valid_loss, const std::vector<double>& peak_rss);
   // The final summary. The counts and times cover the whole run: wall_s is this segment's,
   // earlier ones' are added.
-  RunSummary summary(double final_valid_loss, double wall_s, const MemoryUse& memory) const;
+  // `stage_parameters`: the model's parameters by stage (train_engine.hpp's EngineBanner).
+  RunSummary summary(double final_valid_loss, double wall_s, const MemoryUse& memory,
+                     const std::vector<int64_t>& stage_parameters) const;
 
   double first_loss() const { return first_loss_; }
   double last_loss() const { return last_loss_; }

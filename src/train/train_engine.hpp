@@ -34,6 +34,9 @@ struct FinalRecords {
 struct EngineBanner {
   std::string layout;              // appended to the first line ("; 2 ranks: 2 stages (1f1b) x 1 data-parallel")
   std::vector<std::string> notes;  // lines after it
+  // The model's parameters by stage (model chunk), pipeline 0 of replica 0; one entry in one
+  // process; empty where the stages are not built (a dry run without mpirun).
+  std::vector<int64_t> stage_parameters;
 };
 
 class TrainEngine {
@@ -55,8 +58,6 @@ class TrainEngine {
   // --- set-up ---
   // Recorded in each checkpoint's manifest ("1 process", "2 stages (1f1b) x 1 data-parallel").
   virtual std::string layout_name() const = 0;
-  // What this layout refuses of the checkpoint of `--resume dir` beyond check_resume (UsageError).
-  virtual void check_resume(const CheckpointReader& r, const std::string& dir) const {}
   // False for --dry-run in one process of a layout of several ranks (no mpirun): the processes
   // that would build and load the stages are not there, so build and the loads are not called.
   virtual bool builds_here() const { return true; }

@@ -89,6 +89,8 @@ void print_banner(const Run& r) {
               count(p.micro_batches, "micro-batch", "micro-batches").c_str(),
               count(p.micro_batch_size, "sequence", "sequences").c_str(), m.seq_len, optimizer_of(r.cfg).c_str(),
               r.cfg.train.steps, b.layout.c_str());
+  const std::string params = parameters_line(b.stage_parameters);
+  if (!params.empty()) std::printf("%s\n", params.c_str());
   for (const std::string& n : b.notes) std::printf("%s\n", n.c_str());
   std::fflush(stdout);
 }
@@ -156,7 +158,7 @@ Checked check_run(Run& r) {
   c.init = open_init_checkpoint(c.init_path, a.resume, r.cfg.model);
   if (!resume_dir.empty()) {
     c.resume = open_resume_checkpoint(r.cfg, resume_dir, r.continuing ? "train.checkpoint_dir" : "--resume", c.notes);
-    e.check_resume(*c.resume, resume_dir);
+    check_kfac_layout(r.cfg, c.resume->manifest(), e.layout_name(), resume_dir);
   }
   c.outputs = {a.save, a.profile_dir, a.log_json_from_flag, !a.resume.empty(), r.continuing, a.overwrite, "", {}};
   c.outputs.inputs = {a.config, {c.init_path, "--init"}};  // a checkpoint directory's files instead, below
@@ -394,7 +396,7 @@ MemoryUse memory_use(Run& r) {
 // A write error (a full disk) names the last complete checkpoint, as during the steps.
 void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memory, double wall) {
   const std::string& out = r.cfg.train.out_dir;
-  const RunSummary summary = r.log->summary(r.valid, wall, memory);
+  const RunSummary summary = r.log->summary(r.valid, wall, memory, r.engine.banner().stage_parameters);
   try {
     if (!rec.write_error.empty()) throw UsageError(rec.write_error);
     require_finite(rec.params, out + "/model.safetensors");

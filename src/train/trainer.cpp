@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include "core/blas.hpp"
+#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "kfac/cadence.hpp"
 
@@ -18,10 +19,12 @@ LrSchedule make_run_lr_schedule(const Config& cfg) {
   return make_lr_schedule(o, o.decay_steps > 0 ? o.decay_steps : cfg.train.steps);
 }
 
-Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+Trainer::Trainer(const Config& given) : cfg_(given) {
+  resolve_data_parallel(cfg_, 1);  // one process is a world of one
+  const Config& cfg = cfg_;
   check_kfac_placement(cfg, KfacRunner::one_process);
   set_threads(cfg.train.threads);
-  const auto& p = cfg.parallel;
+  const auto& p = cfg_.parallel;
   train_data_ = make_batcher(cfg.model, cfg.data, false);
   valid_data_ = make_batcher(cfg.model, cfg.data, true);
   model_ = build_model(cfg.model, 0, num_blocks(cfg.model) - 1);
@@ -34,7 +37,7 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   optim_->init(params_);
   lr_ = make_run_lr_schedule(cfg);
   if (cfg.kfac.enabled) kfac_ = std::make_unique<KfacPreconditioner>(model_->linears(), cfg.kfac, cfg.model.vocab);
-  if (kfac_ && cfg.kfac.placement == Placement::Replay) replay_ = std::make_unique<KfacReplay>(cfg, *kfac_);
+  if (kfac_ && placement_spec(cfg.kfac).replays) replay_ = std::make_unique<KfacReplay>(cfg, *kfac_);
 }
 
 int64_t Trainer::tokens_per_step() const {

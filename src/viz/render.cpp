@@ -70,11 +70,13 @@ struct TimelineGeometry {
 };
 
 // What the legend lists: the kinds drawn, whether any box is of the up pipeline, and whether any
-// K-FAC unit is marked as run in a wait (measured, kfac.placement = adaptive).
+// K-FAC unit is marked as run in a wait (measured, kfac.placement = adaptive), and whether any box
+// names its stage.
 struct DrawnKinds {
   std::set<int> kinds;
   bool up = false;
   bool in_wait = false;
+  bool staged = false;
 };
 
 // The mark under a unit that ran in a wait (a receive's, an all-reduce's): a bar in the send/receive lane.
@@ -107,8 +109,10 @@ TimelineGeometry timeline_geometry(const Timeline& tl, const SvgOptions& opt, co
 
 // One action's box (a send or receive wait: in the lane under the row, at least 1 px wide), its
 // up-pipeline hatching and its micro-batch number; `x0` and `w` in px.
+// `looped`: the device holds several stages of a pipeline (interleaved, zb-v), so a box names its
+// stage too ("3/s5"), where it fits.
 void draw_action(std::string& o, const TimelineGeometry& g, const TimedAction& t, double x0, double w, double y,
-                 DrawnKinds& drawn) {
+                 bool looped, DrawnKinds& drawn) {
   const Action& a = t.action;
   const KindStyle& st = kind_style(a.kind);
   drawn.kinds.insert(static_cast<int>(a.kind));
@@ -127,7 +131,9 @@ void draw_action(std::string& o, const TimelineGeometry& g, const TimedAction& t
                      y, w, g.row_h);
   }
   if (a.micro_batch >= 0) {
-    const std::string label = std::to_string(a.micro_batch);
+    std::string label = std::to_string(a.micro_batch);
+    if (const std::string staged = fmt::format("{}/s{}", a.micro_batch, a.stage); looped && label_font(w, staged.size()) > 0)
+      label = staged, drawn.staged = true;
     if (const double font = label_font(w, label.size()); font > 0)
       o += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" "
                        "fill=\"{}\">{}</text>\n", x0 + w / 2, y + g.row_h / 2 + font * 0.36, font, ink_on(st.color), label);
@@ -144,6 +150,16 @@ void draw_in_wait(std::string& o, const TimelineGeometry& g, const TimedAction& 
                    to_token(recv.action));
 }
 
+// Whether a device's passes belong to several stages of one pipeline.
+bool holds_several_stages(const std::vector<TimedAction>& row) {
+  std::set<std::pair<int, int>> stages;
+  std::set<int> pipelines;
+  for (const TimedAction& t : row)
+    if (is_compute(t.action.kind) && t.action.micro_batch >= 0)
+      stages.insert({t.action.pipeline, t.action.stage}), pipelines.insert(t.action.pipeline);
+  return stages.size() > pipelines.size();
+}
+
 // Device rows and their boxes.
 DrawnKinds draw_rows(std::string& o, const TimelineGeometry& g, const Timeline& tl) {
   DrawnKinds drawn;
@@ -154,10 +170,11 @@ DrawnKinds draw_rows(std::string& o, const TimelineGeometry& g, const Timeline& 
     o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{}\" height=\"{:.0f}\" fill=\"#f4f4f4\"/>\n", g.left, y,
                      g.axis_w, g.row_h + g.lane_h);
     const auto& row = tl.per_device[d];
+    const bool looped = holds_several_stages(row);
     for (int k = 0; k < g.copies; ++k)
       for (const TimedAction& t : row) {
         const double x0 = g.x(k * tl.step_time + t.start), w = (t.end - t.start) * g.scale;
-        if (w > 0) draw_action(o, g, t, x0, w, y, drawn);
+        if (w > 0) draw_action(o, g, t, x0, w, y, looped, drawn);
         if (t.in_wait_of >= 0) draw_in_wait(o, g, t, row.at(static_cast<size_t>(t.in_wait_of)), x0, w, y, drawn);
       }
   }
@@ -218,6 +235,7 @@ double draw_legend(std::string& o, const TimelineGeometry& g, const DrawnKinds& 
   }
   if (drawn.up) entry(kind_style(Kind::F).color, "up pipeline (hatched)", true);
   if (drawn.in_wait) entry(kInWaitColor, "K-FAC unit run in a wait (lane)", false);
+  if (drawn.staged) entry("#f4f4f4", "3/s5: micro-batch 3 of stage 5", false);
   return y;
 }
 
@@ -325,8 +343,31 @@ std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string&
   return doc.dump(1) + "\n";
 }
 
-std::string timeline_text(const Timeline& tl, int columns) {
+namespace {
+// A compute or collective action's text label: its glyph and micro-batch ("F12").
+std::string text_label(const Action& a) {
+  std::string label(1, kind_style(a.kind).glyph);
+  if (a.micro_batch >= 0) label += std::to_string(a.micro_batch);
+  return label;
+}
+
+// Columns enough for every labelled pass's whole label (F10, not F-); at most kMaxTextColumns,
+// past which a short pass shows its glyph only.
+constexpr int kMaxTextColumns = 1000;
+int text_columns(const Timeline& tl, int columns) {
+  if (tl.step_time <= 0) return columns;
+  double need = columns;
+  for (const auto& device : tl.per_device)
+    for (const TimedAction& t : device)
+      if (is_compute(t.action.kind) && t.action.micro_batch >= 0 && t.end > t.start)
+        need = std::max(need, static_cast<double>(text_label(t.action).size()) * tl.step_time / (t.end - t.start));
+  return static_cast<int>(std::min<double>(kMaxTextColumns, std::max<double>(columns, std::ceil(need))));
+}
+}  // namespace
+
+std::string timeline_text(const Timeline& tl, int min_columns) {
   std::string o;
+  const int columns = text_columns(tl, min_columns);
   const double scale = tl.step_time > 0 ? columns / tl.step_time : 1;
   for (size_t d = 0; d < tl.per_device.size(); ++d) {
     std::string row(columns, '.');
@@ -335,8 +376,7 @@ std::string timeline_text(const Timeline& tl, int columns) {
       int c0 = static_cast<int>(std::lround(t.start * scale)), c1 = static_cast<int>(std::lround(t.end * scale));
       c1 = std::min(std::max(c1, c0 + 1), columns);
       if (c0 >= columns) continue;
-      std::string label(1, kind_style(t.action.kind).glyph);
-      if (t.action.micro_batch >= 0) label += std::to_string(t.action.micro_batch);
+      std::string label = text_label(t.action);
       if (static_cast<int>(label.size()) > c1 - c0) label.resize(1);
       for (int c = c0; c < c1; ++c) row[c] = c - c0 < static_cast<int>(label.size()) ? label[c - c0] : '-';
     }

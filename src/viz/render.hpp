@@ -59,7 +59,9 @@ struct TraceStep {
 std::string chrome_trace(const Timeline& tl, const std::string& name, double us_per_unit = 1000);
 std::string chrome_trace(const std::vector<TraceStep>& steps, const std::string& name, const LayerNames& layers,
                          double us_per_unit = 1000);
-std::string timeline_text(const Timeline& tl, int columns = 100);
+// One line per device, at least `min_columns` wide and wider when a pass's label (F12) needs it
+// (at most 1000 columns).
+std::string timeline_text(const Timeline& tl, int min_columns = 100);
 
 // Text for SVG/XML: & < > " escaped.
 std::string xml_escape(const std::string& s);

@@ -6,6 +6,7 @@
 #include "../support/weights.hpp"
 #include "io/safetensors.hpp"
 #include "nn/model.hpp"
+#include "train/generate.hpp"
 #include "train/trainer.hpp"
 
 #include <gtest/gtest.h>
@@ -284,6 +285,27 @@ TEST(GenerateCli, GreedyIsTheArgmaxOfTheLogits) {
   EXPECT_GE(checked, n / 2);
 }
 
+// Nucleus sampling keeps the most likely tokens whose probabilities first reach top_p and draws
+// among them in proportion: p = (0.5, 0.25, 0.15, 0.07, 0.03) with top_p 0.7 keeps ids 0 and 1,
+// drawn 2:1; 0.4 keeps id 0 only; 1 keeps all five.
+TEST(GenerateSampling, TopPKeepsTheNucleusInProportion) {
+  const std::vector<double> p = {0.5, 0.25, 0.15, 0.07, 0.03};
+  std::vector<float> logits;
+  for (double x : p) logits.push_back(static_cast<float>(std::log(x)));
+  auto counts = [&](double top_p, int top_k) {
+    std::vector<int> n(p.size(), 0);
+    for (uint64_t draw = 0; draw < 3000; ++draw)
+      ++n.at(static_cast<size_t>(pf::sample_token(logits, {.temperature = 1, .top_k = top_k, .top_p = top_p, .seed = 7}, draw)));
+    return n;
+  };
+  const std::vector<int> nucleus = counts(0.7, 0);
+  EXPECT_EQ(nucleus[2] + nucleus[3] + nucleus[4], 0);
+  EXPECT_NEAR(nucleus[0] / 3000.0, 2.0 / 3, 0.03);  // 3.5 standard errors of 3000 draws at p = 2/3 (0.0086)
+  EXPECT_EQ(counts(0.4, 0)[0], 3000);
+  for (int n : counts(1.0, 0)) EXPECT_GT(n, 0);
+  EXPECT_EQ(counts(0.7, 1)[0], 3000);  // top-k first, then top-p
+}
+
 struct Refusal {
   std::string args, prefix;
   friend std::ostream& operator<<(std::ostream& os, const Refusal& r) { return os << r.args; }
@@ -311,6 +333,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Refusal{"generate --init WEIGHTS --temperature inf", "--temperature: must be a finite number"},
                       Refusal{"generate --init WEIGHTS --temperature nan", "--temperature: must be a finite number"},
                       Refusal{"generate --init WEIGHTS --top-k -2", "--top-k"},
+                      Refusal{"generate --init WEIGHTS --top-p 0", "--top-p: must be in (0, 1]"},
+                      Refusal{"generate --init WEIGHTS --top-p 1.5", "--top-p: must be in (0, 1]"},
+                      Refusal{"generate --init WEIGHTS --top-p nan", "--top-p: must be in (0, 1]"},
                       Refusal{"generate --init WEIGHTS --max-new-tokens x", "--max-new-tokens"},
                       Refusal{"eval --init WEIGHTS --batches -1", "--batches"},
                       Refusal{"eval --init WEIGHTS --bogus", "eval: unknown flag --bogus"},

@@ -20,6 +20,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// 1234567 -> "1,234,567", written apart from the program's.
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+// bert-tiny's parameters on 2 stages of one block each, by hand (nn/blocks.cpp): the embeddings
+// and their LayerNorm; per block Q, K, V, O, two FFN Linears with biases, two LayerNorms; the
+// head's transform, its LayerNorm and decoder bias (the decoder is the tied word matrix, counted once),
+// and next-sentence prediction's pooler and classifier (data.nsp is on by default).
+std::pair<int64_t, int64_t> bert_tiny_stage_parameters() {
+  const int64_t C = 128, F = 512, V = 30522, P = 512, T = 2;
+  const int64_t embedding = (V + P + T) * C + 2 * C, block = 4 * C * C + 2 * C * F + 9 * C + F,
+                head = C * C + 3 * C + V + (C * C + C) + (2 * C + 2);
+  return {embedding + block, block + head};
+}
+
 struct CliRun {
   int status = -1;
   std::string err;
@@ -226,6 +244,73 @@ TEST_F(TrainCli, StatusLineShowsTheStepLogJsonRecords) {
     EXPECT_GT(j["grad_norm"].get<double>(), 0) << m[0];
   }
   EXPECT_GE(lines, 2) << r.out;  // the first and the last step at least
+  const auto [first, last] = bert_tiny_stage_parameters();
+  EXPECT_NE(r.out.find("parameters: " + with_commas(first + last) + "\n"), std::string::npos) << r.out;
+  std::ifstream s(out_ / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(s);
+  EXPECT_EQ(summary["parameters"]["total"], first + last);
+  EXPECT_EQ(summary["parameters"]["per_stage"], nlohmann::json({first + last}));
+}
+
+// parallel.data_parallel = auto (the default) takes the MPI world's size over the stages: 4 ranks
+// of 2 stages train as 2 stages x 2 replicas, bit for bit as the number written out, and the run's
+// config.toml records the number; 3 ranks over 2 stages are refused naming both, nothing written.
+TEST_F(TrainCli, DataParallelIsTheWorldOverTheStagesByDefault) {
+  const std::string sample = std::string(PF_SOURCE_DIR) + "/data/sample/moby-dick-1-20.bert.bin";
+  const std::string job = "train --set model.preset=bert-tiny --set model.seq_len=16 --set parallel.micro_batches=2 "
+                          "--set parallel.micro_batch_size=2 --set train.eval_every=0 --steps 2 --set parallel.stages=2 "
+                          "--set data.train_file=" + sample + " --set data.valid_file=" + sample;
+  auto launch = [&](int ranks, const fs::path& out, const std::string& extra) {
+    const fs::path err = dir_ / "output.txt";
+    const std::string cmd = std::string(PF_SOURCE_DIR) + "/scripts/pfrun -np " + std::to_string(ranks) + " " + PF_BINARY +
+                            " " + job + " --set train.out_dir=" + out.string() + extra + " > " + err.string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream f(err);
+    return CliRun{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string((std::istreambuf_iterator<char>(f)), {})};
+  };
+  auto text = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  const CliRun automatic = launch(4, dir_ / "auto", "");
+  ASSERT_EQ(automatic.status, 0) << automatic.err;
+  const CliRun written = launch(4, dir_ / "two", " --set parallel.data_parallel=2");
+  ASSERT_EQ(written.status, 0) << written.err;
+  EXPECT_NE(text(dir_ / "auto" / "config.toml").find("\ndata_parallel = 2\n"), std::string::npos);
+  EXPECT_EQ(text(dir_ / "auto" / "model.safetensors"), text(dir_ / "two" / "model.safetensors"));
+  EXPECT_NE(automatic.err.find("2 stages (1f1b) x 2 data-parallel"), std::string::npos) << automatic.err;
+
+  // The start prints the parameters, total and by stage, and summary.json has them.
+  const auto [first, last] = bert_tiny_stage_parameters();
+  EXPECT_NE(automatic.err.find("parameters: " + with_commas(first + last) + " (stage 0: " + with_commas(first) +
+                               ", stage 1: " + with_commas(last) + ")\n"), std::string::npos) << automatic.err;
+  const nlohmann::json summary = nlohmann::json::parse(text(dir_ / "auto" / "summary.json"));
+  EXPECT_EQ(summary["parameters"]["total"], first + last);
+  EXPECT_EQ(summary["parameters"]["per_stage"], nlohmann::json({first, last}));
+
+  const CliRun three = launch(3, dir_ / "three", "");
+  EXPECT_EQ(three.status, 2) << three.err;
+  EXPECT_NE(three.err.find("pipefisher: parallel.stages: the MPI world has 3 ranks, which 2 stages do not divide"),
+            std::string::npos) << three.err;
+  EXPECT_FALSE(fs::exists(dir_ / "three"));
+}
+
+// A Hugging Face folder with only pickled weights is refused by every command that takes --init,
+// saying why and how to convert them; nothing is written.
+TEST_F(TrainCli, PickledWeightsAreRefusedWithTheWayToConvertThem) {
+  const fs::path folder = dir_ / "hf";
+  fs::create_directories(folder);
+  std::ofstream(folder / "config.json") << R"({"model_type": "bert"})";
+  std::ofstream(folder / "pytorch_model.bin") << "not read";
+  for (const std::string& command : {"train --steps 1 --set train.out_dir=" + out_.string(), std::string("eval")}) {
+    const Output r = pipefisher(command + " --init " + folder.string(), dir_);
+    EXPECT_EQ(r.status, 2) << command << r.err;
+    EXPECT_EQ(r.err.rfind("pipefisher: --init: '" + folder.string() + "' holds pytorch_model.bin, PyTorch's pickled "
+                          "weights, which are not read (unpickling runs code): convert them to model.safetensors", 0), 0u)
+        << command << r.err;
+    EXPECT_NE(r.err.find("save_pretrained(DIR, safe_serialization=True)\n"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(out_));
 }
 
 // An out_dir holding another run's outputs (another config) is refused, its files untouched;
@@ -300,6 +385,22 @@ TEST_F(TrainCli, DryRunChecksPredictsAndWritesNothing) {
       << one.err;
   EXPECT_NE(one.err.find("memory: at most "), std::string::npos) << one.err;
   EXPECT_EQ(one.err.find("plan: "), std::string::npos) << "one process: no schedule";
+  // Without K-FAC too, the plan's memory model is the run's own model: its preset, blocks per
+  // stage, micro-batch size and sequence length, not bert-base's.
+  const CliRun plain = dry("--set parallel.stages=2");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_NE(plain.err.find(" --layers-per-stage 1 --micro-batch-size 2 --seq-len 32 --model bert-tiny\n"), std::string::npos)
+      << plain.err;
+  auto memory_line = [](const std::string& text) {
+    const size_t at = text.find("memory (worst device");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  const std::string flags = plain.err.substr(plain.err.find("plan: pipefisher plan ") + 22,
+                                             plain.err.find(" --model bert-tiny\n") - plain.err.find("plan: pipefisher plan ") - 22);
+  const Output tiny = pipefisher("plan " + flags + " --model bert-tiny", dir_), base = pipefisher("plan " + flags + " --model bert-base", dir_);
+  ASSERT_FALSE(memory_line(plain.err).empty()) << plain.err;
+  EXPECT_EQ(memory_line(plain.err), memory_line(tiny.out)) << tiny.out;
+  EXPECT_NE(memory_line(tiny.out), memory_line(base.out)) << base.out;
   const CliRun pipe = dry("--set parallel.stages=2 --set kfac.enabled=true --set kfac.placement=bubbles");
   ASSERT_EQ(pipe.status, 0) << pipe.err;
   EXPECT_NE(pipe.err.find("plan: pipefisher plan --schedule 1f1b --stages 2 --micro-batches 4 --tf "), std::string::npos)

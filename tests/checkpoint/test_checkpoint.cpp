@@ -455,7 +455,7 @@ TEST(Resume, DataParallelKfacIsBitIdentical) {
 }
 
 // Each rank's K-FAC state belongs to its place in the layout: another layout is refused (exit 2,
-// naming --resume); the weights still start another layout through --init.
+// naming --resume), one process included; the weights still start another layout through --init.
 TEST(Resume, PipelineKfacRefusesAnotherLayout) {
   tiny_config(dir());
   const fs::path ck = dir() / "kfac-layout-ckpt";
@@ -468,6 +468,11 @@ TEST(Resume, PipelineKfacRefusesAnotherLayout) {
                                                              " --resume " + ck.string()));
   EXPECT_EQ(other.status, 2) << other.out;
   EXPECT_TRUE(contains(other.out, "--resume: the checkpoint's K-FAC state was written by 2 stages (1f1b)")) << other.out;
+  Launch one = run(train_cmd(dir(), "kfac-layout1", "--set parallel.stages=1 " + k + " --resume " + ck.string()));
+  EXPECT_EQ(one.status, 2) << one.out;
+  EXPECT_TRUE(contains(one.out, "--resume: the checkpoint's K-FAC state was written by 2 stages (1f1b) x 1 "
+                                "data-parallel, this run is 1 process")) << one.out;
+  EXPECT_FALSE(fs::exists(dir() / "out-kfac-layout1"));
   Launch init = run(mpi_train_cmd(2, dir(), "kfac-layout3", "--set parallel.stages=2 --set parallel.schedule=gpipe "
                                                             "--set kfac.enabled=true --set train.steps=1 --init " + ck.string()));
   EXPECT_EQ(init.status, 0) << init.out;

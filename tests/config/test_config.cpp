@@ -354,3 +354,40 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
   EXPECT_EQ(b.train.on_nonfinite, pf::OnNonfinite::Stop);
   EXPECT_TRUE(Config::from_toml_string(Config::from_toml_string("").to_toml()) == Config::from_toml_string(""));
 }
+
+// parallel.data_parallel = auto (the default) is the world's size over the stages, as torchtitan
+// and Megatron take it: written as the word, held as kAutoDataParallel until the run knows its
+// world, then a number; a world the stages do not divide is refused naming both numbers.
+TEST(Config, DataParallelAutoIsTheWorldOverTheStages) {
+  const Config d = Config::from_toml_string("");
+  EXPECT_EQ(d.parallel.data_parallel, pf::kAutoDataParallel);
+  EXPECT_NE(d.to_toml().find("data_parallel = 'auto'\n"), std::string::npos) << d.to_toml();
+  EXPECT_EQ(Config::from_toml_string(d.to_toml()), d);  // config.toml reads back
+  EXPECT_EQ(Config::from_toml_string("", {"parallel.data_parallel=3"}).parallel.data_parallel, 3);
+  EXPECT_EQ(Config::from_toml_string("", {"parallel.data_parallel=auto"}).parallel.data_parallel, pf::kAutoDataParallel);
+  EXPECT_EQ(error_of("", {"parallel.data_parallel=0"}), "parallel.data_parallel: must be a positive integer or 'auto' (got 0)");
+  EXPECT_EQ(error_of("", {"parallel.data_parallel=-2"}), "parallel.data_parallel: must be a positive integer or 'auto' (got -2)");
+  EXPECT_EQ(error_of("", {"parallel.data_parallel=two"}), "parallel.data_parallel: expected an integer or 'auto'");
+  EXPECT_EQ(error_of("", {"parallel.data_parallel=1.5"}), "parallel.data_parallel: expected an integer or 'auto'");
+
+  auto resolved = [](const std::vector<std::string>& sets, int world) {
+    Config c = Config::from_toml_string("", sets);
+    pf::resolve_data_parallel(c, world);
+    return c.parallel.data_parallel;
+  };
+  EXPECT_EQ(resolved({"parallel.stages=2"}, 2), 1);
+  EXPECT_EQ(resolved({"parallel.stages=2"}, 8), 4);
+  EXPECT_EQ(resolved({}, 3), 3);
+  EXPECT_EQ(resolved({"parallel.stages=2", "parallel.data_parallel=3"}, 4), 3);  // a number is the user's: kept
+  try {
+    resolved({"parallel.stages=2"}, 3);
+    ADD_FAILURE() << "3 ranks over 2 stages must be refused";
+  } catch (const pf::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("parallel.stages: the MPI world has 3 ranks, which 2 stages do not divide", 0), 0u)
+        << e.what();
+  }
+  // Keys that depend on the number are checked again once it is one.
+  const std::vector<std::string> replay = {"kfac.enabled=true", "kfac.placement=replay", "kfac.refresh_record=/tmp/r.json"};
+  EXPECT_EQ(resolved(replay, 1), 1);
+  EXPECT_THROW(resolved(replay, 2), pf::UsageError);
+}

@@ -29,6 +29,12 @@
 #include <string>
 
 namespace {
+// The default job as one process runs it (parallel.data_parallel = auto resolved to 1).
+pf::Config one_process() {
+  pf::Config c;
+  pf::resolve_data_parallel(c, 1);
+  return c;
+}
 
 namespace fs = std::filesystem;
 
@@ -166,6 +172,7 @@ TEST(Hardening, SizesAndThreadsBeyondTheMachineAreRefused) {
     pf::Config cfg;
     try {
       cfg = pf::Config::from_toml_string("", {c.kv, "model.heads=2"});
+      pf::resolve_data_parallel(cfg, 1);
     } catch (const pf::UsageError& e) {
       ADD_FAILURE() << c.kv << ": refused by validate, not by the resource check: " << e.what();
       continue;
@@ -177,12 +184,13 @@ TEST(Hardening, SizesAndThreadsBeyondTheMachineAreRefused) {
   // 65536 segfaulted in libgomp, 32768 exited 1: their stacks alone exceed this machine (or the
   // kernel's thread limits do).
   for (int n : {65536, 32768}) {
-    const pf::Config cfg = pf::Config::from_toml_string("", {"train.threads=" + std::to_string(n)});
+    pf::Config cfg = pf::Config::from_toml_string("", {"train.threads=" + std::to_string(n)});
+    pf::resolve_data_parallel(cfg, 1);
     expect_refused([&] { pf::check_resources(cfg); }, "train.threads: " + std::to_string(n) + " threads");
   }
   // The default job fits, well under this machine's memory.
-  EXPECT_NO_THROW(pf::check_resources(pf::Config{}));
-  EXPECT_LT(pf::estimate_peak_bytes(pf::Config{}), 2e9);
+  EXPECT_NO_THROW(pf::check_resources(one_process()));
+  EXPECT_LT(pf::estimate_peak_bytes(one_process()), 2e9);
 }
 
 // Item 8: the check compares with the memory available now, never more than the machine has.
@@ -204,15 +212,16 @@ TEST(Hardening, MemoryCheckUsesWhatIsAvailable) {
 // each), one at a time in one process.
 TEST(Hardening, MemoryEstimateCountsMicroBatchesInFlight) {
   auto peak = [](const std::string& schedule, int stages, int mbs) {
-    const pf::Config c = pf::Config::from_toml_string(
+    pf::Config c = pf::Config::from_toml_string(
         "", {"parallel.schedule=" + schedule, "parallel.stages=" + std::to_string(stages),
              "parallel.micro_batches=" + std::to_string(mbs), "model.seq_len=128", "parallel.micro_batch_size=8"});
+    pf::resolve_data_parallel(c, stages);
     return pf::estimate_peak_bytes(c, stages, stages);
   };
   EXPECT_GT(peak("gpipe", 2, 8), peak("gpipe", 2, 4));
   EXPECT_EQ(peak("1f1b", 2, 8), peak("gpipe", 2, 8));
   EXPECT_EQ(peak("gpipe", 1, 8), peak("gpipe", 1, 1));  // one process: one at a time
-  EXPECT_GT(pf::estimate_peak_bytes(pf::Config{}), pf::estimate_run_bytes(pf::Config{}));
+  EXPECT_GT(pf::estimate_peak_bytes(one_process()), pf::estimate_run_bytes(one_process()));
 }
 
 // Item 7: 1e999 made nlohmann throw out_of_range (exit 1, an abort under the fuzzer); 1.7e308

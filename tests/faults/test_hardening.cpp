@@ -301,7 +301,7 @@ TEST(Hardening, PlanRefusesBadNumbersAndTooMuchWork) {
            {"--schedule 1f1b --sweep --sweep-stages 100000", "--sweep-stages: 100000 devices"},
            {"--schedule 1f1b --sweep --sweep-stages 1", "--sweep-stages: depths must be >= 2"},
            {"--schedule 1f1b --sweep --tf 0 --tb 0", "--tf/--tb/--tcomm: the step takes 0 ms: no throughput to sweep"},
-           {"--schedule 1f1b --stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: about"}}) {
+           {"--schedule 1f1b --stages 8 --micro-batches 8 --kfac --layers-per-stage 2000000000", "--layers-per-stage: 8 stages x 2000000000 blocks"}}) {
     Launch r = run("timeout 60 " + kBinary + " plan " + args);
     expect_refusal(r, what, args);
   }

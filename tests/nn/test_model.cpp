@@ -385,3 +385,40 @@ TEST(Model, BertNspLossIsMaskedLmPlusPairClassification) {
   EXPECT_EQ(plain->linears().size() + 2, m->linears().size());
   EXPECT_EQ(m->linears().back()->name(), "cls.seq_relationship.weight");
 }
+
+// The KV cache's decode gives the logits of a full forward of the same tokens at every position,
+// to float32 rounding: the same operations, row products instead of matrix products. Bound: 64
+// units of float32 rounding (2^-24 each) per unit of the logits' scale, for sums of at most
+// 32 products through two blocks.
+TEST(Model, KvCacheDecodeGivesTheFullForwardsLogits) {
+  ModelConfig c = tiny_config("gpt");
+  c.seq_len = 12;
+  auto m = build_model(c, 0, num_blocks(c) - 1);
+  m->init(3);
+  m->set_training(false);
+  std::vector<int32_t> tokens(static_cast<size_t>(c.seq_len));
+  for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<int32_t>((7 * t + 3) % static_cast<size_t>(c.vocab));
+  KvCache cache = m->make_kv_cache(c.seq_len);
+  ModelState st = m->make_state(1, c.seq_len);
+  MicroBatch mb;
+  std::vector<float> cached(static_cast<size_t>(c.vocab)), full(cached.size());
+  double worst = 0;
+  for (int t = 0; t < c.seq_len; ++t) {
+    m->decode(tokens[static_cast<size_t>(t)], cache, cached.data());
+    mb.resize(1, t + 1);
+    std::copy(tokens.begin(), tokens.begin() + t + 1, mb.tokens.begin());
+    std::fill(mb.token_types.begin(), mb.token_types.end(), 0);
+    std::fill(mb.attn_mask.begin(), mb.attn_mask.end(), 1);
+    std::fill(mb.labels.begin(), mb.labels.end(), -1);
+    m->logits(mb, st, 0, t, full.data());
+    double scale = 0;
+    for (float x : full) scale = std::max(scale, static_cast<double>(std::abs(x)));
+    for (size_t i = 0; i < full.size(); ++i) {
+      const double err = std::abs(static_cast<double>(cached[i]) - full[i]) / (1 + scale);
+      worst = std::max(worst, err);
+      EXPECT_LE(err, 64 * 0x1p-24) << "position " << t << ", logit " << i << ": " << cached[i] << " vs " << full[i];
+    }
+  }
+  EXPECT_EQ(cache.length, c.seq_len);
+  RecordProperty("worst_relative_difference", std::to_string(worst));
+}

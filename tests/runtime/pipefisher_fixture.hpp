@@ -81,8 +81,11 @@ inline Launched launch(int ranks, const std::string& name, const std::string& se
 
 inline std::map<std::string, std::vector<float>> saved_weights(const fs::path& file) { return pf_test::read_weights(file); }
 
+// The configuration as the runs launched with `sets` resolve it (one replica unless `sets` says).
 inline pf::Config load_config(const std::vector<std::string>& sets) {
-  return pf::Config::load(config_file().string(), sets);
+  pf::Config c = pf::Config::load(config_file().string(), sets);
+  pf::resolve_data_parallel(c, c.parallel.stages);
+  return c;
 }
 
 // A step's gradient norms: of the loss gradient, and after K-FAC's precondition.

@@ -110,6 +110,10 @@ TEST(PlanCli, PartitionScalesEachStageByItsBlocks) {
   expect_usage(base + " --partition 3,3,3,4",
                "pipefisher: --partition: assigns 13 transformer blocks but --model bert-base's layers = 12");
   expect_usage(base + " --partition 3,3,3,3 --layers-per-stage 3", "pipefisher: --partition: gives each stage's blocks");
+  // --layers-per-stage meets the same bound: the model's depth.
+  expect_usage(base + " --layers-per-stage 4 --kfac",
+               "pipefisher: --layers-per-stage: 4 stages x 4 blocks = 16 transformer blocks, but --model bert-base has 12");
+  EXPECT_EQ(plan(base + " --layers-per-stage 3 --kfac --json").status, 0);
   expect_usage("--schedule gpipe --stages 4 --micro-batches 4 --partition 3,3,3,3",
                "pipefisher: --partition: scales the paper's per-block CSV profile");
 }
@@ -223,10 +227,10 @@ TEST(PlanCli, TorchScheduleCsvBothWays) {
   PlanRun b = plan("--schedule-file " + csv + " --json");
   ASSERT_EQ(b.status, 0) << b.err;
   EXPECT_EQ(nlohmann::json::parse(a.out)["step_time"], nlohmann::json::parse(b.out)["step_time"]);
-  PlanRun k = plan("--schedule-file " + csv + " --kfac --tcurv 0.2 --tinv 1 --tprec 0.1 --model bert-tiny "
-                   "--layers-per-stage 1");
+  PlanRun k = plan("--schedule-file " + csv + " --kfac --tcurv 0.2 --tinv 1 --tprec 0.1 --model bert-mini "
+                   "--layers-per-stage 1");  // zb-v: 2 devices of 2 stages, a block each of bert-mini's 4
   ASSERT_EQ(k.status, 0) << k.err;
-  EXPECT_NE(k.out.find("PipeFisher (bert-tiny model shapes"), std::string::npos) << k.out;
+  EXPECT_NE(k.out.find("PipeFisher (bert-mini model shapes"), std::string::npos) << k.out;
   // Two step times, each named; the bound says what it bounds.
   EXPECT_NE(k.out.find("without K-FAC: step time "), std::string::npos) << k.out;
   EXPECT_NE(k.out.find("; step time with K-FAC "), std::string::npos) << k.out;

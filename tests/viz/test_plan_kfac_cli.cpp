@@ -210,3 +210,24 @@ TEST(PlanKfacCli, PaperProfilesFromTheRepository) {
 }
 
 }  // namespace
+
+// What a plan is computed from is said in its output, not only in --help: without durations the
+// times are units (F = 1, B = 2); with --kfac and no K-FAC costs, K-FAC is planned at zero cost.
+TEST(PlanKfacCli, OutputSaysWhenItUsesUnitCostsOrFreeKfac) {
+  PlanRun units = plan("--schedule 1f1b --stages 2 --micro-batches 2");
+  ASSERT_EQ(units.status, 0) << units.err;
+  EXPECT_NE(units.out.find("(times in units)\nwarning: no durations given (--profile, or --tf and --tb): every "
+                           "forward takes 1 and every backward 2"), std::string::npos) << units.out;
+  PlanRun free = plan("--kfac --schedule 1f1b --stages 2 --micro-batches 2 --tf 1 --tb 2 --json");
+  ASSERT_EQ(free.status, 0) << free.err;
+  const nlohmann::json j = nlohmann::json::parse(free.out);
+  EXPECT_EQ(j["time_unit"], "ms");
+  ASSERT_EQ(j["warnings"].size(), 1u) << free.out;
+  EXPECT_EQ(j["warnings"][0].get<std::string>().rfind("no K-FAC costs given", 0), 0u) << free.out;
+  PlanRun both = plan("--kfac --schedule 1f1b --stages 2 --micro-batches 2 --json");
+  EXPECT_EQ(nlohmann::json::parse(both.out)["warnings"].size(), 2u) << both.out;
+  EXPECT_EQ(nlohmann::json::parse(both.out)["time_unit"], "unit") << both.out;
+  PlanRun costed = plan("--kfac --schedule 1f1b --stages 2 --micro-batches 2 --tf 1 --tb 2 --tcurv 1 --tinv 1 --tprec 0.5");
+  ASSERT_EQ(costed.status, 0) << costed.err;
+  EXPECT_EQ(costed.out.find("warning"), std::string::npos) << costed.out;
+}

@@ -9,6 +9,7 @@
 #include "viz/sweep_chart.hpp"
 #include "../support/scratch.hpp"
 
+#include <cctype>
 #include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -183,8 +184,22 @@ TEST(Svg, MeasuredStepsKeepTheirNumbers) {
 TEST(Text, TerminalRowsShowKindsAndIdle) {
   // 1F1B, D = 2, N = 1, T_f = T_b = 1: step 4, one column per time unit.
   Timeline tl = simulate(make_1f1b(2, 1), uniform(1, 1));
-  EXPECT_EQ(timeline_text(tl, 4), "   0 |F..B|\n   1 |.FB.|\n");
   EXPECT_EQ(timeline_text(tl, 8), "   0 |F0....B0|\n   1 |..F0B0..|\n");
+  EXPECT_EQ(timeline_text(tl, 4), timeline_text(tl, 8));  // widened until every label fits
+}
+
+// Micro-batches from 10 on keep their numbers: every pass is wide enough for its label.
+TEST(Text, TwoDigitMicroBatchesAreWritten) {
+  Timeline tl = simulate(make_1f1b(2, 12), uniform(1, 1));
+  const std::string text = timeline_text(tl);
+  for (int mb = 0; mb < 12; ++mb)
+    for (const char* kind : {"F", "B"}) {
+      const std::string label = kind + std::to_string(mb);
+      size_t count = 0;
+      for (size_t at = text.find(label); at != std::string::npos; at = text.find(label, at + 1))
+        count += at + label.size() >= text.size() || !std::isdigit(static_cast<unsigned char>(text[at + label.size()]));
+      EXPECT_EQ(count, 2u) << label << "\n" << text;  // once on each device
+    }
 }
 
 TEST(Files, AtomicWriteLeavesNoTemporary) {
@@ -469,6 +484,27 @@ TEST(Trace, OneFileForSeveralStepsWithMarkersAndLayerNames) {
   EXPECT_DOUBLE_EQ(marker[8], (tl.step_time + 5) * 1000);
   EXPECT_EQ(named, 2);  // once per step
   EXPECT_EQ(last_ts_step8, static_cast<int>(s.num_actions()));  // step 8's actions after its start
+}
+
+// A device of several stages (interleaved: 2 chunks each) names each box's stage beside its
+// micro-batch ("3/s5"), where it fits; one stage per device (1F1B) keeps the micro-batch alone.
+TEST(Svg, LoopedDevicesNameTheStageOfEachBox) {
+  Timeline looped = simulate(make_interleaved(2, 4, 2), uniform(1, 2));
+  const std::vector<Box> bs = boxes(timeline_svg(looped, options("t", 2400)));
+  int staged = 0;
+  for (const Box& b : bs)
+    if (b.font > 0) {
+      EXPECT_NE(b.label.find("/s"), std::string::npos) << b.label;
+      staged += 1;
+    }
+  EXPECT_GT(staged, 0);
+  EXPECT_NE(timeline_svg(looped, options("t", 2400)).find("3/s5: micro-batch 3 of stage 5"), std::string::npos);
+  // Interleaved over 2 devices: device 0 holds stages 0 and 2, device 1 stages 1 and 3.
+  for (const TimedAction& t : looped.per_device[0])
+    if (is_compute(t.action.kind)) EXPECT_EQ(t.action.stage % 2, 0);
+  const std::string plain = timeline_svg(simulate(make_1f1b(2, 4), uniform(1, 2)), options("t", 2400));
+  for (const Box& b : boxes(plain)) EXPECT_EQ(b.label.find("/s"), std::string::npos) << b.label;
+  EXPECT_EQ(plain.find("of stage"), std::string::npos);
 }
 
 }  // namespace

@@ -81,24 +81,25 @@ void Controller::measure_steady(const std::vector<Action>& list, const std::vect
   }
 }
 
-// Due at the end of `step` when the next step (one the run has) starts a cycle of every device,
-// kAdaptSteps or more after the steady state began, and the plan can change its cycles there: no
-// recorded profile fixes it, no drift re-plan is under way, and no Chimera sync is pinned to a
-// cycle step (its inversions wrap past the cycle's first step).
-bool Controller::adapt_due(int64_t step) const {
-  const int64_t next = step + 1 - phase_.plan_start;
-  return !recorded_ && phase_.replan_at < 0 && plan_->sync_step < 0 && step + 1 < cfg_.train.steps &&
+// Due at the end of a planned `step` (the plan's step 0 at plan_start) when the next step (one the
+// run has) starts a cycle of every device, kAdaptSteps or more after the steady state began, and
+// the plan can change its cycles there: no Chimera sync is pinned to a cycle step (its inversions
+// wrap past the cycle's first step). Asked only when the run adapts (no recorded profile fixes
+// the plan: PipeFisherOptions::adapts) and no drain was just decided.
+bool Controller::adapt_due(int64_t step, int64_t plan_start) const {
+  const int64_t next = step + 1 - plan_start;
+  return plan_->sync_step < 0 && step + 1 < opts_.steps &&
          step + 1 - steady_.since >= kAdaptSteps && plan_->all_cycles_start(next) == next;
 }
 
 // Collective: every rank plans from the same all-reduced measurements, so every rank decides the same.
-void Controller::adapt(int64_t step) {
+std::optional<std::vector<Action>> Controller::adapt(int64_t step) {
   PlanProfile measured = measured_profile(steady_times(), plan_input_.shape, "the measured K-FAC steps");
   const double scale = seams_.adapt_cost_scale.value_or(seams_.cost_scale);
   std::unique_ptr<KfacPlan> next = plan_for(measured, scale);
   const int64_t since = steady_.since;
   restart_steady(step + 1);
-  if (next->refresh_steps == plan_->refresh_steps) return;  // nothing to change
+  if (next->refresh_steps == plan_->refresh_steps) return std::nullopt;  // nothing to change
   const std::string why_not = not_adaptable(*next);
   if (why_not.empty()) return switch_plan(std::move(next), std::move(measured), scale, since, step + 1);
   if (groups_.rank == 0) {
@@ -107,6 +108,7 @@ void Controller::adapt(int64_t step) {
                 fmt::format("{}", fmt::join(next->refresh_steps, " ")).c_str(), why_not.c_str());
     std::fflush(stdout);
   }
+  return std::nullopt;
 }
 
 // What the steady state measured in place of the profiled times; a time not measured (a split
@@ -145,9 +147,9 @@ std::string Controller::not_adaptable(const KfacPlan& next) const {
   const KfacPlan& now = *plan_;
   if (next.sync_step >= 0) return "a Chimera sync pinned to a cycle step";
   for (size_t d = 0; d < next.refresh_steps.size(); ++d) {
-    const int bound = cfg_.kfac.max_refresh_steps > 0 ? cfg_.kfac.max_refresh_steps : profiled_refresh_.at(d);
+    const int bound = opts_.max_refresh_steps > 0 ? opts_.max_refresh_steps : profiled_refresh_.at(d);
     if (next.refresh_steps[d] > bound)
-      return cfg_.kfac.max_refresh_steps > 0
+      return opts_.max_refresh_steps > 0
                  ? fmt::format("device {} over kfac.max_refresh_steps = {}", d, bound)
                  : fmt::format("device {} over the profile's plan's {} steps (kfac.max_refresh_steps = 0)", d, bound);
   }
@@ -157,21 +159,18 @@ std::string Controller::not_adaptable(const KfacPlan& next) const {
   return "";
 }
 
-// Checkpoints: the steady state, the switch, the profiled plan's cycles.
+// Checkpoints: the steady state, the profiled plan's cycles (the switch: the phase's, save_state).
 void Controller::save_adapt(nlohmann::json& j) const {
-  nlohmann::json actions = nlohmann::json::array(), units = nlohmann::json::array(), first = nlohmann::json::array();
+  nlohmann::json actions = nlohmann::json::array(), units = nlohmann::json::array();
   for (const Mean& m : steady_.actions) actions.push_back({m.sum, m.n});
   for (const auto& [key, m] : steady_.units)
     units.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), m.sum, m.n});
-  for (const Action& a : switch_.first) first.push_back(to_token(a));
-  j["adapt"] = {{"since", steady_.since}, {"actions", actions}, {"units", units}, {"switch_at", switch_.at},
-                {"switch_first", first}, {"profiled_refresh", profiled_refresh_}};
+  j["adapt"] = {{"since", steady_.since}, {"actions", actions}, {"units", units}, {"profiled_refresh", profiled_refresh_}};
 }
 
-void Controller::load_adapt(const nlohmann::json& j) {
-  restart_steady(phase_.plan_start);
-  switch_ = {};
-  profiled_refresh_ = plan_ ? plan_->refresh_steps : std::vector<int>{};
+// The steady state (the profile's plan's cycles: load_profiled_refresh, with the plan).
+void Controller::load_adapt(const nlohmann::json& j, int64_t plan_start) {
+  restart_steady(plan_start);
   if (!j.contains("adapt")) return;  // a checkpoint of a build without adapting
   const nlohmann::json& a = j.at("adapt");
   steady_.since = a.at("since").get<int64_t>();
@@ -181,9 +180,6 @@ void Controller::load_adapt(const nlohmann::json& j) {
   for (size_t i = 0; i < actions.size(); ++i) steady_.actions[i] = {actions[i][0].get<double>(), actions[i][1].get<int>()};
   for (const auto& u : a.at("units"))
     steady_.units[{u[0].get<int>(), u[1].get<int>(), u[2].get<int>()}] = {u[3].get<double>(), u[4].get<int>()};
-  switch_.at = a.at("switch_at").get<int64_t>();
-  for (const auto& t : a.at("switch_first")) switch_.first.push_back(parse_token(t.get<std::string>(), "checkpoint"));
-  profiled_refresh_ = a.at("profiled_refresh").get<std::vector<int>>();
 }
 
 }  // namespace pf

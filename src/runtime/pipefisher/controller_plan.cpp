@@ -23,11 +23,12 @@ namespace pf {
 namespace {
 // The plan's input as saved: its profile JSON (runtime/plan_record.hpp), or the wire form's sums
 // that checkpoints of earlier builds hold; empty without a plan.
-PlanProfile saved_plan_input(const nlohmann::json& j, const Config& cfg, const Layout& layout, const std::string& where) {
+PlanProfile saved_plan_input(const nlohmann::json& j, const nlohmann::json& shape, const Layout& layout,
+                             const std::string& where) {
   if (j.is_object()) return read_profile(j, where).plan;
   if (!j.is_array() || j.empty()) return {};
   PlanProfile p = ProfileLayout(layout).mean(j.get<std::vector<double>>());
-  p.shape = plan_shape(cfg, layout);
+  p.shape = shape;
   return p;
 }
 }  // namespace
@@ -124,80 +125,71 @@ PlanProfile Controller::measured_profile(const RankTimes& mine, nlohmann::json s
   return p;
 }
 
-// At the profile's end every rank plans from the same numbers (the same bits), so every rank
-// gets the same plan.
-void Controller::plan_from_profile() {
+// At the profile's end (steps profile_start .. plan_start - 1) every rank plans from the same
+// numbers (the same bits), so every rank gets the same plan, whose step 0 is plan_start.
+void Controller::plan_from_profile(int64_t profile_start, int64_t plan_start) {
   const double samples = std::max(1, profile_.samples);
   planned_compute_ms_ = 0;
   for (size_t i = 0; i < lowered_.size(); ++i) {
     const Kind kd = lowered_[i].kind;
     if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) planned_compute_ms_ += profile_.action_ms[i] / samples;
   }
-  // kfac.plan_profile: every rank plans from the same recorded numbers.
-  plan_input_ = recorded_ ? *recorded_ : measured_profile(profiled_times(), plan_shape(cfg_, layout_), "the K-FAC profile");
+  // This run's timings all-reduced, or (kfac.plan_profile) the same recorded numbers on every rank.
+  plan_input_ = opts_.source->profile(
+      [&] { return measured_profile(profiled_times(), opts_.record.shape, "the K-FAC profile"); });
   // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
   // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
   plan_scale_ = seams_.cost_scale;
-  make_plan(false);
-  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
-    write_file_atomic(cfg_.train.out_dir + "/kfac_profile.json", plan_profile_json(cfg_, layout_, plan_input_).dump(1) + "\n");
-}
-
-// The plan from plan_input_ (the same bits on every rank): made at the end of a profile, or
-// remade from a checkpoint (`restoring`: the factors' block structure and the record come from
-// the checkpoint, so nothing is recorded or printed here).
-void Controller::make_plan(bool restoring) {
-  plan_ = plan_for(plan_input_, plan_scale_);
-  split_preconditions();
-  if (restoring) return;  // set_replicated and the blocks: ChunkKfac::load_state
+  make_plan();
   profiled_refresh_ = plan_->refresh_steps;
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
   // SYNC_CURV and inverses travel with it.
   if (layout_.replicas > 1 || layout_.pipelines() > 1)
     for (HostedKfac& h : units_.hosted()) h.kfac->set_replicated(h.holders.get());
-  split_as_planned();
-  if (groups_.rank == 0)
-    print_plan(*plan_, plan_input_,
-               !recorded_ ? fmt::format("{} profiled steps (steps {}-{})", kProfileSteps, phase_.profile_start + 1,
-                                        phase_.plan_start)
-                          : fmt::format("kfac.plan_profile = {}", cfg_.kfac.plan_profile));
+  split_as_planned(plan_start);
+  if (groups_.rank == 0) print_plan(*plan_, plan_input_, opts_.source->from(profile_start, plan_start));
+  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
+    write_file_atomic(opts_.out_dir + "/kfac_profile.json", plan_profile_json(opts_.record, layout_, plan_input_).dump(1) + "\n");
+}
+
+// The plan from plan_input_ (the same bits on every rank): made at the end of a profile
+// (plan_from_profile goes on), or remade from a checkpoint (the factors' block structure and the
+// record come from the checkpoint, so nothing is recorded or printed).
+void Controller::make_plan() {
+  plan_ = plan_for(plan_input_, plan_scale_);
+  split_preconditions();
 }
 
 // The planner over a profile (every rank the same bits, so every rank the same plan): the whole
 // lowered step with its measured durations (the planner sets the optimizer steps aside and ends
 // every list with them), the K-FAC units' costs times `scale` (tests only: not 1).
 std::unique_ptr<KfacPlan> Controller::plan_for(const PlanProfile& prof, double scale) const {
-  // Chimera: a stage's twins and their replicas form one group sharing its inversions, each pair
-  // of twins with its own cycle (PlanSettings::chimera_group, the default).
-  const PlanSettings settings{.replicas = layout_.replicas,
-                              .split_to_shorten = cfg_.kfac.split_inversions,
-                              .recompute = cfg_.parallel.recompute && layout_.stages() > 1,
-                              .min_refresh_steps = cfg_.kfac.min_refresh_steps};
   // No broadcast model: no broadcasts to model.
-  PlanInput in = plan_input(layout_.schedule, settings, {std::max(0.0, prof.bcast_alpha), std::max(0.0, prof.bcast_beta)},
+  PlanInput in = plan_input(layout_.schedule, opts_.settings, {std::max(0.0, prof.bcast_alpha), std::max(0.0, prof.bcast_beta)},
                             prof.kfac, scale);
   in.durations = prof.action_ms;
   return std::make_unique<KfacPlan>(plan_kfac(in));
 }
 
 // adaptive: `next`, planned from `input` (the steps measured since `since`), runs from step `at`,
-// a cycle start of every device. Its splits and inversion owners are the plan's (not_adaptable), so
-// the factors keep their blocks and the previous cycle's inverses their broadcasts; the ended
-// cycle's units wrapped into step `at` run first there, as in the steady state.
-void Controller::switch_plan(std::unique_ptr<KfacPlan> next, PlanProfile input, double scale, int64_t since, int64_t at) {
+// a cycle start of every device; returns the switching step's list. Its splits and inversion
+// owners are the plan's (not_adaptable), so the factors keep their blocks and the previous
+// cycle's inverses their broadcasts; the ended cycle's units wrapped into step `at` run first
+// there, as in the steady state.
+std::vector<Action> Controller::switch_plan(std::unique_ptr<KfacPlan> next, PlanProfile input, double scale,
+                                            int64_t since, int64_t at) {
   const std::vector<int> was = plan_->refresh_steps;
-  switch_.at = at;
-  switch_.first = plan_->wrapped(groups_.replica, device_, 0);
+  std::vector<Action> first = plan_->wrapped(groups_.replica, device_, 0);
   plan_ = std::move(next);
   plan_input_ = std::move(input);
   plan_scale_ = scale;
-  phase_.plan_start = at;
   const std::vector<Action>& step0 = plan_->actions(groups_.replica, device_, 0);
-  switch_.first.insert(switch_.first.end(), step0.begin(), step0.end());
+  first.insert(first.end(), step0.begin(), step0.end());
   split_preconditions();
   if (groups_.rank == 0)
     print_plan(*plan_, plan_input_,
                fmt::format("steps {}-{} as run (adaptive, was every {})", since + 1, at, fmt::join(was, " ")));
+  return first;
 }
 
 // Broadcast of an inverse among a stage's holders (the planner's t_comm, ms and ms per byte):
@@ -243,12 +235,12 @@ void Controller::split_preconditions() {
 }
 
 // Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
-void Controller::split_as_planned() {
+void Controller::split_as_planned(int64_t plan_start) {
   for (HostedKfac& h : units_.hosted())
     for (int l = 0; l < h.kfac->layers(); ++l)
       for (int side : {0, 1}) {
         const int blocks = plan_->split_blocks(h.pipeline, h.stage, l, inversion_kind(side));
-        if (h.kfac->blocks(l, side_at(side)) != blocks) h.kfac->split(l, side_at(side), blocks, phase_.plan_start);
+        if (h.kfac->blocks(l, side_at(side)) != blocks) h.kfac->split(l, side_at(side), blocks, plan_start);
       }
 }
 
@@ -262,18 +254,25 @@ int Controller::plan_period() const {
 
 void Controller::save_plan(nlohmann::json& j) const {
   j["has_plan"] = static_cast<bool>(plan_);
-  j["plan_input"] = plan_ ? plan_profile_json(cfg_, layout_, plan_input_) : nlohmann::json();
+  j["plan_input"] = plan_ ? plan_profile_json(opts_.record, layout_, plan_input_) : nlohmann::json();
   j["plan_scale"] = plan_scale_;
   j["profiled_compute"] = planned_compute_ms_;
 }
 
 // The plan in use, remade from the profile it was made from (timings of this run would give another).
 void Controller::load_plan(const nlohmann::json& j, const std::string& where) {
-  plan_input_ = saved_plan_input(j.at("plan_input"), cfg_, layout_, where + " plan_input");
+  plan_input_ = saved_plan_input(j.at("plan_input"), opts_.record.shape, layout_, where + " plan_input");
   plan_scale_ = j.at("plan_scale").get<double>();
   planned_compute_ms_ = j.at("profiled_compute").get<double>();
   plan_.reset();
-  if (j.at("has_plan").get<bool>()) make_plan(true);
+  if (j.at("has_plan").get<bool>()) make_plan();  // set_replicated and the blocks: ChunkKfac::load_state
+  load_profiled_refresh(j);
+}
+
+// The profile's plan's cycles (adaptive's default bound; saved with the steady state, save_adapt).
+void Controller::load_profiled_refresh(const nlohmann::json& j) {
+  profiled_refresh_ = plan_ ? plan_->refresh_steps : std::vector<int>{};
+  if (j.contains("adapt")) profiled_refresh_ = j.at("adapt").at("profiled_refresh").get<std::vector<int>>();
 }
 
 }  // namespace pf

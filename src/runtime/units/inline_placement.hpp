@@ -7,6 +7,7 @@
 #include "kfac/cadence.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/step_driver.hpp"
 #include "runtime/units/kfac_units.hpp"
 
 namespace pf {
@@ -21,14 +22,16 @@ class InlinePlacement final : public KfacPlacement {
   int64_t plan_start() const override { return 0; }
   int plan_period() const override { return 0; }
   const PlanProfile* plan_profile() const override { return nullptr; }
+  StepDriver& driver() override { return in_order_; }
   void save_state(nlohmann::json&) const override {}
-  void load_state(const nlohmann::json&, const std::string&) override {}
+  void load_state(const nlohmann::json&, const std::string&, int64_t) override {}
 
  private:
   KfacCadence cadence_;
   int micro_batches_, replica_;
   KfacUnits& units_;
   std::vector<Action> list_;
+  InOrder in_order_;
 };
 
 }  // namespace pf
