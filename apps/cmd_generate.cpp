@@ -49,7 +49,7 @@ int run_generate(const GenerateArgs& a) {
     usage_error("--temperature", "must be a finite number >= 0 (0 = greedy), got {}", a.temperature);
   if (!(a.top_p > 0 && a.top_p <= 1)) usage_error("--top-p", "must be in (0, 1] (1 = all tokens), got {}", a.top_p);
   const Config cfg = load_model_config(a.model, "generate");
-  if (cfg.model.arch != Arch::Gpt) usage_error("model.arch", "generate needs a causal LM (gpt); {} is a masked LM", cfg.model.arch);
+  if (!causal_lm(cfg.model.arch)) usage_error("model.arch", "generate needs a causal LM (gpt, llama); {} is a masked LM", cfg.model.arch);
   const std::string vocab = a.vocab_dir.empty() ? find_vocab_dir("gpt2", cfg.data.valid_file) : a.vocab_dir;
   auto tok = load_tokenizer("gpt2", vocab);
   LoadedModel m = load_model(a.model, cfg);

@@ -79,7 +79,7 @@ std::vector<StageMemory> stage_memory(const PlanRequest& r, const Profile& prof)
   ModelConfig m = model_preset(r.model);
   if (r.seq_len > 0) m.seq_len = r.seq_len;
   if (!prof.plan.kfac.empty())  // the run's own blocks per stage
-    blocks = std::max<int>(1, prof.plan.kfac.front().layers() / static_cast<int>(block_linears(name_of(m.arch), m.hidden, m.ffn).size()));
+    blocks = std::max<int>(1, prof.plan.kfac.front().layers() / static_cast<int>(block_linears(m).size()));
   return {block_memory(m, blocks, std::max(1, prof.micro_batch_size))};
 }
 

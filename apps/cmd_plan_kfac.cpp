@@ -36,7 +36,7 @@ KfacModel kfac_model(const PlanRequest& r, const Schedule& s, const Profile& pro
   k.config = k.measured && !r.model_named ? ModelConfig{} : model_preset(r.model);
   k.name = k.measured && !r.model_named ? std::string("measured") : r.model;
   k.blocks = stage_blocks(r, s);
-  k.block = block_linears(name_of(k.config.arch), k.config.hidden, k.config.ffn);
+  k.block = block_linears(k.config);
   return k;
 }
 

@@ -30,7 +30,7 @@ std::vector<std::string> cost_model_flags(const Config& cfg, int stages, double 
   const double ms = 1e3 / peak;
   const double tf = 2 * block_macs * blocks * rows * ms;
   double curv = 0, inv = 0, prec = 0;
-  for (const LinearShape& l : block_linears(name_of(m.arch), m.hidden, m.ffn)) {
+  for (const LinearShape& l : block_linears(m)) {
     curv += curvature_flops(l.d_in, 1, static_cast<int64_t>(rows)) + curvature_flops(l.d_out, 1, static_cast<int64_t>(rows));
     inv += inversion_flops(l.d_in, 1) + inversion_flops(l.d_out, 1);
     prec += 2.0 * l.d_out * l.d_in * (l.d_in + l.d_out);

@@ -14,8 +14,12 @@ has avx2 && has fma && families+=(Haswell)
 has avx512f && has avx512bw && has avx512vl && has avx512dq && families+=(SkylakeX)
 args=("$@")
 # Every program whose results go through BLAS: single process, pipelines (runtime), K-FAC,
-# checkpoints, data-parallel K-FAC.
-((${#args[@]})) || args=(-L '^(core|nn|optim|kfac|train|runtime|checkpoint|dkfac)$')
+# checkpoints, data-parallel K-FAC; less the suites whose tests compare two runs of the same code
+# on the same kernel bit for bit (a resumed run with an uninterrupted one, recomputation on and
+# off) or check refusals, files and logs: no kernel can make them pass on one CPU and fail on
+# another, and they are half of these programs' time (the whole suite runs them once).
+((${#args[@]})) || args=(-L '^(core|nn|optim|kfac|train|runtime|checkpoint|dkfac)$'
+                         -E '^(Resume|AutoResume|Recompute|Rotation|RunDir|RunLog|RuntimeMisuse|WeightsFit)\.')
 for f in "${families[@]}"; do
   echo "test-kernels: OPENBLAS_CORETYPE=$f"
   OPENBLAS_CORETYPE=$f ctest --output-on-failure -j 2 --repeat until-pass:2 "${args[@]}"

@@ -30,6 +30,7 @@ struct Preset {
   const char* name;
   Arch arch;
   int layers, hidden, heads, ffn, vocab, max_position;
+  int kv_heads = 0;  // 0: heads
 };
 constexpr Preset kPresets[] = {
     {"bert-tiny", Arch::Bert, 2, 128, 2, 512, 30522, 512},
@@ -42,6 +43,10 @@ constexpr Preset kPresets[] = {
     {"gpt2-mini", Arch::Gpt, 4, 256, 4, 1024, 50257, 1024},
     {"gpt2-small", Arch::Gpt, 12, 768, 12, 3072, 50257, 1024},
     {"gpt2-medium", Arch::Gpt, 24, 1024, 16, 4096, 50257, 1024},
+    // Llama-style shapes of gpt2-tiny's and gpt2-mini's size: heads of 64, two queries per
+    // key/value head, a SwiGLU of three matrices of 3 x hidden (about GPT's two of 4 x hidden).
+    {"llama-tiny", Arch::Llama, 2, 128, 2, 384, 50257, 1024, 1},
+    {"llama-mini", Arch::Llama, 4, 256, 4, 768, 50257, 1024, 2},
 };
 
 // Text a TOML file can hold and config.toml can print back: valid UTF-8 (no overlong forms or
@@ -242,7 +247,7 @@ Config defaults_for(Reader& r) {
   r.get("model.preset", m.preset);
   if (!m.preset.empty()) apply_model_preset(m, m.preset);
   r.get("model.arch", m.arch);
-  if (m.preset.empty() && m.arch == Arch::Gpt) {
+  if (m.preset.empty() && causal_lm(m.arch)) {
     // An architecture without a preset takes its own vocabulary and table sizes.
     m.layer_norm_eps = 1e-5f;
     m.vocab = 50257;
@@ -257,7 +262,8 @@ void fill_unset(Config& c, const Reader& r) {
   auto& m = c.model;
   auto& d = c.data;
   m.gelu = gelu_of(m);
-  if (!r.has("data.vocab")) d.vocab = m.arch == Arch::Gpt ? Vocab::Gpt2 : Vocab::Bert;
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (!r.has("data.vocab")) d.vocab = causal_lm(m.arch) ? Vocab::Gpt2 : Vocab::Bert;
   if (d.train_file.empty()) d.train_file = find_data("corpus/train." + name_of(d.vocab) + ".bin");
   if (d.valid_file.empty()) d.valid_file = find_data("corpus/valid." + name_of(d.vocab) + ".bin");
   m.nsp = d.nsp;
@@ -271,7 +277,7 @@ void fill_unset(Config& c, const Reader& r) {
 // `--set model.preset=P` over a file (a run's config.toml holds every size): P's sizes, not the file's.
 void drop_preset_sizes(toml::table& root) {
   if (toml::table* m = root["model"].as_table())
-    for (const char* k : {"arch", "layers", "hidden", "heads", "ffn", "vocab", "max_position", "layer_norm_eps"})
+    for (const char* k : {"arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_position", "layer_norm_eps"})
       m->erase(k);
 }
 
@@ -318,10 +324,11 @@ void apply_model_preset(ModelConfig& m, const std::string& preset) {
     m.layers = p.layers;
     m.hidden = p.hidden;
     m.heads = p.heads;
+    m.kv_heads = p.kv_heads;  // 0: model.heads, once the keys are read (fill_unset)
     m.ffn = p.ffn;
     m.vocab = p.vocab;
     m.max_position = p.max_position;
-    m.layer_norm_eps = m.arch == Arch::Gpt ? 1e-5f : 1e-12f;
+    m.layer_norm_eps = causal_lm(m.arch) ? 1e-5f : 1e-12f;
     return;
   }
   std::string names;
@@ -387,7 +394,7 @@ std::string Config::to_toml() const {
   return ss.str();
 }
 
-Gelu gelu_of(const ModelConfig& m) { return m.gelu.value_or(m.arch == Arch::Gpt ? Gelu::Tanh : Gelu::Erf); }
+Gelu gelu_of(const ModelConfig& m) { return m.gelu.value_or(causal_lm(m.arch) ? Gelu::Tanh : Gelu::Erf); }
 
 int masked_per_sequence(int seq_len, float mask_prob) {
   const int body = seq_len - 2;
@@ -395,7 +402,7 @@ int masked_per_sequence(int seq_len, float mask_prob) {
 }
 
 int labelled_per_sequence(const ModelConfig& model, int seq_len) {
-  if (model.arch == Arch::Gpt) return seq_len;
+  if (causal_lm(model.arch)) return seq_len;
   return masked_per_sequence(model.nsp ? seq_len - 1 : seq_len, model.mask_prob);
 }
 

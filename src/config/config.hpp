@@ -16,10 +16,17 @@ namespace pf {
 struct ModelConfig {
   // Defaults: bert-mini's shape (the built-in default job).
   std::string preset;          // bert-tiny, bert-mini, ..., gpt2-small: sets the sizes below
-  Arch arch = Arch::Bert;      // bert (post-LN, MLM head) | gpt (pre-LN, causal LM head)
+  Arch arch = Arch::Bert;      // bert (post-LN, MLM head) | gpt (pre-LN, causal LM head) | llama
   int layers = 4;
   int hidden = 256;
   int heads = 4;
+  // llama: key/value heads (grouped-query attention; heads must divide by it). 0 until the loader
+  // fills it: model.heads (every head its own keys and values, the only choice for bert and gpt).
+  int kv_heads = 0;
+  double rope_theta = 10000;   // llama: the base of the rotary position embedding's frequencies
+  // The LM head's matrix is the word embedding's (bert and gpt always; llama may have its own,
+  // lm_head.weight, as Hugging Face's tie_word_embeddings = false).
+  bool tie_embeddings = true;
   int ffn = 1024;
   int seq_len = 128;           // tokens per sequence
   int max_position = 512;      // size of the position-embedding table (gpt: 1024)
@@ -233,6 +240,11 @@ Placement default_kfac_placement(int stages);
 // Settings that work but are probably not what was meant (warm-up longer than the run, ...): one
 // sentence each, naming the keys.
 std::vector<std::string> config_warnings(const Config& c);
+
+// Key/value heads (model.kv_heads, 0 until the loader fills it: model.heads) and their width, the
+// keys (or values) of one token in one block: hidden for bert and gpt.
+inline int kv_heads_of(const ModelConfig& m) { return m.kv_heads > 0 ? m.kv_heads : m.heads; }
+inline int kv_width(const ModelConfig& m) { return kv_heads_of(m) * (m.hidden / m.heads); }
 
 // The GELU a model computes: model.gelu, else its architecture's own (gpt: tanh, bert: erf).
 Gelu gelu_of(const ModelConfig& m);

@@ -42,19 +42,24 @@ template <typename C, typename F>
 void model_keys(C& c, F& key) {
   auto& m = c.model;
   key("model.preset", m.preset, kAny,
-      "a named shape (bert-tiny ... bert-large, gpt2-tiny ... gpt2-medium) that sets the sizes below; empty: the keys' own values");
+      "a named shape (bert-tiny ... bert-large, gpt2-tiny ... gpt2-medium, llama-tiny, llama-mini) that sets the sizes below; empty: the keys' own values");
   key("model.arch", m.arch, kAny,
-      "bert: post-LN encoder with a masked-LM head; gpt: pre-LN decoder with a causal-LM head");
+      "bert: post-LN encoder with a masked-LM head; gpt: pre-LN decoder with a causal-LM head; llama: RMSNorm, rotary positions, SwiGLU, no biases, causal-LM head");
   key("model.layers", m.layers, kPositive, "transformer blocks");
   key("model.hidden", m.hidden, kPositive, "hidden size h");
   key("model.heads", m.heads, kPositive, "attention heads (model.hidden must divide by it)");
+  key("model.kv_heads", m.kv_heads, kPositiveOrAuto,
+      "llama: key/value heads, grouped-query attention (model.heads must divide by it); auto: model.heads (bert, gpt: always)");
   key("model.ffn", m.ffn, kPositive, "feed-forward inner size f");
   key("model.seq_len", m.seq_len, kAny, "tokens per sequence s");
   key("model.max_position", m.max_position, kPositive, "rows of the position-embedding table (at least model.seq_len)");
   key("model.vocab", m.vocab, kPositive, "rows of the word-embedding table (at least the tokenizer's vocabulary)");
   key("model.type_vocab", m.type_vocab, kPositive, "BERT token types (segments)");
   key("model.dropout", m.dropout, kFraction, "dropout probability (every dropout but the attention probabilities'; 0: off)");
-  key("model.layer_norm_eps", m.layer_norm_eps, kPositive, "epsilon of every layer norm");
+  key("model.layer_norm_eps", m.layer_norm_eps, kPositive, "epsilon of every layer norm (llama: of every RMSNorm)");
+  key("model.rope_theta", m.rope_theta, kPositive, "llama: base of the rotary position embedding's frequencies");
+  key("model.tie_embeddings", m.tie_embeddings, kAny,
+      "the LM head uses the word embedding's matrix (bert, gpt: always; llama: false gives it lm_head.weight)");
   key("model.init_std", m.init_std, kPositive, "standard deviation of the initial weights");
   key("model.gelu", m.gelu, kAny, "GELU form: erf (BERT) or tanh (GPT-2); empty: the architecture's own");
 }

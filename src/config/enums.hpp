@@ -13,7 +13,7 @@
 
 namespace pf {
 
-enum class Arch { Bert, Gpt };             // model.arch: post-LN with an MLM head | pre-LN causal LM
+enum class Arch { Bert, Gpt, Llama };      // model.arch: post-LN with an MLM head | pre-LN causal LM | Llama-style causal LM
 enum class Vocab { Bert, Gpt2 };           // data.vocab: the tokenizer
 enum class OptimName { NvLamb, AdamW, Sgd };  // optim.name
 enum class OnNonfinite { Skip, Stop };     // train.on_nonfinite
@@ -21,6 +21,10 @@ enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, Zb
 enum class LrDecay { Poly, Linear, Cosine, Constant };  // optim.schedule
 enum class Placement { Bubbles, Inline, Skip, Replay, Adaptive };  // kfac.placement
 enum class KfacStrategy { DKfac, MpdKfac, SpdKfac };   // kfac.distributed
+
+// A causal language model (next-token loss on every position, unpadded windows, generation):
+// every architecture but BERT's.
+constexpr bool causal_lm(Arch a) { return a != Arch::Bert; }
 
 template <typename E>
 struct EnumName {
@@ -33,7 +37,7 @@ template <typename E>
 struct EnumNames;
 template <>
 struct EnumNames<Arch> {
-  static constexpr EnumName<Arch> table[] = {{Arch::Bert, "bert"}, {Arch::Gpt, "gpt"}};
+  static constexpr EnumName<Arch> table[] = {{Arch::Bert, "bert"}, {Arch::Gpt, "gpt"}, {Arch::Llama, "llama"}};
 };
 template <>
 struct EnumNames<Gelu> {

@@ -89,8 +89,13 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
   const bool bert = m.arch == Arch::Bert;
   // Parameters (nn/blocks.cpp): embeddings and their LayerNorm; per block Q, K, V, O, two FFN
   // Linears with biases and two LayerNorms; BERT's head transform, its LayerNorm and decoder bias.
-  const double params = (V + P + T) * C + 2 * C + L * (4 * C * C + 2 * C * F + 9 * C + F) +
-                        (bert ? C * C + 3 * C + V : 2 * C);
+  const bool llama = m.arch == Arch::Llama;
+  const double KV = kv_width(m);
+  // Llama (nn/llama_block.cpp): the word table only (and lm_head untied); per block Q, O, K and V
+  // of width KV, SwiGLU's three matrices, two RMSNorms, no biases; the final RMSNorm.
+  const double params = llama ? V * C * (m.tie_embeddings ? 1 : 2) + L * (2 * C * C + 2 * C * KV + 3 * C * F + 2 * C) + C
+                              : (V + P + T) * C + 2 * C + L * (4 * C * C + 2 * C * F + 9 * C + F) +
+                                    (bert ? C * C + 3 * C + V : 2 * C);
   const double slots = cfg.optim.name == OptimName::Sgd ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;  // momentum / Adam's moments
   const double W = cfg.parallel.data_parallel;
   Terms t;
@@ -98,19 +103,23 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
   if (cfg.kfac.enabled) {
     // A (d_in^2) and B (d_out^2, or its diagonal past kfac.diag_limit), factor and inverse.
     auto lin = [&](double in, double out) { return in * in + (out <= cfg.kfac.diag_limit ? out * out : out); };
-    const double per_block = 4 * lin(C, C) + lin(C, F) + lin(F, C);
+    const double per_block = llama ? 2 * lin(C, C) + 2 * lin(C, KV) + 2 * lin(C, F) + lin(F, C)
+                                   : 4 * lin(C, C) + lin(C, F) + lin(F, C);
     // Three copies: the factors, their inverses, and the factors a refresh keeps (or the
     // eigendecomposition's work) while the next ones build.
     t.kfac = W * 4 * 3 * (L * per_block + (bert ? lin(C, C) : 0));
     // The MPI runtime saves each micro-batch's Linear inputs and output errors for the curvature
-    // its bubbles compute later (runtime/units/chunk_kfac.hpp): per block and token 10C + 2F floats.
-    if (in_flight(cfg) > 1) t.kfac += W * 4 * in_flight(cfg) * N * L * (10 * C + 2 * F);
+    // its bubbles compute later (runtime/units/chunk_kfac.hpp): per block and token 10C + 2F
+    // floats (llama: 9C + 2KV + 3F).
+    const double saved = llama ? 9 * C + 2 * KV + 3 * F : 10 * C + 2 * F;
+    if (in_flight(cfg) > 1) t.kfac += W * 4 * in_flight(cfg) * N * L * saved;
   }
   // make_state of each block for one micro-batch of B sequences of S tokens: per block eight
   // (N, C) tensors, two (N, F), the attention probabilities (B, H, S, S); the head's logits (M, V)
   // of its M labelled rows (BERT: the masked ones).
   const double M = B * labelled_per_sequence(m, m.seq_len);
-  const double acts = N * C + L * (8 * N * C + 2 * N * F + B * H * S * S) + (bert ? 4 : 2) * N * C + M * V + 2 * N * C;
+  const double block_acts = llama ? 8 * N * C + 2 * N * KV + 3 * N * F : 8 * N * C + 2 * N * F;  // llama: LlamaState
+  const double acts = N * C + L * (block_acts + B * H * S * S) + (bert ? 4 : 2) * N * C + M * V + 2 * N * C;
   t.acts = W * 4 * acts * in_flight(cfg);
   // The host's share of the job; stacks are per process.
   const double share = static_cast<double>(local_ranks) / std::max(1, world_ranks);

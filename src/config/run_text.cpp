@@ -34,7 +34,8 @@ std::string preset_of(const ModelConfig& m) {
   ModelConfig p;
   for (const std::string& name : model_preset_names()) {
     apply_model_preset(p, name);
-    if (p.arch == m.arch && p.layers == m.layers && p.hidden == m.hidden && p.heads == m.heads && p.ffn == m.ffn &&
+    if (p.arch == m.arch && p.layers == m.layers && p.hidden == m.hidden && p.heads == m.heads &&
+        kv_heads_of(p) == kv_heads_of(m) && p.ffn == m.ffn &&
         p.vocab == m.vocab && p.max_position == m.max_position)
       return name;
   }

@@ -38,13 +38,30 @@ void check_bounds(const char* key, const T& v, const Bounds& b) {
   }
 }
 
+// The keys only a Llama-style model varies: grouped-query heads, rotary positions, an untied head.
+void check_llama_keys(const ModelConfig& m) {
+  const bool llama = m.arch == Arch::Llama;
+  const int kv_heads = kv_heads_of(m);
+  if (!llama && kv_heads != m.heads)
+    usage_error("model.kv_heads", "{} differs from model.heads = {}: grouped-query attention is llama's (model.arch = {})",
+                kv_heads, m.heads, m.arch);
+  if (!llama && !m.tie_embeddings)
+    usage_error("model.tie_embeddings", "false is llama's: {}'s LM head is its word embedding", m.arch);
+  if (m.heads % kv_heads != 0)
+    usage_error("model.kv_heads", "model.heads = {} is not divisible by {}", m.heads, kv_heads);
+  if (llama && (m.hidden / m.heads) % 2 != 0)
+    usage_error("model.heads", "rotary positions turn pairs of a head's dimensions: model.hidden / model.heads = {} "
+                "must be even", m.hidden / m.heads);
+}
+
 // What no single key's bounds can say: the model's shape, the tokenizer, next-sentence pairs.
 void check_model_relations(const Config& c) {
   const auto& m = c.model;
   if (m.hidden % m.heads != 0)
     usage_error("model.hidden", "{} is not divisible by model.heads = {}", m.hidden, m.heads);
   require(m.seq_len >= (m.arch == Arch::Bert ? 3 : 2), "model.seq_len",
-          "must be at least 3 for bert ([CLS] x [SEP]) and 2 for gpt (got {})", m.seq_len);
+          "must be at least 3 for bert ([CLS] x [SEP]) and 2 for a causal LM (got {})", m.seq_len);
+  check_llama_keys(m);
   if (m.seq_len > m.max_position)
     usage_error("model.seq_len", "{} exceeds model.max_position = {}", m.seq_len, m.max_position);
   const int tok_vocab = c.data.vocab == Vocab::Bert ? 30522 : 50257;

@@ -172,6 +172,85 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows, int64_t C, float eps) {
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = inp + r * C;
+    float* y = out + r * C;
+    float v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t c = 0; c < C; ++c) v += x[c] * x[c];
+    const float rs = 1.0f / std::sqrt(v / C + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) y[c] = x[c] * rs * weight[c];
+    rstd[r] = rs;
+  }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int64_t rows, int64_t C, bool accumulate) {
+  // Input gradient, row by row: dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dxhat = dy * w.
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = inp + r * C;
+    const float* dy = dout + r * C;
+    float* dx = dinp + r * C;
+    const float rs = rstd[r];
+    float b = 0;
+#pragma omp simd reduction(+ : b)
+    for (int64_t c = 0; c < C; ++c) b += dy[c] * weight[c] * x[c] * rs;
+    b /= C;
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dx[c] += rs * (dy[c] * weight[c] - x[c] * rs * b);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dx[c] = rs * (dy[c] * weight[c] - x[c] * rs * b);
+    }
+  }
+  // dweight += sum dy * xhat, per column in row order (the same bits for any thread count).
+  int64_t blocks = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(dynamic, 1) if (rows * C > kParallelMin)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, w = std::min(kColBlock, C - c0);
+    float sw[kColBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = inp + r * C + c0;
+      const float* dy = dout + r * C + c0;
+      const float rs = rstd[r];
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) sw[c] += dy[c] * x[c] * rs;
+    }
+    for (int64_t c = 0; c < w; ++c) dweight[c0 + c] += sw[c];
+  }
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t rows, int64_t F, int64_t ld) {
+#pragma omp parallel for schedule(dynamic, rows_per_piece(F)) if (rows * F > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g = gate + r * ld, *u = up + r * ld;
+    float* o = out + r * F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) o[f] = g[f] / (1.0f + fast_exp(-g[f])) * u[f];
+  }
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t rows,
+                     int64_t F, int64_t ld) {
+#pragma omp parallel for schedule(dynamic, rows_per_piece(F)) if (rows * F > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g = gate + r * ld, *u = up + r * ld, *d = dout + r * F;
+    float *dg = dgate + r * ld, *du = dup + r * ld;
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) {
+      const float s = 1.0f / (1.0f + fast_exp(-g[f]));  // sigmoid; silu' = s (1 + z (1 - s))
+      const float uf = u[f], df = d[f];
+      du[f] = df * g[f] * s;
+      dg[f] = df * uf * s * (1.0f + g[f] * (1.0f - s));
+    }
+  }
+}
+
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;

@@ -83,6 +83,22 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C,
                         bool accumulate);
 
+// --- RMSNorm over the last dimension C (Llama: no mean, no bias) ---
+// out = inp * rstd * weight with rstd [rows] = 1 / sqrt(mean(inp^2) + eps), kept for the backward.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows, int64_t C, float eps);
+// dinp (= or += when accumulate) [rows, C]; dweight += [C].
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int64_t rows, int64_t C, bool accumulate);
+
+// --- SwiGLU (Llama's MLP between its up and down projections) ---
+// gate, up, out: [rows, F] at row stride ld (gate and up may be halves of one [rows, 2F] buffer);
+// out = silu(gate) * up, silu(z) = z / (1 + exp(-z)).
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t rows, int64_t F, int64_t ld);
+// From dout [rows, F]: dgate = dout * up * silu'(gate), dup = dout * silu(gate), written at row
+// stride ld (dgate or dup may not alias dout).
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t rows,
+                     int64_t F, int64_t ld);
+
 // --- GELU: erf form (BERT) and tanh form (GPT-2), core/gelu.hpp ---
 void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind);
 // dinp = dout * gelu'(inp)

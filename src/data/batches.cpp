@@ -151,7 +151,7 @@ std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig
     usage_error("model.vocab", "{} is smaller than the {} vocabulary ({})", model.vocab, vocab.name, vocab.size);
   Tokens tokens = map_token_file(file, vocab.size, key);
   const bool shuffle = data.shuffle && !validation;
-  if (model.arch == Arch::Gpt) return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
+  if (causal_lm(model.arch)) return std::make_unique<GptBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, file);
   if (model.arch == Arch::Bert && data.nsp) {
     auto docs = read_doc_index(doc_index_path(file), tokens.size(), key);
     return std::make_unique<BertNspBatcher>(std::move(tokens), std::move(docs), model.seq_len, shuffle, data.seed,
@@ -160,7 +160,7 @@ std::unique_ptr<Batcher> make_batcher(const ModelConfig& model, const DataConfig
   if (model.arch == Arch::Bert)
     return std::make_unique<BertMlmBatcher>(std::move(tokens), model.seq_len, shuffle, data.seed, data.mask_prob,
                                             vocab, file);
-  usage_error("model.arch", "unknown architecture '{}' (expected bert or gpt)", model.arch);
+  usage_error("model.arch", "unknown architecture '{}' (expected bert, gpt or llama)", model.arch);
 }
 
 void fill_step(Batcher& batcher, int64_t step, int rows, std::vector<MicroBatch>& mbs) {

@@ -44,6 +44,30 @@ std::string hf_config_json(const ModelConfig& m) {
          {"position_embedding_type", "absolute"},
          {"tie_word_embeddings", true},
          {"torch_dtype", "float32"}};
+  } else if (m.arch == Arch::Llama) {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"vocab_size", m.vocab},
+         {"hidden_size", m.hidden},
+         {"intermediate_size", m.ffn},
+         {"num_hidden_layers", m.layers},
+         {"num_attention_heads", m.heads},
+         {"num_key_value_heads", kv_heads_of(m)},
+         {"head_dim", m.hidden / m.heads},
+         {"hidden_act", "silu"},
+         {"max_position_embeddings", m.max_position},
+         {"initializer_range", float_as_written(m.init_std)},
+         {"rms_norm_eps", float_as_written(m.layer_norm_eps)},
+         {"rope_theta", m.rope_theta},
+         {"rope_scaling", nullptr},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"attention_dropout", 0.0},
+         {"pretraining_tp", 1},
+         {"bos_token_id", 50256},
+         {"eos_token_id", 50256},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"torch_dtype", "float32"}};
   } else {
     j = {{"architectures", {"GPT2LMHeadModel"}},
          {"model_type", "gpt2"},
@@ -106,6 +130,41 @@ std::string hf_gelu(const nlohmann::json& j, const char* field, const std::strin
   usage_error("--init", "'{}': {} '{}' is not a GELU we compute (gelu, gelu_new)", file, field, act);
 }
 
+// A field that must be absent, null or `ours`: what LlamaForCausalLM can vary and we do not compute.
+void require_default(const nlohmann::json& j, const char* field, const nlohmann::json& ours, const std::string& file,
+                     const char* what) {
+  if (!j.contains(field) || j[field].is_null() || j[field] == ours) return;
+  usage_error("--init", "'{}': {} is {}; {} is not implemented here (only {})", file, field, j[field].dump(), what,
+              ours.is_null() ? "null" : ours.dump());
+}
+
+// LlamaForCausalLM's config.json as our keys; what we do not implement (rope scaling, biases, an
+// activation other than SiLU, a head size other than hidden / heads) is refused naming the field.
+std::vector<std::string> llama_sets(const nlohmann::json& j, const std::string& file) {
+  require_default(j, "rope_scaling", nullptr, file, "rotary scaling");
+  require_default(j, "attention_bias", false, file, "a bias in the attention's projections");
+  require_default(j, "mlp_bias", false, file, "a bias in the MLP's projections");
+  require_default(j, "hidden_act", "silu", file, "an MLP activation other than SiLU");
+  const int64_t hidden = hf_int(j, "hidden_size", file), heads = hf_int(j, "num_attention_heads", file);
+  require_default(j, "head_dim", hidden / heads, file, "a head size other than hidden_size / num_attention_heads");
+  bool tied = false;  // LlamaConfig's default
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()) {
+    if (!j["tie_word_embeddings"].is_boolean())
+      usage_error("--init", "'{}': tie_word_embeddings is {}, not true or false", file, j["tie_word_embeddings"].dump());
+    tied = j["tie_word_embeddings"].get<bool>();
+  }
+  std::vector<std::string> sets{"model.arch=llama", fmt::format("model.layers={}", hf_int(j, "num_hidden_layers", file)),
+                                fmt::format("model.hidden={}", hidden), fmt::format("model.heads={}", heads),
+                                fmt::format("model.kv_heads={}", hf_int(j, "num_key_value_heads", file, heads)),
+                                fmt::format("model.ffn={}", hf_int(j, "intermediate_size", file)),
+                                fmt::format("model.vocab={}", hf_int(j, "vocab_size", file)),
+                                fmt::format("model.max_position={}", hf_int(j, "max_position_embeddings", file)),
+                                fmt::format("model.tie_embeddings={}", tied)};
+  for (const auto& [field, key] : {std::pair{"rms_norm_eps", "model.layer_norm_eps"}, std::pair{"rope_theta", "model.rope_theta"}})
+    if (const std::string v = hf_real(j, field, file); !v.empty()) sets.push_back(fmt::format("{}={}", key, v));
+  return sets;
+}
+
 }  // namespace
 
 std::vector<std::string> hf_model_sets(const std::string& json_text, const std::string& file) {
@@ -143,8 +202,10 @@ std::vector<std::string> hf_model_sets(const std::string& json_text, const std::
     set("model.layer_norm_eps", hf_real(j, "layer_norm_epsilon", file));
     set("model.dropout", hf_real(j, "resid_pdrop", file));
     set("model.gelu", hf_gelu(j, "activation_function", file));
+  } else if (type == "llama") {
+    for (const std::string& set_key : llama_sets(j, file)) sets.push_back(set_key);
   } else {
-    usage_error("--init", "'{}': model_type '{}' is not one we train (bert, gpt2)", file, type);
+    usage_error("--init", "'{}': model_type '{}' is not one we train (bert, gpt2, llama)", file, type);
   }
   return sets;
 }
@@ -156,7 +217,7 @@ void save_hf_model(const std::string& dir, const std::vector<const Param*>& para
 
 std::vector<std::string> hf_name_candidates(const std::string& name) {
   std::vector<std::string> out{name};
-  for (const char* prefix : {"transformer.", "bert."})
+  for (const char* prefix : {"transformer.", "bert.", "model."})
     if (name.rfind(prefix, 0) == 0) out.push_back(name.substr(std::string(prefix).size()));
   for (const auto& [ours, legacy] : {std::pair{".LayerNorm.weight", ".LayerNorm.gamma"},
                                      std::pair{".LayerNorm.bias", ".LayerNorm.beta"}}) {

@@ -3,7 +3,9 @@
 //   AutoModelForPreTraining.from_pretrained(dir) / GPT2LMHeadModel.from_pretrained(dir)
 // reads dir/config.json (the architecture and its sizes) and dir/model.safetensors (the tensors
 // under HF's names, save_safetensors). BERT is written as BertForPreTraining, GPT as
-// GPT2LMHeadModel, both with tied word embeddings; our attention probabilities have no dropout
+// GPT2LMHeadModel, both with tied word embeddings, Llama as LlamaForCausalLM (tied as
+// model.tie_embeddings says; an HF Llama folder's rope scaling, biases or other activation are
+// refused naming the field); our attention probabilities have no dropout
 // (attention_probs_dropout_prob / attn_pdrop = 0), the other dropouts are model.dropout.
 //
 // Loading goes the other way too: hub files name tensors in older or headless layouts, which
@@ -31,7 +33,7 @@ void save_hf_model(const std::string& dir, const std::vector<const Param*>& para
 
 // The names a tensor of ours may carry in a file from the hub, ours first:
 //   GPT2Model's files lack the "transformer." prefix (h.0.attn.c_attn.weight, wte.weight);
-//   BertModel's lack "bert." (embeddings.word_embeddings.weight);
+//   BertModel's lack "bert." (embeddings.word_embeddings.weight), LlamaModel's "model." (layers.0...);
 //   BERT's original TensorFlow-converted files call LayerNorm's weight/bias gamma/beta.
 std::vector<std::string> hf_name_candidates(const std::string& name);
 

@@ -22,6 +22,21 @@ void init_normal(Param& p, uint64_t seed, float std) {
   for (int64_t i = 0; i < n; ++i) v[i] = std * rng.normal(static_cast<uint64_t>(i));
 }
 
+void ModelBlock::decode(float*, int, Tensor&, Tensor&) const {
+  PF_CHECK(false, "{}: only a causal LM's transformer blocks decode", name());
+}
+
+namespace {
+
+// Hugging Face's name of the word matrix (the embedding's, and a head's mirror of it).
+const char* word_name(Arch a) {
+  return a == Arch::Bert ? "bert.embeddings.word_embeddings.weight"
+         : a == Arch::Gpt ? "transformer.wte.weight"
+                          : "model.embed_tokens.weight";
+}
+
+}  // namespace
+
 // ============================================================================ embedding
 struct EmbeddingState : BlockState {
   Tensor e, mean, rstd;        // bert: the sum before LayerNorm, and its statistics
@@ -39,10 +54,12 @@ struct EmbeddingGrads : OutputGrads {
 EmbeddingBlock::EmbeddingBlock(const ModelConfig& cfg)
     : cfg_(cfg),
       bert_(cfg.arch == Arch::Bert),
-      wte_(bert_ ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight", Shape{cfg.vocab, cfg.hidden}),
-      wpe_(bert_ ? "bert.embeddings.position_embeddings.weight" : "transformer.wpe.weight",
-           Shape{cfg.max_position, cfg.hidden}),
-      drop_key_(stream_key(0, bert_ ? "bert.embeddings.dropout" : "transformer.drop")) {
+      llama_(cfg.arch == Arch::Llama),
+      wte_(word_name(cfg.arch), Shape{cfg.vocab, cfg.hidden}),
+      drop_key_(stream_key(0, bert_ ? "bert.embeddings.dropout" : llama_ ? "model.embed_dropout" : "transformer.drop")) {
+  if (!llama_)
+    wpe_ = Param(bert_ ? "bert.embeddings.position_embeddings.weight" : "transformer.wpe.weight",
+                 Shape{cfg.max_position, cfg.hidden});
   if (bert_) {
     wtt_ = Param("bert.embeddings.token_type_embeddings.weight", Shape{cfg.type_vocab, cfg.hidden});
     ln_ = std::make_unique<LayerNorm>("bert.embeddings.LayerNorm", cfg.hidden, cfg.layer_norm_eps);
@@ -50,12 +67,14 @@ EmbeddingBlock::EmbeddingBlock(const ModelConfig& cfg)
 }
 
 std::vector<Param*> EmbeddingBlock::params() {
+  if (llama_) return {&wte_};
   if (!bert_) return {&wte_, &wpe_};
   return {&wte_, &wpe_, &wtt_, &ln_->weight, &ln_->bias};
 }
 
 void EmbeddingBlock::init(uint64_t seed) {
-  for (Param* p : {&wte_, &wpe_}) init_normal(*p, seed, cfg_.init_std);
+  init_normal(wte_, seed, cfg_.init_std);
+  if (!llama_) init_normal(wpe_, seed, cfg_.init_std);
   if (bert_) {
     init_normal(wtt_, seed, cfg_.init_std);
     init_layernorm(*ln_);
@@ -84,8 +103,8 @@ void EmbeddingBlock::embed_one(int32_t token, int position, float* out) const {
   PF_CHECK(!bert_, "decoding needs a causal LM");
   PF_CHECK(0 <= token && token < cfg_.vocab && 0 <= position && position < cfg_.max_position,
            "token {} at position {}", token, position);
-  embedding_forward(out, &token, nullptr, wte_.value.data(), wpe_.value.data() + int64_t{position} * cfg_.hidden,
-                    nullptr, 1, 1, cfg_.hidden);
+  const float* wpe = llama_ ? nullptr : wpe_.value.data() + int64_t{position} * cfg_.hidden;
+  embedding_forward(out, &token, nullptr, wte_.value.data(), wpe, nullptr, 1, 1, cfg_.hidden);
 }
 
 float EmbeddingBlock::forward(const MicroBatch& mb, const Tensor&, Tensor& x_out, BlockState& bs) {
@@ -103,8 +122,8 @@ float EmbeddingBlock::forward(const MicroBatch& mb, const Tensor&, Tensor& x_out
                       wtt_.value.data(), N, mb.seq, C);
     ln_->forward(x_out.data(), st.mean.data(), st.rstd.data(), st.e.data(), N);
   } else {
-    embedding_forward(x_out.data(), mb.tokens.data(), nullptr, wte_.value.data(), wpe_.value.data(), nullptr, N,
-                      mb.seq, C);
+    embedding_forward(x_out.data(), mb.tokens.data(), nullptr, wte_.value.data(), llama_ ? nullptr : wpe_.value.data(),
+                      nullptr, N, mb.seq, C);
   }
   if (training_ && cfg_.dropout > 0) dropout_forward(x_out.data(), st.keep.data(), N * C, cfg_.dropout, dropout_rng(drop_key_, mb.index));
   return 0.0f;
@@ -135,8 +154,8 @@ void EmbeddingBlock::backward_weight(const MicroBatch& mb, BlockState& bs) {
   const float* d = end_weight_grads<EmbeddingGrads>(bs, name()).e.data();
   int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden;
   const int32_t* types = mb.token_types.empty() ? nullptr : mb.token_types.data();
-  embedding_backward(wte_.grad.data(), wpe_.grad.data(), bert_ ? wtt_.grad.data() : nullptr, d, mb.tokens.data(),
-                     types, N, mb.seq, C);
+  embedding_backward(wte_.grad.data(), llama_ ? nullptr : wpe_.grad.data(), bert_ ? wtt_.grad.data() : nullptr, d,
+                     mb.tokens.data(), types, N, mb.seq, C);
 }
 
 // ============================================================================ head
@@ -174,9 +193,8 @@ struct HeadGrads : OutputGrads {
 
 HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == Arch::Bert) {
   const int64_t C = cfg.hidden;
-  if (!tied_word) {
-    mirror_ = std::make_unique<Param>(bert_ ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight",
-                                      Shape{cfg.vocab, C});
+  if (!tied_word && cfg.tie_embeddings) {
+    mirror_ = std::make_unique<Param>(word_name(cfg.arch), Shape{cfg.vocab, C});
     mirror_->mirror = true;
     tied_word = mirror_.get();
   }
@@ -192,10 +210,25 @@ HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert
     // The NSP loss is a mean over the sequences, one row each here: K-FAC's loss scale is 1/rows.
     pooler_->set_row_mean_loss(true);
     nsp_->set_row_mean_loss(true);
-  } else {
+  } else if (cfg.arch == Arch::Gpt) {
     ln_ = std::make_unique<LayerNorm>("transformer.ln_f", C, cfg.layer_norm_eps);
     decoder_ = std::make_unique<Linear>(tied_word, "");
+  } else {
+    rms_ = std::make_unique<RmsNorm>("model.norm", C, cfg.layer_norm_eps);
+    decoder_ = cfg.tie_embeddings ? std::make_unique<Linear>(tied_word, "")
+                                  : std::make_unique<Linear>("lm_head.weight", "", C, cfg.vocab);
   }
+}
+
+void HeadBlock::norm_forward(float* h, float* mean, float* rstd, const float* x, int64_t rows) const {
+  if (rms_) rms_->forward(h, rstd, x, rows);
+  else ln_->forward(h, mean, rstd, x, rows);
+}
+
+void HeadBlock::norm_backward(float* dx, const float* dh, const float* x, const float* mean, const float* rstd,
+                              int64_t rows) {
+  if (rms_) rms_->backward(dx, dh, x, rstd, rows, false);
+  else ln_->backward(dx, dh, x, mean, rstd, rows, false);
 }
 
 std::vector<Param*> HeadBlock::params() {
@@ -203,8 +236,10 @@ std::vector<Param*> HeadBlock::params() {
   if (bert_)
     ps = {&transform_->weight(), transform_->bias(), &ln_->weight, &ln_->bias, decoder_->bias(),
           &pooler_->weight(), pooler_->bias(), &nsp_->weight(), nsp_->bias()};
+  else if (rms_) ps = {&rms_->weight};
   else ps = {&ln_->weight, &ln_->bias};
   if (mirror_) ps.push_back(mirror_.get());
+  if (decoder_->owns_weight()) ps.push_back(&decoder_->weight());  // llama's untied lm_head
   return ps;
 }
 
@@ -224,8 +259,10 @@ void HeadBlock::init(uint64_t seed) {
     init_normal(nsp_->weight(), seed, cfg_.init_std);
     nsp_->bias()->value.zero();
   }
-  init_layernorm(*ln_);
+  if (ln_) init_layernorm(*ln_);
+  if (rms_) rms_->weight.value.fill(1.0f);
   if (mirror_) init_normal(*mirror_, seed, cfg_.init_std);  // same name => same values as the owner
+  if (decoder_->owns_weight()) init_normal(decoder_->weight(), seed, cfg_.init_std);
 }
 
 std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, BackwardMode mode) const {
@@ -283,7 +320,7 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
     gelu_forward(st.g.data(), st.t.data(), M * C, gelu_of(cfg_));
     hin = st.g.data();
   }
-  ln_->forward(st.h.data(), st.mean.data(), st.rstd.data(), hin, M);
+  norm_forward(st.h.data(), st.mean.data(), st.rstd.data(), hin, M);
   // A micro-batch labelled more densely than the data's masking (a test's, a caller's) grows them once.
   if (st.logits.numel() < M * V) st.logits = Tensor({M, V});
   decoder_->forward(mb.index, st.h.data(), M, st.logits.data());
@@ -344,7 +381,7 @@ void HeadBlock::logits(const float* x, int64_t rows, float* out) const {
     gelu_forward(g.data(), t.data(), rows * C, gelu_of(cfg_));
     hin = g.data();
   }
-  ln_->forward(h.data(), mean.data(), rstd.data(), hin, rows);
+  norm_forward(h.data(), mean.data(), rstd.data(), hin, rows);
   decoder_->forward(0, h.data(), rows, out);
 }
 
@@ -365,7 +402,7 @@ void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_i
       transform_->backward_input(mb.index, dT, M, dA);                                 // dA = dxs
       dxs = dA;
     } else {
-      ln_->backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M, false);  // dB = dxs
+      norm_backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M);  // dB = dxs
     }
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
     for (int64_t m = 0; m < M; ++m)

@@ -1,7 +1,8 @@
 #pragma once
-// The three kinds of block a model is made of: EmbeddingBlock, TransformerBlock (post-LN for
-// arch = bert, pre-LN for arch = gpt) and HeadBlock (BERT masked-LM or GPT causal-LM head).
-// Parameter names are Hugging Face's (BertForPreTraining, GPT2LMHeadModel).
+// The kinds of block a model is made of: EmbeddingBlock, TransformerBlock (post-LN for arch =
+// bert, pre-LN for arch = gpt) or LlamaBlock (arch = llama), and HeadBlock (BERT masked-LM or a
+// causal-LM head). Parameter names are Hugging Face's (BertForPreTraining, GPT2LMHeadModel,
+// LlamaForCausalLM).
 //
 // Memory: a BlockState holds one micro-batch's activations (what its backward needs), made once by
 // make_state. Backward's temporaries live in the block and are shared by all its states (a block
@@ -34,6 +35,10 @@ class ModelBlock : public Block {
  public:
   // Initialises every parameter from (seed, its name) only: independent of how the model is cut.
   virtual void init(uint64_t seed) = 0;
+  // Inference (a causal LM's transformer blocks): x (hidden floats), the token at `position`,
+  // through the block in place; its key and value join rows `position` of k and v (rows of
+  // kv_width(cfg) floats, at least position + 1 of them).
+  virtual void decode(float* x, int position, Tensor& k, Tensor& v) const;
   // Dropout masks are drawn from (seed, site, step, micro-batch index).
   void set_dropout_step(uint64_t seed, uint64_t step) {
     dropout_seed_ = seed;
@@ -71,8 +76,8 @@ class EmbeddingBlock : public ModelBlock {
 
  private:
   ModelConfig cfg_;
-  bool bert_;
-  Param wte_, wpe_, wtt_;   // wtt_ only for bert
+  bool bert_, llama_;
+  Param wte_, wpe_, wtt_;   // wtt_ only for bert; wpe_ not for llama (rotary positions)
   std::unique_ptr<LayerNorm> ln_;  // bert only
   uint64_t drop_key_;
   mutable Tensor d_a_;
@@ -92,7 +97,7 @@ class TransformerBlock : public ModelBlock {
   void init(uint64_t seed) override;
   // Inference (GPT): x (C floats), the token at `position`, through the block in place; its key
   // and value join the cache's rows `position` (k and v hold at least position + 1 rows of C).
-  void decode(float* x, int position, Tensor& k, Tensor& v) const;
+  void decode(float* x, int position, Tensor& k, Tensor& v) const override;
 
  private:
   float forward_bert(const MicroBatch& mb, float* out, BlockState& st);
@@ -121,6 +126,41 @@ class TransformerBlock : public ModelBlock {
   mutable std::shared_ptr<TransformerGrads> shared_grads_;
 };
 
+struct LlamaGrads;  // llama_block.cpp
+
+// A Llama-style decoder layer (Touvron et al. 2023; Hugging Face's LlamaDecoderLayer), pre-norm:
+//   r1 = x + Attn(rope(RMS1(x) Wq), rope(RMS1(x) Wk), RMS1(x) Wv) Wo;  out = r1 + (silu(h2 Wg) * h2 Wu) Wd, h2 = RMS2(r1)
+// No biases; model.kv_heads key/value heads shared by groups of query heads (grouped-query
+// attention); causal. Dropout applies to both residual branches, as in TransformerBlock.
+class LlamaBlock : public ModelBlock {
+ public:
+  LlamaBlock(const ModelConfig& cfg, int layer);
+  std::string name() const override { return name_; }
+  std::vector<Param*> params() override;
+  std::vector<Linear*> linears() override;
+  std::unique_ptr<BlockState> make_state(int max_rows, int seq, BackwardMode mode) const override;
+  float forward(const MicroBatch& mb, const Tensor& x_in, Tensor& x_out, BlockState& st) override;
+  void backward_input(const MicroBatch& mb, const Tensor& dx_out, Tensor& dx_in, BlockState& st) override;
+  void backward_weight(const MicroBatch& mb, BlockState& st) override;
+  void init(uint64_t seed) override;
+  void decode(float* x, int position, Tensor& k, Tensor& v) const override;
+
+ private:
+  void attention_backward_to_qkv(const MicroBatch& mb, const float* da, BlockState& st, LlamaGrads& g);
+  ModelConfig cfg_;
+  std::string name_;
+  int64_t D_, KVH_, KV_;  // head size, key/value heads, their width (KVH_ x D_)
+  // self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj: in_order() is Hugging Face's order.
+  std::unique_ptr<Linear> q_, k_, v_, o_, gate_, up_, down_;
+  std::vector<Linear*> in_order() const;
+  std::unique_ptr<RmsNorm> norm1_, norm2_;  // input_layernorm, post_attention_layernorm
+  Rope rope_;
+  uint64_t drop_attn_key_, drop_mlp_key_;
+  // Backward temporaries shared by all states (sized by make_state).
+  mutable Tensor d_a_, d_b_, d_k_, d_v_, d_f_, attn_scratch_;
+  mutable std::shared_ptr<LlamaGrads> shared_grads_;
+};
+
 struct HeadState;  // blocks.cpp
 
 class HeadBlock : public ModelBlock {
@@ -144,12 +184,19 @@ class HeadBlock : public ModelBlock {
  private:
   double nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st);
   void nsp_backward_input(const MicroBatch& mb, Tensor& dx_in, HeadState& st);
+  // The norm before the decoder, one of ln_ and rms_: rows x (rows, C) -> h, keeping mean (not
+  // for RMSNorm) and rstd; and its backward into dx.
+  void norm_forward(float* h, float* mean, float* rstd, const float* x, int64_t rows) const;
+  void norm_backward(float* dx, const float* dh, const float* x, const float* mean, const float* rstd, int64_t rows);
   ModelConfig cfg_;
   bool bert_;
   std::unique_ptr<Param> mirror_;
   std::unique_ptr<Linear> transform_;    // bert: cls.predictions.transform.dense
   std::unique_ptr<LayerNorm> ln_;        // bert: transform.LayerNorm; gpt: transformer.ln_f
-  std::unique_ptr<Linear> decoder_;      // tied to the word embedding (+ cls.predictions.bias for bert)
+  std::unique_ptr<RmsNorm> rms_;         // llama: model.norm
+  // Tied to the word embedding (+ cls.predictions.bias for bert), or llama's own lm_head.weight
+  // (model.tie_embeddings = false).
+  std::unique_ptr<Linear> decoder_;
   // bert: bert.pooler.dense and cls.seq_relationship (BertForPreTraining's NSP head), trained with
   // model.nsp (data.nsp); always present, so saved weights are BertForPreTraining's.
   std::unique_ptr<Linear> pooler_, nsp_;

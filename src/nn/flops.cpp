@@ -4,6 +4,7 @@ namespace pf {
 
 double block_forward_macs_per_token(const ModelConfig& m) {
   const double h = m.hidden, f = m.ffn, s = m.seq_len;
+  if (m.arch == Arch::Llama) return 2 * h * h + 2 * h * kv_width(m) + 3 * h * f + 2 * s * h;
   return 4 * h * h + 2 * h * f + 2 * s * h;
 }
 

@@ -29,14 +29,61 @@ void LayerNorm::backward(float* dinp, const float* dout, const float* inp, const
                      weight.value.numel(), accumulate);
 }
 
+RmsNorm::RmsNorm(const std::string& prefix, int64_t C, float eps_) : weight(prefix + ".weight", Shape{C}, false), eps(eps_) {}
+
+void RmsNorm::forward(float* out, float* rstd, const float* inp, int64_t N) const {
+  rmsnorm_forward(out, rstd, inp, weight.value.data(), N, weight.value.numel(), eps);
+}
+
+void RmsNorm::backward(float* dinp, const float* dout, const float* inp, const float* rstd, int64_t N, bool accumulate) {
+  rmsnorm_backward(dinp, weight.grad.data(), dout, inp, weight.value.data(), rstd, N, weight.value.numel(), accumulate);
+}
+
+Rope::Rope(int64_t head_size, int64_t positions_, double theta) : D(head_size), positions(positions_) {
+  PF_CHECK(D % 2 == 0 && positions > 0, "rotary table for heads of {} over {} positions", D, positions);
+  const int64_t half = D / 2;
+  cos.resize(static_cast<size_t>(positions * half));
+  sin.resize(cos.size());
+  for (int64_t t = 0; t < positions; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      cos[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(angle));
+      sin[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(angle));
+    }
+}
+
+void Rope::rotate(float* x, int64_t ld, int64_t heads, int64_t N, int64_t T, int64_t first, bool inverse) const {
+  const int64_t half = D / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+  PF_CHECK(N == 0 || first + std::min(N, T) <= positions, "rotary positions up to {} beyond the table's {}",
+           first + std::min(N, T) - 1, positions);
+#pragma omp parallel for schedule(dynamic, rows_per_piece(ld)) if (N * ld > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t t = first + n % T;
+    const float *c = cos.data() + t * half, *s = sin.data() + t * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* a = x + n * ld + h * D;
+      float* b = a + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float u = a[i], w = b[i], si = sign * s[i];
+        a[i] = u * c[i] - w * si;
+        b[i] = w * c[i] + u * si;
+      }
+    }
+  }
+}
+
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* types, const float* wte,
                        const float* wpe, const float* wtt, int64_t N, int64_t T, int64_t C) {
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (N * C > kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const float* w = wte + static_cast<int64_t>(tokens[n]) * C;
-    const float* p = wpe + (n % T) * C;
+    const float* p = wpe ? wpe + (n % T) * C : nullptr;
     float* o = out + n * C;
-    if (wtt) {
+    if (!p) {
+      std::copy(w, w + C, o);
+    } else if (wtt) {
       const float* t = wtt + (types ? static_cast<int64_t>(types[n]) : 0) * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c] + t[c];
@@ -57,11 +104,12 @@ void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout
     for (int64_t n = 0; n < N; ++n) {
       const float* d = dout + n * C + c0;
       float* gw = dwte + static_cast<int64_t>(tokens[n]) * C + c0;
-      float* gp = dwpe + (n % T) * C + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < w; ++c) {
-        gw[c] += d[c];
-        gp[c] += d[c];
+      for (int64_t c = 0; c < w; ++c) gw[c] += d[c];
+      if (dwpe) {
+        float* gp = dwpe + (n % T) * C + c0;
+#pragma omp simd
+        for (int64_t c = 0; c < w; ++c) gp[c] += d[c];
       }
       if (dwtt) {
         float* gt = dwtt + (types ? static_cast<int64_t>(types[n]) : 0) * C + c0;
@@ -93,13 +141,14 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
 }
 
 void attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int64_t T, int64_t H,
-                      int64_t D) {
-  const int64_t C = H * D;
+                      int64_t D, int64_t kv_heads) {
+  const int64_t C = H * D, ldkv = kv_heads * D, group = H / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t h = 0; h < H; ++h) {
-    gemm(false, true, 1, T, D, scale, q + h * D, C, k + h * D, C, 0.0f, scores, T);
+    const int64_t kvh = h / group;
+    gemm(false, true, 1, T, D, scale, q + h * D, C, k + kvh * D, ldkv, 0.0f, scores, T);
     softmax_row(scores, T, T);
-    gemm(false, false, 1, D, T, 1.0f, scores, T, v + h * D, C, 0.0f, out + h * D, C);
+    gemm(false, false, 1, D, T, 1.0f, scores, T, v + kvh * D, ldkv, 0.0f, out + h * D, C);
   }
 }
 

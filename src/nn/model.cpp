@@ -14,7 +14,7 @@ int64_t parameter_count(Model& m) {
 }
 
 Model::Model(const ModelConfig& cfg, int first_block, int last_block) : cfg_(cfg), first_(first_block), last_(last_block) {
-  PF_CHECK(cfg.arch == Arch::Bert || cfg.arch == Arch::Gpt, "arch {}", cfg.arch);
+  PF_CHECK(cfg.arch == Arch::Bert || cfg.arch == Arch::Gpt || cfg.arch == Arch::Llama, "arch {}", cfg.arch);
   PF_CHECK(0 <= first_ && first_ <= last_ && last_ < num_blocks(cfg), "block range {}..{} of {}", first_, last_,
            num_blocks(cfg));
   EmbeddingBlock* emb = nullptr;
@@ -25,6 +25,8 @@ Model::Model(const ModelConfig& cfg, int first_block, int last_block) : cfg_(cfg
       blocks_.push_back(std::move(e));
     } else if (b == num_blocks(cfg) - 1) {
       blocks_.push_back(std::make_unique<HeadBlock>(cfg, emb ? &emb->word() : nullptr));
+    } else if (cfg.arch == Arch::Llama) {
+      blocks_.push_back(std::make_unique<LlamaBlock>(cfg, b - 1));
     } else {
       blocks_.push_back(std::make_unique<TransformerBlock>(cfg, b - 1));
     }
@@ -145,13 +147,13 @@ void Model::logits(const MicroBatch& mb, ModelState& st, int row, int position, 
 }
 
 KvCache Model::make_kv_cache(int capacity) const {
-  PF_CHECK(has_embedding() && has_head() && cfg_.arch == Arch::Gpt, "a KV cache needs the whole causal LM");
+  PF_CHECK(has_embedding() && has_head() && causal_lm(cfg_.arch), "a KV cache needs the whole causal LM");
   PF_CHECK(0 < capacity && capacity <= cfg_.max_position, "KV cache of {} tokens (max_position {})", capacity,
            cfg_.max_position);
   KvCache c;
   for (int b = 0; b < cfg_.layers; ++b) {
-    c.k.emplace_back(Shape{capacity, cfg_.hidden});
-    c.v.emplace_back(Shape{capacity, cfg_.hidden});
+    c.k.emplace_back(Shape{capacity, kv_width(cfg_)});
+    c.v.emplace_back(Shape{capacity, kv_width(cfg_)});
   }
   return c;
 }
@@ -161,8 +163,8 @@ void Model::decode(int32_t token, KvCache& cache, float* out) {
   std::vector<float> x(static_cast<size_t>(cfg_.hidden));
   static_cast<const EmbeddingBlock&>(*blocks_.front()).embed_one(token, cache.length, x.data());
   for (int b = 0; b < cfg_.layers; ++b)
-    static_cast<const TransformerBlock&>(*blocks_[static_cast<size_t>(b) + 1])
-        .decode(x.data(), cache.length, cache.k[static_cast<size_t>(b)], cache.v[static_cast<size_t>(b)]);
+    blocks_[static_cast<size_t>(b) + 1]->decode(x.data(), cache.length, cache.k[static_cast<size_t>(b)],
+                                                cache.v[static_cast<size_t>(b)]);
   static_cast<const HeadBlock&>(*blocks_.back()).logits(x.data(), 1, out);
   ++cache.length;
 }

@@ -63,6 +63,10 @@ std::vector<std::string> block_linear_names(Arch arch, int layer) {
   if (arch == Arch::Gpt)
     for (const char* n : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
       names.push_back("transformer.h." + std::to_string(layer) + "." + n);
+  if (arch == Arch::Llama)
+    for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                          "mlp.up_proj", "mlp.down_proj"})
+      names.push_back("model.layers." + std::to_string(layer) + "." + n);
   return names;
 }
 
@@ -324,7 +328,7 @@ void TransformerBlock::decode(float* x, int position, Tensor& k, Tensor& v) cons
   gpt_lin_.c_attn->forward(0, h.data(), 1, qkv.data());
   std::copy(qkv.begin() + C, qkv.begin() + 2 * C, k.data() + position * C);
   std::copy(qkv.begin() + 2 * C, qkv.end(), v.data() + position * C);
-  attention_decode(a.data(), scores.data(), qkv.data(), k.data(), v.data(), T, H, C / H);
+  attention_decode(a.data(), scores.data(), qkv.data(), k.data(), v.data(), T, H, C / H, H);
   gpt_lin_.attn_proj->forward(0, a.data(), 1, r1.data());
   add_inplace(r1.data(), x, C);
   ln2_->forward(h.data(), &mean, &rstd, r1.data(), 1);

@@ -96,10 +96,11 @@ void Executor::build_chunk(Chunk& c) {
     else c.next_device = d, c.dx_out.assign(slots, Tensor(act));
     PF_CHECK(d != device_ || c.next, "stage {} has no local successor chunk", c.stage);
   }
-  // Copies of the tied word embedding: the embedding's own, or the head's mirror.
+  // Copies of the tied word embedding: the embedding's own, or the head's mirror (none when the
+  // head has its own matrix, llama's untied lm_head).
   if (c.model->has_embedding())
     word_copies_.push_back(&static_cast<EmbeddingBlock&>(*c.model->blocks().front()).word());
-  else if (c.model->has_head())
+  else if (c.model->has_head() && static_cast<HeadBlock&>(*c.model->blocks().back()).mirror())
     word_copies_.push_back(static_cast<HeadBlock&>(*c.model->blocks().back()).mirror());
 }
 

@@ -8,11 +8,17 @@
 
 namespace pf {
 
-std::vector<LinearShape> block_linears(const std::string& arch, int d, int ffn) {
+std::vector<LinearShape> block_linears(const std::string& arch, int d, int ffn, int kv) {
+  if (kv == 0) kv = d;
   if (d < 1 || ffn < 1) usage_error("--model", "hidden and ffn sizes must be >= 1 (got {} and {})", d, ffn);
   if (arch == "bert") return {{d, d}, {d, d}, {d, d}, {d, d}, {d, ffn}, {ffn, d}};
   if (arch == "gpt") return {{d, 3 * d}, {d, d}, {d, ffn}, {ffn, d}};
-  usage_error("--model", "no K-FAC layer shapes for architecture '{}' (expected bert or gpt)", arch);
+  if (arch == "llama") return {{d, d}, {d, kv}, {d, kv}, {d, d}, {d, ffn}, {d, ffn}, {ffn, d}};
+  usage_error("--model", "no K-FAC layer shapes for architecture '{}' (expected bert, gpt or llama)", arch);
+}
+
+std::vector<LinearShape> block_linears(const ModelConfig& m) {
+  return block_linears(name_of(m.arch), m.hidden, m.ffn, kv_width(m));
 }
 
 StageKfacCost split_stage_cost(const std::vector<LinearShape>& layers, double curvature, double inversion,

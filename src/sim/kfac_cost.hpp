@@ -2,6 +2,7 @@
 // The K-FAC work's costs per stage, as the PipeFisher planner (plan/planner.hpp) and the
 // simulator's profiles and memory model take them: the K-FAC Linears of a transformer block, and
 // block-level costs split into per-factor units (curvature ~ d^2 per token, inversion ~ d^3).
+#include "config/config.hpp"
 #include "schedule/action.hpp"
 
 #include <string>
@@ -14,9 +15,12 @@ struct LinearShape {
   int d_in = 0, d_out = 0;
 };
 // The K-FAC Linears of one transformer block. bert: q, k, v, attn-out (d x d), intermediate
-// (d -> ffn), output (ffn -> d); gpt: c_attn (d -> 3d), c_proj, c_fc (d -> ffn), mlp c_proj.
-// UsageError naming --model for another arch.
-std::vector<LinearShape> block_linears(const std::string& arch, int hidden, int ffn);
+// (d -> ffn), output (ffn -> d); gpt: c_attn (d -> 3d), c_proj, c_fc (d -> ffn), mlp c_proj;
+// llama: q (d x d), k, v (d -> kv, the key/value width, d without grouped-query attention), o,
+// gate, up (d -> ffn), down (ffn -> d). UsageError naming --model for another arch.
+std::vector<LinearShape> block_linears(const std::string& arch, int hidden, int ffn, int kv = 0);
+// The same for a model's shape.
+std::vector<LinearShape> block_linears(const ModelConfig& m);
 
 // Durations of one stage's K-FAC work units (per pipeline copy; Chimera's two copies of a stage
 // each have their own factors and units). Layer index = position in these vectors.

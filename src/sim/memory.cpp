@@ -12,7 +12,7 @@ StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size)
   const double h = m.hidden, f = m.ffn, T = m.seq_len, B = micro_batch_size, n = B * T, H = m.heads;
   const double mb = 4.0 / kBytesPerMB * blocks;  // floats of one block -> MB of the stage
   double d_out = 0, kron = 0;
-  for (const LinearShape& l : block_linears(name_of(m.arch), m.hidden, m.ffn)) {
+  for (const LinearShape& l : block_linears(m)) {
     d_out += l.d_out;
     kron += double(l.d_in) * l.d_in + double(l.d_out) * l.d_out;
   }
@@ -20,6 +20,12 @@ StageMemory block_memory(const ModelConfig& m, int blocks, int micro_batch_size)
   s.param = (4 * h * h + 2 * h * f + 9 * h + f) * mb;
   s.act = (n * (9 * h + 2 * f) + B * H * T * T) * mb;
   s.err_peak = (n * (2 * h + f) + B * H * T * T) * mb;
+  if (m.arch == Arch::Llama) {  // nn/llama_block.cpp: no biases, SwiGLU's three matrices, k and v of width kv
+    const double kv = kv_width(m);
+    s.param = (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) * mb;
+    s.act = (n * (8 * h + 2 * kv + 3 * f) + B * H * T * T) * mb;
+    s.err_peak = (n * (3 * h + f) + B * H * T * T) * mb;
+  }
   s.err_save = n * d_out * mb;
   s.kron = kron * mb;
   s.deferred = s.err_save;

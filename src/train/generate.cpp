@@ -89,7 +89,7 @@ class NextLogits {
 
 std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& o) {
   const ModelConfig& cfg = model.config();
-  PF_CHECK(cfg.arch == Arch::Gpt, "generation needs a causal LM, not {}", cfg.arch);
+  PF_CHECK(causal_lm(cfg.arch), "generation needs a causal LM, not {}", cfg.arch);
   PF_CHECK(!prompt.empty(), "generation needs at least one prompt token");
   model.set_training(false);
   NextLogits next_logits(model, o.kv_cache);

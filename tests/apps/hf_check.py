@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """An independent reader of a saved run: opens RUN_DIR/config.json and RUN_DIR/model.safetensors
 the way Hugging Face's transformers does (no code of ours), checks that the tensors are exactly
-the ones BertForPreTraining / GPT2LMHeadModel expect for that config, with their shapes, and for
-GPT-2 computes the next-token loss of the first validation windows with PyTorch, written from
-GPT-2's definition (Conv1D weights [in, out], pre-LN blocks, gelu_new, tied LM head).
+the ones BertForPreTraining / GPT2LMHeadModel / LlamaForCausalLM expect for that config, with their
+shapes, and for the causal LMs computes the next-token loss of the first validation windows with
+PyTorch in float64, written from each model's definition: GPT-2 (Conv1D weights [in, out], pre-LN
+blocks, gelu_new, tied LM head); Llama (transformers' modeling_llama: RMSNorm, rotary positions
+with rotate_half, repeat_kv for grouped-query attention, SiLU-gated MLP, lm_head or the tied
+embedding).
 
   hf_check.py RUN_DIR [--valid FILE.bin --seq T --sequences N]   prints one JSON line
 """
@@ -102,6 +105,61 @@ def gpt2_logits(c, w, ids):
     return x @ w["transformer.wte.weight"].T
 
 
+def llama_expected(c):
+    H, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    D = H // c["num_attention_heads"]
+    KV = c.get("num_key_value_heads", c["num_attention_heads"]) * D
+    e = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H]}
+    if not c.get("tie_word_embeddings", False):
+        e["lm_head.weight"] = [V, H]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        e[p + "input_layernorm.weight"] = e[p + "post_attention_layernorm.weight"] = [H]
+        e[p + "self_attn.q_proj.weight"], e[p + "self_attn.o_proj.weight"] = [H, H], [H, H]
+        e[p + "self_attn.k_proj.weight"] = e[p + "self_attn.v_proj.weight"] = [KV, H]
+        e[p + "mlp.gate_proj.weight"] = e[p + "mlp.up_proj.weight"] = [I, H]
+        e[p + "mlp.down_proj.weight"] = [H, I]
+    return e, {"lm_head.weight"}  # tied: transformers takes the embedding
+
+
+def rms_norm(x, weight, eps):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def llama_logits(c, w, ids):
+    """LlamaForCausalLM's forward for one sequence of ids: logits [T, V]."""
+    T, H, nh = ids.shape[0], c["hidden_size"], c["num_attention_heads"]
+    nkv, D, eps = c.get("num_key_value_heads", nh), H // nh, c["rms_norm_eps"]
+    inv_freq = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    x = w["model.embed_tokens.weight"][ids]
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, D).transpose(0, 1)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, D).transpose(0, 1)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, D).transpose(0, 1)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(nh // nkv, dim=0), v.repeat_interleave(nh // nkv, dim=0)
+        s = (q @ k.transpose(1, 2)) / math.sqrt(D)
+        a = (torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v).transpose(0, 1).reshape(T, H)
+        x = x + a @ w[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        m = F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+        x = x + m @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+    return x @ head.T
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
@@ -115,12 +173,14 @@ def main():
     w, meta = read_safetensors(a.run_dir + "/model.safetensors")
     w = {k: v.double() for k, v in w.items()}
     arch = c["architectures"][0]
-    expected, optional = {"BertForPreTraining": bert_expected, "GPT2LMHeadModel": gpt2_expected}[arch](c)
+    expected, optional = {"BertForPreTraining": bert_expected, "GPT2LMHeadModel": gpt2_expected,
+                          "LlamaForCausalLM": llama_expected}[arch](c)
     report = {"architecture": arch, "model_type": c["model_type"], "format": meta.get("format"),
               "unexpected": sorted(k for k in w if k not in expected and k not in optional),
               "missing": sorted(k for k in expected if k not in w),
               "wrong_shape": sorted(k for k in w if k in expected and list(w[k].shape) != expected[k])}
-    if a.valid and arch == "GPT2LMHeadModel":
+    causal = {"GPT2LMHeadModel": gpt2_logits, "LlamaForCausalLM": llama_logits}
+    if a.valid and arch in causal:
         # The validation windows of the trainer: sequence i reads tokens [i*T, i*T + T + 1).
         with open(a.valid, "rb") as f:
             raw = f.read()
@@ -128,7 +188,7 @@ def main():
         T, total, n = a.seq, 0.0, 0
         for i in range(a.sequences):
             win = toks[torch.arange(i * T, i * T + T + 1) % toks.shape[0]]
-            logits = gpt2_logits(c, w, win[:T])
+            logits = causal[arch](c, w, win[:T])
             total += F.cross_entropy(logits, win[1:], reduction="sum").item()
             n += T
         report["loss"] = total / n

@@ -32,7 +32,7 @@ std::string sample(const std::string& vocab) {
 
 // A small model of `arch` on the committed sample (train and validation), one thread.
 std::vector<std::string> tiny_sets(const std::string& arch) {
-  const std::string vocab = arch == "gpt" ? "gpt2" : "bert";
+  const std::string vocab = arch == "bert" ? "bert" : "gpt2";
   return {"model.arch=" + arch, "model.layers=2", "model.hidden=32", "model.heads=2", "model.ffn=64",
           "model.seq_len=16", "data.train_file=" + sample(vocab), "data.valid_file=" + sample(vocab),
           "parallel.micro_batches=1", "parallel.micro_batch_size=4", "train.eval_batches=3", "train.threads=1",
@@ -83,7 +83,7 @@ TEST_P(EvalCli, LossEqualsTheTrainersEvaluate) {
   EXPECT_NE(j0.at("loss").get<double>(), loss);
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, EvalCli, ::testing::Values("gpt", "bert"));
+INSTANTIATE_TEST_SUITE_P(Arch, EvalCli, ::testing::Values("gpt", "bert", "llama"));
 
 // eval's standard error of the LM loss, against the two micro-batches' own means: `--batches 1`
 // scores the first alone, `--batches 2` both, so the second's mean and both position counts follow,
@@ -174,8 +174,10 @@ std::string generate_cmd(const std::vector<std::string>& sets, const fs::path& w
 }
 
 TEST(GenerateCli, SameSeedSameTextOtherSeedOtherText) {
-  const auto sets = tiny_sets("gpt");
-  const fs::path w = pf_test::scratch_dir("infer_cli") / "gen.safetensors";
+  for (const std::string arch : {"gpt", "llama"}) {
+  SCOPED_TRACE(arch);
+  const auto sets = tiny_sets(arch);
+  const fs::path w = pf_test::scratch_dir("infer_cli") / ("gen-" + arch + ".safetensors");
   train_and_save(sets, w, 2);
   const std::string cmd = generate_cmd(sets, w, "--max-new-tokens 12 --temperature 1 --top-k 50");
   const auto a = json_of(run(cmd + " --seed 5")), b = json_of(run(cmd + " --seed 5")), c = json_of(run(cmd + " --seed 6"));
@@ -183,6 +185,7 @@ TEST(GenerateCli, SameSeedSameTextOtherSeedOtherText) {
   EXPECT_EQ(a.at("text"), b.at("text"));
   EXPECT_EQ(a.at("ids").size(), 12u);
   EXPECT_NE(a.at("ids"), c.at("ids"));  // 12 draws among 50 candidates each: equal by chance ~never
+  }
 }
 
 // Issue 50, item 7: byte-level tokens cut characters in two; --json prints what was generated for

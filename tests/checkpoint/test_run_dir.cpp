@@ -145,7 +145,7 @@ TEST(RunDir, InitTakesAHuggingFaceFolderWithItsShape) {
   Launch roberta = pf_test::run(in("/", "eval --init " + hf.string() + data));
   EXPECT_EQ(roberta.status, 2) << roberta.out;
   EXPECT_EQ(roberta.out, "pipefisher: --init: '" + (hf / "config.json").string() +
-                             "': model_type 'roberta' is not one we train (bert, gpt2)\n");
+                             "': model_type 'roberta' is not one we train (bert, gpt2, llama)\n");
 }
 
 // A config file in another directory names its data, out_dir and log relative to itself; trained

@@ -297,7 +297,7 @@ void expect_names_round_trip(const std::string& listed) {
 }  // namespace
 
 TEST(Config, EachSettingsNamesRoundTrip) {
-  expect_names_round_trip<pf::Arch>("bert, gpt");
+  expect_names_round_trip<pf::Arch>("bert, gpt, llama");
   expect_names_round_trip<pf::Gelu>("erf, tanh");
   expect_names_round_trip<pf::Vocab>("bert, gpt2");
   expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd");
@@ -316,7 +316,7 @@ TEST(Config, AnUnknownSettingNameIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of("[parallel]\nschedule = \"pipedream\"\n"),
             "parallel.schedule: 'pipedream' is not one of naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
   EXPECT_EQ(error_of("", {"kfac.distributed=spd"}), "kfac.distributed: 'spd' is not one of d-kfac, mpd-kfac, spd-kfac");
-  EXPECT_EQ(error_of("", {"model.arch=t5"}), "model.arch: 't5' is not one of bert, gpt");
+  EXPECT_EQ(error_of("", {"model.arch=t5"}), "model.arch: 't5' is not one of bert, gpt, llama");
   EXPECT_EQ(error_of("", {"model.gelu=relu"}), "model.gelu: 'relu' is not one of erf, tanh");
   EXPECT_EQ(error_of("", {"data.vocab=gpt"}), "data.vocab: 'gpt' is not one of bert, gpt2 (did you mean gpt2?)");
   EXPECT_EQ(error_of("", {"train.on_nonfinite=ignore"}), "train.on_nonfinite: must be 'skip' or 'stop' (got 'ignore')");
@@ -335,7 +335,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 75u);
+  EXPECT_EQ(keys.size(), 78u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;
@@ -390,4 +390,38 @@ TEST(Config, DataParallelAutoIsTheWorldOverTheStages) {
   const std::vector<std::string> replay = {"kfac.enabled=true", "kfac.placement=replay", "kfac.refresh_record=/tmp/r.json"};
   EXPECT_EQ(resolved(replay, 1), 1);
   EXPECT_THROW(resolved(replay, 2), pf::UsageError);
+}
+
+// The Llama-style model's keys: presets with grouped-query heads, kv_heads = auto as the heads,
+// refusals naming the key for what only llama varies or what cannot work.
+TEST(Config, LlamaPresetsAndKeys) {
+  Config t = Config::from_toml_string("", {"model.preset=llama-tiny"});
+  EXPECT_EQ(t.model.arch, pf::Arch::Llama);
+  EXPECT_EQ(t.model.heads, 2);
+  EXPECT_EQ(t.model.kv_heads, 1);
+  EXPECT_EQ(t.model.ffn, 384);
+  EXPECT_EQ(t.data.vocab, pf::Vocab::Gpt2);
+  EXPECT_FLOAT_EQ(t.model.layer_norm_eps, 1e-5f);
+  EXPECT_TRUE(t.model.tie_embeddings);
+  EXPECT_EQ(pf::preset_of(t.model), "llama-tiny");
+  Config m = Config::from_toml_string("", {"model.preset=llama-mini", "model.tie_embeddings=false", "model.rope_theta=5e5"});
+  EXPECT_EQ(m.model.kv_heads, 2);
+  EXPECT_FALSE(m.model.tie_embeddings);
+  EXPECT_DOUBLE_EQ(m.model.rope_theta, 5e5);
+  EXPECT_EQ(Config::from_toml_string(m.to_toml()), m);
+  // auto: every head its own keys and values, resolved where the heads are known.
+  Config a = Config::from_toml_string("", {"model.arch=llama", "model.heads=8", "model.kv_heads=auto"});
+  EXPECT_EQ(a.model.kv_heads, 8);
+  EXPECT_EQ(Config::from_toml_string("", {"model.preset=bert-mini", "model.heads=8"}).model.kv_heads, 8);
+  EXPECT_NE(error_of("", {"model.preset=llama-mini", "model.kv_heads=3"}).find("model.kv_heads: model.heads = 4 is not divisible by 3"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"model.arch=gpt", "model.kv_heads=2"}).find("model.kv_heads: 2 differs from model.heads = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"model.tie_embeddings=false"}).find("model.tie_embeddings: false is llama's"), std::string::npos);
+  EXPECT_NE(error_of("", {"model.arch=llama", "model.hidden=12", "model.heads=4"}).find("model.heads: rotary positions"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"model.arch=llama", "model.rope_theta=0"}).find("model.rope_theta: must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"model.arch=llama", "model.kv_heads=0"}).find("model.kv_heads"), std::string::npos);
+  EXPECT_NE(error_of("", {"model.arch=llama", "data.nsp=true"}).find("data.nsp"), std::string::npos);
 }

@@ -389,6 +389,12 @@ TEST(Hardening, MemoryEstimateBoundsThePeak) {
       {1, "mem1", "--set kfac.enabled=true"},
       {2, "mem2", "--set parallel.stages=2 --set kfac.enabled=true"},
       {2, "mem3", "--set parallel.stages=2 --set parallel.schedule=gpipe"},
+      // The Llama-style model's own terms: grouped-query k and v, SwiGLU's three matrices, no
+      // position table, an untied lm_head.
+      {2, "mem4", "--set parallel.stages=2 --set kfac.enabled=true --set model.arch=llama --set model.kv_heads=2 "
+                  "--set model.tie_embeddings=false --set data.vocab=gpt2 --set data.train_file=" PF_SOURCE_DIR
+                  "/data/sample/moby-dick-1-20.gpt2.bin --set data.valid_file=" PF_SOURCE_DIR
+                  "/data/sample/moby-dick-1-20.gpt2.bin"},
   };
   for (const auto& c : runs) {
     Launch r = run(c.ranks == 1 ? train_cmd(dir(), c.name, c.sets + shape) : mpi_train_cmd(2, dir(), c.name, c.sets + shape));

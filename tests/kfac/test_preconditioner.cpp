@@ -26,6 +26,7 @@ ModelConfig tiny(const char* arch) {
   c.max_position = 16;
   c.vocab = 40;
   c.gelu = c.arch == pf::Arch::Bert ? pf::Gelu::Erf : pf::Gelu::Tanh;
+  if (c.arch == pf::Arch::Llama) c.kv_heads = 1;  // k and v of width 8 beside q's 16
   return c;
 }
 
@@ -39,7 +40,7 @@ MicroBatch batch(const ModelConfig& c, int rows, int j, uint32_t seed) {
     mb.tokens[n] = static_cast<int32_t>(gen() % c.vocab);
     mb.attn_mask[n] = 1;
     mb.token_types[n] = 0;
-    const bool labelled = c.arch == pf::Arch::Gpt || n % 3 == 1;
+    const bool labelled = pf::causal_lm(c.arch) || n % 3 == 1;
     mb.labels[n] = labelled ? static_cast<int32_t>(gen() % c.vocab) : -1;
   }
   return mb;
@@ -171,17 +172,18 @@ TEST_P(DriverTest, PreconditionedGradientsMatchADenseComputation) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DriverTest,
                          ::testing::Values(Case{"bert", 10000}, Case{"gpt", 10000}, Case{"bert", 20},
-                                           Case{"gpt", 40}));
+                                           Case{"gpt", 40}, Case{"llama", 10000}, Case{"llama", 12}));
 
 // The decoder (outputs = vocabulary, the tied word embedding) is left out and never tapped;
-// every other Linear is a K-FAC layer.
+// every other Linear is a K-FAC layer (llama: q, k, v, o, gate, up and down).
 TEST(Driver, SkipsTheDecoder) {
-  for (const char* arch : {"bert", "gpt"}) {
+  for (const char* arch : {"bert", "gpt", "llama"}) {
     const ModelConfig c = tiny(arch);
     auto model = build_model(c, 0, num_blocks(c) - 1);
     KfacPreconditioner kfac(model->linears(), KfacConfig{}, c.vocab);
-    const std::string decoder = arch == std::string("bert") ? "bert.embeddings.word_embeddings.weight"
-                                                            : "transformer.wte.weight";
+    const std::string decoder = arch == std::string("bert")  ? "bert.embeddings.word_embeddings.weight"
+                                : arch == std::string("gpt") ? "transformer.wte.weight"
+                                                             : "model.embed_tokens.weight";
     ASSERT_EQ(kfac.skipped(), std::vector<std::string>{decoder});
     EXPECT_EQ(kfac.size(), model->linears().size() - 1);
     kfac.attach();

@@ -63,6 +63,13 @@ void check_grad(const std::string& what, float* value, const float* grad, int64_
   }
 }
 
+// Hugging Face's name of the tied word matrix.
+inline std::string word_name(Arch a) {
+  return a == Arch::Bert ? "bert.embeddings.word_embeddings.weight"
+         : a == Arch::Gpt ? "transformer.wte.weight"
+                          : "model.embed_tokens.weight";
+}
+
 inline ModelConfig tiny_config(const std::string& arch) {
   ModelConfig c;
   c.arch = parse_name<Arch>(arch).value();
@@ -76,6 +83,9 @@ inline ModelConfig tiny_config(const std::string& arch) {
   c.type_vocab = 2;
   c.layer_norm_eps = 1e-5f;
   c.init_std = 0.2f;  // larger than 0.02 so every path carries a gradient well above float noise
+  // llama: grouped-query attention (two query heads per key/value head), the path bert and gpt
+  // do not have. Tied like them (tests of the untied head set model.tie_embeddings = false).
+  if (c.arch == Arch::Llama) c.kv_heads = 1;
   return c;
 }
 
@@ -91,7 +101,7 @@ inline MicroBatch tiny_batch(const ModelConfig& c, int index = 0, uint64_t seed 
     mb.tokens[i] = int32_t(r.bits(4 * i) % c.vocab);
     mb.token_types[i] = c.arch == Arch::Bert ? (i % c.seq_len >= c.seq_len / 2) : 0;
     mb.attn_mask[i] = !(c.arch == Arch::Bert && i >= n - 2);
-    bool labelled = c.arch == Arch::Gpt || (mb.attn_mask[i] && (r.bits(4 * i + 1) % 3 == 0 || i == 0));
+    bool labelled = causal_lm(c.arch) || (mb.attn_mask[i] && (r.bits(4 * i + 1) % 3 == 0 || i == 0));
     mb.labels[i] = labelled ? int32_t(r.bits(4 * i + 2) % c.vocab) : -1;
   }
   return mb;

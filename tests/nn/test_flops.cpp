@@ -43,6 +43,10 @@ TEST(Flops, BertTinyByHand) {
   // gpt: every position through the decoder, h V = 128 x 30522 = 3906816.
   m.arch = Arch::Gpt, m.nsp = false;
   EXPECT_EQ(forward_macs_per_token(m, 128), 458752.0 + 3906816.0);
+  // llama, 2 of 4 heads for keys and values (kv 64), f 512: a block 2 x 128^2 + 2 x 128 x 64 +
+  // 3 x 128 x 512 + 2 x 128 x 128 = 32768 + 16384 + 196608 + 32768 = 278528, twice: 557056.
+  m.arch = Arch::Llama, m.heads = 4, m.kv_heads = 2;
+  EXPECT_EQ(forward_macs_per_token(m, 128), 557056.0 + 3906816.0);
 }
 
 class FlopsTest : public ::testing::TestWithParam<const char*> {};
@@ -71,4 +75,4 @@ TEST_P(FlopsTest, FormulaCountsTheProductsTheModelComputes) {
   EXPECT_NEAR(2 * g_macs.load(), model_flops_per_token(c, per_sequence) * tokens, 6e-12 * want);
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, FlopsTest, ::testing::Values("bert", "gpt"));
+INSTANTIATE_TEST_SUITE_P(Arch, FlopsTest, ::testing::Values("bert", "gpt", "llama"));

@@ -168,8 +168,8 @@ static void check_block(BlockT& blk, const MicroBatch& mb, const ModelConfig& c,
   for (Param* p : blk.params()) check_grad(p->name, p->value.data(), p->grad.data(), p->value.numel(), loss, tol);
 }
 
-TEST(Layers, EmbeddingGradientsBertAndGpt) {
-  for (const char* arch : {"bert", "gpt"}) {
+TEST(Layers, EmbeddingGradientsBertGptAndLlama) {
+  for (const char* arch : {"bert", "gpt", "llama"}) {
     ModelConfig c = tiny_config(arch);
     EmbeddingBlock e(c);
     e.init(3);
@@ -195,6 +195,67 @@ TEST(Layers, LmHeadWithCrossEntropy) {
   MicroBatch mb = tiny_batch(c);
   mb.loss_scale = 0.25f;
   check_block(head, mb, c, true, {.floor = 3e-5});
+}
+
+// Llama's head: RMSNorm and its own lm_head (untied), or the word matrix's mirror (tied).
+TEST(Layers, LlamaLmHeadWithCrossEntropy) {
+  for (bool tied : {false, true}) {
+    ModelConfig c = tiny_config("llama");
+    c.tie_embeddings = tied;
+    HeadBlock head(c, nullptr);
+    EXPECT_EQ(head.mirror() != nullptr, tied);
+    head.init(5);
+    fill_normal(head.params()[0]->value.data(), c.hidden, 21, 0.5f);  // model.norm's gain away from 1
+    MicroBatch mb = tiny_batch(c);
+    mb.loss_scale = 0.25f;
+    check_block(head, mb, c, true, {.floor = 3e-5});
+  }
+}
+
+// Llama's decoder layer: RMSNorm, rotary positions, grouped-query attention (2 query heads per
+// key/value head), SwiGLU; with dropout on both branches too.
+TEST(Layers, LlamaBlock) {
+  for (float dropout : {0.0f, 0.2f}) {
+    ModelConfig c = tiny_config("llama");
+    c.dropout = dropout;
+    LlamaBlock blk(c, 1);
+    blk.init(9);
+    for (Param* p : blk.params())  // RMSNorm gains 1 + N(0, 0.3): not all 1, so their gradients are tested too
+      if (p->value.shape().size() == 1) {
+        fill_normal(p->value.data(), c.hidden, 23, 0.3f);
+        for (float& g : p->value.span()) g += 1;
+      }
+    blk.set_dropout_step(77, 3);
+    check_block(blk, tiny_batch(c), c, true, {.floor = 3e-4});
+  }
+}
+
+// The rotation's two facts the finite differences cannot see: a query and a key rotated to
+// positions t and u give the product of position t - u (so attention sees relative positions),
+// and the inverse turns back exactly (to float rounding).
+TEST(Layers, RotaryPositionsAreRelativeAndInvertible) {
+  const int64_t D = 8, H = 2, T = 6;
+  Rope rope(D, 16, 10000.0);
+  Tensor q = randn({T, H * D}, 1), k = randn({T, H * D}, 2);
+  std::vector<float> q0(q.span().begin(), q.span().end()), k0(k.span().begin(), k.span().end());
+  // Every row the same vector, at positions 0..T-1.
+  for (int64_t t = 1; t < T; ++t)
+    for (int64_t i = 0; i < H * D; ++i) q.data()[t * H * D + i] = q0[i], k.data()[t * H * D + i] = k0[i];
+  rope.rotate(q.data(), H * D, H, T, T, 0, false);
+  rope.rotate(k.data(), H * D, H, T, T, 0, false);
+  auto score = [&](int64_t t, int64_t u, int64_t h) { return dot(q.data() + t * H * D + h * D, k.data() + u * H * D + h * D, D); };
+  for (int64_t h = 0; h < H; ++h) {
+    EXPECT_NEAR(score(3, 1, h), score(2, 0, h), 1e-5) << h;
+    EXPECT_NEAR(score(5, 2, h), score(3, 0, h), 1e-5) << h;
+    EXPECT_GT(std::abs(score(3, 1, h) - score(3, 0, h)), 1e-3) << "positions must matter";
+  }
+  EXPECT_NEAR(score(0, 0, 0), dot(q0.data(), k0.data(), D), 1e-6);  // position 0 turns nothing
+  // rotate(first = 4) of one row = row 4 of the table; inverse brings it back.
+  std::vector<float> one(q0.begin(), q0.begin() + H * D);
+  rope.rotate(one.data(), H * D, H, 1, 1, 4, false);
+  for (int64_t i = 0; i < H * D; ++i) EXPECT_FLOAT_EQ(one[i], q.data()[4 * H * D + i]);
+  rope.rotate(one.data(), H * D, H, 1, 1, 4, true);
+  for (int64_t i = 0; i < H * D; ++i) EXPECT_NEAR(one[i], q0[i], 1e-6);
 }
 
 TEST(Layers, TransformerBlockBertPostLn) {

@@ -43,8 +43,7 @@ class ModelTest : public ::testing::TestWithParam<const char*> {};
 
 }  // namespace
 
-TEST_P(ModelTest, WholeModelGradientsMatchFiniteDifferences) {
-  ModelConfig c = tiny_config(GetParam());
+static void expect_whole_model_gradients(const ModelConfig& c) {
   auto m = full_model(c);
   MicroBatch mb = tiny_batch(c);
   ModelState st = m->make_state(mb.rows, mb.seq);
@@ -57,8 +56,17 @@ TEST_P(ModelTest, WholeModelGradientsMatchFiniteDifferences) {
     check_grad(p->name, p->value.data(), p->grad.data(), p->value.numel(), loss, {.floor = 3e-4, .samples = 12});
   // The tied word matrix appears once, shared by the embedding and the decoder.
   int n = 0;
-  for (Param* p : m->params()) n += p->name == (c.arch == pf::Arch::Bert ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight");
+  for (Param* p : m->params()) n += p->name == word_name(c.arch);
   EXPECT_EQ(n, 1);
+}
+
+TEST_P(ModelTest, WholeModelGradientsMatchFiniteDifferences) { expect_whole_model_gradients(tiny_config(GetParam())); }
+
+// Llama's own lm_head: its gradient and the embedding's, apart.
+TEST(Model, LlamaUntiedGradientsMatchFiniteDifferences) {
+  ModelConfig c = tiny_config("llama");
+  c.tie_embeddings = false;
+  expect_whole_model_gradients(c);
 }
 
 TEST_P(ModelTest, SameSeedSameBits) {
@@ -92,7 +100,7 @@ TEST_P(ModelTest, CutIntoTwoRangesGivesTheSameLossAndGradients) {
   full->backward(mb, none, none, fs);
   std::map<std::string, Param*> ref;
   for (Param* p : full->params()) ref[p->name] = p;
-  const std::string word = c.arch == pf::Arch::Bert ? "bert.embeddings.word_embeddings.weight" : "transformer.wte.weight";
+  const std::string word = word_name(c.arch);
   for (int k = 0; k < last; ++k) {
     auto a = build_model(c, 0, k), b = build_model(c, k + 1, last);
     a->init(17);
@@ -207,7 +215,7 @@ TEST_P(ModelTest, HeadStateHoldsLogitsOfTheLabelledRowsOnly) {
   ModelConfig wide = c;
   wide.vocab = c.vocab + 100;
   const int rows = 3;
-  const int64_t labelled = c.arch == Arch::Gpt ? 16 : 2;
+  const int64_t labelled = causal_lm(c.arch) ? 16 : 2;
   const int64_t grown = full_model(wide)->make_state(rows, c.seq_len).activation_bytes() -
                         full_model(c)->make_state(rows, c.seq_len).activation_bytes();
   EXPECT_EQ(grown, 4 * rows * labelled * 100);
@@ -243,10 +251,12 @@ TEST_P(ModelTest, EvaluationRunsWithoutDropout) {
   EXPECT_NE(b->forward(mb, none, none, sb), reference);
 }
 
-TEST(Model, GptIsCausal) {
+TEST(Model, GptAndLlamaAreCausal) {
   // Changing the last token changes only the last position's loss: remove it from the labels and
   // the loss must be unchanged.
-  ModelConfig c = tiny_config("gpt");
+  for (const char* arch : {"gpt", "llama"}) {
+  SCOPED_TRACE(arch);
+  ModelConfig c = tiny_config(arch);
   auto m = full_model(c);
   MicroBatch mb = tiny_batch(c);
   mb.labels[c.seq_len - 1] = -1;
@@ -257,6 +267,7 @@ TEST(Model, GptIsCausal) {
   EXPECT_EQ(m->forward(mb, none, none, st), l);
   mb.tokens[c.seq_len - 2] = (mb.tokens[c.seq_len - 2] + 3) % c.vocab;
   EXPECT_NE(m->forward(mb, none, none, st), l);
+  }
 }
 
 TEST(Model, HuggingFaceNamesAndLinears) {
@@ -288,7 +299,40 @@ TEST(Model, HuggingFaceNamesAndLinears) {
   EXPECT_NEAR(std::sqrt(s2 / s1), 0.5, 0.1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, ModelTest, ::testing::Values("bert", "gpt"));
+// LlamaForCausalLM's names and shapes: no biases, k and v of the key/value heads' width, an own
+// lm_head when untied (and none when tied: the head is the word embedding, as in GPT).
+TEST(Model, LlamaNamesShapesAndLinears) {
+  ModelConfig c = tiny_config("llama");
+  c.heads = 4, c.kv_heads = 2, c.tie_embeddings = false;
+  auto m = full_model(c);
+  const int64_t C = c.hidden, KV = 2 * (C / 4);
+  auto shape = [&](const char* n) {
+    Param* p = m->find_param(n);
+    EXPECT_NE(p, nullptr) << n;
+    return p ? p->value.shape() : Shape{};
+  };
+  EXPECT_EQ(shape("model.embed_tokens.weight"), (Shape{c.vocab, C}));
+  EXPECT_EQ(shape("model.layers.1.input_layernorm.weight"), (Shape{C}));
+  EXPECT_EQ(shape("model.layers.1.self_attn.q_proj.weight"), (Shape{C, C}));
+  EXPECT_EQ(shape("model.layers.1.self_attn.k_proj.weight"), (Shape{KV, C}));
+  EXPECT_EQ(shape("model.layers.0.self_attn.v_proj.weight"), (Shape{KV, C}));
+  EXPECT_EQ(shape("model.layers.0.post_attention_layernorm.weight"), (Shape{C}));
+  EXPECT_EQ(shape("model.layers.0.mlp.gate_proj.weight"), (Shape{c.ffn, C}));
+  EXPECT_EQ(shape("model.layers.0.mlp.down_proj.weight"), (Shape{C, c.ffn}));
+  EXPECT_EQ(shape("model.norm.weight"), (Shape{C}));
+  EXPECT_EQ(shape("lm_head.weight"), (Shape{c.vocab, C}));
+  for (const Param* p : m->params()) EXPECT_EQ(p->name.find("bias"), std::string::npos) << p->name;
+  EXPECT_EQ(m->linears().size(), 2u * 7 + 1);  // q, k, v, o, gate, up, down per layer; lm_head
+  EXPECT_EQ(m->linears()[4]->name(), "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(parameter_count(*m), 2 * c.vocab * C + C +
+                                     c.layers * (2 * C * C + 2 * C * KV + 3 * C * c.ffn + 2 * C));
+  c.tie_embeddings = true;
+  auto tied = full_model(c);
+  EXPECT_EQ(tied->find_param("lm_head.weight"), nullptr);
+  EXPECT_EQ(parameter_count(*tied), parameter_count(*m) - c.vocab * C);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, ModelTest, ::testing::Values("bert", "gpt", "llama"));
 
 TEST(Model, RefusesTokensOutsideTheVocabulary) {
   ModelConfig c = tiny_config("bert");
@@ -391,7 +435,9 @@ TEST(Model, BertNspLossIsMaskedLmPlusPairClassification) {
 // units of float32 rounding (2^-24 each) per unit of the logits' scale, for sums of at most
 // 32 products through two blocks.
 TEST(Model, KvCacheDecodeGivesTheFullForwardsLogits) {
-  ModelConfig c = tiny_config("gpt");
+  for (const char* arch : {"gpt", "llama"}) {
+  SCOPED_TRACE(arch);
+  ModelConfig c = tiny_config(arch);
   c.seq_len = 12;
   auto m = build_model(c, 0, num_blocks(c) - 1);
   m->init(3);
@@ -420,5 +466,6 @@ TEST(Model, KvCacheDecodeGivesTheFullForwardsLogits) {
     }
   }
   EXPECT_EQ(cache.length, c.seq_len);
-  RecordProperty("worst_relative_difference", std::to_string(worst));
+  RecordProperty(std::string("worst_relative_difference_") + arch, std::to_string(worst));
+  }
 }

@@ -152,4 +152,14 @@ TEST(SplitBackwardMemory, TransformerBlockKeepsItsLinearsOutputGradients) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, SplitBackward, ::testing::Values("bert", "gpt"));
+// Llama: q (C), k and v (KV each), o (C), gate and up (F each), down (C): N (3C + 2KV + 2F) floats.
+TEST(SplitBackwardMemory, LlamaBlockKeepsItsLinearsOutputGradients) {
+  const ModelConfig c = tiny_config("llama");
+  LlamaBlock blk(c, 0);
+  const int64_t N = 2 * c.seq_len, C = c.hidden, F = c.ffn, KV = kv_width(c);
+  EXPECT_EQ(KV, C / 2);
+  EXPECT_EQ(blk.make_state(2, c.seq_len, BackwardMode::split)->deferred_bytes(), N * (3 * C + 2 * KV + 2 * F) * 4);
+  EXPECT_EQ(blk.make_state(2, c.seq_len, BackwardMode::fused)->deferred_bytes(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, SplitBackward, ::testing::Values("bert", "gpt", "llama"));

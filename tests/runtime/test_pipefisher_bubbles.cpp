@@ -127,3 +127,29 @@ TEST(PipeFisherRuntime, BubblesWithZeroBubbleAndTwoReplicasEqualSingleProcessWit
   expect_bubbles_match("zbh1_2x2", 4, sets + " --set kfac.plan_profile=" + made_up_plan_profile("zbh1_2x2", sets, 4).string(),
                        {"parallel.data_parallel=2", "parallel.micro_batches=2"}, "--test-bcast-model 0,0");
 }
+
+// The Llama-style model's seven Linears per block (q, k and v of two widths with grouped-query
+// attention, o, gate, up, down) in the bubbles of 1F1B and Chimera, untied lm_head: every factor
+// refreshed as the record says, single-process K-FAC's weights. Also inline K-FAC (the Trainer's).
+TEST(PipeFisherRuntime, LlamaInTheBubblesAndInlineEqualSingleProcess) {
+  const std::vector<std::string> model = {
+      "model.arch=llama", "model.heads=4", "model.kv_heads=2", "model.ffn=48", "model.tie_embeddings=false",
+      "data.vocab=gpt2", "data.train_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.gpt2.bin",
+      "data.valid_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.gpt2.bin"};
+  std::string sets;
+  for (const std::string& s : model) sets += " --set " + s;
+  expect_bubbles_match("llama_1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b" + sets, model);
+  expect_bubbles_match("llama_chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera" + sets, model);
+  const nlohmann::json rec = read_json(dir() / "llama_1f1b" / "kfac_refresh.json");
+  std::set<std::string> layers;
+  for (const auto& e : rec["events"]) layers.insert(e["layer"].get<std::string>());
+  for (const char* l : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    EXPECT_TRUE(layers.count("model.layers.3.self_attn." + std::string(l) + ".weight") ||
+                layers.count("model.layers.3.mlp." + std::string(l) + ".weight"))
+        << l << "\n" << rec.dump(1);
+  Launched r = launch(2, "llama_inline", "--set parallel.stages=2 --set kfac.placement=inline" + sets);
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::vector<std::string> inline_sets = model;
+  inline_sets.push_back("kfac.placement=inline");
+  expect_close(saved_weights(dir() / "llama_inline.safetensors"), trainer_weights(load_config(inline_sets)), "llama_inline");
+}

@@ -212,6 +212,23 @@ TEST(RuntimeEquivalence, ZeroBubble_2x2) {
   expect_same_as_reference("zbh1_2x2", 4, dp + "--set parallel.schedule=zb-h1");
   expect_same_as_reference("zbv_2x2", 4, dp + "--set parallel.schedule=zb-v");
 }
+// The Llama-style model (RMSNorm, rotary positions, SwiGLU, 2 key/value heads for 4 query heads)
+// on the GPT-2 tokens: its own lm_head (untied) under 1F1B and zero-bubble H1; the tied word
+// matrix mirrored between the first and last stages under Chimera and the interleaved schedule.
+const std::string kLlama = "--set model.arch=llama --set model.heads=4 --set model.kv_heads=2 --set model.ffn=48 "
+                           "--set data.vocab=gpt2 --set data.train_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.gpt2.bin "
+                           "--set data.valid_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.gpt2.bin";
+TEST(RuntimeEquivalence, LlamaUntied_OneF1B_And_ZeroBubbleH1) {
+  const std::string untied = kLlama + " --set model.tie_embeddings=false";
+  expect_same_as_reference("llama_1f1b", 2, "--set parallel.stages=2", untied);
+  expect_same_as_reference("llama_zbh1", 2, "--set parallel.stages=2 --set parallel.schedule=zb-h1", untied);
+}
+TEST(RuntimeEquivalence, LlamaTied_Chimera_And_Interleaved) {
+  expect_same_as_reference("llama_chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera", kLlama);
+  expect_same_as_reference("llama_interleaved", 2,
+                           "--set parallel.stages=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2", kLlama);
+}
+
 TEST(RuntimeEquivalence, ExplicitPartition) {
   expect_same_as_reference("partition_2x1", 2, "--set parallel.stages=2 --set parallel.partition=[3,1]");
 }
