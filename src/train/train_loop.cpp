@@ -82,9 +82,12 @@ void print_banner(const Run& r) {
   const ParallelConfig& p = r.cfg.parallel;
   const long long tokens = static_cast<long long>(p.data_parallel) * p.micro_batches * p.micro_batch_size * m.seq_len;
   auto count = [](int n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
-  std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %d heads), %lld tokens/step (%s x %s x %s of %d "
+  // Grouped-query attention says how many key/value heads the query heads share.
+  const std::string heads = count(m.heads, "head", "heads") +
+                            (kv_heads_of(m) != m.heads ? fmt::format(" ({} key/value)", kv_heads_of(m)) : "");
+  std::printf("pipefisher train: %s (%s, %d layers, hidden %d, %s), %lld tokens/step (%s x %s x %s of %d "
               "tokens), %s, %d steps%s\n",
-              preset_of(m).c_str(), name_of(m.arch).c_str(), m.layers, m.hidden, m.heads, tokens,
+              preset_of(m).c_str(), name_of(m.arch).c_str(), m.layers, m.hidden, heads.c_str(), tokens,
               count(p.data_parallel, "replica", "replicas").c_str(),
               count(p.micro_batches, "micro-batch", "micro-batches").c_str(),
               count(p.micro_batch_size, "sequence", "sequences").c_str(), m.seq_len, optimizer_of(r.cfg).c_str(),

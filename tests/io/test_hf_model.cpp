@@ -74,7 +74,7 @@ TEST(HfModel, ConfigJsonGivesTheModelKeys) {
     }
     return std::string();
   };
-  EXPECT_EQ(refusal(R"({"model_type": "t5"})"), "--init: 'c.json': model_type 't5' is not one we train (bert, gpt2)");
+  EXPECT_EQ(refusal(R"({"model_type": "t5"})"), "--init: 'c.json': model_type 't5' is not one we train (bert, gpt2, llama)");
   EXPECT_EQ(refusal(R"({"model_type": "gpt2", "n_embd": 64, "n_layer": "two"})"),
             "--init: 'c.json': n_layer is \"two\", not a positive whole number");
   EXPECT_EQ(refusal(R"({"model_type": "bert", "position_embedding_type": "relative_key"})"),
@@ -87,6 +87,54 @@ TEST(HfModel, ConfigJsonGivesTheModelKeys) {
   EXPECT_EQ(refusal(listed_gelu), "--init: 'c.json': activation_function is [\"gelu\"], not a string");
   EXPECT_EQ(refusal(R"({"model_type": "bert", "position_embedding_type": false})"),
             "--init: 'c.json': position_embedding_type is false, not a string");
+}
+
+// LlamaForCausalLM both ways: TinyLlama-1.1B's config.json (as transformers 4.35 writes it: grouped
+// query heads, untied head, rope_scaling null) gives our keys; ours round-trips; what we do not
+// compute is refused naming the field.
+TEST(HfModel, LlamaConfigBothWays) {
+  const std::string tiny_llama = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5632, "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 22, "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": null, "rope_theta": 10000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.35.0", "use_cache": true, "vocab_size": 32000})";
+  EXPECT_EQ(pf::hf_model_sets(tiny_llama, "config.json"),
+            (std::vector<std::string>{"model.arch=llama", "model.layers=22", "model.hidden=2048", "model.heads=32",
+                                      "model.kv_heads=4", "model.ffn=5632", "model.vocab=32000",
+                                      "model.max_position=2048", "model.tie_embeddings=false",
+                                      "model.layer_norm_eps=1e-05", "model.rope_theta=10000"}));
+  pf::ModelConfig m;
+  m.arch = pf::Arch::Llama, m.heads = 4, m.kv_heads = 2, m.rope_theta = 5e5, m.layer_norm_eps = 1e-6f;
+  m.tie_embeddings = true;
+  const auto j = nlohmann::json::parse(pf::hf_config_json(m));
+  EXPECT_EQ(j.at("architectures"), nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(j.at("num_key_value_heads"), 2);
+  EXPECT_EQ(j.at("head_dim"), 64);
+  EXPECT_EQ(j.at("rms_norm_eps"), 1e-6);
+  EXPECT_EQ(j.at("tie_word_embeddings"), true);
+  const auto sets = pf::hf_model_sets(j.dump(), "ours");
+  EXPECT_TRUE(has(sets, "model.kv_heads=2") && has(sets, "model.rope_theta=500000") &&
+              has(sets, "model.tie_embeddings=true") && has(sets, "model.layer_norm_eps=1e-06"));
+  auto refusal = [&](const char* field, const nlohmann::json& v) {
+    nlohmann::json c = nlohmann::json::parse(tiny_llama);
+    c[field] = v;
+    try {
+      pf::hf_model_sets(c.dump(), "c.json");
+    } catch (const pf::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal("rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}),
+            "--init: 'c.json': rope_scaling is {\"factor\":2.0,\"type\":\"dynamic\"}; rotary scaling is not "
+            "implemented here (only null)");
+  EXPECT_NE(refusal("mlp_bias", true).find("mlp_bias is true"), std::string::npos);
+  EXPECT_NE(refusal("head_dim", 128).find("head_dim is 128"), std::string::npos);
+  EXPECT_NE(refusal("hidden_act", "gelu").find("hidden_act is \"gelu\""), std::string::npos);
+  EXPECT_NE(refusal("tie_word_embeddings", "yes").find("tie_word_embeddings is \"yes\", not true or false"),
+            std::string::npos);
+  EXPECT_NE(refusal("num_key_value_heads", 0).find("num_key_value_heads is 0"), std::string::npos);
 }
 
 TEST(HfModel, HubNamesOfOurTensors) {
