@@ -21,74 +21,82 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// Each architecture's config.json, in transformers' names and keys.
+nlohmann::ordered_json bert_config(const ModelConfig& m) {
+  return {{"architectures", {"BertForPreTraining"}},
+          {"model_type", "bert"},
+          {"vocab_size", m.vocab},
+          {"hidden_size", m.hidden},
+          {"num_hidden_layers", m.layers},
+          {"num_attention_heads", m.heads},
+          {"intermediate_size", m.ffn},
+          {"hidden_act", hf_activation(m)},
+          {"hidden_dropout_prob", float_as_written(m.dropout)},
+          {"attention_probs_dropout_prob", 0.0},
+          {"max_position_embeddings", m.max_position},
+          {"type_vocab_size", m.type_vocab},
+          {"initializer_range", float_as_written(m.init_std)},
+          {"layer_norm_eps", float_as_written(m.layer_norm_eps)},
+          {"pad_token_id", 0},
+          {"position_embedding_type", "absolute"},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", "float32"}};
+}
+
+nlohmann::ordered_json gpt2_config(const ModelConfig& m) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", m.vocab},
+          {"n_positions", m.max_position},
+          {"n_ctx", m.max_position},
+          {"n_embd", m.hidden},
+          {"n_layer", m.layers},
+          {"n_head", m.heads},
+          {"n_inner", m.ffn},
+          {"activation_function", hf_activation(m)},
+          {"resid_pdrop", float_as_written(m.dropout)},
+          {"embd_pdrop", float_as_written(m.dropout)},
+          {"attn_pdrop", 0.0},
+          {"layer_norm_epsilon", float_as_written(m.layer_norm_eps)},
+          {"initializer_range", float_as_written(m.init_std)},
+          {"bos_token_id", 50256},
+          {"eos_token_id", 50256},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", "float32"}};
+}
+
+nlohmann::ordered_json llama_config(const ModelConfig& m) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", m.vocab},
+          {"hidden_size", m.hidden},
+          {"intermediate_size", m.ffn},
+          {"num_hidden_layers", m.layers},
+          {"num_attention_heads", m.heads},
+          {"num_key_value_heads", kv_heads_of(m)},
+          {"head_dim", m.hidden / m.heads},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", m.max_position},
+          {"initializer_range", float_as_written(m.init_std)},
+          {"rms_norm_eps", float_as_written(m.layer_norm_eps)},
+          {"rope_theta", m.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"attention_dropout", 0.0},
+          {"pretraining_tp", 1},
+          {"bos_token_id", 50256},
+          {"eos_token_id", 50256},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"torch_dtype", "float32"}};
+}
+
 }  // namespace
 
 std::string hf_config_json(const ModelConfig& m) {
-  nlohmann::ordered_json j;
-  if (m.arch == Arch::Bert) {
-    j = {{"architectures", {"BertForPreTraining"}},
-         {"model_type", "bert"},
-         {"vocab_size", m.vocab},
-         {"hidden_size", m.hidden},
-         {"num_hidden_layers", m.layers},
-         {"num_attention_heads", m.heads},
-         {"intermediate_size", m.ffn},
-         {"hidden_act", hf_activation(m)},
-         {"hidden_dropout_prob", float_as_written(m.dropout)},
-         {"attention_probs_dropout_prob", 0.0},
-         {"max_position_embeddings", m.max_position},
-         {"type_vocab_size", m.type_vocab},
-         {"initializer_range", float_as_written(m.init_std)},
-         {"layer_norm_eps", float_as_written(m.layer_norm_eps)},
-         {"pad_token_id", 0},
-         {"position_embedding_type", "absolute"},
-         {"tie_word_embeddings", true},
-         {"torch_dtype", "float32"}};
-  } else if (m.arch == Arch::Llama) {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
-         {"vocab_size", m.vocab},
-         {"hidden_size", m.hidden},
-         {"intermediate_size", m.ffn},
-         {"num_hidden_layers", m.layers},
-         {"num_attention_heads", m.heads},
-         {"num_key_value_heads", kv_heads_of(m)},
-         {"head_dim", m.hidden / m.heads},
-         {"hidden_act", "silu"},
-         {"max_position_embeddings", m.max_position},
-         {"initializer_range", float_as_written(m.init_std)},
-         {"rms_norm_eps", float_as_written(m.layer_norm_eps)},
-         {"rope_theta", m.rope_theta},
-         {"rope_scaling", nullptr},
-         {"attention_bias", false},
-         {"mlp_bias", false},
-         {"attention_dropout", 0.0},
-         {"pretraining_tp", 1},
-         {"bos_token_id", 50256},
-         {"eos_token_id", 50256},
-         {"tie_word_embeddings", m.tie_embeddings},
-         {"torch_dtype", "float32"}};
-  } else {
-    j = {{"architectures", {"GPT2LMHeadModel"}},
-         {"model_type", "gpt2"},
-         {"vocab_size", m.vocab},
-         {"n_positions", m.max_position},
-         {"n_ctx", m.max_position},
-         {"n_embd", m.hidden},
-         {"n_layer", m.layers},
-         {"n_head", m.heads},
-         {"n_inner", m.ffn},
-         {"activation_function", hf_activation(m)},
-         {"resid_pdrop", float_as_written(m.dropout)},
-         {"embd_pdrop", float_as_written(m.dropout)},
-         {"attn_pdrop", 0.0},
-         {"layer_norm_epsilon", float_as_written(m.layer_norm_eps)},
-         {"initializer_range", float_as_written(m.init_std)},
-         {"bos_token_id", 50256},
-         {"eos_token_id", 50256},
-         {"tie_word_embeddings", true},
-         {"torch_dtype", "float32"}};
-  }
+  const nlohmann::ordered_json j = m.arch == Arch::Bert    ? bert_config(m)
+                                   : m.arch == Arch::Llama ? llama_config(m)
+                                                           : gpt2_config(m);
   return j.dump(2) + "\n";
 }
 
