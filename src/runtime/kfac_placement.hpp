@@ -16,6 +16,7 @@
 //       units placed at run time by its step driver, FillingWaits (runtime/step_driver.hpp).
 // make_placement (train/mpi_run.cpp's) builds one from the placement's spec (config/placement.hpp);
 // check_kfac_placement (config/config.hpp) says which a layout allows.
+#include "plan/plan_summary.hpp"
 #include "runtime/action_time.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/sim.hpp"
@@ -24,6 +25,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,8 @@ class KfacPlacement {
   // The plan's timeline of this device's step `step` (plan/planned_row.hpp), for the profiler;
   // empty when the step follows no plan (profiling, draining, inline).
   virtual std::vector<TimedAction> planned_row(int64_t step) const { return {}; }
+  // The plan in use; none without one (inline, skip, or before the first plan).
+  virtual std::optional<PlanSummary> plan_summary() const { return std::nullopt; }
 
   // Checkpoints: the placement's own state, as JSON fields added to / read from `j` (the rank's
   // kfac_runtime metadata). load_state runs before the units' (the plan sets their splits);

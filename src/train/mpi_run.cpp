@@ -347,6 +347,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
     r.write_error = e.what();
   }
   if (!model_) return r;
+  if (placement_) r.plan = placement_->plan_summary();
   for (const Param* q : model_->params()) r.params.push_back(q);
   r.files.emplace_back("activations.json", activations);
   r.listed.push_back("activations.json");

@@ -219,7 +219,7 @@ std::string parameters_line(const std::vector<int64_t>& stage_parameters) {
 }
 
 RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryUse& memory,
-                           const std::vector<int64_t>& stage_parameters) const {
+                           const std::vector<int64_t>& stage_parameters, const std::optional<PlanSummary>& plan) const {
   const double peak = std::accumulate(memory.peak_rss.begin(), memory.peak_rss.end(), 0.0);
   const size_t ranks = memory.peak_rss.size();
   const double tps = busy_s_ > 0 ? tokens_ / busy_s_ : 0.0;
@@ -254,6 +254,11 @@ RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryU
                     {{"peak_rss_bytes", bytes(memory.peak_rss)},
                      {"file_rss_bytes", bytes(memory.file_rss)},
                      {"estimate_bytes", static_cast<int64_t>(memory.estimate)}}}};
+  if (plan)
+    j["pipefisher_plan"] = {{"refresh_steps_per_device", plan->refresh_steps},
+                            {"planned_step_ms", plan->step_ms},
+                            {"planned_step_without_kfac_ms", plan->without_kfac_ms},
+                            {"utilization", plan->utilization}};
   const std::string line = fmt::format(
       "summary: {} steps, loss {:.4f} -> {:.4f}, validation loss {:.4f}, {:.0f} tokens/s, {} = {:.1f}% MFU (peak {}{}), "
       "{:.1f} s, peak memory {}{} (estimated at most {})",

@@ -25,6 +25,7 @@
 #include "core/files.hpp"
 #include "core/machine.hpp"
 #include "core/peak_flops.hpp"
+#include "plan/plan_summary.hpp"
 #include "train/trainer.hpp"
 
 #include <chrono>
@@ -88,8 +89,9 @@ class RunLog {
   // The final summary. The counts and times cover the whole run: wall_s is this segment's,
   // earlier ones' are added.
   // `stage_parameters`: the model's parameters by stage (train_engine.hpp's EngineBanner).
+  // `plan`: PipeFisher's plan at the end (summary.json's "pipefisher_plan"), if the run had one.
   RunSummary summary(double final_valid_loss, double wall_s, const MemoryUse& memory,
-                     const std::vector<int64_t>& stage_parameters) const;
+                     const std::vector<int64_t>& stage_parameters, const std::optional<PlanSummary>& plan = {}) const;
 
   double first_loss() const { return first_loss_; }
   double last_loss() const { return last_loss_; }

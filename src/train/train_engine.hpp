@@ -6,6 +6,7 @@
 // final outputs. Calls marked collective are made by every process, in the same order.
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
+#include "plan/plan_summary.hpp"
 #include "train/trainer.hpp"
 
 #include <functional>
@@ -28,6 +29,7 @@ struct FinalRecords {
   std::vector<std::pair<std::string, std::string>> files;    // more files for out_dir: (name, text)
   std::vector<std::string> listed;                           // what the "outputs:" line adds to the common files
   std::string write_error;                                   // a record the engine could not write
+  std::optional<PlanSummary> plan;                           // PipeFisher's plan at the end, for summary.json
 };
 
 // The lines that open a run, after its model and batch: the layout, and notes of the engine.

@@ -399,7 +399,7 @@ MemoryUse memory_use(Run& r) {
 // A write error (a full disk) names the last complete checkpoint, as during the steps.
 void write_final_outputs(Run& r, const FinalRecords& rec, const MemoryUse& memory, double wall) {
   const std::string& out = r.cfg.train.out_dir;
-  const RunSummary summary = r.log->summary(r.valid, wall, memory, r.engine.banner().stage_parameters);
+  const RunSummary summary = r.log->summary(r.valid, wall, memory, r.engine.banner().stage_parameters, rec.plan);
   try {
     if (!rec.write_error.empty()) throw UsageError(rec.write_error);
     require_finite(rec.params, out + "/model.safetensors");

@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -128,6 +130,25 @@ TEST(PipeFisherRuntime, BubblesWithZeroBubbleAndTwoReplicasEqualSingleProcessWit
                        {"parallel.data_parallel=2", "parallel.micro_batches=2"}, "--test-bcast-model 0,0");
 }
 
+// summary.json's "pipefisher_plan" is the plan the run printed last: its refresh cycle per
+// device, and the planned step with and without the K-FAC units (printed to 0.01 ms).
+void expect_summary_has_the_plan(const std::string& out, const fs::path& summary) {
+  const size_t at = out.rfind("pipefisher: planned from");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(line, m, std::regex(R"(refresh every ([0-9 ]+) steps .* step ([0-9.]+) ms \(([0-9.]+) ms without)")))
+      << line;
+  std::vector<int> refresh;
+  std::istringstream steps(m[1].str());
+  for (int r; steps >> r;) refresh.push_back(r);
+  const nlohmann::json plan = read_json(summary).at("pipefisher_plan");
+  EXPECT_EQ(plan.at("refresh_steps_per_device").get<std::vector<int>>(), refresh) << plan.dump();
+  EXPECT_NEAR(plan.at("planned_step_ms").get<double>(), std::stod(m[2].str()), 0.005) << line;
+  EXPECT_NEAR(plan.at("planned_step_without_kfac_ms").get<double>(), std::stod(m[3].str()), 0.005) << line;
+  EXPECT_GT(plan.at("utilization").get<double>(), 0) << plan.dump();
+}
+
 // The Llama-style model's seven Linears per block (q, k and v of two widths with grouped-query
 // attention, o, gate, up, down) in the bubbles of 1F1B and Chimera, untied lm_head: every factor
 // refreshed as the record says, single-process K-FAC's weights. Also inline K-FAC (the Trainer's).
@@ -138,7 +159,9 @@ TEST(PipeFisherRuntime, LlamaInTheBubblesAndInlineEqualSingleProcess) {
       "data.valid_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.gpt2.bin"};
   std::string sets;
   for (const std::string& s : model) sets += " --set " + s;
-  expect_bubbles_match("llama_1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b" + sets, model);
+  std::string out;
+  expect_bubbles_match("llama_1f1b", 2, "--set parallel.stages=2 --set parallel.schedule=1f1b" + sets, model, "", &out);
+  expect_summary_has_the_plan(out, dir() / "llama_1f1b" / "summary.json");
   expect_bubbles_match("llama_chimera", 2, "--set parallel.stages=2 --set parallel.schedule=chimera" + sets, model);
   const nlohmann::json rec = read_json(dir() / "llama_1f1b" / "kfac_refresh.json");
   std::set<std::string> layers;
@@ -149,6 +172,7 @@ TEST(PipeFisherRuntime, LlamaInTheBubblesAndInlineEqualSingleProcess) {
         << l << "\n" << rec.dump(1);
   Launched r = launch(2, "llama_inline", "--set parallel.stages=2 --set kfac.placement=inline" + sets);
   ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(read_json(dir() / "llama_inline" / "summary.json").contains("pipefisher_plan"));  // no plan inline
   std::vector<std::string> inline_sets = model;
   inline_sets.push_back("kfac.placement=inline");
   expect_close(saved_weights(dir() / "llama_inline.safetensors"), trainer_weights(load_config(inline_sets)), "llama_inline");

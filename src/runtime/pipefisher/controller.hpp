@@ -63,6 +63,7 @@ class Controller final : public KfacPlacement {
   int64_t plan_start() const override;
   int plan_period() const override;
   const PlanProfile* plan_profile() const override { return plan_ ? &plan_input_ : nullptr; }
+  std::optional<PlanSummary> plan_summary() const override;
   StepDriver& driver() override { return *driver_; }
   std::vector<TimedAction> planned_row(int64_t step) const override;
   void save_state(nlohmann::json& j) const override;

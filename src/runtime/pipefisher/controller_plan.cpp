@@ -275,4 +275,9 @@ void Controller::load_profiled_refresh(const nlohmann::json& j) {
   if (j.contains("adapt")) profiled_refresh_ = j.at("adapt").at("profiled_refresh").get<std::vector<int>>();
 }
 
+std::optional<PlanSummary> Controller::plan_summary() const {
+  if (!plan_) return std::nullopt;
+  return PlanSummary{plan_->refresh_steps, plan_->step_time, plan_->base_step_time, plan_->utilization};
+}
+
 }  // namespace pf
