@@ -132,7 +132,8 @@ class MpiEngine final : public TrainEngine {
   comm::Groups groups_;
   std::unique_ptr<Batcher> train_data_, valid_data_;
   std::unique_ptr<Executor> exec_;
-  // K-FAC (null without): after exec_, so destroyed before it (the units tap its layers).
+  // K-FAC (null without): after exec_, so destroyed before it (the units hold its chunk records,
+  // whose K-FAC parts they made).
   std::unique_ptr<KfacUnits> kfac_units_;
   std::unique_ptr<KfacPlacement> placement_;
   std::unique_ptr<Profiler> profiler_;
@@ -180,7 +181,7 @@ void MpiEngine::build(const Config& cfg) {
   exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
     const PlacementSpec spec = placement_spec(cfg_.kfac);
-    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), spec.planned);
+    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted(), spec.planned);
     placement_ = make_placement(spec, cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
   }
@@ -233,7 +234,7 @@ void MpiEngine::open_outputs() {
 std::vector<int64_t> MpiEngine::gather_stage_parameters() {
   std::string mine;
   if (groups_.replica == 0)
-    for (const HostedChunk& c : exec_->hosted_chunks())
+    for (const HostedChunk& c : exec_->hosted())
       if (c.pipeline == 0) mine += fmt::format("{} {} ", c.stage, parameter_count(*c.model));
   std::vector<int64_t> counts(static_cast<size_t>(layout_.stages()), 0);
   for (const std::string& s : comm::gather_bytes(mine, 0, MPI_COMM_WORLD)) {

@@ -66,8 +66,8 @@ bool Controller::begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
   const std::optional<int64_t> k = std::visit([&](const auto& p) { return plan_step(p, step); }, phase_);
   const bool cycle_start = k && plan_->is_cycle_start(device_, *k);
   for (size_t i = 0; i < units_.hosted().size(); ++i) {
-    HostedKfac& h = units_.hosted()[i];
-    h.kfac->begin_step(step, profiles || cycle_start, false, scale);
+    HostedKfac& h = *units_.hosted()[i].kfac;
+    h.chunk->begin_step(step, profiles || cycle_start, false, scale);
     h.prec = profiles ? PrecWork{PrecWork::Kind::profile, true, true, &profile_.chunks[i]} : PrecWork{};
   }
   return true;  // stamps: profiling, and the drift check

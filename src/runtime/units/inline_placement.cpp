@@ -15,11 +15,12 @@ bool InlinePlacement::begin_step(int64_t step, const std::vector<MicroBatch>& mb
   units_.begin_step(step);
   const float scale = mbs.empty() ? 1.0f : mbs.front().loss_scale;
   const bool curvature = cadence_.curvature_step(step);
-  for (HostedKfac& h : units_.hosted()) {
-    h.kfac->begin_step(step, false, curvature, scale);
+  for (HostedChunk& c : units_.hosted()) {
+    HostedKfac& h = *c.kfac;
+    h.chunk->begin_step(step, false, curvature, scale);
     // The DistributedKfac marks a factor complete at its chunk's last micro-batch of the step.
     if (curvature && h.dist)
-      h.dist->begin_step(mbs.at(static_cast<size_t>(replica_) * micro_batches_ + h.last_backward_mb).index);
+      h.dist->begin_step(mbs.at(static_cast<size_t>(replica_) * micro_batches_ + c.last_backward_mb).index);
     h.prec = {PrecWork::Kind::refresh, curvature, cadence_.inversion_step(step), nullptr};
   }
   return false;

@@ -1,15 +1,16 @@
 #pragma once
-// K-FAC's units on one rank (runtime/README.md): one HostedKfac record per hosted chunk (its
-// ChunkKfac, communicators and, for inline / skip with copies, its DistributedKfac), the handlers
+// K-FAC's units on one rank (runtime/README.md): a HostedKfac part on each hosted chunk's record
+// (its ChunkKfac, communicators and, for inline / skip with copies, its DistributedKfac), the handlers
 // the executor's dispatch table calls (kfac_handlers.hpp), and what the rank reports of them.
 // Which list a step runs and what each PREC does is the placement's (runtime/kfac_placement.hpp):
-// it sets each record's `prec` at step start.
+// it sets each part's `prec` at step start.
 #include "comm/perf_model.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "dkfac/distributed_kfac.hpp"
 #include "io/checkpoint.hpp"
 #include "runtime/action_time.hpp"
+#include "runtime/hosted_chunk.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/units/chunk_kfac.hpp"
@@ -38,11 +39,10 @@ struct PrecWork {
   ChunkKfacTimes* times = nullptr;             // profile
 };
 
-// One hosted chunk's K-FAC.
+// One hosted chunk's K-FAC: the K-FAC part of its record (HostedChunk::kfac), written by the
+// units alone.
 struct HostedKfac {
-  int pipeline = 0, stage = 0;
-  int last_backward_mb = -1;        // HostedChunk's: a DistributedKfac's factors complete there
-  std::unique_ptr<ChunkKfac> kfac;
+  std::unique_ptr<ChunkKfac> chunk;
   comm::Comm holders;       // the stage's copies (a stream of its own), or none
   comm::Comm inverse_comm;  // inline / skip with copies: the DistributedKfac's broadcasts
   comm::Comm prec_comm;     // bubbles with copies: the precondition's all-gathers
@@ -55,17 +55,15 @@ struct HostedKfac {
 
 class KfacUnits final : public KfacHandlers {
  public:
-  // Collective (communicators; with a DistributedKfac, the comm perf model): a record per
-  // hosted chunk, in the order given. planned: kfac.placement = bubbles.
-  KfacUnits(const Config& cfg, const Layout& layout, const comm::Groups& groups,
-            const std::vector<HostedChunk>& chunks, bool planned);
+  // Collective (communicators; with a DistributedKfac, the comm perf model): a K-FAC part on
+  // each of the executor's chunk records. planned: kfac.placement = bubbles.
+  KfacUnits(const Config& cfg, const Layout& layout, const comm::Groups& groups, HostedChunks& chunks, bool planned);
   ~KfacUnits() override;
 
-  std::vector<HostedKfac>& hosted() { return hosted_; }
-  const std::vector<HostedKfac>& hosted() const { return hosted_; }
-  HostedKfac& hosted(int pipeline, int stage);  // the one lookup; PF_CHECK failure if not hosted
-  const HostedKfac& hosted(int pipeline, int stage) const;
-  KfacPreconditioner* preconditioner(int pipeline, int stage) { return &hosted(pipeline, stage).kfac->pre(); }
+  // The chunk records (the executor's), each with its K-FAC part; hosted(p, s) is their lookup.
+  const HostedChunks& hosted() const { return chunks_; }
+  HostedKfac& hosted(int pipeline, int stage) const { return *chunks_.at(pipeline, stage).kfac; }
+  KfacPreconditioner* preconditioner(int pipeline, int stage) { return &hosted(pipeline, stage).chunk->pre(); }
   // Step start (the placement calls it before configuring the records).
   void begin_step(int64_t step);
   // The comm performance model, measured once over this rank's first stage's holders (the same
@@ -111,14 +109,14 @@ class KfacUnits final : public KfacHandlers {
 
  private:
   void make_communicators(bool planned);
-  void make_distributed(const std::vector<HostedChunk>& chunks);
+  void make_distributed();
   void precondition(HostedKfac& h);
   void kl_clip(double lr);
 
   const Config& cfg_;
   const Layout& layout_;
   const comm::Groups& groups_;
-  std::vector<HostedKfac> hosted_;
+  HostedChunks& chunks_;
   std::optional<comm::PerfModel> perf_;
   Inverter inverter_;
   int64_t step_ = 0;
