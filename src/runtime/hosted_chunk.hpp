@@ -15,7 +15,7 @@
 
 namespace pf {
 
-struct HostedKfac;  // runtime/units/kfac_units.hpp: the chunk's K-FAC part
+class KfacService;  // runtime/units/kfac_service.hpp: the chunk's stage group's K-FAC
 
 struct HostedChunk {
   int pipeline = 0, stage = 0, id = 0;
@@ -42,10 +42,10 @@ struct HostedChunk {
   std::vector<std::vector<size_t>> ready_after_block;  // [block] -> grad_sync buffers final after it
   std::unique_ptr<comm::BucketedAllReduce> grad_sync;
   bool synced = false;                 // grad_sync waited for in this step
-  // K-FAC's part (none without K-FAC), made and destroyed by the K-FAC units, whose types the
-  // executor does not include. Last, so it is destroyed first: its taps sit on the model's layers
+  // K-FAC's part (none without K-FAC): the stage group's K-FAC service on this rank, made and
+  // destroyed by the K-FAC units, whose types the executor does not include. Last, so it is destroyed first: its taps sit on the model's layers
   // and its factor sums may report progress to grad_sync.
-  std::unique_ptr<HostedKfac, void (*)(HostedKfac*)> kfac{nullptr, nullptr};
+  std::unique_ptr<KfacService, void (*)(KfacService*)> kfac{nullptr, nullptr};
   ModelState& state(int k) { return states.size() == 1 ? states[0] : states.at(k); }
 };
 

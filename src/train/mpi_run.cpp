@@ -181,7 +181,8 @@ void MpiEngine::build(const Config& cfg) {
   exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
     const PlacementSpec spec = placement_spec(cfg_.kfac);
-    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted(), spec.planned);
+    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted(),
+                                              spec.planned ? KfacService::Refresh::units : KfacService::Refresh::whole);
     placement_ = make_placement(spec, cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
   }

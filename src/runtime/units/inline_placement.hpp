@@ -28,7 +28,6 @@ class InlinePlacement final : public KfacPlacement {
 
  private:
   KfacCadence cadence_;
-  int micro_batches_, replica_;
   KfacUnits& units_;
   std::vector<Action> list_;
   InOrder in_order_;

@@ -16,8 +16,8 @@ std::string kfac_prefix(int rank, int pipeline, int stage) { return fmt::format(
 nlohmann::json KfacUnits::save_state(int rank, NamedTensors& tensors) const {
   nlohmann::json chunks = nlohmann::json::array(), dist = nlohmann::json::array();
   for (const HostedChunk& c : chunks_) {
-    chunks.push_back(c.kfac->chunk->save_state(kfac_prefix(rank, c.pipeline, c.stage), tensors));
-    if (c.kfac->dist) dist.push_back(c.kfac->dist->save_state());
+    chunks.push_back(c.kfac->chunk().save_state(kfac_prefix(rank, c.pipeline, c.stage), tensors));
+    if (c.kfac->distributed()) dist.push_back(c.kfac->distributed()->save_state());
   }
   return {{"chunks", chunks}, {"distributed", dist}};
 }
@@ -29,15 +29,15 @@ void KfacUnits::load_state(const CheckpointReader& r, int rank, const nlohmann::
                 chunks.size(), chunks_.size());
   for (size_t i = 0; i < chunks_.size(); ++i) {
     HostedChunk& c = chunks_[i];
-    c.kfac->chunk->load_state(r, kfac_prefix(rank, c.pipeline, c.stage), chunks[i], c.kfac->holders.get());
+    c.kfac->chunk().load_state(r, kfac_prefix(rank, c.pipeline, c.stage), chunks[i], c.kfac->holders());
   }
   // The fusion plan in use (a checkpoint without it: the DistributedKfac profiles again).
   size_t dists = 0;
-  for (const HostedChunk& c : chunks_) dists += c.kfac->dist ? 1 : 0;
+  for (const HostedChunk& c : chunks_) dists += c.kfac->distributed() ? 1 : 0;
   if (!distributed || distributed->size() != dists) return;
   size_t d = 0;
   for (HostedChunk& c : chunks_)
-    if (c.kfac->dist) c.kfac->dist->load_state((*distributed)[d++]);
+    if (DistributedKfac* dk = c.kfac->distributed()) dk->load_state((*distributed)[d++]);
 }
 
 }  // namespace pf
