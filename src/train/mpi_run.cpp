@@ -79,7 +79,7 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
 // waits (adaptive); the inline list otherwise.
 std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const Config& cfg, const Layout& layout,
                                               const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams) {
-  if (!spec.planned) return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+  if (!spec.planned) return std::make_unique<InlinePlacement>(inline_options(cfg.kfac), layout, groups.stage, units);
   std::unique_ptr<StepDriver> driver;
   if (spec.fills_waits) driver = std::make_unique<FillingWaits>();
   else driver = std::make_unique<InOrder>();

@@ -4,8 +4,8 @@
 
 namespace pf {
 
-InlinePlacement::InlinePlacement(const Config& cfg, const Layout& layout, int device, int replica, KfacUnits& units)
-    : cadence_(refresh_cadence(cfg.kfac)),
+InlinePlacement::InlinePlacement(const InlineOptions& opts, const Layout& layout, int device, KfacUnits& units)
+    : cadence_(opts.cadence),
       units_(units),
       list_(profiling_actions(layout.schedule, device).actions) {}
 
