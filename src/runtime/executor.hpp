@@ -99,7 +99,9 @@ class Executor {
   void set_kfac(KfacHandlers* kfac) { kfac_ = kfac; }
   // Benchmarks only: compute actions made slower by sleeping (runtime/seams.hpp's NoiseSeam).
   void set_noise(const NoiseSeam& noise) { noise_ = noise; }
-  // The one record per chunk this device hosts and its lookup, in (pipeline, stage) order.
+  // The one record per chunk this device hosts and its lookup, in (pipeline, stage) order; a
+  // checkpoint saves each one's parameters (mirrors included) and optimizer, its K-FAC state the
+  // K-FAC units' (runtime/units/).
   HostedChunks& hosted() { return chunks_; }
 
   // One training step: runs `list` (the lowered schedule, actions(), or the K-FAC placement's
@@ -119,14 +121,6 @@ class Executor {
   // Collective: on world rank 0, a whole model holding every stage's parameters (pipeline 0 of
   // replica 0), for saving; null elsewhere.
   std::unique_ptr<Model> gather_model();
-  // What a checkpoint saves of each hosted chunk, in (pipeline, stage) order: its parameters
-  // (mirrors included) and optimizer. Its K-FAC state is the K-FAC units' (runtime/units/).
-  struct ChunkState {
-    int pipeline = 0, stage = 0;
-    std::vector<Param*> params;
-    Optimizer* optim = nullptr;
-  };
-  std::vector<ChunkState> chunk_states();
 
   const std::vector<Action>& actions() const { return actions_; }  // the lowered schedule's list
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.

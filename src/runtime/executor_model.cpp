@@ -105,10 +105,4 @@ ActivationMemory Executor::activation_memory() const {
   return r;
 }
 
-std::vector<Executor::ChunkState> Executor::chunk_states() {
-  std::vector<ChunkState> out;
-  for (HostedChunk& c : chunks_) out.push_back({c.pipeline, c.stage, c.params, c.optim.get()});
-  return out;
-}
-
 }  // namespace pf

@@ -209,7 +209,7 @@ void MpiEngine::agreed(const std::function<void()>& fn) {
 void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt) {
   agreed([&] {
     if (ckpt) {
-      for (const auto& c : exec_->chunk_states()) ckpt->load_params(c.params);
+      for (const HostedChunk& c : exec_->hosted()) ckpt->load_params(c.params);
     } else if (!init.empty()) {
       exec_->load(init);
     }
@@ -219,7 +219,7 @@ void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt)
 void MpiEngine::load_resume(const CheckpointReader& r) {
   agreed([&] {
     // K-FAC: this rank's own copy, below (replicas and twins differ mid-cycle).
-    for (const auto& c : exec_->chunk_states()) load_train_state(r, {c.params, c.optim, nullptr});
+    for (const HostedChunk& c : exec_->hosted()) load_train_state(r, {c.params, c.optim.get(), nullptr});
   });
   if (placement_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
 }
@@ -321,10 +321,11 @@ void MpiEngine::record_profile(int64_t s, std::string& write_error) {
 std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_dir) {
   std::vector<CheckpointFile> files;
   if (groups_.replica == 0)
-    for (const auto& c : exec_->chunk_states())
+    for (const HostedChunk& c : exec_->hosted())
       if (c.pipeline == 0) {
         KfacPreconditioner* kfac = kfac_units_ ? kfac_units_->preconditioner(c.pipeline, c.stage) : nullptr;
-        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, {c.params, c.optim, kfac})) files.push_back(f);
+        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, {c.params, c.optim.get(), kfac}))
+          files.push_back(f);
       }
   if (placement_)
     for (const CheckpointFile& f : write_kfac_state(step_dir, groups_.rank, cfg_, *kfac_units_, *placement_))
