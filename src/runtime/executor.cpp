@@ -6,7 +6,6 @@
 #include "comm/clock.hpp"
 #include "comm/small.hpp"
 #include "core/error.hpp"
-#include "runtime/executor_chunk.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -21,17 +20,18 @@ Executor::Executor(const Config& cfg, const Layout& layout, const comm::Groups& 
       groups_(groups),
       device_(groups.stage),
       actions_(layout.schedule.per_device.at(groups.stage)),
+      chunks_(groups.stage),
       tags_(layout.chunks(), layout.micro_batches),
       poison_(poison) {
   recompute_ = cfg.parallel.recompute && layout.stages() > 1;
   split_ = !recompute_ && std::any_of(actions_.begin(), actions_.end(), [](const Action& a) { return a.kind == Kind::W; });
   make_chunks();
-  for (auto& c : chunks_) build_chunk(*c);
+  for (HostedChunk& c : chunks_) build_chunk(c);
   int messages = 0;
   for (const Action& a : actions_) messages += is_p2p(a.kind);
   p2p_ = std::make_unique<comm::P2P>(groups.pipeline.get(), messages + 8);
   if (layout.grad_sync)
-    for (auto& c : chunks_) make_gradient_sync(*c);
+    for (HostedChunk& c : chunks_) make_gradient_sync(c);
   make_embedding_sync();
 }
 
@@ -42,18 +42,11 @@ void Executor::make_chunks() {
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& a = actions_[i];
     if (!is_pass(a.kind)) continue;
-    Chunk* c = find_chunk(a.pipeline, a.stage);
+    HostedChunk* c = chunks_.find(a.pipeline, a.stage);
     if (!c) {
-      auto n = std::make_unique<Chunk>();
-      n->pipeline = a.pipeline;
-      n->stage = a.stage;
-      n->id = layout_.chunk_id(a.pipeline, a.stage);
-      n->slot.assign(layout_.micro_batches, -1);
-      chunks_.push_back(std::move(n));
-      std::sort(chunks_.begin(), chunks_.end(), [](auto& x, auto& y) {
-        return std::pair(x->pipeline, x->stage) < std::pair(y->pipeline, y->stage);
-      });
-      c = find_chunk(a.pipeline, a.stage);
+      c = &chunks_.add(a.pipeline, a.stage);
+      c->id = layout_.chunk_id(a.pipeline, a.stage);
+      c->slot.assign(layout_.micro_batches, -1);
     }
     if (a.kind == Kind::F) c->slot.at(a.micro_batch) = c->slots++, c->last_forward_mb = a.micro_batch;
     if (a.kind == Kind::B || a.kind == Kind::I) c->last_backward = i, c->last_backward_mb = a.micro_batch;
@@ -62,7 +55,7 @@ void Executor::make_chunks() {
 }
 
 // One chunk's model, optimizer, states and buffers, its neighbours, its copy of the word embedding.
-void Executor::build_chunk(Chunk& c) {
+void Executor::build_chunk(HostedChunk& c) {
   const ModelConfig& mc = cfg_.model;
   const int rows = cfg_.parallel.micro_batch_size;
   const Schedule& s = layout_.schedule;
@@ -86,13 +79,13 @@ void Executor::build_chunk(Chunk& c) {
   c.recv_b.resize(slots);
   if (c.stage > 0) {
     const int d = s.device_of(c.pipeline, c.stage - 1);
-    if (d == device_) c.prev = find_chunk(c.pipeline, c.stage - 1);
+    if (d == device_) c.prev = chunks_.find(c.pipeline, c.stage - 1);
     else c.prev_device = d, c.x_in.assign(slots, Tensor(act));
     PF_CHECK(d != device_ || c.prev, "stage {} has no local predecessor chunk", c.stage);
   }
   if (c.stage + 1 < s.stages) {
     const int d = s.device_of(c.pipeline, c.stage + 1);
-    if (d == device_) c.next = find_chunk(c.pipeline, c.stage + 1);
+    if (d == device_) c.next = chunks_.find(c.pipeline, c.stage + 1);
     else c.next_device = d, c.dx_out.assign(slots, Tensor(act));
     PF_CHECK(d != device_ || c.next, "stage {} has no local successor chunk", c.stage);
   }
@@ -106,7 +99,7 @@ void Executor::build_chunk(Chunk& c) {
 
 // Gradient all-reduce of a chunk among the stage's copies, its buffers in the order backward
 // finishes them (last block first), the word embedding left to its own group.
-void Executor::make_gradient_sync(Chunk& c) {
+void Executor::make_gradient_sync(HostedChunk& c) {
   std::vector<std::span<float>> buffers;
   const auto& blocks = c.model->blocks();
   c.ready_after_block.resize(blocks.size());
@@ -132,22 +125,10 @@ void Executor::make_embedding_sync() {
                                                            std::vector{word_copies_.front()->grad.span()});
 }
 
-Executor::Chunk* Executor::find_chunk(int pipeline, int stage) {
-  for (auto& c : chunks_)
-    if (c->pipeline == pipeline && c->stage == stage) return c.get();
-  return nullptr;
-}
-
-Executor::Chunk& Executor::chunk(int pipeline, int stage) {
-  Chunk* c = find_chunk(pipeline, stage);
-  PF_CHECK(c, "device {} does not host stage {} of pipeline {}", device_, stage, pipeline);
-  return *c;
-}
-
 void Executor::post_receives() {
   for (const Action& a : actions_) {
     if (a.kind != Kind::RECV_F && a.kind != Kind::RECV_B) continue;
-    Chunk& c = chunk(a.pipeline, a.stage);
+    HostedChunk& c = chunks_.at(a.pipeline, a.stage);
     const int k = c.slot.at(a.micro_batch);
     if (a.kind == Kind::RECV_F)
       c.recv_f[k] = p2p_->irecv(c.x_in[k].span(), c.prev_device, tags_.tag(comm::MsgKind::Activation, c.id, a.micro_batch));
@@ -157,24 +138,16 @@ void Executor::post_receives() {
   }
 }
 
-std::vector<HostedChunk> Executor::hosted_chunks() const {
-  std::vector<HostedChunk> out;
-  for (const auto& c : chunks_)
-    out.push_back({c->pipeline, c->stage, c->model.get(), c->slot, c->last_forward_mb, c->last_backward_mb,
-                   c->grad_sync.get()});
-  return out;
-}
-
 void Executor::start_step(int64_t step) {
   step_ = step;
   loss_ = 0;
   grad_norm_ = precond_grad_norm_ = 0;
   gradients_finished_ = false;
   kfac_ns_ = 0;
-  for (auto& c : chunks_) {
-    c->model->zero_grad();
-    c->model->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step));
-    c->synced = false;
+  for (HostedChunk& c : chunks_) {
+    c.model->zero_grad();
+    c.model->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step));
+    c.synced = false;
   }
   post_receives();
 }
@@ -258,7 +231,7 @@ const MicroBatch& Executor::global_micro_batch(const StepInputs& in, int m) cons
 }
 
 comm::Ticket Executor::receive_ticket(const Action& a) {
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   const int k = c.slot[a.micro_batch];
   return a.kind == Kind::RECV_F ? c.recv_f[k] : c.recv_b[k];
 }
@@ -266,11 +239,11 @@ comm::Ticket Executor::receive_ticket(const Action& a) {
 void Executor::on_receive(const Action& a, const StepInputs&) { p2p_->wait(receive_ticket(a)); }
 
 void Executor::on_forward(const Action& a, const StepInputs& in) {
-  forward(chunk(a.pipeline, a.stage), global_micro_batch(in, a.micro_batch), a.micro_batch);
+  forward(chunks_.at(a.pipeline, a.stage), global_micro_batch(in, a.micro_batch), a.micro_batch);
 }
 
 void Executor::on_backward(const Action& a, const StepInputs& in) {
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   const MicroBatch& mb = global_micro_batch(in, a.micro_batch);
   if (a.kind == Kind::I && split_) input_gradient(c, mb, a.micro_batch);
   else backward(c, mb, a.micro_batch, a.micro_batch == c.last_backward_mb);
@@ -279,12 +252,12 @@ void Executor::on_backward(const Action& a, const StepInputs& in) {
 // Without a split (recomputation) the whole backward ran at I (executor.hpp).
 void Executor::on_weight_gradient(const Action& a, const StepInputs& in) {
   if (!split_) return;
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   weight_gradient(c, global_micro_batch(in, a.micro_batch), a.micro_batch, a.micro_batch == c.last_weight_mb);
 }
 
 void Executor::on_send(const Action& a, const StepInputs&) {
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   const int m = a.micro_batch;
   if (a.kind == Kind::SEND_F)
     p2p_->isend(c.x_out[c.slot[m]].span(), c.next_device,
@@ -295,13 +268,13 @@ void Executor::on_send(const Action& a, const StepInputs&) {
 }
 
 void Executor::on_allreduce(const Action& a, const StepInputs&) {
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;
 }
 
 void Executor::on_optimizer(const Action& a, const StepInputs& in) {
   if (!gradients_finished_) finish_gradients(in.lr);
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   // A non-finite norm skips the update (optim/optimizer.hpp): so does a non-finite loss anywhere.
   c.optim->step(c.params, in.lr, step_finite_ ? precond_grad_norm_ : std::numeric_limits<double>::quiet_NaN());
 }
@@ -313,7 +286,7 @@ void Executor::on_inverse_broadcast(const Action& a, const StepInputs&) { kfac_-
 
 // K-FAC preconditions the chunk's summed gradient.
 void Executor::on_precondition(const Action& a, const StepInputs&) {
-  Chunk& c = chunk(a.pipeline, a.stage);
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
   if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;
   kfac_->precondition(a);
 }

@@ -48,6 +48,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/action_time.hpp"
+#include "runtime/hosted_chunk.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/seams.hpp"
@@ -93,12 +94,15 @@ class Executor {
   Executor(const Config& cfg, const Layout& layout, const comm::Groups& groups, const PoisonStep& poison);
   ~Executor();
 
-  // The K-FAC handlers of this rank (kfac_handlers.hpp), given once after construction (they are
-  // made from hosted_chunks()); none: a K-FAC kind is refused.
+  // The K-FAC handlers of this rank (kfac_handlers.hpp), given once after construction (they
+  // attach their part to each of hosted()'s records); none: a K-FAC kind is refused.
   void set_kfac(KfacHandlers* kfac) { kfac_ = kfac; }
   // Benchmarks only: compute actions made slower by sleeping (runtime/seams.hpp's NoiseSeam).
   void set_noise(const NoiseSeam& noise) { noise_ = noise; }
-  std::vector<HostedChunk> hosted_chunks() const;  // in (pipeline, stage) order
+  // The one record per chunk this device hosts and its lookup, in (pipeline, stage) order; a
+  // checkpoint saves each one's parameters (mirrors included) and optimizer, its K-FAC state the
+  // K-FAC units' (runtime/units/).
+  HostedChunks& hosted() { return chunks_; }
 
   // One training step: runs `list` (the lowered schedule, actions(), or the K-FAC placement's
   // list of the step). `mbs` holds all W*N micro-batches of the step (filled by fill_step).
@@ -117,14 +121,6 @@ class Executor {
   // Collective: on world rank 0, a whole model holding every stage's parameters (pipeline 0 of
   // replica 0), for saving; null elsewhere.
   std::unique_ptr<Model> gather_model();
-  // What a checkpoint saves of each hosted chunk, in (pipeline, stage) order: its parameters
-  // (mirrors included) and optimizer. Its K-FAC state is the K-FAC units' (runtime/units/).
-  struct ChunkState {
-    int pipeline = 0, stage = 0;
-    std::vector<Param*> params;
-    Optimizer* optim = nullptr;
-  };
-  std::vector<ChunkState> chunk_states();
 
   const std::vector<Action>& actions() const { return actions_; }  // the lowered schedule's list
   // Parameter bytes of the chunk of (pipeline, stage) on this rank, 0 if not hosted.
@@ -132,13 +128,10 @@ class Executor {
   ActivationMemory activation_memory() const;
 
  private:
-  struct Chunk;
-  Chunk& chunk(int pipeline, int stage);
-  Chunk* find_chunk(int pipeline, int stage);
   // Set-up, in the constructor's order.
   void make_chunks();
-  void build_chunk(Chunk& c);
-  void make_gradient_sync(Chunk& c);
+  void build_chunk(HostedChunk& c);
+  void make_gradient_sync(HostedChunk& c);
   void make_embedding_sync();
   void post_receives();
   void start_step(int64_t step);
@@ -182,15 +175,15 @@ class Executor {
   void on_inversion(const Action& a, const StepInputs& in);
   void on_precondition(const Action& a, const StepInputs& in);
   void on_inverse_broadcast(const Action& a, const StepInputs& in);
-  const Tensor& stage_input(Chunk& c, int m);
+  const Tensor& stage_input(HostedChunk& c, int m);
   void hold(int64_t bytes);
-  void forward(Chunk& c, const MicroBatch& mb, int m);
-  const Tensor& stage_output_grad(Chunk& c, int m);
-  Tensor& stage_input_grad(Chunk& c, int m);
-  void block_gradients_final(Chunk& c, size_t block, bool last);
-  void backward(Chunk& c, const MicroBatch& mb, int m, bool last);
-  void input_gradient(Chunk& c, const MicroBatch& mb, int m);
-  void weight_gradient(Chunk& c, const MicroBatch& mb, int m, bool last);
+  void forward(HostedChunk& c, const MicroBatch& mb, int m);
+  const Tensor& stage_output_grad(HostedChunk& c, int m);
+  Tensor& stage_input_grad(HostedChunk& c, int m);
+  void block_gradients_final(HostedChunk& c, size_t block, bool last);
+  void backward(HostedChunk& c, const MicroBatch& mb, int m, bool last);
+  void input_gradient(HostedChunk& c, const MicroBatch& mb, int m);
+  void weight_gradient(HostedChunk& c, const MicroBatch& mb, int m, bool last);
   void finish_gradients(double lr);
   void sum_word_embedding();
   void gradient_norms();
@@ -204,7 +197,7 @@ class Executor {
   const comm::Groups& groups_;
   int device_;
   std::vector<Action> actions_;
-  std::vector<std::unique_ptr<Chunk>> chunks_;
+  HostedChunks chunks_;  // the one record per hosted chunk (hosted_chunk.hpp)
   comm::TagScheme tags_;
   std::unique_ptr<comm::P2P> p2p_;
   // Tied word embedding: every rank holding a copy (owner or mirror) sums them.

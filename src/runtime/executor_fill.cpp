@@ -2,7 +2,6 @@
 // action stamped; a wait's data tested for (adaptive fills the wait while it has not come).
 #include "comm/clock.hpp"
 #include "runtime/executor.hpp"
-#include "runtime/executor_chunk.hpp"
 
 namespace pf {
 
@@ -29,7 +28,7 @@ int64_t Executor::StepRun::run(size_t i) { return e.run_timed(*this, i); }
 bool Executor::StepRun::arrived(size_t i) {
   const Action& a = list[i];
   if (a.kind != Kind::ALLREDUCE) return e.p2p_->test(e.receive_ticket(a));
-  Chunk& c = e.chunk(a.pipeline, a.stage);
+  HostedChunk& c = e.chunks_.at(a.pipeline, a.stage);
   return !c.grad_sync || c.synced || c.grad_sync->test();
 }
 

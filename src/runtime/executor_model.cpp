@@ -5,7 +5,6 @@
 #include "comm/small.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
-#include "runtime/executor_chunk.hpp"
 
 namespace pf {
 
@@ -29,7 +28,7 @@ std::optional<double> Executor::evaluate(Batcher& valid, const std::function<boo
     // Pipeline 0's stages in order, through slot 0 of each chunk; blocking hand-offs.
     for (int st = 0; st < layout_.stages(); ++st) {
       if (layout_.schedule.device_of(0, st) != device_) continue;
-      Chunk& c = chunk(0, st);
+      HostedChunk& c = chunks_.at(0, st);
       const Tensor* x_in = &none;
       if (!c.model->has_embedding()) {
         if (c.prev) {
@@ -53,7 +52,7 @@ std::optional<double> Executor::evaluate(Batcher& valid, const std::function<boo
 }
 
 void Executor::load(const std::string& path) {
-  for (auto& c : chunks_) load_safetensors(path, c->params);
+  for (HostedChunk& c : chunks_) load_safetensors(path, c.params);
 }
 
 std::unique_ptr<Model> Executor::gather_model() {
@@ -63,7 +62,7 @@ std::unique_ptr<Model> Executor::gather_model() {
     std::vector<Param*> mine;
     for (int st = 0; st < S; ++st)
       if (layout_.schedule.device_of(0, st) == device_)
-        for (Param* p : chunk(0, st).params)
+        for (Param* p : chunks_.at(0, st).params)
           if (!p->mirror) mine.push_back(p);
     comm::P2P out(groups_.pipeline.get(), static_cast<int>(mine.size()) + 1);
     for (Param* p : mine) out.isend(p->value.span(), 0, 0);  // in stage order; MPI keeps the order per pair
@@ -75,7 +74,7 @@ std::unique_ptr<Model> Executor::gather_model() {
   for (int st = 0; st < S; ++st) {
     const int d = layout_.schedule.device_of(0, st);
     if (d == 0) {
-      for (Param* p : chunk(0, st).params)
+      for (Param* p : chunks_.at(0, st).params)
         if (!p->mirror) full->find_param(p->name)->value = p->value;
       continue;
     }
@@ -88,30 +87,22 @@ std::unique_ptr<Model> Executor::gather_model() {
 }
 
 int64_t Executor::stage_param_bytes(int pipeline, int stage) const {
-  for (auto& c : chunks_)
-    if (c->pipeline == pipeline && c->stage == stage) {
-      int64_t n = 0;
-      for (Param* p : c->params) n += p->mirror ? 0 : p->value.numel();
-      return n * static_cast<int64_t>(sizeof(float));
-    }
-  return 0;
+  const HostedChunk* c = chunks_.find(pipeline, stage);
+  if (!c) return 0;
+  int64_t n = 0;
+  for (Param* p : c->params) n += p->mirror ? 0 : p->value.numel();
+  return n * static_cast<int64_t>(sizeof(float));
 }
 
 ActivationMemory Executor::activation_memory() const {
   ActivationMemory r;
   r.recompute = recompute_;
   r.peak_bytes = peak_held_bytes_;
-  for (auto& c : chunks_) {
-    r.allocated_bytes += static_cast<int64_t>(c->states.size()) * (c->state_bytes + c->deferred_bytes);
-    r.stages.push_back({c->pipeline, c->stage, c->state_bytes, c->input_bytes, c->deferred_bytes});
+  for (HostedChunk& c : chunks_) {
+    r.allocated_bytes += static_cast<int64_t>(c.states.size()) * (c.state_bytes + c.deferred_bytes);
+    r.stages.push_back({c.pipeline, c.stage, c.state_bytes, c.input_bytes, c.deferred_bytes});
   }
   return r;
-}
-
-std::vector<Executor::ChunkState> Executor::chunk_states() {
-  std::vector<ChunkState> out;
-  for (auto& c : chunks_) out.push_back({c->pipeline, c->stage, c->params, c->optim.get()});
-  return out;
 }
 
 }  // namespace pf

@@ -6,7 +6,6 @@
 #include "comm/clock.hpp"
 #include "comm/small.hpp"
 #include "core/error.hpp"
-#include "runtime/executor_chunk.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -20,14 +19,14 @@ void Executor::hold(int64_t bytes) {
 }
 
 // The chunk's input of micro-batch m: kept until step end (receive buffers and outputs are per slot).
-const Tensor& Executor::stage_input(Chunk& c, int m) {
+const Tensor& Executor::stage_input(HostedChunk& c, int m) {
   static const Tensor none;
   const int k = c.slot.at(m);
   PF_CHECK(k >= 0, "stage {} has no slot for micro-batch {}", c.stage, m);
   return c.model->has_embedding() ? none : c.prev ? c.prev->x_out[c.prev->slot[m]] : c.x_in[k];
 }
 
-void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
+void Executor::forward(HostedChunk& c, const MicroBatch& mb, int m) {
   static Tensor no_output;
   const Tensor& x_in = stage_input(c, m);
   const int k = c.slot[m];
@@ -42,26 +41,26 @@ void Executor::forward(Chunk& c, const MicroBatch& mb, int m) {
 
 // The gradient of micro-batch m w.r.t. the chunk's output (none at the head) and where its input
 // gradient goes (nowhere at the embedding).
-const Tensor& Executor::stage_output_grad(Chunk& c, int m) {
+const Tensor& Executor::stage_output_grad(HostedChunk& c, int m) {
   static const Tensor none;
   const int k = c.slot.at(m);
   return c.model->has_head() ? none : c.next ? c.next->dx_in[c.next->slot[m]] : c.dx_out[k];
 }
 
-Tensor& Executor::stage_input_grad(Chunk& c, int m) {
+Tensor& Executor::stage_input_grad(HostedChunk& c, int m) {
   static Tensor no_input;
   return c.model->has_embedding() ? no_input : c.dx_in[c.slot.at(m)];
 }
 
 // After the chunk's last backward (or last W) each block's gradients go to the all-reduce as soon
 // as they are final.
-void Executor::block_gradients_final(Chunk& c, size_t block, bool last) {
+void Executor::block_gradients_final(HostedChunk& c, size_t block, bool last) {
   if (last && c.grad_sync)
     for (size_t i : c.ready_after_block[block]) c.grad_sync->ready(i);
 }
 
 // Model::backward's loop, block by block (block_gradients_final after each).
-void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
+void Executor::backward(HostedChunk& c, const MicroBatch& mb, int m, bool last) {
   const int k = c.slot.at(m);
   if (recompute_) {  // the state again, bit for bit (its loss was counted at F)
     hold(c.state_bytes);
@@ -81,14 +80,14 @@ void Executor::backward(Chunk& c, const MicroBatch& mb, int m, bool last) {
 }
 
 // I of a split backward: the input gradient; the state and the output gradients kept for W stay.
-void Executor::input_gradient(Chunk& c, const MicroBatch& mb, int m) {
+void Executor::input_gradient(HostedChunk& c, const MicroBatch& mb, int m) {
   c.model->backward_input(mb, stage_output_grad(c, m), stage_input_grad(c, m), c.state(c.slot.at(m)));
   hold(c.deferred_bytes);
 }
 
 // W of a split backward, block by block as Model::backward_weight (block_gradients_final after
 // each); then the state is free.
-void Executor::weight_gradient(Chunk& c, const MicroBatch& mb, int m, bool last) {
+void Executor::weight_gradient(HostedChunk& c, const MicroBatch& mb, int m, bool last) {
   ModelState& st = c.state(c.slot.at(m));
   const auto& blocks = c.model->blocks();
   for (size_t j = blocks.size(); j-- > 0;) {
@@ -100,8 +99,8 @@ void Executor::weight_gradient(Chunk& c, const MicroBatch& mb, int m, bool last)
 
 void Executor::finish_gradients(double lr) {
   const int64_t t0 = comm::steady_now_ns();
-  for (auto& c : chunks_)
-    if (c->grad_sync && !c->synced) c->grad_sync->wait(), c->synced = true;
+  for (HostedChunk& c : chunks_)
+    if (c.grad_sync && !c.synced) c.grad_sync->wait(), c.synced = true;
   // The norm needs every stage's preconditioned gradients.
   if (kfac_) kfac_->before_gradient_norm(lr);
   sum_word_embedding();
@@ -131,11 +130,11 @@ void Executor::sum_word_embedding() {
 void Executor::gradient_norms() {
   double v[3] = {0, std::isfinite(loss_) ? 0.0 : 1.0, 0};
   if (groups_.data_parallel.size() > 1) comm::allreduce_sum({&v[1], 1}, groups_.data_parallel.get(), "the loss flag");
-  for (auto& c : chunks_) {
-    if (c->pipeline != 0) continue;
-    const double sq = c->optim->grad_sq_norm(c->params);
+  for (HostedChunk& c : chunks_) {
+    if (c.pipeline != 0) continue;
+    const double sq = c.optim->grad_sq_norm(c.params);
     v[0] += sq;
-    v[2] += kfac_ ? kfac_->raw_grad_sq(c->pipeline, c->stage, sq) : sq;
+    v[2] += kfac_ ? kfac_->raw_grad_sq(c.pipeline, c.stage, sq) : sq;
   }
   comm::allreduce_sum({v, 3}, groups_.pipeline.get(), "the gradient norm");
   precond_grad_norm_ = std::sqrt(v[0]);

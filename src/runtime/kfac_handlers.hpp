@@ -1,29 +1,14 @@
 #pragma once
-// What the executor asks of K-FAC, and what K-FAC's set-up needs of the executor's chunks. The
-// executor (executor.hpp) runs the pipeline and keeps the one dispatch table; the K-FAC kinds in
-// it call the handlers it is given (runtime/units/kfac_units.hpp implements them). Without K-FAC
-// there are none, and a K-FAC kind is refused by name.
+// What the executor asks of K-FAC. The executor (executor.hpp) runs the pipeline and keeps the
+// one dispatch table; the K-FAC kinds in it call the handlers it is given (runtime/units/
+// kfac_units.hpp implements them, over the K-FAC part each chunk's record holds: hosted_chunk.hpp).
+// Without K-FAC there are none, and a K-FAC kind is refused by name.
 #include "schedule/schedule.hpp"
 
 #include <cstdint>
 #include <vector>
 
 namespace pf {
-
-class Model;
-namespace comm {
-class BucketedAllReduce;
-}
-
-// A chunk (stage copy) the device hosts, as K-FAC's set-up sees it.
-struct HostedChunk {
-  int pipeline = 0, stage = 0;
-  Model* model = nullptr;
-  std::vector<int> slot;          // [micro-batch] -> its buffers' slot, -1 if not run here
-  int last_forward_mb = -1;       // the micro-batch of the chunk's last F in the step
-  int last_backward_mb = -1;      // of its last B (or I): it completes the gradients
-  comm::BucketedAllReduce* grad_sync = nullptr;  // the gradient all-reduce among its copies, if any
-};
 
 // K-FAC's work in one step on this rank: factor pieces whose curvature / inversion ran (placed
 // units, or an inline refresh's layers).

@@ -79,7 +79,7 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
 // waits (adaptive); the inline list otherwise.
 std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const Config& cfg, const Layout& layout,
                                               const comm::Groups& groups, KfacUnits& units, const KfacSeams& seams) {
-  if (!spec.planned) return std::make_unique<InlinePlacement>(cfg, layout, groups.stage, groups.replica, units);
+  if (!spec.planned) return std::make_unique<InlinePlacement>(inline_options(cfg.kfac), layout, groups.stage, units);
   std::unique_ptr<StepDriver> driver;
   if (spec.fills_waits) driver = std::make_unique<FillingWaits>();
   else driver = std::make_unique<InOrder>();
@@ -132,7 +132,8 @@ class MpiEngine final : public TrainEngine {
   comm::Groups groups_;
   std::unique_ptr<Batcher> train_data_, valid_data_;
   std::unique_ptr<Executor> exec_;
-  // K-FAC (null without): after exec_, so destroyed before it (the units tap its layers).
+  // K-FAC (null without): after exec_, so destroyed before it (the units hold its chunk records,
+  // whose K-FAC parts they made).
   std::unique_ptr<KfacUnits> kfac_units_;
   std::unique_ptr<KfacPlacement> placement_;
   std::unique_ptr<Profiler> profiler_;
@@ -180,7 +181,8 @@ void MpiEngine::build(const Config& cfg) {
   exec_->set_noise(seams_.noise);
   if (cfg_.kfac.enabled) {
     const PlacementSpec spec = placement_spec(cfg_.kfac);
-    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted_chunks(), spec.planned);
+    kfac_units_ = std::make_unique<KfacUnits>(cfg_, layout_, groups_, exec_->hosted(),
+                                              spec.planned ? KfacService::Refresh::units : KfacService::Refresh::whole);
     placement_ = make_placement(spec, cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
   }
@@ -207,7 +209,7 @@ void MpiEngine::agreed(const std::function<void()>& fn) {
 void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt) {
   agreed([&] {
     if (ckpt) {
-      for (const auto& c : exec_->chunk_states()) ckpt->load_params(c.params);
+      for (const HostedChunk& c : exec_->hosted()) ckpt->load_params(c.params);
     } else if (!init.empty()) {
       exec_->load(init);
     }
@@ -217,7 +219,7 @@ void MpiEngine::load_init(const std::string& init, const CheckpointReader* ckpt)
 void MpiEngine::load_resume(const CheckpointReader& r) {
   agreed([&] {
     // K-FAC: this rank's own copy, below (replicas and twins differ mid-cycle).
-    for (const auto& c : exec_->chunk_states()) load_train_state(r, {c.params, c.optim, nullptr});
+    for (const HostedChunk& c : exec_->hosted()) load_train_state(r, {c.params, c.optim.get(), nullptr});
   });
   if (placement_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
 }
@@ -233,7 +235,7 @@ void MpiEngine::open_outputs() {
 std::vector<int64_t> MpiEngine::gather_stage_parameters() {
   std::string mine;
   if (groups_.replica == 0)
-    for (const HostedChunk& c : exec_->hosted_chunks())
+    for (const HostedChunk& c : exec_->hosted())
       if (c.pipeline == 0) mine += fmt::format("{} {} ", c.stage, parameter_count(*c.model));
   std::vector<int64_t> counts(static_cast<size_t>(layout_.stages()), 0);
   for (const std::string& s : comm::gather_bytes(mine, 0, MPI_COMM_WORLD)) {
@@ -319,10 +321,11 @@ void MpiEngine::record_profile(int64_t s, std::string& write_error) {
 std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_dir) {
   std::vector<CheckpointFile> files;
   if (groups_.replica == 0)
-    for (const auto& c : exec_->chunk_states())
+    for (const HostedChunk& c : exec_->hosted())
       if (c.pipeline == 0) {
         KfacPreconditioner* kfac = kfac_units_ ? kfac_units_->preconditioner(c.pipeline, c.stage) : nullptr;
-        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, {c.params, c.optim, kfac})) files.push_back(f);
+        for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, {c.params, c.optim.get(), kfac}))
+          files.push_back(f);
       }
   if (placement_)
     for (const CheckpointFile& f : write_kfac_state(step_dir, groups_.rank, cfg_, *kfac_units_, *placement_))

@@ -65,11 +65,9 @@ bool Controller::begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
   const bool profiles = std::holds_alternative<Profiling>(phase_);
   const std::optional<int64_t> k = std::visit([&](const auto& p) { return plan_step(p, step); }, phase_);
   const bool cycle_start = k && plan_->is_cycle_start(device_, *k);
-  for (size_t i = 0; i < units_.hosted().size(); ++i) {
-    HostedKfac& h = units_.hosted()[i];
-    h.kfac->begin_step(step, profiles || cycle_start, false, scale);
-    h.prec = profiles ? PrecWork{PrecWork::Kind::profile, true, true, &profile_.chunks[i]} : PrecWork{};
-  }
+  for (size_t i = 0; i < units_.hosted().size(); ++i)
+    units_.hosted()[i].kfac->begin_units_step(step, profiles || cycle_start, scale,
+                                              profiles ? &profile_.chunks[i] : nullptr);
   return true;  // stamps: profiling, and the drift check
 }
 

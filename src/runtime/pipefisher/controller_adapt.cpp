@@ -68,7 +68,7 @@ void Controller::measure_steady(const std::vector<Action>& list, const std::vect
     const Action& a = list[i];
     if (measured_unit(a)) {
       // A rank's list holds only its own chunks' units.
-      const int c = static_cast<int>(&units_.hosted(a.pipeline, a.stage) - units_.hosted().data());
+      const int c = static_cast<int>(units_.hosted().index_of(a.pipeline, a.stage));
       const bool per_layer = a.kind != Kind::PREC && a.kind != Kind::SYNC_CURV;
       Mean& m = steady_.units[{c, static_cast<int>(a.kind), per_layer ? a.layer : -1}];
       m.sum += ms_of(times[i]), ++m.n;
@@ -122,7 +122,7 @@ Controller::RankTimes Controller::steady_times() const {
     if (planner_measures(lowered_[i].kind)) mine.actions[i] = (m.n > 0 ? m.sum / m.n : plan_input_.action_ms[device_][i]) / W;
   }
   for (size_t c = 0; c < units_.hosted().size(); ++c) {
-    const HostedKfac& h = units_.hosted()[c];
+    const HostedChunk& h = units_.hosted()[c];
     StageKfacCost cost = plan_input_.kfac.size() == 1 ? plan_input_.kfac[0] : plan_input_.kfac.at(h.stage);
     const PrecSplit* split = plan_->prec_split(h.pipeline, h.stage);
     for (const auto& [key, m] : steady_.units) {

@@ -106,7 +106,7 @@ Controller::RankTimes Controller::profiled_times() {
     if (planner_measures(lowered_[i].kind)) mine.actions[i] = profile_.action_ms[i] / samples / W;
   passes_at_their_median(lowered_, mine.actions);
   for (size_t c = 0; c < units_.hosted().size(); ++c)
-    mine.chunks.push_back(measured_cost(*units_.hosted()[c].kfac, profile_.chunks[c]));
+    mine.chunks.push_back(measured_cost(units_.hosted()[c].kfac->chunk(), profile_.chunks[c]));
   if (ProfileLayout(layout_).broadcast) mine.bcast = bcast_model();  // every rank's model of its stage's broadcasts
   return mine;
 }
@@ -145,7 +145,7 @@ void Controller::plan_from_profile(int64_t profile_start, int64_t plan_start) {
   // Several holders per stage (replicas, Chimera's twins): from now on factors are committed at
   // SYNC_CURV and inverses travel with it.
   if (layout_.replicas > 1 || layout_.pipelines() > 1)
-    for (HostedKfac& h : units_.hosted()) h.kfac->set_replicated(h.holders.get());
+    for (HostedChunk& c : units_.hosted()) c.kfac->sync_as_planned();
   split_as_planned(plan_start);
   if (groups_.rank == 0) print_plan(*plan_, plan_input_, opts_.source->from(profile_start, plan_start));
   if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
@@ -205,42 +205,19 @@ std::pair<double, double> Controller::bcast_model() {
   return *bcast_model_;
 }
 
-// The plan's precondition splits (PrecSplit): each chunk's owner of each layer as a rank of its
-// all-gather communicator (members are (device, replica); -1: every holder).
+// The plan's precondition splits (PrecSplit), to each chunk's service.
 void Controller::split_preconditions() {
-  for (HostedKfac& h : units_.hosted()) {
-    const PrecSplit* ps = plan_->prec_split(h.pipeline, h.stage);
-    if (!ps || !ps->split()) {
-      h.kfac->set_prec_split({}, MPI_COMM_NULL);
-      continue;
-    }
-    MPI_Comm comm = h.prec_comm.get();
-    MPI_Group world, holders;
-    MPI_Comm_group(MPI_COMM_WORLD, &world);
-    MPI_Comm_group(comm, &holders);
-    std::vector<int> owner;
-    for (int o : ps->placement.owner) {
-      int rank = -1;
-      if (o != kEveryRank) {
-        const int w = groups_.world_rank(ps->members.at(o).first, ps->members.at(o).second);
-        MPI_Group_translate_ranks(world, 1, &w, holders, &rank);
-        PF_CHECK(rank != MPI_UNDEFINED, "precondition split: rank {} holds no copy of stage {}", w, ps->stage);
-      }
-      owner.push_back(rank);
-    }
-    MPI_Group_free(&world);
-    MPI_Group_free(&holders);
-    h.kfac->set_prec_split(std::move(owner), comm);
-  }
+  for (HostedChunk& c : units_.hosted()) c.kfac->split_precondition(plan_->prec_split(c.pipeline, c.stage), groups_);
 }
 
 // Block-diagonal factors as planned (a re-plan may also merge a factor back into one block).
 void Controller::split_as_planned(int64_t plan_start) {
-  for (HostedKfac& h : units_.hosted())
-    for (int l = 0; l < h.kfac->layers(); ++l)
+  for (HostedChunk& c : units_.hosted())
+    for (int l = 0; l < c.kfac->chunk().layers(); ++l)
       for (int side : {0, 1}) {
-        const int blocks = plan_->split_blocks(h.pipeline, h.stage, l, inversion_kind(side));
-        if (h.kfac->blocks(l, side_at(side)) != blocks) h.kfac->split(l, side_at(side), blocks, plan_start);
+        ChunkKfac& k = c.kfac->chunk();
+        const int blocks = plan_->split_blocks(c.pipeline, c.stage, l, inversion_kind(side));
+        if (k.blocks(l, side_at(side)) != blocks) k.split(l, side_at(side), blocks, plan_start);
       }
 }
 

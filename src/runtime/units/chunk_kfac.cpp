@@ -24,11 +24,11 @@ std::vector<std::string> layer_names(const KfacPreconditioner& pre) {
 }  // namespace
 
 ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of,
-                     int64_t rows, bool planned, bool overlap)
+                     int64_t rows, bool saves, bool overlap)
     : cfg_(cfg),
       pre_(std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab)),
       overlap_(overlap),
-      saved_(*pre_, replica, micro_batches, std::move(slot_of), rows, planned),
+      saved_(*pre_, replica, micro_batches, std::move(slot_of), rows, saves),
       record_(layer_names(*pre_)) {
   curv_count_.assign(layers(), {0, 0});
 }

@@ -21,9 +21,12 @@
 // factor that set pi. Rank 0 writes the changes as out_dir/kfac_refresh.json, so a single-process
 // K-FAC loop can follow exactly the same pattern (tests/runtime/kfac_reference.hpp).
 //
-// Copies of a stage (data-parallel replicas, Chimera's two pipelines). Single-process K-FAC
-// builds each factor over ALL micro-batches of the step, so each copy accumulates the factors of
-// its own micro-batches and the copies all-reduce the sums (and row counts) before the commit,
+// Copies of a stage (data-parallel replicas, Chimera's two pipelines): the stage group's
+// KfacService (kfac_service.hpp) owns the group's communicators and alone sets the modes below
+// (set_distributed, set_replicated, set_prec_split; a checkpoint's load restores them).
+// Single-process K-FAC builds each factor over ALL micro-batches of the step, so each copy
+// accumulates the factors of its own micro-batches and the copies all-reduce the sums (and row
+// counts) before the commit,
 // exactly like gradients (own communicator per stage). inline and skip, in every layout: the
 // stage's DistributedKfac (dkfac/distributed_kfac.hpp, set_distributed) does it as
 // kfac.distributed says (SPD-KFAC: all-reduces posted during the step's last micro-batch, fused;
@@ -81,13 +84,13 @@ struct ChunkKfacTimes {
 class ChunkKfac final : public LinearTap {
  public:
   // model: the chunk's model; replica/micro_batches: to map a micro-batch index to the chunk's
-  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch. planned: the
-  // units run where a plan puts them (kfac.placement = bubbles), so the layers' inputs and
+  // slot (slot_of[m], m local, -1 = not run here); rows: tokens per micro-batch. saves: the
+  // units run where a plan puts them (KfacService::Refresh::units), so the layers' inputs and
   // gradients are saved for them (M_err^save). overlap: when replicated, a cycle's inversions may
   // run during the next cycle's curvature (Chimera's group), so each factor sums into a buffer of
   // its own (one more factor of memory).
   ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of, int64_t rows,
-            bool planned, bool overlap);
+            bool saves, bool overlap);
   ~ChunkKfac() override;
 
   KfacPreconditioner& pre() { return *pre_; }
@@ -195,7 +198,7 @@ class ChunkKfac final : public LinearTap {
   std::unique_ptr<KfacPreconditioner> pre_;
   DistributedKfac* dist_ = nullptr;
   bool overlap_;
-  SavedActivations saved_;  // M_err^save (planned placements)
+  SavedActivations saved_;  // M_err^save (the plan's units)
   bool saving_ = false, tapping_ = false, preconditioned_ = false, skip_inputs_ = false;
   int64_t tap_ns_ = 0;
   std::vector<UnitStamp> inline_units_;

@@ -4,24 +4,15 @@
 
 namespace pf {
 
-InlinePlacement::InlinePlacement(const Config& cfg, const Layout& layout, int device, int replica, KfacUnits& units)
-    : cadence_(refresh_cadence(cfg.kfac)),
-      micro_batches_(layout.micro_batches),
-      replica_(replica),
+InlinePlacement::InlinePlacement(const InlineOptions& opts, const Layout& layout, int device, KfacUnits& units)
+    : cadence_(opts.cadence),
       units_(units),
       list_(profiling_actions(layout.schedule, device).actions) {}
 
 bool InlinePlacement::begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
   units_.begin_step(step);
-  const float scale = mbs.empty() ? 1.0f : mbs.front().loss_scale;
-  const bool curvature = cadence_.curvature_step(step);
-  for (HostedKfac& h : units_.hosted()) {
-    h.kfac->begin_step(step, false, curvature, scale);
-    // The DistributedKfac marks a factor complete at its chunk's last micro-batch of the step.
-    if (curvature && h.dist)
-      h.dist->begin_step(mbs.at(static_cast<size_t>(replica_) * micro_batches_ + h.last_backward_mb).index);
-    h.prec = {PrecWork::Kind::refresh, curvature, cadence_.inversion_step(step), nullptr};
-  }
+  const bool curvature = cadence_.curvature_step(step), inversion = cadence_.inversion_step(step);
+  for (HostedChunk& c : units_.hosted()) c.kfac->begin_whole_step(step, curvature, inversion, mbs);
   return false;
 }
 

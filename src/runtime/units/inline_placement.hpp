@@ -12,9 +12,16 @@
 
 namespace pf {
 
+// What the inline placement reads of the configuration, parsed once where it is built
+// (train/mpi_run.cpp's make_placement), as PipeFisher's options are (pipefisher_options.hpp).
+struct InlineOptions {
+  KfacCadence cadence;  // kfac.placement and kfac.inverse_every (kfac/cadence.hpp)
+};
+inline InlineOptions inline_options(const KfacConfig& k) { return {refresh_cadence(k)}; }
+
 class InlinePlacement final : public KfacPlacement {
  public:
-  InlinePlacement(const Config& cfg, const Layout& layout, int device, int replica, KfacUnits& units);
+  InlinePlacement(const InlineOptions& opts, const Layout& layout, int device, KfacUnits& units);
 
   const std::vector<Action>& actions_for(int64_t) const override { return list_; }
   bool begin_step(int64_t step, const std::vector<MicroBatch>& mbs) override;
@@ -28,7 +35,6 @@ class InlinePlacement final : public KfacPlacement {
 
  private:
   KfacCadence cadence_;
-  int micro_batches_, replica_;
   KfacUnits& units_;
   std::vector<Action> list_;
   InOrder in_order_;

@@ -1,5 +1,5 @@
 // K-FAC's units on one rank (kfac_units.hpp): the records' set-up, the handlers of the K-FAC
-// action kinds, the precondition and the KL-clip before the gradient norm.
+// action kinds sent to the chunks' services, the KL-clip before the gradient norm.
 #include "runtime/units/kfac_units.hpp"
 
 #include "comm/collectives.hpp"
@@ -14,79 +14,43 @@
 
 namespace pf {
 
-KfacUnits::KfacUnits(const Config& cfg, const Layout& layout, const comm::Groups& groups,
-                     const std::vector<HostedChunk>& chunks, bool planned)
-    : cfg_(cfg), layout_(layout), groups_(groups) {
+KfacUnits::KfacUnits(const Config& cfg, const Layout& layout, const comm::Groups& groups, HostedChunks& chunks,
+                     KfacService::Refresh refresh)
+    : cfg_(cfg), layout_(layout), groups_(groups), chunks_(chunks) {
   const int64_t rows = static_cast<int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_len;
-  for (const HostedChunk& c : chunks) {
-    HostedKfac& h = hosted_.emplace_back();
-    h.pipeline = c.pipeline;
-    h.stage = c.stage;
-    h.last_backward_mb = c.last_backward_mb;
-    h.kfac = std::make_unique<ChunkKfac>(*c.model, cfg, groups.replica, layout.micro_batches, c.slot, rows, planned,
-                                         layout.pipelines() > 1);
-  }
+  for (HostedChunk& c : chunks)
+    c.kfac = {new KfacService(c, cfg, groups.replica, layout.micro_batches, rows, refresh, layout.pipelines() > 1),
+              [](KfacService* k) { delete k; }};
   if (!layout.grad_sync) return;
-  make_communicators(planned);
-  if (!planned) make_distributed(chunks);
+  connect_in_stage_order();
+  if (refresh == KfacService::Refresh::whole) share_whole_refreshes();
 }
 
 KfacUnits::~KfacUnits() = default;
 
-// Factor sums among a stage's copies get their own communicators (another stream of collectives
-// than the gradient buckets), made in stage order on every member; a second one carries the
-// DistributedKfac's inverse broadcasts (inline / skip) or the precondition's all-gathers (bubbles).
-void KfacUnits::make_communicators(bool planned) {
-  std::vector<HostedKfac*> order;
-  for (HostedKfac& h : hosted_) order.push_back(&h);
-  std::stable_sort(order.begin(), order.end(), [](const HostedKfac* a, const HostedKfac* b) { return a->stage < b->stage; });
-  auto dup = [](MPI_Comm base) {
-    MPI_Comm d = MPI_COMM_NULL;
-    comm::check(MPI_Comm_dup(base, &d), "MPI_Comm_dup(kfac holders)");
-    return comm::Comm(d);
-  };
-  for (HostedKfac* h : order) {
-    MPI_Comm base = layout_.pipelines() > 1 ? groups_.holders_comm(h->stage) : groups_.data_parallel.get();
-    h->holders = dup(base);
-    (planned ? h->prec_comm : h->inverse_comm) = dup(base);
-  }
+// Communicators are made in stage order on every member of a group (MPI_Comm_dup is collective).
+void KfacUnits::connect_in_stage_order() {
+  std::vector<HostedChunk*> order;
+  for (HostedChunk& c : chunks_) order.push_back(&c);
+  std::stable_sort(order.begin(), order.end(), [](const HostedChunk* a, const HostedChunk* b) { return a->stage < b->stage; });
+  for (HostedChunk* c : order)
+    c->kfac->connect(layout_.pipelines() > 1 ? groups_.holders_comm(c->stage) : groups_.data_parallel.get());
 }
 
-// inline / skip with several copies per stage: one DistributedKfac per chunk over its holders.
-// Its pipelining marks a factor complete at the chunk's last micro-batch, which must then be the
-// last of both the forwards (A) and the backwards (B); a schedule file that orders them otherwise
-// gets the all-reduce after the backward instead.
-void KfacUnits::make_distributed(const std::vector<HostedChunk>& chunks) {
+// inline / skip with several copies per stage: each group's DistributedKfac.
+void KfacUnits::share_whole_refreshes() {
   const comm::PerfModel& model = perf_model();
-  for (size_t i = 0; i < hosted_.size(); ++i) {
-    HostedKfac& h = hosted_[i];
-    DkfacOptions opt = dkfac_options(cfg_.kfac);
-    opt.pipelining = opt.pipelining && chunks[i].last_forward_mb == chunks[i].last_backward_mb;
-    h.dist = std::make_unique<DistributedKfac>(h.kfac->pre(), h.holders.get(), h.inverse_comm.get(), model, opt);
-    if (comm::BucketedAllReduce* g = chunks[i].grad_sync) h.dist->set_progress_hook([g] { g->progress(); });
-    h.kfac->set_distributed(h.dist.get());
-  }
+  for (HostedChunk& c : chunks_) c.kfac->share(c, model, dkfac_options(cfg_.kfac));
 }
 
 const comm::PerfModel& KfacUnits::perf_model() {
   if (!perf_) {
-    const auto first = std::min_element(hosted_.begin(), hosted_.end(),
-                                        [](const HostedKfac& a, const HostedKfac& b) { return a.stage < b.stage; });
-    perf_ = comm::load_or_measure_perf_model(first->holders.get(), time_one_inversion,
+    const HostedChunk* first = &chunks_[0];
+    for (const HostedChunk& c : chunks_) first = c.stage < first->stage ? &c : first;
+    perf_ = comm::load_or_measure_perf_model(first->kfac->holders(), time_one_inversion,
                                              comm::threads_per_rank(cfg_.train.threads));
   }
   return *perf_;
-}
-
-const HostedKfac& KfacUnits::hosted(int pipeline, int stage) const {
-  const auto it = std::find_if(hosted_.begin(), hosted_.end(),
-                               [&](const HostedKfac& h) { return h.pipeline == pipeline && h.stage == stage; });
-  PF_CHECK(it != hosted_.end(), "device {} does not host stage {} of pipeline {}", groups_.stage, stage, pipeline);
-  return *it;
-}
-
-HostedKfac& KfacUnits::hosted(int pipeline, int stage) {
-  return const_cast<HostedKfac&>(std::as_const(*this).hosted(pipeline, stage));
 }
 
 void KfacUnits::begin_step(int64_t step) {
@@ -95,58 +59,38 @@ void KfacUnits::begin_step(int64_t step) {
 }
 
 void KfacUnits::curvature(const Action& a) {
-  hosted(a.pipeline, a.stage).kfac->curvature(side_at(side_index(a.kind)), a.layer, a.micro_batch);
+  service(a.pipeline, a.stage).curvature(side_at(side_index(a.kind)), a.layer, a.micro_batch);
   ++work_.curvature;
 }
 
 void KfacUnits::inversion(const Action& a) {
-  hosted(a.pipeline, a.stage).kfac->invert(side_at(side_index(a.kind)), a.layer, a.block);
+  service(a.pipeline, a.stage).invert(side_at(side_index(a.kind)), a.layer, a.block);
   ++work_.inversion;
 }
 
-void KfacUnits::curvature_sync(const Action& a) { hosted(a.pipeline, a.stage).kfac->sync(step_); }
+void KfacUnits::curvature_sync(const Action& a) { service(a.pipeline, a.stage).sync(step_); }
 
 // The holder that inverted the piece (a replica, or Chimera's twin of some replica) sends it.
 void KfacUnits::inverse_broadcast(const Action& a) {
   PF_CHECK(inverter_, "{}: a broadcast without a plan", to_token(a));
-  hosted(a.pipeline, a.stage).kfac->broadcast(side_at(side_index(a.kind)), a.layer, a.block, inverter_(a));
+  service(a.pipeline, a.stage).broadcast(side_at(side_index(a.kind)), a.layer, a.block, inverter_(a));
 }
 
-void KfacUnits::precondition(const Action& a) { precondition(hosted(a.pipeline, a.stage)); }
+void KfacUnits::precondition(const Action& a) { precondition(service(a.pipeline, a.stage)); }
 
-void KfacUnits::precondition(HostedKfac& h) {
-  ChunkKfac& ck = *h.kfac;
-  if (ck.preconditioned()) return;
-  h.raw_grad_sq = ck.pre().grad_sq_sum();
-  // An inline refresh's work counts one unit per K-FAC layer of the chunk (StepOutcome).
-  const int layers = static_cast<int>(ck.pre().size());
-  const PrecWork& w = h.prec;
-  switch (w.kind) {
-    case PrecWork::Kind::refresh:
-      ck.inline_refresh(step_, w.curvature, w.inversion, h.holders.get(), nullptr);
-      work_.curvature += w.curvature ? layers : 0;
-      work_.inversion += w.inversion ? layers : 0;
-      break;
-    case PrecWork::Kind::profile:
-      ck.set_replicated(MPI_COMM_NULL);      // re-profiling: inline, as at the start (pending inverses dropped)
-      ck.set_prec_split({}, MPI_COMM_NULL);  // every layer: the plan needs the whole stage's time
-      ck.inline_refresh(step_, true, true, h.holders.get(), w.times);
-      work_.curvature += layers;
-      work_.inversion += layers;
-      break;
-    case PrecWork::Kind::apply:
-      ck.precondition(step_);
-      break;
-  }
+void KfacUnits::precondition(KfacService& k) {
+  const KfacWork w = k.precondition(step_);
+  work_.curvature += w.curvature;
+  work_.inversion += w.inversion;
 }
 
-void KfacUnits::skip_inputs(int pipeline, int stage, bool on) { hosted(pipeline, stage).kfac->skip_inputs(on); }
+void KfacUnits::skip_inputs(int pipeline, int stage, bool on) { service(pipeline, stage).chunk().skip_inputs(on); }
 
 // Every chunk preconditioned (a PREC the plan put after the first OPT runs now), then the split
 // preconditions' all-gathers completed (all started first: see chunk_kfac.hpp), then the KL-clip.
 void KfacUnits::before_gradient_norm(double lr) {
-  for (HostedKfac& h : hosted_) precondition(h);
-  for (HostedKfac& h : hosted_) h.kfac->finish_gather();
+  for (HostedChunk& c : chunks_) precondition(*c.kfac);
+  for (HostedChunk& c : chunks_) c.kfac->finish_gather();
   if (cfg_.kfac.kl_clip > 0) kl_clip(lr);
 }
 
@@ -154,27 +98,27 @@ void KfacUnits::before_gradient_norm(double lr) {
 // (pipeline 0's chunks; replicas hold the same), then every chunk's gradients scaled.
 void KfacUnits::kl_clip(double lr) {
   double vg = 0;
-  for (HostedKfac& h : hosted_)
-    if (h.pipeline == 0) vg += h.kfac->pre().vg_sum();
+  for (HostedChunk& c : chunks_)
+    if (c.pipeline == 0) vg += c.kfac->chunk().pre().vg_sum();
   comm::allreduce_sum({&vg, 1}, groups_.pipeline.get(), "the KL-clip sum");
   const double nu = kl_clip_scale(vg, lr, cfg_.kfac.kl_clip);
   if (nu < 1.0)
-    for (HostedKfac& h : hosted_) h.kfac->pre().scale_gradients(nu);
+    for (HostedChunk& c : chunks_) c.kfac->chunk().pre().scale_gradients(nu);
 }
 
 double KfacUnits::raw_grad_sq(int pipeline, int stage, double sq) const {
-  const HostedKfac& h = hosted(pipeline, stage);
-  return sq - h.kfac->pre().grad_sq_sum() + h.raw_grad_sq;
+  KfacService& k = service(pipeline, stage);  // ChunkKfac::pre is not const
+  return sq - k.chunk().pre().grad_sq_sum() + k.raw_grad_sq();
 }
 
 int64_t KfacUnits::tap_ns() const {
   int64_t ns = 0;
-  for (const HostedKfac& h : hosted_) ns += h.kfac->tap_ns();
+  for (const HostedChunk& c : chunks_) ns += c.kfac->chunk().tap_ns();
   return ns;
 }
 
 void KfacUnits::discard_step() {
-  for (HostedKfac& h : hosted_) h.kfac->discard_step();
+  for (HostedChunk& c : chunks_) c.kfac->chunk().discard_step();
 }
 
 }  // namespace pf

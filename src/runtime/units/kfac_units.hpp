@@ -1,18 +1,20 @@
 #pragma once
-// K-FAC's units on one rank (runtime/README.md): one HostedKfac record per hosted chunk (its
-// ChunkKfac, communicators and, for inline / skip with copies, its DistributedKfac), the handlers
-// the executor's dispatch table calls (kfac_handlers.hpp), and what the rank reports of them.
+// K-FAC's units on one rank (runtime/README.md): the K-FAC service of each hosted chunk's stage
+// group (kfac_service.hpp), made on the chunk's record; the handlers the executor's dispatch table
+// calls (kfac_handlers.hpp), each sent to its chunk's service; and what the rank reports of them.
 // Which list a step runs and what each PREC does is the placement's (runtime/kfac_placement.hpp):
-// it sets each record's `prec` at step start.
+// it tells each service at step start.
 #include "comm/perf_model.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "dkfac/distributed_kfac.hpp"
 #include "io/checkpoint.hpp"
 #include "runtime/action_time.hpp"
+#include "runtime/hosted_chunk.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/units/chunk_kfac.hpp"
+#include "runtime/units/kfac_service.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -25,47 +27,18 @@
 
 namespace pf {
 
-// What a chunk's PREC does in this step.
-//   apply     precondition with the inverses in use (the plan's units did the rest)
-//   refresh   inline: commit the step's curvature (when `curvature`), invert (when `inversion`),
-//             precondition; through the DistributedKfac when the stage has one
-//   profile   every unit from the saved buffers, each timed into `times`, then precondition
-//             every layer (the planner needs the whole stage's time)
-struct PrecWork {
-  enum class Kind { apply, refresh, profile };
-  Kind kind = Kind::apply;
-  bool curvature = false, inversion = false;  // refresh
-  ChunkKfacTimes* times = nullptr;             // profile
-};
-
-// One hosted chunk's K-FAC.
-struct HostedKfac {
-  int pipeline = 0, stage = 0;
-  int last_backward_mb = -1;        // HostedChunk's: a DistributedKfac's factors complete there
-  std::unique_ptr<ChunkKfac> kfac;
-  comm::Comm holders;       // the stage's copies (a stream of its own), or none
-  comm::Comm inverse_comm;  // inline / skip with copies: the DistributedKfac's broadcasts
-  comm::Comm prec_comm;     // bubbles with copies: the precondition's all-gathers
-  double raw_grad_sq = 0;   // its targets' gradient before this step's precondition, squared
-  PrecWork prec;            // this step's (the placement's, at step start)
-  // inline / skip with copies: the factor sums and inversions (kfac.distributed). Last, so it is
-  // destroyed first (it may wait for requests on the communicators).
-  std::unique_ptr<DistributedKfac> dist;
-};
-
 class KfacUnits final : public KfacHandlers {
  public:
-  // Collective (communicators; with a DistributedKfac, the comm perf model): a record per
-  // hosted chunk, in the order given. planned: kfac.placement = bubbles.
-  KfacUnits(const Config& cfg, const Layout& layout, const comm::Groups& groups,
-            const std::vector<HostedChunk>& chunks, bool planned);
+  // Collective (communicators; with DistributedKfacs, the comm perf model): a service on each of
+  // the executor's chunk records, refreshing as the placement does (`refresh`).
+  KfacUnits(const Config& cfg, const Layout& layout, const comm::Groups& groups, HostedChunks& chunks,
+            KfacService::Refresh refresh);
   ~KfacUnits() override;
 
-  std::vector<HostedKfac>& hosted() { return hosted_; }
-  const std::vector<HostedKfac>& hosted() const { return hosted_; }
-  HostedKfac& hosted(int pipeline, int stage);  // the one lookup; PF_CHECK failure if not hosted
-  const HostedKfac& hosted(int pipeline, int stage) const;
-  KfacPreconditioner* preconditioner(int pipeline, int stage) { return &hosted(pipeline, stage).kfac->pre(); }
+  // The chunk records (the executor's), each with its service; service(p, s) through their lookup.
+  const HostedChunks& hosted() const { return chunks_; }
+  KfacService& service(int pipeline, int stage) const { return *chunks_.at(pipeline, stage).kfac; }
+  KfacPreconditioner* preconditioner(int pipeline, int stage) { return &service(pipeline, stage).chunk().pre(); }
   // Step start (the placement calls it before configuring the records).
   void begin_step(int64_t step);
   // The comm performance model, measured once over this rank's first stage's holders (the same
@@ -103,22 +76,22 @@ class KfacUnits final : public KfacHandlers {
   // Collective: rank 0 writes the refresh record (kfac/refresh_record.hpp) of `steps` steps.
   void write_refresh_record(const std::string& path, int64_t steps, int64_t plan_start, int period);
 
-  // Checkpoints (kfac_units_state.cpp): every record's ChunkKfac (tensors named under `prefix`,
+  // Checkpoints (kfac_units_state.cpp): every service's ChunkKfac (tensors named under `prefix`,
   // one per chunk) and DistributedKfac. load_state after the placement's (whose plan sets the
   // precondition splits).
   nlohmann::json save_state(int rank, NamedTensors& tensors) const;
   void load_state(const CheckpointReader& r, int rank, const nlohmann::json& chunks, const nlohmann::json* distributed);
 
  private:
-  void make_communicators(bool planned);
-  void make_distributed(const std::vector<HostedChunk>& chunks);
-  void precondition(HostedKfac& h);
+  void connect_in_stage_order();
+  void share_whole_refreshes();
+  void precondition(KfacService& k);
   void kl_clip(double lr);
 
   const Config& cfg_;
   const Layout& layout_;
   const comm::Groups& groups_;
-  std::vector<HostedKfac> hosted_;
+  HostedChunks& chunks_;
   std::optional<comm::PerfModel> perf_;
   Inverter inverter_;
   int64_t step_ = 0;

@@ -54,7 +54,7 @@ void KfacUnits::expand_inline_units(std::vector<Action>& actions, std::vector<Ac
     const Action& a = actions[i];
     ActionTime t = times[i];
     if (a.kind == Kind::PREC) {
-      for (const ChunkKfac::UnitStamp& u : hosted(a.pipeline, a.stage).kfac->inline_units()) {
+      for (const ChunkKfac::UnitStamp& u : service(a.pipeline, a.stage).chunk().inline_units()) {
         if (u.start < t.start || u.end > t.end) continue;  // an earlier step's refresh
         a2.push_back({u.kind, a.stage, a.pipeline, -1, u.layer});
         t2.push_back({u.start, u.end, 0});
@@ -74,26 +74,27 @@ void KfacUnits::expand_inline_units(std::vector<Action>& actions, std::vector<Ac
 
 std::vector<std::tuple<int, int, int, std::string>> KfacUnits::layer_names() const {
   std::vector<std::tuple<int, int, int, std::string>> out;
-  for (const HostedKfac& h : hosted_)
-    for (int l = 0; l < h.kfac->layers(); ++l) {
+  for (const HostedChunk& c : chunks_)
+    for (int l = 0; l < c.kfac->chunk().layers(); ++l) {
       // The layer's name: its weight's without ".weight" (bert.encoder.layer.0.attention.self.query).
-      std::string name = h.kfac->pre().layer(l).name();
+      std::string name = c.kfac->chunk().pre().layer(l).name();
       if (name.ends_with(".weight")) name.resize(name.size() - 7);
-      out.emplace_back(h.pipeline, h.stage, l, std::move(name));
+      out.emplace_back(c.pipeline, c.stage, l, std::move(name));
     }
   return out;
 }
 
 std::string KfacUnits::distributed_line() const {
-  if (hosted_.empty() || !hosted_.front().dist) return "";
-  const DistributedKfac& d = *hosted_.front().dist;
+  if (chunks_.empty() || !chunks_[0].kfac->distributed()) return "";
+  const HostedChunk& first = chunks_[0];
+  const DistributedKfac& d = *first.kfac->distributed();
   const KfacConfig& kc = cfg_.kfac;
   const std::string ablation = kc.distributed != KfacStrategy::SpdKfac || (kc.spd_pipelining && kc.spd_balance) ? ""
                                : kc.spd_pipelining ? ", no balance" : kc.spd_balance ? ", no pipelining"
                                                                                      : ", no pipelining, no balance";
   return fmt::format("K-FAC factors and inversions shared by {}{} among {} copies of each stage; stage {}: {} factors, "
-                     "{} inverses broadcast, perf model {}", kc.distributed, ablation, hosted_.front().holders.size(),
-                     hosted_.front().stage, d.factors(), d.placement().communicated(),
+                     "{} inverses broadcast, perf model {}", kc.distributed, ablation, first.kfac->holders_size(),
+                     first.stage, d.factors(), d.placement().communicated(),
                      perf_->from_cache ? "cached" : "measured");
 }
 
@@ -137,10 +138,10 @@ void KfacUnits::write_dkfac_record(const std::string& path, double step_time_sum
   json stages = json::array();
   double inflight = 0, wait = 0, messages = 0, inversion = 0, inverse_wait = 0;
   int steps = 0, inversion_steps = 0;
-  for (const HostedKfac& h : hosted_) {
-    const DistributedKfac& d = *h.dist;
+  for (const HostedChunk& c : chunks_) {
+    const DistributedKfac& d = *c.kfac->distributed();
     const InversionPlacement& pl = d.placement();
-    stages.push_back({{"pipeline", h.pipeline}, {"stage", h.stage}, {"factors", d.factors()},
+    stages.push_back({{"pipeline", c.pipeline}, {"stage", c.stage}, {"factors", d.factors()},
                       {"fused_messages", {{"A", d.groups(Side::A).size()}, {"B", d.groups(Side::B).size()}}},
                       {"placement", {{"owner", pl.owner}, {"communicated", pl.communicated()}, {"model_load_s", pl.load}}}});
     const DkfacTimes& t = d.times();
@@ -163,7 +164,7 @@ void KfacUnits::write_dkfac_record(const std::string& path, double step_time_sum
       {"pipelining", kc.distributed == KfacStrategy::SpdKfac && kc.spd_pipelining},
       {"balance", kc.distributed == KfacStrategy::SpdKfac && kc.spd_balance},
       {"ranks", all.size()},
-      {"holders_per_stage", hosted_.front().holders.size()},
+      {"holders_per_stage", chunks_[0].kfac->holders_size()},
       {"factors", sum.factors},
       {"fused_messages", {{"A", sum.fused_a}, {"B", sum.fused_b}}},
       // The whole model's factors, stage after stage (owner: the rank among the stage's holders).
@@ -181,7 +182,7 @@ void KfacUnits::write_dkfac_record(const std::string& path, double step_time_sum
 
 void KfacUnits::write_refresh_record(const std::string& path, int64_t steps, int64_t plan_start, int period) {
   std::vector<const ChunkKfac*> mine;
-  for (const HostedKfac& h : hosted_) mine.push_back(h.kfac.get());
+  for (const HostedChunk& c : chunks_) mine.push_back(&c.kfac->chunk());
   RefreshRecord r = gather_refresh_record(mine, groups_.rank);
   if (groups_.rank != 0) return;
   r.steps = steps;
