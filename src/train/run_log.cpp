@@ -258,6 +258,7 @@ RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryU
     j["pipefisher_plan"] = {{"refresh_steps_per_device", plan->refresh_steps},
                             {"planned_step_ms", plan->step_ms},
                             {"planned_step_without_kfac_ms", plan->without_kfac_ms},
+                            {"planned_step_precondition_only_ms", plan->precondition_only_ms},
                             {"utilization", plan->utilization}};
   const std::string line = fmt::format(
       "summary: {} steps, loss {:.4f} -> {:.4f}, validation loss {:.4f}, {:.0f} tokens/s, {} = {:.1f}% MFU (peak {}{}), "

@@ -131,13 +131,15 @@ TEST(PipeFisherRuntime, BubblesWithZeroBubbleAndTwoReplicasEqualSingleProcessWit
 }
 
 // summary.json's "pipefisher_plan" is the plan the run printed last: its refresh cycle per
-// device, and the planned step with and without the K-FAC units (printed to 0.01 ms).
+// device, and the planned step with K-FAC, without it and with the precondition alone (printed
+// to 0.01 ms).
 void expect_summary_has_the_plan(const std::string& out, const fs::path& summary) {
   const size_t at = out.rfind("pipefisher: planned from");
   ASSERT_NE(at, std::string::npos) << out;
   const std::string line = out.substr(at, out.find('\n', at) - at);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(line, m, std::regex(R"(refresh every ([0-9 ]+) steps .* step ([0-9.]+) ms \(([0-9.]+) ms without)")))
+  ASSERT_TRUE(std::regex_search(
+      line, m, std::regex(R"(refresh every ([0-9 ]+) steps .* step ([0-9.]+) ms \(([0-9.]+) ms without K-FAC, ([0-9.]+) ms with)")))
       << line;
   std::vector<int> refresh;
   std::istringstream steps(m[1].str());
@@ -146,6 +148,10 @@ void expect_summary_has_the_plan(const std::string& out, const fs::path& summary
   EXPECT_EQ(plan.at("refresh_steps_per_device").get<std::vector<int>>(), refresh) << plan.dump();
   EXPECT_NEAR(plan.at("planned_step_ms").get<double>(), std::stod(m[2].str()), 0.005) << line;
   EXPECT_NEAR(plan.at("planned_step_without_kfac_ms").get<double>(), std::stod(m[3].str()), 0.005) << line;
+  EXPECT_NEAR(plan.at("planned_step_precondition_only_ms").get<double>(), std::stod(m[4].str()), 0.005) << line;
+  // Three different steps: K-FAC's work costs something, the precondition alone part of it.
+  EXPECT_LT(plan.at("planned_step_without_kfac_ms").get<double>(), plan.at("planned_step_precondition_only_ms").get<double>());
+  EXPECT_LE(plan.at("planned_step_precondition_only_ms").get<double>(), plan.at("planned_step_ms").get<double>());
   EXPECT_GT(plan.at("utilization").get<double>(), 0) << plan.dump();
 }
 

@@ -40,10 +40,10 @@ namespace {
 void print_plan(const KfacPlan& p, const PlanProfile& in, const std::string& from) {
   const std::string r = fmt::format("{}", fmt::join(p.refresh_steps, " "));
   std::printf("pipefisher: planned from %s: refresh every %s steps (per device), %zu split "
-              "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC "
-              "units in bubbles)\n",
+              "inversions, inline work %.3f ms per cycle, utilization %.0f%%, step %.2f ms (%.2f ms without K-FAC, "
+              "%.2f ms with its precondition alone)\n",
               from.c_str(), r.c_str(), p.splits().size(), p.inline_time, 100 * p.utilization, p.step_time,
-              p.base_step_time);
+              p.plain_step_time, p.base_step_time);
   if (p.weight_gradients.total > 0) std::printf("pipefisher: %s (ms)\n", p.weight_gradients.line().c_str());
   std::printf("pipefisher: %s (ms)\n", p.precondition_line().c_str());
   if (!p.placements().empty()) {  // several holders: SPD-KFAC's Algorithm 1 over each stage's holders
@@ -254,7 +254,8 @@ void Controller::load_profiled_refresh(const nlohmann::json& j) {
 
 std::optional<PlanSummary> Controller::plan_summary() const {
   if (!plan_) return std::nullopt;
-  return PlanSummary{plan_->refresh_steps, plan_->step_time, plan_->base_step_time, plan_->utilization};
+  return PlanSummary{plan_->refresh_steps, plan_->step_time, plan_->plain_step_time, plan_->base_step_time,
+                     plan_->utilization};
 }
 
 }  // namespace pf
