@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pf::block_helpers {
 
@@ -24,6 +25,13 @@ inline void reserve(Tensor& t, int64_t n) {
 inline void copy(float* dst, const float* src, int64_t n) {
 #pragma omp parallel for schedule(dynamic, kPieceElements / 4096) if (n > (1 << 16))
   for (int64_t i = 0; i < n; i += 4096) std::memcpy(dst + i, src + i, std::min<int64_t>(4096, n - i) * sizeof(float));
+}
+
+// The gradient a residual branch with dropout sees: d itself without dropout, else Drop'(d),
+// written to dst (a Linear's output gradient, kept for its W).
+inline void dropout_grad(float* dst, const float* d, const std::vector<uint8_t>& keep, int64_t n, float p) {
+  copy(dst, d, n);
+  if (p > 0) dropout_backward(dst, keep.data(), n, p);
 }
 
 inline void init_layernorm(LayerNorm& ln) {

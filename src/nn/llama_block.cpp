@@ -66,11 +66,6 @@ void sum_kv_groups(float* out, const float* in, int64_t N, int64_t H, int64_t KV
     }
 }
 
-void dropout_grad(float* dst, const float* d, const std::vector<uint8_t>& keep, int64_t n, float p) {
-  copy(dst, d, n);
-  if (p > 0) dropout_backward(dst, keep.data(), n, p);
-}
-
 }  // namespace
 
 LlamaBlock::LlamaBlock(const ModelConfig& cfg, int layer)

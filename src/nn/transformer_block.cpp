@@ -12,17 +12,6 @@ namespace pf {
 
 using namespace block_helpers;
 
-namespace {
-
-// The gradient a residual branch with dropout sees, d itself without dropout, else Drop'(d),
-// written to dst (a Linear's output gradient, kept for its W).
-void dropout_grad(float* dst, const float* d, const std::vector<uint8_t>& keep, int64_t n, float p) {
-  copy(dst, d, n);
-  if (p > 0) dropout_backward(dst, keep.data(), n, p);
-}
-
-}  // namespace
-
 struct TransformerState : BlockState {
   Tensor x;               // (N, C) the block's input, kept for the backward
   Tensor q, k, v;         // bert: (N, C) each
