@@ -165,8 +165,12 @@ struct HeadState : BlockState {
   Tensor xs;                          // (M, C) gathered input rows
   Tensor t, g;                        // bert: (M, C) transform dense output, after GELU
   Tensor h, mean, rstd;               // (M, C) LayerNorm output (decoder input), (M) statistics
-  Tensor logits;                      // (M, V) logits, then probabilities, then dlogits
   Tensor loss;                        // (M) token losses
+  // From a training forward (the logits exist a chunk of rows at a time, HeadBlock::decoder_pass):
+  // the decoder's input gradient and its weight's (and bias's) gradient, added in at W.
+  Tensor dh;                          // (M, C)
+  Tensor dw, db;                      // (V, C), (V) bert
+  bool trained = false;               // dh, dw and db are this forward's (a training forward)
   // BERT next-sentence prediction over the [CLS] rows of the sequences with an NSP label.
   std::vector<int32_t> nsp_rows, nsp_labels;  // (K) sequence index, label
   int64_t K = 0;
@@ -174,7 +178,7 @@ struct HeadState : BlockState {
   Tensor nsp_logits, nsp_loss;        // (K, 2) logits, then probabilities, then dlogits; (K)
   int64_t bytes() const override {
     const size_t ints = rows.size() + labels.size() + nsp_rows.size() + nsp_labels.size();
-    return bytes_of({&xs, &t, &g, &h, &mean, &rstd, &logits, &loss, &xc, &pooled, &nsp_logits, &nsp_loss}) +
+    return bytes_of({&xs, &t, &g, &h, &mean, &rstd, &loss, &dh, &dw, &db, &xc, &pooled, &nsp_logits, &nsp_loss}) +
            static_cast<int64_t>(ints * sizeof(int32_t));
   }
 };
@@ -274,9 +278,14 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, Backwar
   if (bert_) st->t = Tensor({N, C}), st->g = Tensor({N, C});
   st->mean = Tensor({N});
   st->rstd = Tensor({N});
-  // Logits of the labelled rows only (BERT: the masked ones), not N x V.
-  st->logits = Tensor({static_cast<int64_t>(max_rows) * labelled_per_sequence(cfg_, seq), V});
   st->loss = Tensor({N});
+  st->dh = Tensor({N, C});
+  st->dw = Tensor({V, C});
+  if (bert_) st->db = Tensor({V});
+  // One chunk of logits for every state: the labelled rows (BERT: the masked ones), at most
+  // logit_chunk_rows() of them at a time.
+  const int64_t M = static_cast<int64_t>(max_rows) * labelled_per_sequence(cfg_, seq);
+  reserve(chunk_, std::min<int64_t>(M, chunk_rows_) * V);
   if (bert_) {
     const int64_t R = max_rows;
     st->nsp_rows.resize(R);
@@ -321,13 +330,34 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
     hin = st.g.data();
   }
   norm_forward(st.h.data(), st.mean.data(), st.rstd.data(), hin, M);
-  // A micro-batch labelled more densely than the data's masking (a test's, a caller's) grows them once.
-  if (st.logits.numel() < M * V) st.logits = Tensor({M, V});
-  decoder_->forward(mb.index, st.h.data(), M, st.logits.data());
-  softmax_cross_entropy_forward(st.logits.data(), st.loss.data(), st.labels.data(), M, V);
+  decoder_pass(mb, st);
   double sum = 0;
   for (int64_t m = 0; m < M; ++m) sum += st.loss[m];
   return static_cast<float>(sum * mb.loss_scale + nsp);
+}
+
+// The decoder's logits a chunk of rows at a time, so that the (M, V) logits never exist: each
+// chunk's cross-entropy and, while training, its softmax gradient's two products (the decoder's
+// input gradient, and its weight gradient summed over the chunks) while the chunk is fresh.
+// The state keeps only these; the forward writes nothing outside it, so it can run again.
+void HeadBlock::decoder_pass(const MicroBatch& mb, HeadState& st) const {
+  const int64_t C = cfg_.hidden, V = cfg_.vocab, M = st.M;
+  PF_CHECK(!decoder_->tap(), "head: the decoder is never a K-FAC layer (its logits exist a chunk at a time)");
+  // A micro-batch labelled more densely than the data's masking (a test's, a caller's) grows it once.
+  reserve(chunk_, std::min<int64_t>(M, chunk_rows_) * V);
+  st.trained = training_;
+  for (int64_t r0 = 0; r0 < M; r0 += chunk_rows_) {
+    const int64_t R = std::min(chunk_rows_, M - r0);
+    const float* h = st.h.data() + r0 * C;
+    const int32_t* labels = st.labels.data() + r0;
+    float* z = chunk_.data();
+    decoder_->forward(mb.index, h, R, z);
+    softmax_cross_entropy_forward(z, st.loss.data() + r0, labels, R, V);  // z = probabilities
+    if (!training_) continue;
+    softmax_cross_entropy_backward(z, labels, R, V, mb.loss_scale);  // z = dlogits
+    decoder_->backward_input(mb.index, z, R, st.dh.data() + r0 * C);
+    decoder_->weight_gradient_into(z, h, R, st.dw.data(), bert_ ? st.db.data() : nullptr, r0 > 0);
+  }
 }
 
 double HeadBlock::nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st) {
@@ -388,21 +418,21 @@ void HeadBlock::logits(const float* x, int64_t rows, float* out) const {
 void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_in, BlockState& bs) {
   auto& st = static_cast<HeadState&>(bs);
   float* dT = begin_weight_grads<HeadGrads>(bs).t.data();
-  const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, V = cfg_.vocab, M = st.M;
+  const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, M = st.M;
   check_holds(dx_in, N * C, "head dx_in");
   std::memset(dx_in.data(), 0, N * C * sizeof(float));
   if (M > 0) {
+    PF_CHECK(st.trained, "head: a backward after a forward made for evaluation (set_training(false))");
     float *dA = d_a_.data(), *dB = d_b_.data();
-    softmax_cross_entropy_backward(st.logits.data(), st.labels.data(), M, V, mb.loss_scale);  // dlogits
-    decoder_->backward_input(mb.index, st.logits.data(), M, dA);                               // dA = dh
+    const float* dh = st.dh.data();  // the decoder's input gradient, from the forward
     const float* dxs = dB;
     if (bert_) {
-      ln_->backward(dT, dA, st.g.data(), st.mean.data(), st.rstd.data(), M, false);  // dT = dg
+      ln_->backward(dT, dh, st.g.data(), st.mean.data(), st.rstd.data(), M, false);  // dT = dg
       gelu_backward(dT, st.t.data(), dT, M * C, gelu_of(cfg_));                        // dT = dt
       transform_->backward_input(mb.index, dT, M, dA);                                 // dA = dxs
       dxs = dA;
     } else {
-      norm_backward(dB, dA, st.xs.data(), st.mean.data(), st.rstd.data(), M);  // dB = dxs
+      norm_backward(dB, dh, st.xs.data(), st.mean.data(), st.rstd.data(), M);  // dB = dxs
     }
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
     for (int64_t m = 0; m < M; ++m)
@@ -412,12 +442,14 @@ void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_i
   if (bert_ && cfg_.nsp) nsp_backward_input(mb, dx_in, st);
 }
 
-// The decoder's and the NSP classifier's output gradients are the dlogits I left in the state.
+// The decoder's weight gradient is the forward's (decoder_pass); the NSP classifier's output
+// gradients are the dlogits I left in the state.
 void HeadBlock::backward_weight(const MicroBatch&, BlockState& bs) {
   auto& st = static_cast<HeadState&>(bs);
   const auto& g = end_weight_grads<HeadGrads>(bs, name());
   if (st.M > 0) {
-    decoder_->backward_weight(st.logits.data(), st.h.data(), st.M);
+    add_inplace(decoder_->weight().grad.data(), st.dw.data(), st.dw.numel());
+    if (bert_) add_inplace(decoder_->bias()->grad.data(), st.db.data(), st.db.numel());
     if (bert_) transform_->backward_weight(g.t.data(), st.xs.data(), st.M);
   }
   if (bert_ && cfg_.nsp && st.K > 0) {

@@ -15,6 +15,7 @@
 // and ignores attn_mask (its batches are unpadded windows). Dropout (cfg.dropout > 0) applies to
 // the embedding output and to both residual branches; attention probabilities are not dropped.
 #include "config/config.hpp"
+#include "config/limits.hpp"
 #include "core/kernels.hpp"
 #include "nn/block.hpp"
 #include "nn/layers.hpp"
@@ -180,8 +181,12 @@ class HeadBlock : public ModelBlock {
   // Inference: the LM logits (rows, vocab) of hidden rows x (rows, hidden), without loss or
   // saved state (forward() turns its logits into probabilities for the backward).
   void logits(const float* x, int64_t rows, float* out) const;
+  // How many labelled rows' logits exist at once (decoder_pass; kLogitChunkRows): tests set fewer
+  // to cut a micro-batch into several chunks. Set it before make_state.
+  void set_logit_chunk_rows(int64_t rows) { chunk_rows_ = rows; }
 
  private:
+  void decoder_pass(const MicroBatch& mb, HeadState& st) const;
   double nsp_forward(const MicroBatch& mb, const Tensor& x_in, HeadState& st);
   void nsp_backward_input(const MicroBatch& mb, Tensor& dx_in, HeadState& st);
   // The norm before the decoder, one of ln_ and rms_: rows x (rows, C) -> h, keeping mean (not
@@ -201,6 +206,8 @@ class HeadBlock : public ModelBlock {
   // model.nsp (data.nsp); always present, so saved weights are BertForPreTraining's.
   std::unique_ptr<Linear> pooler_, nsp_;
   mutable Tensor d_a_, d_b_;
+  mutable Tensor chunk_;  // (chunk_rows_, V) logits, then probabilities, then their gradient
+  int64_t chunk_rows_ = kLogitChunkRows;
   mutable std::shared_ptr<HeadGrads> shared_grads_;
 };
 

@@ -3,6 +3,8 @@
 #include "core/blas.hpp"
 #include "core/kernels.hpp"
 
+#include <algorithm>
+
 namespace pf {
 
 Linear::Linear(std::string weight_name, std::string bias_name, int64_t in, int64_t out, bool hf_transposed)
@@ -46,9 +48,16 @@ void Linear::backward_input(int micro_batch, const float* dy, int64_t rows, floa
 }
 
 void Linear::backward_weight(const float* dy, const float* x, int64_t rows) {
+  weight_gradient_into(dy, x, rows, weight_->grad.data(), bias_ ? bias_->grad.data() : nullptr, true);
+}
+
+void Linear::weight_gradient_into(const float* dy, const float* x, int64_t rows, float* dw, float* db,
+                                  bool accumulate) const {
   // dy is (rows, out), x is (rows, in): dW (out, in) += dy^T x; db (out) += sum_rows dy
-  gemm(true, false, out_, in_, rows, 1.0f, dy, out_, x, in_, 1.0f, weight_->grad.data(), in_);
-  if (bias_) col_sum_accumulate(bias_->grad.data(), dy, rows, out_);
+  gemm(true, false, out_, in_, rows, 1.0f, dy, out_, x, in_, accumulate ? 1.0f : 0.0f, dw, in_);
+  if (!bias_) return;
+  if (!accumulate) std::fill(db, db + out_, 0.0f);
+  col_sum_accumulate(db, dy, rows, out_);
 }
 
 }  // namespace pf

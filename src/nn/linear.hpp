@@ -39,6 +39,10 @@ class Linear {
   void backward_input(int micro_batch, const float* dy, int64_t rows, float* dx, bool accumulate_dx = false);
   // backward_weight (W): dW += dy^T x, db += colsum(dy), x [rows, in] the forward's input.
   void backward_weight(const float* dy, const float* x, int64_t rows);
+  // The same products into buffers of the weight's and the bias's shapes (db ignored without a
+  // bias): dw (=, or += when accumulate) dy^T x, db likewise colsum(dy). A weight gradient kept
+  // aside until W (the head's, whose softmax gradient exists only during its forward).
+  void weight_gradient_into(const float* dy, const float* x, int64_t rows, float* dw, float* db, bool accumulate) const;
 
   const std::string& name() const { return weight_->name; }  // stable: the weight's param name
   int64_t in() const { return in_; }

@@ -52,7 +52,9 @@ TEST(Flops, BertTinyByHand) {
 class FlopsTest : public ::testing::TestWithParam<const char*> {};
 
 // A forward and a backward of one micro-batch make 3 x the forward's multiply-adds, all counted by
-// the formula (exact: the products' sizes are integers well below 2^53).
+// the formula (exact: the products' sizes are integers well below 2^53). An evaluation forward
+// makes the formula's forward; a training forward also the decoder's two backward products (the
+// head's logits exist only there, a chunk at a time).
 TEST_P(FlopsTest, FormulaCountsTheProductsTheModelComputes) {
   ModelConfig c = tiny_config(GetParam());
   c.nsp = false;
@@ -64,13 +66,19 @@ TEST_P(FlopsTest, FormulaCountsTheProductsTheModelComputes) {
   int labelled = 0;
   for (int i = 0; i < mb.rows * mb.seq; ++i) labelled += mb.labels[i] >= 0;
   g_macs = 0;
+  model->set_training(false);
+  model->forward(mb, none, none, st);
+  const double evaluation = g_macs;
+  model->set_training(true);
+  g_macs = 0;
   model->forward(mb, none, none, st);
   const double forward = g_macs;
   model->backward(mb, none, none, st);
   const double tokens = double(mb.rows) * mb.seq;
   const double per_sequence = double(labelled) / mb.rows;
   const double want = forward_macs_per_token(c, per_sequence) * tokens;
-  EXPECT_NEAR(forward, want, 1e-12 * want);
+  EXPECT_NEAR(evaluation, want, 1e-12 * want);
+  EXPECT_NEAR(forward, want + 2.0 * labelled * c.hidden * c.vocab, 1e-12 * want);
   EXPECT_NEAR(g_macs.load(), 3 * want, 3e-12 * want) << "the backward: two products per forward product";
   EXPECT_NEAR(2 * g_macs.load(), model_flops_per_token(c, per_sequence) * tokens, 6e-12 * want);
 }

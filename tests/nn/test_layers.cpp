@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 using namespace pf;
@@ -186,6 +187,9 @@ TEST(Layers, MlmHeadWithCrossEntropy) {
   head.init(5);
   fill_normal(head.params()[4]->value.data(), c.vocab, 13, 0.5f);  // a non-zero cls.predictions.bias
   check_block(head, tiny_batch(c), c, true);
+  head.set_logit_chunk_rows(2);  // the masked rows' logits two at a time
+  for (Param* p : head.params()) p->grad.zero();  // the first check's backward added to them
+  check_block(head, tiny_batch(c), c, true);
 }
 
 TEST(Layers, LmHeadWithCrossEntropy) {
@@ -194,6 +198,9 @@ TEST(Layers, LmHeadWithCrossEntropy) {
   head.init(5);
   MicroBatch mb = tiny_batch(c);
   mb.loss_scale = 0.25f;
+  check_block(head, mb, c, true, {.floor = 3e-5});
+  head.set_logit_chunk_rows(5);  // 16 rows: three chunks of 5 and one of 1
+  for (Param* p : head.params()) p->grad.zero();  // the first check's backward added to them
   check_block(head, mb, c, true, {.floor = 3e-5});
 }
 
@@ -209,6 +216,87 @@ TEST(Layers, LlamaLmHeadWithCrossEntropy) {
     MicroBatch mb = tiny_batch(c);
     mb.loss_scale = 0.25f;
     check_block(head, mb, c, true, {.floor = 3e-5});
+    head.set_logit_chunk_rows(7);
+    for (Param* p : head.params()) p->grad.zero();  // the first check's backward added to them
+    check_block(head, mb, c, true, {.floor = 3e-5});
+  }
+}
+
+namespace {
+// One forward and backward of a head: its loss, input gradient and every parameter's gradient.
+struct HeadResult {
+  double loss;
+  std::vector<float> dx;
+  std::vector<std::vector<float>> grads;
+};
+HeadResult run_head(const ModelConfig& c, int64_t chunk_rows, int forwards, const MicroBatch& mb) {
+  HeadBlock head(c, nullptr);
+  head.init(5);
+  head.set_logit_chunk_rows(chunk_rows);
+  auto st = head.make_state(mb.rows, mb.seq, BackwardMode::split);
+  const int64_t N = int64_t(mb.rows) * mb.seq;
+  Tensor x = randn({mb.rows, mb.seq, c.hidden}, 11, 3.0f), y, dx({N, c.hidden});
+  HeadResult r{};
+  for (int f = 0; f < forwards; ++f) r.loss = head.forward(mb, x, y, *st);
+  head.backward_input(mb, y, dx, *st);
+  head.backward_weight(mb, *st);
+  r.dx.assign(dx.data(), dx.data() + dx.numel());
+  for (Param* p : head.params()) r.grads.emplace_back(p->grad.data(), p->grad.data() + p->grad.numel());
+  return r;
+}
+// a and b agree to float32 rounding of sums of `terms` products: each entry within
+// terms x 2^-23 of the largest entry of its tensor (a bound on the chunked order's rounding).
+void expect_close(const std::string& what, const std::vector<float>& a, const std::vector<float>& b, double terms) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double scale = 0;
+  for (float v : a) scale = std::max(scale, double(std::abs(v)));
+  const double tol = terms * std::ldexp(1.0, -23) * scale;
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol) << what << " entry " << i;
+}
+}  // namespace
+
+// The head's logits a few rows at a time give the loss and gradients of one chunk of all the rows,
+// to float32 rounding; a forward run twice on one state (activation recomputation) leaves what one
+// leaves; an evaluation forward gives the same loss and no gradients to run a backward on.
+TEST(Layers, HeadLogitsInChunksEqualOneChunk) {
+  for (const char* arch : {"bert", "gpt", "llama"}) {
+    SCOPED_TRACE(arch);
+    ModelConfig c = tiny_config(arch);
+    MicroBatch mb = tiny_batch(c);
+    mb.loss_scale = 0.25f;
+    const HeadResult whole = run_head(c, 1 << 20, 1, mb), chunks = run_head(c, 3, 1, mb), again = run_head(c, 3, 2, mb);
+    const double terms = 2.0 * (c.vocab + 2 * mb.rows * mb.seq);  // the products' lengths, both ways
+    EXPECT_NEAR(chunks.loss, whole.loss, terms * std::ldexp(1.0, -23) * std::abs(whole.loss));
+    expect_close("dx", chunks.dx, whole.dx, terms);
+    for (size_t p = 0; p < whole.grads.size(); ++p) expect_close("param " + std::to_string(p), chunks.grads[p], whole.grads[p], terms);
+    // The loss against whole logits (HeadBlock::logits, inference's path) and a float64 softmax.
+    {
+      HeadBlock ref(c, nullptr);
+      ref.init(5);
+      Tensor x = randn({mb.rows, mb.seq, c.hidden}, 11, 3.0f), z({1, c.vocab});
+      double want = 0;
+      for (int64_t n = 0; n < int64_t(mb.rows) * mb.seq; ++n) {
+        if (mb.labels[n] < 0) continue;
+        ref.logits(x.data() + n * c.hidden, 1, z.data());
+        double top = *std::max_element(z.data(), z.data() + c.vocab), sum = 0;
+        for (int64_t v = 0; v < c.vocab; ++v) sum += std::exp(double(z[v]) - top);
+        want += mb.loss_scale * (std::log(sum) + top - z[mb.labels[n]]);
+      }
+      EXPECT_NEAR(chunks.loss, want, terms * std::ldexp(1.0, -23) * std::abs(want));
+    }
+    // Recomputation: bit for bit, the forward writes nothing outside its state.
+    EXPECT_EQ(again.loss, chunks.loss);
+    EXPECT_EQ(again.dx, chunks.dx);
+    EXPECT_EQ(again.grads, chunks.grads);
+
+    HeadBlock head(c, nullptr);
+    head.init(5);
+    head.set_logit_chunk_rows(3);
+    auto st = head.make_state(mb.rows, mb.seq, BackwardMode::fused);
+    Tensor x = randn({mb.rows, mb.seq, c.hidden}, 11, 3.0f), y, dx({int64_t(mb.rows) * mb.seq, c.hidden});
+    head.set_training(false);
+    EXPECT_EQ(head.forward(mb, x, y, *st), static_cast<float>(chunks.loss));
+    EXPECT_THROW(head.backward(mb, y, dx, *st), std::exception);
   }
 }
 
