@@ -5,6 +5,7 @@
 // not depend on the signs; where an eigenvalue is repeated the basis is arbitrary, so the test's
 // gradients keep every repeated eigenvalue (the null space of a wide weight's R) out of reach:
 // each gradient's rows lie in one fixed row space.
+#include "core/blas.hpp"
 #include "optim/optimizer.hpp"
 
 #include <gtest/gtest.h>
@@ -356,4 +357,30 @@ TEST(Soap, StateExportImportResumesBitExactly) {
   for (size_t k = 0; k < a.params.size(); ++k)
     EXPECT_EQ(std::memcmp(a.params[k]->value.data(), b.params[k]->value.data(), a.params[k]->value.numel() * 4), 0)
         << a.params[k]->name;
+}
+
+// Unlike the elementwise optimizers, SOAP's bits depend on the thread count (its products and
+// LAPACK's solvers split their sums by thread), as the model's do: the same thread count gives
+// the same bits (train.deterministic's promise), another one the same weights to rounding.
+TEST(Soap, SameBitsForTheSameThreadCount) {
+  auto run = [](int threads) {
+    set_threads(threads);  // OpenMP's and OpenBLAS's
+    Stack s;
+    s.add("fc1.weight", {24, 40}, true, true);  // wide: every gradient's rows in one row space
+    s.add("fc1.bias", {24}, false, false);
+    auto opt = s.ours();
+    for (int t = 1; t <= 6; ++t) {
+      s.set_grads(t, kNorms[t - 1]);
+      opt->step(s.params, s.h.lr);
+    }
+    return std::vector<float>(s.params[0]->value.begin(), s.params[0]->value.end());
+  };
+  const int before = num_threads();
+  const auto one = run(1), one_again = run(1), two = run(2), two_again = run(2);
+  set_threads(before);
+  EXPECT_EQ(std::memcmp(one.data(), one_again.data(), one.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(two.data(), two_again.data(), two.size() * 4), 0);
+  double worst = 0;
+  for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::abs(double(one[i]) - two[i]));
+  EXPECT_LT(worst, Stack().tolerance(6, 40));
 }
