@@ -1,10 +1,12 @@
 #pragma once
-// First-order optimizers: SGD with momentum, AdamW and NVLAMB (NVIDIA's BERT recipe).
+// The optimizers: SGD with momentum, AdamW, NVLAMB (NVIDIA's BERT recipe) and SOAP (Adam in
+// Shampoo's eigenbasis on the Linear weights, AdamW on the rest).
 //
 // An optimizer updates Param::value from whatever Param::grad holds: the loss gradient, or the
 // K-FAC preconditioned gradient written over it. It never clears gradients (the training loop does).
 //
-// Per-parameter state is allocated once, by init() or the first step(); a step allocates nothing.
+// Per-parameter state is allocated once, by init() or the first step() (SOAP's scratch by its
+// first step); a later step allocates nothing.
 // Every step first measures the global gradient norm (in double, over fixed-size chunks combined
 // in a fixed order, so the bits do not depend on the thread count); mirrors are left out of it,
 // their owner counts once. When the norm exceeds `grad_clip` (> 0) the gradients are scaled by
