@@ -178,7 +178,8 @@ class Reader {
     for (auto&& [k, v] : t) {
       std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
       if (const toml::table* sub = v.as_table()) {
-        if (prefix.empty() && kTables.count(key)) {
+        // A top table, or a table of keys inside one (optim.soap.*).
+        if (prefix.empty() ? kTables.count(key) > 0 : holds_keys(key)) {
           walk(*sub, key);
           continue;
         }
@@ -192,6 +193,10 @@ class Reader {
       if (near.empty()) usage_error(key, "unknown configuration key");
       usage_error(key, "unknown configuration key (did you mean {}?)", near);
     }
+  }
+  bool holds_keys(const std::string& table) const {
+    const auto it = known_.lower_bound(table + ".");
+    return it != known_.end() && it->rfind(table + ".", 0) == 0;
   }
   static inline const std::set<std::string> kTables = {"model", "data", "optim", "train", "parallel", "kfac"};
   const toml::table& root_;

@@ -61,8 +61,19 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
+// SOAP's own keys (optim.soap.*; Vyas et al. 2024, the authors' soap.py): the decay of its
+// statistics L = EMA(G G^T), R = EMA(G^T G), the steps between eigenbasis refreshes, and the
+// largest side it rotates (a longer side, e.g. a vocabulary's, is left unrotated).
+struct SoapConfig {
+  double shampoo_beta = 0.95;
+  int precondition_frequency = 10;
+  int max_precond_dim = 10000;
+
+  bool operator==(const SoapConfig&) const = default;
+};
+
 struct OptimConfig {
-  OptimName name = OptimName::NvLamb;  // nvlamb | adamw | sgd
+  OptimName name = OptimName::NvLamb;  // nvlamb | adamw | sgd | soap
   double lr = 1e-2;
   int warmup_steps = 10;
   // After the linear warm-up the rate decays from lr to min_lr (optim/lr_schedule.hpp): poly (the
@@ -78,6 +89,7 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-6;
   double momentum = 0.9;        // sgd
   double grad_clip = 1.0;       // global-norm pre-normalisation (nvlamb) / clipping; 0 = off
+  SoapConfig soap;
 
   bool operator==(const OptimConfig&) const = default;
 };

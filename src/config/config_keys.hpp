@@ -82,7 +82,9 @@ void data_keys(C& c, F& key) {
 template <typename C, typename F>
 void optim_keys(C& c, F& key) {
   auto& o = c.optim;
-  key("optim.name", o.name, kAny, "optimizer: nvlamb (the paper's baseline), adamw or sgd (momentum)");
+  key("optim.name", o.name, kAny,
+      "optimizer: nvlamb (the paper's baseline), adamw, sgd (momentum) or soap (Shampoo's eigenbasis with Adam in it, "
+      "docs/optimizers.md)");
   key("optim.lr", o.lr, kPositive, "peak learning rate");
   key("optim.warmup_steps", o.warmup_steps, kNonNegative, "steps of linear warm-up from 0 to optim.lr");
   key("optim.schedule", o.schedule, kAny, "decay after the warm-up: poly (the paper's), linear, cosine or constant");
@@ -90,12 +92,19 @@ void optim_keys(C& c, F& key) {
   key("optim.min_lr", o.min_lr, kNonNegative, "the rate the decay ends at (at most optim.lr)");
   key("optim.decay_steps", o.decay_steps, kNonNegative, "steps over which the rate decays (0: train.steps)");
   key("optim.weight_decay", o.weight_decay, kNonNegative, "decoupled weight decay (not on biases and layer norms)");
-  key("optim.beta1", o.beta1, kFraction, "first-moment decay (nvlamb, adamw)");
-  key("optim.beta2", o.beta2, kFraction, "second-moment decay (nvlamb, adamw)");
-  key("optim.eps", o.eps, kPositive, "denominator epsilon (nvlamb, adamw)");
+  key("optim.beta1", o.beta1, kFraction, "first-moment decay (nvlamb, adamw, soap)");
+  key("optim.beta2", o.beta2, kFraction, "second-moment decay (nvlamb, adamw, soap)");
+  key("optim.eps", o.eps, kPositive, "denominator epsilon (nvlamb, adamw, soap)");
   key("optim.momentum", o.momentum, kFraction, "sgd's momentum");
   key("optim.grad_clip", o.grad_clip, kNonNegative,
-      "global gradient norm the step is clipped (adamw, sgd) or pre-normalised (nvlamb) to; 0: off");
+      "global gradient norm the step is clipped (adamw, sgd, soap) or pre-normalised (nvlamb) to; 0: off");
+  key("optim.soap.shampoo_beta", o.soap.shampoo_beta, kFraction,
+      "soap: decay of the statistics L = EMA(G G^T) and R = EMA(G^T G) of each Linear's weight gradient G");
+  key("optim.soap.precondition_frequency", o.soap.precondition_frequency, kPositive,
+      "soap: steps between refreshes of the eigenbases Q_L, Q_R (one power iteration with QR; the first is an "
+      "eigendecomposition)");
+  key("optim.soap.max_precond_dim", o.soap.max_precond_dim, kPositive,
+      "soap: a side of a weight longer than this is not rotated (one-sided rotation; neither side: Adam)");
 }
 
 template <typename C, typename F>

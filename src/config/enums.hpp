@@ -15,7 +15,7 @@ namespace pf {
 
 enum class Arch { Bert, Gpt, Llama };      // model.arch: post-LN with an MLM head | pre-LN causal LM | Llama-style causal LM
 enum class Vocab { Bert, Gpt2 };           // data.vocab: the tokenizer
-enum class OptimName { NvLamb, AdamW, Sgd };  // optim.name
+enum class OptimName { NvLamb, AdamW, Sgd, Soap };  // optim.name
 enum class OnNonfinite { Skip, Stop };     // train.on_nonfinite
 enum class ScheduleName { Naive, GPipe, OneFOneB, Interleaved, Chimera, ZbH1, ZbH2, ZbAuto, ZbV };  // parallel.schedule
 enum class LrDecay { Poly, Linear, Cosine, Constant };  // optim.schedule
@@ -50,7 +50,7 @@ struct EnumNames<Vocab> {
 template <>
 struct EnumNames<OptimName> {
   static constexpr EnumName<OptimName> table[] = {
-      {OptimName::NvLamb, "nvlamb"}, {OptimName::AdamW, "adamw"}, {OptimName::Sgd, "sgd"}};
+      {OptimName::NvLamb, "nvlamb"}, {OptimName::AdamW, "adamw"}, {OptimName::Sgd, "sgd"}, {OptimName::Soap, "soap"}};
 };
 template <>
 struct EnumNames<OnNonfinite> {

@@ -82,6 +82,22 @@ double in_flight(const Config& cfg) {
   return p.stages * p.data_parallel == 1 ? 1 : p.micro_batches;
 }
 
+// SOAP's statistics and bases (L, Q_L, R, Q_R) of every Linear weight, in floats: a side of d
+// up to optim.soap.max_precond_dim holds 2 d^2 (nn/blocks.cpp, nn/llama_block.cpp for the Linears).
+double soap_floats(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  const double C = m.hidden, F = m.ffn, KV = kv_width(m), L = m.layers;
+  auto side = [&](double d) { return d <= cfg.optim.soap.max_precond_dim ? 2 * d * d : 0.0; };
+  auto lin = [&](double in, double out) { return side(in) + side(out); };
+  switch (m.arch) {
+    case Arch::Bert: return L * (4 * lin(C, C) + lin(C, F) + lin(F, C)) + 2 * lin(C, C) + lin(C, 2);
+    case Arch::Gpt: return L * (lin(C, 3 * C) + lin(C, C) + lin(C, F) + lin(F, C));
+    case Arch::Llama:
+      return L * (2 * lin(C, C) + 2 * lin(C, KV) + 2 * lin(C, F) + lin(F, C)) + (m.tie_embeddings ? 0 : lin(C, m.vocab));
+  }
+  return 0;
+}
+
 Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_bytes) {
   const ModelConfig& m = cfg.model;
   const double C = m.hidden, F = m.ffn, V = m.vocab, P = m.max_position, T = m.type_vocab, L = m.layers,
@@ -100,6 +116,7 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
   const double W = cfg.parallel.data_parallel;
   Terms t;
   t.state = W * 4 * params * (2 + slots);  // value and gradient, plus the optimizer's slots
+  if (cfg.optim.name == OptimName::Soap) t.state += W * 4 * soap_floats(cfg);
   if (cfg.kfac.enabled) {
     // A (d_in^2) and B (d_out^2, or its diagonal past kfac.diag_limit), factor and inverse.
     auto lin = [&](double in, double out) { return in * in + (out <= cfg.kfac.diag_limit ? out * out : out); };

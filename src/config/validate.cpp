@@ -96,6 +96,11 @@ void check_replay(const Config& c) {
 void check_run_relations(const Config& c) {
   if (c.optim.min_lr > c.optim.lr)
     usage_error("optim.min_lr", "must be at most optim.lr = {} (got {})", c.optim.lr, c.optim.min_lr);
+  // SOAP preconditions the Linear weights itself: K-FAC's preconditioned gradient under it would
+  // be two preconditioners stacked, which neither paper describes.
+  if (c.optim.name == OptimName::Soap && c.kfac.enabled)
+    usage_error("optim.name", "soap does not run with kfac.enabled = true: SOAP preconditions the Linear weights "
+                "itself (set kfac.enabled = false, or another optim.name)");
   if (!c.parallel.partition.empty()) {
     int64_t sum = 0;
     for (int b : c.parallel.partition) {

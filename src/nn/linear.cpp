@@ -11,6 +11,7 @@ Linear::Linear(std::string weight_name, std::string bias_name, int64_t in, int64
     : in_(in), out_(out) {
   own_weight_ = std::make_unique<Param>(std::move(weight_name), Shape{out, in});
   own_weight_->hf_transposed = hf_transposed;
+  own_weight_->linear = true;
   weight_ = own_weight_.get();
   if (!bias_name.empty()) {
     own_bias_ = std::make_unique<Param>(std::move(bias_name), Shape{out}, /*decay=*/false);

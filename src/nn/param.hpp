@@ -16,6 +16,9 @@ struct Param {
   // embedding seen by the LM head when the embedding lives on the first stage). Mirrors are kept
   // equal to their owner by the runtime; they are left out of global norms and of saved files.
   bool mirror = false;
+  // A Linear layer's own weight [out, in] (optim.name = soap rotates these; the tied word
+  // embedding, used by the LM head as a Linear, stays an embedding).
+  bool linear = false;
 
   Param() = default;
   Param(std::string n, Shape s, bool decay_ = true)

@@ -10,14 +10,16 @@ using namespace optim_detail;
 
 void Optimizer::init(std::span<Param* const> params) {
   PF_CHECK(slots_.empty(), "{} optimizer initialised twice", name());
-  const auto names = state_names();
   slots_.reserve(params.size());
   for (Param* p : params) {
     PF_CHECK(p->grad.shape() == p->value.shape(), "'{}': grad {} vs value {}", p->name,
              shape_str(p->grad.shape()), shape_str(p->value.shape()));
     Slot s;
     s.param = p;
-    for (size_t k = 0; k < names.size(); ++k) s.state.emplace_back(p->value.shape());
+    for (StateSpec& spec : state_specs(*p)) {
+      s.state.emplace_back(spec.shape);
+      s.names.push_back(std::move(spec.name));
+    }
     s.partial.assign(static_cast<size_t>(2 * num_chunks(p->value.numel())), 0.0);
     slots_.push_back(std::move(s));
   }
@@ -63,11 +65,16 @@ void Optimizer::step(std::span<Param* const> params, double lr, double grad_norm
   for (Slot& s : slots_) update(s, lr, steps_, scale);
 }
 
+std::vector<Optimizer::StateSpec> Optimizer::state_specs(const Param& p) const {
+  std::vector<StateSpec> out;
+  for (std::string& n : state_names()) out.push_back({std::move(n), p.value.shape()});
+  return out;
+}
+
 std::vector<std::pair<std::string, Tensor*>> Optimizer::state_tensors() {
-  const auto names = state_names();
   std::vector<std::pair<std::string, Tensor*>> out;
   for (Slot& s : slots_)
-    for (size_t k = 0; k < names.size(); ++k) out.emplace_back(s.param->name + "." + names[k], &s.state[k]);
+    for (size_t k = 0; k < s.names.size(); ++k) out.emplace_back(s.param->name + "." + s.names[k], &s.state[k]);
   return out;
 }
 
@@ -76,8 +83,9 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& c) {
     case OptimName::NvLamb: return std::make_unique<NvLamb>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
     case OptimName::AdamW: return std::make_unique<AdamW>(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip);
     case OptimName::Sgd: return std::make_unique<Sgd>(c.momentum, c.weight_decay, c.grad_clip);
+    case OptimName::Soap: return std::make_unique<Soap>(c);
   }
-  usage_error("optim.name", "unknown optimizer '{}' (expected nvlamb, adamw or sgd)", c.name);
+  usage_error("optim.name", "unknown optimizer '{}' (expected nvlamb, adamw, sgd or soap)", c.name);
 }
 
 }  // namespace pf

@@ -1,10 +1,12 @@
 #pragma once
-// First-order optimizers: SGD with momentum, AdamW and NVLAMB (NVIDIA's BERT recipe).
+// The optimizers: SGD with momentum, AdamW, NVLAMB (NVIDIA's BERT recipe) and SOAP (Adam in
+// Shampoo's eigenbasis on the Linear weights, AdamW on the rest).
 //
 // An optimizer updates Param::value from whatever Param::grad holds: the loss gradient, or the
 // K-FAC preconditioned gradient written over it. It never clears gradients (the training loop does).
 //
-// Per-parameter state is allocated once, by init() or the first step(); a step allocates nothing.
+// Per-parameter state is allocated once, by init() or the first step() (SOAP's scratch by its
+// first step); a later step allocates nothing.
 // Every step first measures the global gradient norm (in double, over fixed-size chunks combined
 // in a fixed order, so the bits do not depend on the thread count); mirrors are left out of it,
 // their owner counts once. When the norm exceeds `grad_clip` (> 0) the gradients are scaled by
@@ -25,6 +27,10 @@
 #include <vector>
 
 namespace pf {
+
+namespace optim_detail {
+struct SoapScratch;  // soap.cpp
+}
 
 class Optimizer {
  public:
@@ -57,11 +63,20 @@ class Optimizer {
  protected:
   struct Slot {
     Param* param = nullptr;
-    std::vector<Tensor> state;    // shaped like the param, one per state_names() entry
-    std::vector<double> partial;  // per-chunk partial sums for this param's norms (2 per chunk)
+    std::vector<Tensor> state;        // one per state_specs() entry
+    std::vector<std::string> names;   // their names ("exp_avg", ...)
+    std::vector<double> partial;      // per-chunk partial sums for this param's norms (2 per chunk)
   };
-  // Names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}.
+  // A per-parameter state tensor: its name and shape.
+  struct StateSpec {
+    std::string name;
+    Shape shape;
+  };
+  // Names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}, each shaped like
+  // the parameter.
   virtual std::vector<std::string> state_names() const = 0;
+  // The state tensors of one parameter: by default state_names(), each shaped like it.
+  virtual std::vector<StateSpec> state_specs(const Param& p) const;
   // Updates one parameter; `t` is the step number counting this one (1 for the first step) and
   // `grad_scale` the clipping factor to apply to its gradient.
   virtual void update(Slot& slot, double lr, int64_t t, float grad_scale) = 0;
@@ -122,7 +137,40 @@ class NvLamb : public Optimizer {
   double beta1_, beta2_, eps_, weight_decay_;
 };
 
-// optim.name: nvlamb | adamw | sgd, with the config's hyper-parameters.
+// SOAP (Vyas et al. 2024, "SOAP: Improving and Stabilizing Shampoo using Adam"; the authors'
+// soap.py) on each Linear's weight G [m, n] (Param::linear); every other parameter is AdamW's
+// with the same rate, betas and eps. Per weight: L = b L + (1 - b) G G^T and R = b R + (1 - b)
+// G^T G (b = shampoo_beta), their eigenbases Q_L, Q_R (columns by decreasing eigenvalue), and
+// Adam's moments of the rotated gradient G' = Q_L^T G Q_R. The first step of a weight only
+// gathers L, R and computes Q_L, Q_R by LAPACK's ssyevd (the weight does not move, as soap.py:
+// the current gradient never enters its own projection). Each later step t (counted from that
+// one): m = b1 m + (1 - b1) G', v = b2 v + (1 - b2) G'^2, p -= lr sqrt(1 - b2^t) / (1 - b1^t)
+// Q_L (m / (sqrt(v) + eps)) Q_R^T, then p *= 1 - lr * weight_decay (decay params), then L and R
+// take G, and every precondition_frequency steps the bases move by one power iteration with QR
+// (soap.py's get_orthogonal_matrix_QR): columns sorted by the estimated eigenvalues diag(Q^T L Q),
+// v's rows or columns permuted alike (v is not rotated), Q = qr(L Q). m is carried over: rotated
+// back with the old bases and into the new ones (soap.py does that round trip every step; here
+// only when the bases change, the same arithmetic up to rounding). A side longer than
+// max_precond_dim has no statistic and is not rotated; with neither side this is Adam.
+class Soap : public AdamW {
+ public:
+  explicit Soap(const OptimConfig& c);
+  ~Soap() override;
+  std::string name() const override { return "soap"; }
+
+ protected:
+  std::vector<StateSpec> state_specs(const Param& p) const override;
+  void update(Slot& slot, double lr, int64_t t, float grad_scale) override;
+
+ private:
+  void update_matrix(Slot& slot, double lr, int64_t t, float grad_scale);
+  double beta1_, beta2_, eps_, weight_decay_, shampoo_beta_;
+  int precondition_frequency_, max_precond_dim_;
+  // Sized on the first step for the largest weight: later steps allocate nothing.
+  std::unique_ptr<optim_detail::SoapScratch> scratch_;
+};
+
+// optim.name: nvlamb | adamw | sgd | soap, with the config's hyper-parameters.
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg);
 
 }  // namespace pf

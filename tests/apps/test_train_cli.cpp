@@ -88,6 +88,19 @@ TEST_F(TrainCli, UnknownKey) { expect_refused("--set model.layerz=3", "model.lay
 
 TEST_F(TrainCli, NonPositiveSize) { expect_refused("--set model.hidden=0", "model.hidden: must be positive"); }
 
+// SOAP's keys and SOAP beside K-FAC: exit 2, one line naming the key (and, for K-FAC, both keys).
+TEST_F(TrainCli, SoapKeysOutOfBounds) {
+  expect_refused("--set optim.name=soap --set optim.soap.shampoo_beta=1",
+                 "optim.soap.shampoo_beta: must be in [0, 1) (got 1)");
+  expect_refused("--set optim.name=soap --set optim.soap.precondition_frequency=0",
+                 "optim.soap.precondition_frequency: must be positive (got 0)");
+  expect_refused("--set optim.soap.max_precond_dim=-3", "optim.soap.max_precond_dim: must be positive (got -3)");
+  expect_refused("--set optim.soap.max_precond_dimm=3",
+                 "optim.soap.max_precond_dimm: unknown configuration key (did you mean optim.soap.max_precond_dim?)");
+  expect_refused("--set optim.name=soap --set kfac.enabled=true",
+                 "optim.name: soap does not run with kfac.enabled = true");
+}
+
 TEST_F(TrainCli, HiddenNotDivisibleByHeads) {
   expect_refused("--set model.hidden=100 --set model.heads=3", "model.hidden: 100 is not divisible by model.heads = 3");
 }

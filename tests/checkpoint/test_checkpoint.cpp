@@ -236,6 +236,21 @@ TEST(Resume, SingleProcessWithKfacIsBitIdentical) {
   expect_resume_identical("kfac", 1, k, read_log(dir() / "refk.jsonl"));
 }
 
+// SOAP's state (the moments in the rotated basis, L, R and their bases Q_L, Q_R) is in the
+// checkpoint: a refresh every 2 of SOAP's steps puts them at steps 3 and 5, so the run resumed
+// from step 3 continues across a refresh, in one process and in a 2-stage pipeline.
+TEST(Resume, SoapIsBitIdentical) {
+  tiny_config(dir());
+  const std::string soap = "--set optim.name=soap --set optim.soap.precondition_frequency=2";
+  Launch ref = run(train_cmd(dir(), "refsoap", soap));
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  expect_resume_identical("soap", 1, soap, read_log(dir() / "refsoap.jsonl"));
+  const std::string pipe = soap + " --set parallel.stages=2";
+  Launch ref2 = run(mpi_train_cmd(2, dir(), "refsoap2", pipe));
+  ASSERT_EQ(ref2.status, 0) << ref2.out;
+  expect_resume_identical("soap-pipe2", 2, pipe, read_log(dir() / "refsoap2.jsonl"));
+}
+
 // GPT-2's Conv1D weights are stored transposed ([in, out]): a GPT checkpoint resumes, and its
 // weights load as --init into `pipefisher eval`, equal to the run's model.safetensors.
 TEST(Resume, GptCheckpointResumesAndLoadsAsInit) {

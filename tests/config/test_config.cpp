@@ -89,7 +89,8 @@ TEST(Config, BadInputNamesTheKey) {
   EXPECT_EQ(error_of("", {"model.hidden=100", "model.heads=3"}),
             "model.hidden: 100 is not divisible by model.heads = 3");
   EXPECT_EQ(error_of("", {"model.layers=two"}), "model.layers: expected an integer");
-  EXPECT_EQ(error_of("", {"optim.name=adam"}), "optim.name: 'adam' is not one of nvlamb, adamw, sgd (did you mean adamw?)");
+  EXPECT_EQ(error_of("", {"optim.name=adam"}),
+            "optim.name: 'adam' is not one of nvlamb, adamw, sgd, soap (did you mean adamw?)");
   EXPECT_EQ(error_of("", {"model.preset=bert-huge"}).rfind("model.preset: unknown preset 'bert-huge'", 0), 0u);
   EXPECT_EQ(error_of("", {"parallel.partition=[1,2]"}),
             "parallel.partition: assigns 3 transformer blocks but model.layers = 4");
@@ -177,6 +178,32 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
 // The refresh cycles' bounds: kfac.min_refresh_steps for both PipeFisher placements,
 // kfac.max_refresh_steps for adaptive's re-plans; each round-trips and is refused, naming itself,
 // out of range or where it cannot apply.
+// SOAP's keys (optim.soap.*): defaults, a [optim.soap] table or dotted keys, the round trip
+// through config.toml, their bounds, and SOAP refused beside K-FAC naming both keys.
+TEST(Config, SoapKeys) {
+  const Config d = Config::from_toml_string("");
+  EXPECT_EQ(d.optim.soap.shampoo_beta, 0.95);
+  EXPECT_EQ(d.optim.soap.precondition_frequency, 10);
+  EXPECT_EQ(d.optim.soap.max_precond_dim, 10000);
+  const Config a = Config::from_toml_string("[optim]\nname = \"soap\"\n[optim.soap]\nshampoo_beta = 0.9\n",
+                                            {"optim.soap.precondition_frequency=4"});
+  EXPECT_EQ(a.optim.name, pf::OptimName::Soap);
+  EXPECT_EQ(a.optim.soap.shampoo_beta, 0.9);
+  EXPECT_EQ(a.optim.soap.precondition_frequency, 4);
+  const Config b = Config::from_toml_string(a.to_toml());
+  EXPECT_TRUE(b == a) << a.to_toml();
+  EXPECT_EQ(Config::from_toml_string("[optim]\nsoap.max_precond_dim = 512\n").optim.soap.max_precond_dim, 512);
+  EXPECT_EQ(error_of("", {"optim.soap.shampoo_beta=-0.1"}), "optim.soap.shampoo_beta: must be in [0, 1) (got -0.1)");
+  EXPECT_EQ(error_of("", {"optim.soap.precondition_frequency=0"}),
+            "optim.soap.precondition_frequency: must be positive (got 0)");
+  EXPECT_EQ(error_of("", {"optim.soap.max_precond_dim=0"}), "optim.soap.max_precond_dim: must be positive (got 0)");
+  EXPECT_EQ(error_of("[optim.soap]\nshampo_beta = 0.9\n"),
+            "optim.soap.shampo_beta: unknown configuration key (did you mean optim.soap.shampoo_beta?)");
+  EXPECT_EQ(error_of("", {"optim.name=soap", "kfac.enabled=true"}),
+            "optim.name: soap does not run with kfac.enabled = true: SOAP preconditions the Linear weights itself "
+            "(set kfac.enabled = false, or another optim.name)");
+}
+
 TEST(Config, RefreshStepBounds) {
   const std::vector<std::string> adaptive = {"kfac.enabled=true", "parallel.stages=2", "kfac.placement=adaptive"};
   auto with = [&](std::vector<std::string> sets) {
@@ -300,7 +327,7 @@ TEST(Config, EachSettingsNamesRoundTrip) {
   expect_names_round_trip<pf::Arch>("bert, gpt, llama");
   expect_names_round_trip<pf::Gelu>("erf, tanh");
   expect_names_round_trip<pf::Vocab>("bert, gpt2");
-  expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd");
+  expect_names_round_trip<pf::OptimName>("nvlamb, adamw, sgd, soap");
   expect_names_round_trip<pf::OnNonfinite>("skip, stop");
   expect_names_round_trip<pf::ScheduleName>("naive, gpipe, 1f1b, interleaved, chimera, zb-h1, zb-h2, zb-auto, zb-v");
   expect_names_round_trip<pf::Placement>("bubbles, inline, skip, replay, adaptive");
@@ -335,7 +362,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 78u);
+  EXPECT_EQ(keys.size(), 81u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;

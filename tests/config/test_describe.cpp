@@ -30,7 +30,8 @@ TEST(Describe, EveryKeyOnceWithItsTypeDefaultBoundsAndMeaning) {
   }
   EXPECT_NE(d.find("| `model.hidden` | integer | `256` | > 0 | hidden size h |"), std::string::npos);
   EXPECT_NE(d.find("| `data.mask_prob` | number | `0.15` | (0, 1) |"), std::string::npos);
-  EXPECT_NE(d.find("| `optim.name` | one of nvlamb, adamw, sgd | `'nvlamb'` |"), std::string::npos);
+  EXPECT_NE(d.find("| `optim.name` | one of nvlamb, adamw, sgd, soap | `'nvlamb'` |"), std::string::npos);
+  EXPECT_NE(d.find("| `optim.soap.shampoo_beta` | number | `0.95` | [0, 1) |"), std::string::npos);
   EXPECT_NE(d.find("| `kfac.warmup_steps` | integer | `-1` | >= -1 |"), std::string::npos);
   EXPECT_NE(d.find("| `train.out_dir` | path | `'runs/default'` | not empty |"), std::string::npos);
 }

@@ -293,6 +293,13 @@ TEST(Model, HuggingFaceNamesAndLinears) {
   EXPECT_FALSE(mb->find_param("bert.encoder.layer.0.output.dense.bias")->decay);
   EXPECT_TRUE(mb->find_param("bert.encoder.layer.0.output.dense.weight")->decay);
   EXPECT_EQ(mb->linears().size(), 2u * 6 + 2);  // q, k, v, o, inter, out per layer; transform, decoder
+  // Param::linear (what optim.name = soap rotates): a Linear's own weight, not the tied word
+  // embedding the decoder uses, nor a bias.
+  for (Linear* l : mb->linears()) EXPECT_EQ(l->weight().linear, l->owns_weight()) << l->name();
+  EXPECT_FALSE(mb->find_param("bert.embeddings.word_embeddings.weight")->linear);
+  EXPECT_FALSE(mb->find_param("bert.encoder.layer.0.output.dense.bias")->linear);
+  EXPECT_TRUE(mg->find_param("transformer.h.0.attn.c_attn.weight")->linear);
+  EXPECT_FALSE(mg->find_param("transformer.wpe.weight")->linear);
   EXPECT_EQ(mg->linears().size(), 2u * 4 + 1);
   EXPECT_EQ(mb->linears()[0]->name(), "bert.encoder.layer.0.attention.self.query.weight");
   // GPT-2's residual projections start smaller (std / sqrt(2 layers)).

@@ -260,7 +260,7 @@ TEST(Optimizers, MirrorsAreLeftOutOfTheGlobalNorm) {
 
 TEST(Optimizers, WeightDecaySkipsNonDecayParams) {
   // With zero gradients only the weight decay moves a parameter.
-  for (std::string name : {"sgd", "adamw", "nvlamb"}) {
+  for (std::string name : {"sgd", "adamw", "nvlamb", "soap"}) {  // soap: AdamW on these (not Linears)
     Param w("w", {2}, /*decay=*/true), b("b", {2}, /*decay=*/false);
     w.value.fill(2.0f);
     b.value.fill(2.0f);
@@ -272,7 +272,7 @@ TEST(Optimizers, WeightDecaySkipsNonDecayParams) {
     opt->step(ps, 0.5);
     EXPECT_EQ(b.value[0], 2.0f) << name;
     EXPECT_EQ(b.value[1], 2.0f) << name;
-    // sgd and adamw: p -= lr * wd * p; nvlamb: u = wd p, ratio 1/wd, p -= lr * p.
+    // sgd, adamw and soap: p -= lr * wd * p; nvlamb: u = wd p, ratio 1/wd, p -= lr * p.
     float expect = name == "nvlamb" ? 2.0f * (1 - 0.5f) : 2.0f * (1 - 0.5f * 0.1f);
     EXPECT_FLOAT_EQ(w.value[0], expect) << name;
   }
@@ -297,13 +297,15 @@ TEST(Optimizers, SameBitsForAnyThreadCount) {
 }
 
 TEST(Optimizers, StepAllocatesNothingAfterInit) {
-  for (std::string name : {"sgd", "adamw", "nvlamb"}) {
+  for (std::string name : {"sgd", "adamw", "nvlamb", "soap"}) {
     Model model;
+    model.params[0]->linear = true;  // soap: a Linear's weight, rotated
     OptimConfig c;
     c.name = parse_name<OptimName>(name).value();
+    c.soap.precondition_frequency = 1;  // soap: steps 2 and 3 refresh the bases (step 1 decomposes)
     auto opt = make_optimizer(c);
     model.set_grads(1, 2.0);
-    opt->step(model.params, 0.01);  // allocates the state (and warms up the thread pool)
+    opt->step(model.params, 0.01);  // allocates the state and SOAP's scratch (and warms up the thread pool)
     long before = g_allocations.load();
     opt->step(model.params, 0.01);
     opt->step(model.params, 0.01);
@@ -341,7 +343,7 @@ TEST(Optimizers, StateExportImportResumesBitExactly) {
 
 TEST(Optimizers, FactoryAndMisuse) {
   OptimConfig c;
-  for (std::string name : {"sgd", "adamw", "nvlamb"}) {
+  for (std::string name : {"sgd", "adamw", "nvlamb", "soap"}) {
     c.name = parse_name<OptimName>(name).value();
     EXPECT_EQ(make_optimizer(c)->name(), name);
   }

@@ -1,0 +1,386 @@
+// SOAP against an independent double-precision reference written from the paper's algorithm
+// (Vyas et al. 2024, Algorithm 1; the authors' soap.py for the first step, the sort and the
+// order of the updates): Jacobi's eigenvalue method for the first bases and Gram-Schmidt for the
+// power iteration's QR, no LAPACK. Eigenvectors are defined up to sign, and SOAP's update does
+// not depend on the signs; where an eigenvalue is repeated the basis is arbitrary, so the test's
+// gradients keep every repeated eigenvalue (the null space of a wide weight's R) out of reach:
+// each gradient's rows lie in one fixed row space.
+#include "core/blas.hpp"
+#include "optim/optimizer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+
+using namespace pf;
+
+namespace {
+
+double noise(uint64_t seed, uint64_t i) {
+  uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 52) - 1.0;
+}
+
+// Row-major double matrix.
+struct M {
+  int64_t r = 0, c = 0;
+  std::vector<double> a;
+  M() = default;
+  M(int64_t r_, int64_t c_) : r(r_), c(c_), a(static_cast<size_t>(r_ * c_), 0.0) {}
+  double& operator()(int64_t i, int64_t j) { return a[i * c + j]; }
+  double operator()(int64_t i, int64_t j) const { return a[i * c + j]; }
+};
+
+M t(const M& x) {
+  M y(x.c, x.r);
+  for (int64_t i = 0; i < x.r; ++i)
+    for (int64_t j = 0; j < x.c; ++j) y(j, i) = x(i, j);
+  return y;
+}
+
+M mul(const M& x, const M& y) {
+  M z(x.r, y.c);
+  for (int64_t i = 0; i < x.r; ++i)
+    for (int64_t k = 0; k < x.c; ++k)
+      for (int64_t j = 0; j < y.c; ++j) z(i, j) += x(i, k) * y(k, j);
+  return z;
+}
+
+// Cyclic Jacobi: the eigenvectors of symmetric S as columns, by decreasing eigenvalue.
+M jacobi_eigenvectors(M s) {
+  const int64_t n = s.r;
+  M v(n, n);
+  for (int64_t i = 0; i < n; ++i) v(i, i) = 1;
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t q = p + 1; q < n; ++q) off += s(p, q) * s(p, q);
+    if (off < 1e-60) break;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t q = p + 1; q < n; ++q) {
+        if (s(p, q) == 0) continue;
+        const double th = (s(q, q) - s(p, p)) / (2 * s(p, q));
+        const double tn = (th >= 0 ? 1 : -1) / (std::abs(th) + std::sqrt(th * th + 1));
+        const double c = 1 / std::sqrt(tn * tn + 1), sn = tn * c;
+        for (int64_t k = 0; k < n; ++k) {  // S = J^T S J, V = V J
+          const double a = s(k, p), b = s(k, q);
+          s(k, p) = c * a - sn * b, s(k, q) = sn * a + c * b;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          const double a = s(p, k), b = s(q, k);
+          s(p, k) = c * a - sn * b, s(q, k) = sn * a + c * b;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          const double a = v(k, p), b = v(k, q);
+          v(k, p) = c * a - sn * b, v(k, q) = sn * a + c * b;
+        }
+      }
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s(a, a) > s(b, b); });
+  M out(n, n);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) out(i, j) = v(i, order[j]);
+  return out;
+}
+
+// Q of P = Q R by modified Gram-Schmidt, twice over (columns in order).
+M gram_schmidt(const M& p) {
+  M q = p;
+  for (int64_t j = 0; j < q.c; ++j) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t k = 0; k < j; ++k) {
+        double d = 0;
+        for (int64_t i = 0; i < q.r; ++i) d += q(i, k) * q(i, j);
+        for (int64_t i = 0; i < q.r; ++i) q(i, j) -= d * q(i, k);
+      }
+    double nn = 0;
+    for (int64_t i = 0; i < q.r; ++i) nn += q(i, j) * q(i, j);
+    for (int64_t i = 0; i < q.r; ++i) q(i, j) /= std::sqrt(nn);
+  }
+  return q;
+}
+
+// One parameter of the reference: AdamW's, or SOAP's for a Linear weight.
+struct RefParam {
+  M w, m, v, L, R, QL, QR;
+  bool linear = false, decay = true, left = false, right = false;
+};
+
+struct Hyper {
+  double lr = 2e-2, b1 = 0.9, b2 = 0.99, eps = 1e-3, wd = 0.1, clip = 1.0, shampoo = 0.9;
+  int freq = 2, max_dim = 10000;
+};
+
+// The paper's step for one weight; k counts SOAP's steps (0: the first, which only sets up).
+void soap_ref_step(RefParam& p, const M& g, int k, const Hyper& h) {
+  auto rot = [&](const M& x, bool back) {
+    M y = x;
+    if (p.left) y = mul(back ? p.QL : t(p.QL), y);
+    if (p.right) y = mul(y, back ? t(p.QR) : p.QR);
+    return y;
+  };
+  auto stats = [&] {
+    const M gl = mul(g, t(g)), gr = mul(t(g), g);
+    for (size_t i = 0; i < p.L.a.size(); ++i) p.L.a[i] = h.shampoo * p.L.a[i] + (1 - h.shampoo) * gl.a[i];
+    for (size_t i = 0; i < p.R.a.size(); ++i) p.R.a[i] = h.shampoo * p.R.a[i] + (1 - h.shampoo) * gr.a[i];
+  };
+  if (k == 0) {
+    stats();
+    if (p.left) p.QL = jacobi_eigenvectors(p.L);
+    if (p.right) p.QR = jacobi_eigenvectors(p.R);
+    return;
+  }
+  const M gp = rot(g, false);
+  M d(g.r, g.c);
+  for (size_t i = 0; i < gp.a.size(); ++i) {
+    p.m.a[i] = h.b1 * p.m.a[i] + (1 - h.b1) * gp.a[i];
+    p.v.a[i] = h.b2 * p.v.a[i] + (1 - h.b2) * gp.a[i] * gp.a[i];
+    d.a[i] = p.m.a[i] / (std::sqrt(p.v.a[i]) + h.eps);
+  }
+  const M n = rot(d, true);
+  const double step = h.lr * std::sqrt(1 - std::pow(h.b2, k)) / (1 - std::pow(h.b1, k));
+  for (size_t i = 0; i < p.w.a.size(); ++i) p.w.a[i] = (p.w.a[i] - step * n.a[i]) * (1 - h.lr * h.wd);
+  stats();
+  if (k % h.freq != 0) return;
+  const M m_orig = rot(p.m, true);
+  auto refresh = [&](const M& s, M& q, bool rows) {
+    const M sq = mul(s, q);
+    std::vector<int64_t> order(static_cast<size_t>(q.c));
+    std::vector<double> est(static_cast<size_t>(q.c), 0.0);
+    for (int64_t i = 0; i < q.r; ++i)
+      for (int64_t j = 0; j < q.c; ++j) est[j] += q(i, j) * sq(i, j);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return est[a] > est[b]; });
+    M ps(q.r, q.c), v = p.v;
+    for (int64_t i = 0; i < q.r; ++i)
+      for (int64_t j = 0; j < q.c; ++j) ps(i, j) = sq(i, order[j]);
+    for (int64_t i = 0; i < v.r; ++i)
+      for (int64_t j = 0; j < v.c; ++j) p.v(i, j) = rows ? v(order[i], j) : v(i, order[j]);
+    q = gram_schmidt(ps);
+  };
+  if (p.left) refresh(p.L, p.QL, true);
+  if (p.right) refresh(p.R, p.QR, false);
+  p.m = rot(m_orig, false);
+}
+
+void adamw_ref_step(RefParam& p, const M& g, int t, const Hyper& h) {
+  for (size_t i = 0; i < p.w.a.size(); ++i) {
+    if (p.decay) p.w.a[i] *= 1 - h.lr * h.wd;
+    p.m.a[i] = h.b1 * p.m.a[i] + (1 - h.b1) * g.a[i];
+    p.v.a[i] = h.b2 * p.v.a[i] + (1 - h.b2) * g.a[i] * g.a[i];
+    const double mh = p.m.a[i] / (1 - std::pow(h.b1, t)), vh = p.v.a[i] / (1 - std::pow(h.b2, t));
+    p.w.a[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
+  }
+}
+
+// Parameters, ours and the reference's, with the gradients of each step.
+struct Stack {
+  std::vector<std::unique_ptr<Param>> owned;
+  std::vector<Param*> params;
+  std::vector<RefParam> ref;
+  std::vector<M> basis;  // a Linear weight's gradients are C_t B: their rows lie in B's row space
+  Hyper h;
+
+  void add(const std::string& name, Shape s, bool linear, bool decay) {
+    owned.push_back(std::make_unique<Param>(name, s, decay));
+    Param& p = *owned.back();
+    p.linear = linear;
+    params.push_back(&p);
+    const int64_t r = s[0], c = s.size() > 1 ? s[1] : 1;
+    RefParam q;
+    q.w = M(r, c), q.m = M(r, c), q.v = M(r, c);
+    q.linear = linear, q.decay = decay, q.left = linear && r <= h.max_dim, q.right = linear && c <= h.max_dim;
+    if (q.left) q.L = M(r, r);
+    if (q.right) q.R = M(c, c);
+    for (int64_t i = 0; i < p.value.numel(); ++i)
+      q.w.a[i] = p.value[i] = static_cast<float>(0.5 * noise(7, i + 1000 * params.size()));
+    M b(std::min(r, c), c);
+    for (double& x : b.a) x = noise(11, &x - b.a.data() + 977 * params.size());
+    basis.push_back(b);
+    ref.push_back(q);
+  }
+
+  // Step t's gradients (a Linear weight's [r, c] with r <= c: C_t B; the rest anything), scaled
+  // to the global norm `norm`; returns the reference's, clipped.
+  std::vector<M> set_grads(int step, double norm) {
+    std::vector<M> g;
+    double sq = 0;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const RefParam& q = ref[k];
+      M x(q.w.r, q.w.c);
+      if (q.linear) {
+        M c(q.w.r, basis[k].r);
+        for (size_t i = 0; i < c.a.size(); ++i) c.a[i] = noise(100 + step, i + 7919 * k);
+        x = mul(c, basis[k]);
+      } else {
+        for (size_t i = 0; i < x.a.size(); ++i) x.a[i] = noise(100 + step, i + 7919 * k);
+      }
+      for (double v : x.a) sq += v * v;
+      g.push_back(x);
+    }
+    const double scale = norm / std::sqrt(sq);
+    for (size_t k = 0; k < params.size(); ++k)
+      for (size_t i = 0; i < g[k].a.size(); ++i) g[k].a[i] = params[k]->grad[i] = static_cast<float>(g[k].a[i] * scale);
+    double sq32 = 0;  // the reference takes the float gradients our optimizer sees
+    for (size_t k = 0; k < params.size(); ++k)
+      for (double& v : g[k].a) v = static_cast<float>(v), sq32 += v * v;
+    const double n = std::sqrt(sq32);
+    if (h.clip > 0 && n > h.clip)
+      for (M& x : g)
+        for (double& v : x.a) v *= h.clip / n;
+    return g;
+  }
+
+  void ref_step(int t, double norm) {
+    const std::vector<M> g = set_grads(t, norm);
+    for (size_t k = 0; k < ref.size(); ++k)
+      if (ref[k].linear) soap_ref_step(ref[k], g[k], t - 1, h);
+      else adamw_ref_step(ref[k], g[k], t, h);
+  }
+
+  std::unique_ptr<Optimizer> ours() const {
+    OptimConfig c;
+    c.name = OptimName::Soap;
+    c.lr = h.lr, c.beta1 = h.b1, c.beta2 = h.b2, c.eps = h.eps, c.weight_decay = h.wd, c.grad_clip = h.clip;
+    c.soap.shampoo_beta = h.shampoo, c.soap.precondition_frequency = h.freq, c.soap.max_precond_dim = h.max_dim;
+    return make_optimizer(c);
+  }
+
+  // Largest |ours - reference| over every weight.
+  double worst() const {
+    double w = 0;
+    for (size_t k = 0; k < params.size(); ++k)
+      for (int64_t i = 0; i < params[k]->value.numel(); ++i) w = std::max(w, std::abs(params[k]->value[i] - ref[k].w.a[i]));
+    return w;
+  }
+
+  // What float32 rounding allows after `steps` steps: each product or sum of the rotations rounds
+  // by u = 2^-24 relative, d terms deep (d the longest rotated side); where Adam's second moment
+  // is 0 (a wide weight's coordinates outside its gradients' row space, the rest of a
+  // coordinate's few steps) that rounding, at most d u |g| with |g| <= 1 (clipped), is divided by
+  // eps instead of sqrt(v), and a step moves the weight by lr times it.
+  double tolerance(int steps, int64_t d) const { return steps * h.lr * d * std::ldexp(1.0, -24) / h.eps; }
+};
+
+constexpr double kNorms[] = {3.0, 0.4, 0.9, 25.0, 0.05, 1.7, 0.8, 2.2};
+
+}  // namespace
+
+// A small Linear stack (two Linears, one of them wide, with biases, a layer norm's gain and an
+// embedding-like matrix that is not a Linear's): 8 steps with a refresh every 2 of SOAP's steps,
+// so the bases come from the eigensolver (step 1) and three power iterations (steps 3, 5, 7).
+TEST(Soap, MatchesTheFloat64ReferenceOverThreeRefreshes) {
+  Stack s;
+  s.add("fc1.weight", {8, 8}, true, true);
+  s.add("fc1.bias", {8}, false, false);
+  s.add("fc2.weight", {4, 8}, true, true);
+  s.add("fc2.bias", {4}, false, false);
+  s.add("ln.weight", {8}, false, false);
+  s.add("wte.weight", {6, 8}, false, true);
+  auto opt = s.ours();
+  ASSERT_EQ(opt->name(), "soap");
+  for (int t = 1; t <= 8; ++t) {
+    s.ref_step(t, kNorms[t - 1]);
+    opt->step(s.params, s.h.lr);
+    const double w = s.worst();
+    std::printf("step %d: largest difference %.3g (tolerance %.3g)\n", t, w, s.tolerance(t, 8));
+    EXPECT_LT(w, s.tolerance(t, 8)) << "step " << t;
+  }
+}
+
+// optim.soap.max_precond_dim: a side longer than it has no statistic and no basis (one-sided
+// rotation); a weight with neither is Adam in soap.py's form. A side equal to it is rotated.
+TEST(Soap, ASideOverMaxPrecondDimIsNotRotated) {
+  Stack s;
+  s.h.max_dim = 8;
+  s.add("wide.weight", {6, 12}, true, true);   // Q_L only
+  s.add("tall.weight", {12, 8}, true, true);   // Q_R only (8 = max_precond_dim)
+  s.add("big.weight", {12, 10}, true, true);   // neither
+  auto opt = s.ours();
+  opt->init(s.params);
+  std::map<std::string, Shape> st;
+  for (auto& [name, t] : opt->state_tensors()) st[name] = t->shape();
+  const std::map<std::string, Shape> expected = {
+      {"wide.weight.exp_avg", {6, 12}}, {"wide.weight.exp_avg_sq", {6, 12}}, {"wide.weight.L", {6, 6}},
+      {"wide.weight.Q_L", {6, 6}},      {"tall.weight.exp_avg", {12, 8}},    {"tall.weight.exp_avg_sq", {12, 8}},
+      {"tall.weight.R", {8, 8}},        {"tall.weight.Q_R", {8, 8}},         {"big.weight.exp_avg", {12, 10}},
+      {"big.weight.exp_avg_sq", {12, 10}}};
+  EXPECT_EQ(st, expected);
+  for (int t = 1; t <= 7; ++t) {
+    s.ref_step(t, kNorms[t - 1]);
+    opt->step(s.params, s.h.lr);
+    const double w = s.worst();
+    std::printf("step %d: largest difference %.3g (tolerance %.3g)\n", t, w, s.tolerance(t, 8));
+    EXPECT_LT(w, s.tolerance(t, 8)) << "step " << t;
+  }
+}
+
+// Everything SOAP carries from step to step is in state_tensors() and the step count: an
+// optimizer given them (a checkpoint's) continues bit for bit, across a refresh.
+TEST(Soap, StateExportImportResumesBitExactly) {
+  Stack a, b;
+  for (Stack* s : {&a, &b}) {
+    s->add("fc1.weight", {8, 8}, true, true);
+    s->add("fc2.weight", {4, 8}, true, true);
+    s->add("fc2.bias", {4}, false, false);
+  }
+  auto opt_a = a.ours(), opt_b = b.ours();
+  for (int t = 1; t <= 4; ++t) {
+    a.set_grads(t, kNorms[t - 1]);
+    opt_a->step(a.params, a.h.lr);
+  }
+  opt_b->init(b.params);
+  for (size_t k = 0; k < a.params.size(); ++k) b.params[k]->value = a.params[k]->value;
+  auto sa = opt_a->state_tensors(), sb = opt_b->state_tensors();
+  ASSERT_EQ(sa.size(), 2u * 6 + 2);
+  for (size_t k = 0; k < sa.size(); ++k) {
+    ASSERT_EQ(sa[k].first, sb[k].first);
+    *sb[k].second = *sa[k].second;
+  }
+  opt_b->set_step_count(opt_a->step_count());
+  for (int t = 5; t <= 8; ++t) {  // SOAP's steps 4..7: refreshes at 4 and 6
+    a.set_grads(t, kNorms[t - 1]);
+    b.set_grads(t, kNorms[t - 1]);
+    opt_a->step(a.params, a.h.lr);
+    opt_b->step(b.params, b.h.lr);
+  }
+  for (size_t k = 0; k < a.params.size(); ++k)
+    EXPECT_EQ(std::memcmp(a.params[k]->value.data(), b.params[k]->value.data(), a.params[k]->value.numel() * 4), 0)
+        << a.params[k]->name;
+}
+
+// Unlike the elementwise optimizers, SOAP's bits depend on the thread count (its products and
+// LAPACK's solvers split their sums by thread), as the model's do: the same thread count gives
+// the same bits (train.deterministic's promise), another one the same weights to rounding.
+TEST(Soap, SameBitsForTheSameThreadCount) {
+  auto run = [](int threads) {
+    set_threads(threads);  // OpenMP's and OpenBLAS's
+    Stack s;
+    s.add("fc1.weight", {24, 40}, true, true);  // wide: every gradient's rows in one row space
+    s.add("fc1.bias", {24}, false, false);
+    auto opt = s.ours();
+    for (int t = 1; t <= 6; ++t) {
+      s.set_grads(t, kNorms[t - 1]);
+      opt->step(s.params, s.h.lr);
+    }
+    return std::vector<float>(s.params[0]->value.begin(), s.params[0]->value.end());
+  };
+  const int before = num_threads();
+  const auto one = run(1), one_again = run(1), two = run(2), two_again = run(2);
+  set_threads(before);
+  EXPECT_EQ(std::memcmp(one.data(), one_again.data(), one.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(two.data(), two_again.data(), two.size() * 4), 0);
+  double worst = 0;
+  for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::abs(double(one[i]) - two[i]));
+  EXPECT_LT(worst, Stack().tolerance(6, 40));
+}
