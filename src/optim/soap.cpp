@@ -5,11 +5,13 @@
 #include "optim/optimizer.hpp"
 
 #include <lapacke.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 namespace pf {
 
@@ -104,8 +106,9 @@ void accumulate_statistics(const SoapTensors& t, float b, float c, float grad_sc
 }
 
 // The eigenvectors of the symmetric S [d, d] as the columns of Q, by decreasing eigenvalue
-// (ssyevd returns them increasing). A failed solve leaves Q the identity: Adam on that side.
-void eigenbasis(const float* S, int64_t d, float* Q, SoapScratch& s) {
+// (ssyevd returns them increasing). A failed solve leaves Q the identity (Adam on that side) and
+// returns false.
+bool eigenbasis(const float* S, int64_t d, float* Q, SoapScratch& s) {
   std::memcpy(s.sq_a.data(), S, static_cast<size_t>(d * d) * sizeof(float));
   const auto n = static_cast<lapack_int>(d);
   // A row-major symmetric matrix is its column-major self; the eigenvectors come back as columns.
@@ -115,6 +118,7 @@ void eigenbasis(const float* S, int64_t d, float* Q, SoapScratch& s) {
   const float* a = s.sq_a.data();
   for (int64_t i = 0; i < d; ++i)
     for (int64_t k = 0; k < d; ++k) Q[i * d + k] = info == 0 ? a[(d - 1 - k) * d + i] : (i == k ? 1.0f : 0.0f);
+  return info == 0;
 }
 
 // One power iteration with QR (soap.py's get_orthogonal_matrix_QR) of the basis Q of S [d, d]:
@@ -212,8 +216,9 @@ void Soap::update_matrix(Slot& slot, double lr, int64_t t, float grad_scale) {
   const int64_t k = t - 1;  // SOAP's own count: its first step only sets up the bases
   if (k == 0) {
     accumulate_statistics(x, bs, cs, grad_scale);
-    if (x.L) eigenbasis(x.L, x.rows, x.QL, s);
-    if (x.R) eigenbasis(x.R, x.cols, x.QR, s);
+    for (auto [S, d, Q, side] : {std::tuple{x.L, x.rows, x.QL, "L"}, std::tuple{x.R, x.cols, x.QR, "R"}})
+      if (S && !eigenbasis(S, d, Q, s))
+        spdlog::warn("soap: the eigensolver failed on {}'s {} statistic; that side keeps the identity basis", slot.param->name, side);
     return;
   }
   const int64_t n = x.rows * x.cols;
