@@ -338,14 +338,16 @@ TEST(Resume, RefusesWhatCannotContinue) {
 // checkpoint, not with another one: PipeFisher plans from the timings its run measured, so
 // another run may plan another refresh pattern; the resumed run must remake the same plan.
 // kfac.replan_on_drift = false: a re-plan on drift follows the timings of each run.
+// first_out: the first run's output, when given.
 void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& seams = "",
-                                  int64_t steps = 8, int64_t from = 3) {
+                                  int64_t steps = 8, int64_t from = 3, std::string* first_out = nullptr) {
   const fs::path ck = dir() / (name + "-ckpt");
   const std::string s = "--set kfac.enabled=true --set kfac.damping=3e-2 --set kfac.replan_on_drift=false "
                         "--set train.steps=" + std::to_string(steps) + " --set train.checkpoint_every=" +
                         std::to_string(from) + " --set train.keep_checkpoints=3 "
                         "--set train.checkpoint_dir=" + ck.string() + " " + sets + " " + seams;
   Launch first = run(mpi_train_cmd(np, dir(), name, s));
+  if (first_out) *first_out = first.out;
   ASSERT_EQ(first.status, 0) << first.out;
   const fs::path at = ck / fmt::format("step-{:06d}", from);
   ASSERT_TRUE(fs::exists(at / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
@@ -406,6 +408,24 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   expect_kfac_resume_identical("kfac-skip-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=skip --set kfac.inverse_every=2 "
                                "--set kfac.ema=0.5");
+}
+
+// A checkpoint written while PipeFisher drains (drift decided: each device finishes its cycle, then
+// all re-profile) resumes bit for bit: the drain's boundary, its re-profile step and the lists it
+// runs come back from the phase's record. --test-drift-at 5 counts steps 5-7 as 10x their time, so
+// drift is decided at step 7, where the checkpoint is written; with refresh cycles of 2 or more
+// steps some device's cycle ends later, so the checkpoint's phase is a drain. The run ends at step
+// 9, before the re-profile's plan (made from each run's own timings) could differ.
+TEST(Resume, PipelineKfacResumesInTheMiddleOfADrain) {
+  tiny_config(dir());
+  std::string out;
+  expect_kfac_resume_identical("kfac-draining", 2, "--set parallel.stages=2 --set kfac.placement=bubbles "
+                               "--set kfac.replan_on_drift=true", "--test-drift-at 5 ", 9, 7, &out);
+  EXPECT_TRUE(contains(out, "pipefisher: step 7: forward/backward")) << out;
+  // Re-profiling from step 9 or later (1-based): step 8, the first after the checkpoint, drains.
+  const size_t at = out.find("re-profiling from step ");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_GE(std::stoll(out.substr(at + std::strlen("re-profiling from step "))), 9) << out;
 }
 
 // A zero-bubble schedule's W runs after its I, apart: nothing of a step is left for the next
