@@ -5,7 +5,7 @@
 // gradients are summed. Row counts travel as floats with the factors (exact below 2^24).
 // Example: copy 0 accumulated A's sum S0 over 3 rows, copy 1 S1 over 5; after the sum both
 // commit S0 + S1 as the factor of 8 rows.
-// ChunkKfac (runtime/units/chunk_kfac.hpp) sums every factor at once, blocking
+// The K-FAC service (runtime/units/kfac_service.hpp: sum_factors) sums every factor at once, blocking
 // (sum_factors_over_copies); the DistributedKfac fuses and overlaps its own messages, with the
 // same row counts (factor_rows) and the same commit (commit_summed).
 #include "kfac/preconditioner.hpp"

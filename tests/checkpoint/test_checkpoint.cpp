@@ -353,14 +353,16 @@ TEST(Resume, RefusesWhatCannotContinue) {
 // checkpoint, not with another one: PipeFisher plans from the timings its run measured, so
 // another run may plan another refresh pattern; the resumed run must remake the same plan.
 // kfac.replan_on_drift = false: a re-plan on drift follows the timings of each run.
+// first_out: the first run's output, when given.
 void expect_kfac_resume_identical(const std::string& name, int np, const std::string& sets, const std::string& seams = "",
-                                  int64_t steps = 8, int64_t from = 3) {
+                                  int64_t steps = 8, int64_t from = 3, std::string* first_out = nullptr) {
   const fs::path ck = dir() / (name + "-ckpt");
   const std::string s = "--set kfac.enabled=true --set kfac.damping=3e-2 --set kfac.replan_on_drift=false "
                         "--set train.steps=" + std::to_string(steps) + " --set train.checkpoint_every=" +
                         std::to_string(from) + " --set train.keep_checkpoints=3 "
                         "--set train.checkpoint_dir=" + ck.string() + " " + sets + " " + seams;
   Launch first = run(mpi_train_cmd(np, dir(), name, s));
+  if (first_out) *first_out = first.out;
   ASSERT_EQ(first.status, 0) << first.out;
   const fs::path at = ck / fmt::format("step-{:06d}", from);
   ASSERT_TRUE(fs::exists(at / ("kfac-rank-" + std::to_string(np - 1) + ".safetensors")));
@@ -421,6 +423,26 @@ TEST(Resume, PipelineKfacIsBitIdentical) {
   expect_kfac_resume_identical("kfac-skip-w2", 4, "--set parallel.stages=2 --set parallel.data_parallel=2 "
                                "--set parallel.micro_batches=2 --set kfac.placement=skip --set kfac.inverse_every=2 "
                                "--set kfac.ema=0.5");
+}
+
+// A checkpoint written while PipeFisher drains (drift decided: each device finishes its cycle, then
+// all re-profile) resumes bit for bit: the drain's boundary, its re-profile step and the lists it
+// runs come back from the phase's record. --test-drift-at 3 counts steps 3-5, the plan's first
+// three, as 10x their time, so drift is decided at step 5 whatever the machine's load, and the
+// checkpoint is written there; a re-profile from step 7 or later means it was written in the
+// drain. The run ends at step 7, before the re-profile's plan (made from each run's own timings).
+TEST(Resume, PipelineKfacResumesInTheMiddleOfADrain) {
+  tiny_config(dir());
+  std::string out;
+  expect_kfac_resume_identical("kfac-draining", 2, "--set parallel.stages=2 --set kfac.placement=bubbles "
+                               "--set kfac.replan_on_drift=true", "--test-drift-at 3 ", 7, 5, &out);
+  const std::string drift = "pipefisher: step ", replan = "re-profiling from step ";
+  const size_t at = out.find(drift);
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_EQ(std::stoll(out.substr(at + drift.size())), 5) << out;
+  const size_t re = out.find(replan, at);
+  ASSERT_NE(re, std::string::npos) << out;
+  EXPECT_GE(std::stoll(out.substr(re + replan.size())), 7) << out;
 }
 
 // A zero-bubble schedule's W runs after its I, apart: nothing of a step is left for the next

@@ -24,7 +24,8 @@ Controller::Controller(PipeFisherOptions options, std::unique_ptr<StepDriver> dr
       seams_(seams),
       device_(groups.stage),
       lowered_(layout.schedule.per_device.at(groups.stage)),
-      profile_{std::vector<double>(lowered_.size(), 0.0), 0, std::vector<ChunkKfacTimes>(units.hosted().size())} {
+      profile_{std::vector<double>(lowered_.size(), 0.0), 0},
+      chunks_(units.hosted().size()) {
   // Inline list: each chunk's PREC (in stage order: their factor sums are blocking collectives)
   // just before the device's first OPT.
   InlineStep inline_step = profiling_actions(layout.schedule, device_);
@@ -67,7 +68,7 @@ bool Controller::begin_step(int64_t step, const std::vector<MicroBatch>& mbs) {
   const bool cycle_start = k && plan_->is_cycle_start(device_, *k);
   for (size_t i = 0; i < units_.hosted().size(); ++i)
     units_.hosted()[i].kfac->begin_units_step(step, profiles || cycle_start, scale,
-                                              profiles ? &profile_.chunks[i] : nullptr);
+                                              profiles ? &chunks_[i].profiled : nullptr);
   return true;  // stamps: profiling, and the drift check
 }
 

@@ -23,9 +23,10 @@
 //               to there by every rank (its first step runs the ended cycle's wrapped units first)
 //
 // Each field is written in one file: the phase in controller.cpp (after_step sets it to what the
-// phase's step end returns, controller_phases.cpp; load_state), the profile in
-// controller_phases.cpp, the plan in use, its input and the profile's plan's cycles in
-// controller_plan.cpp, the steady state in controller_adapt.cpp.
+// phase's step end returns, controller_phases.cpp; load_state), the profile (and each chunk's
+// ChunkMeasures::profiled) in controller_phases.cpp, the plan in use, its input and the profile's
+// plan's cycles in controller_plan.cpp, the steady state (and each chunk's ChunkMeasures::steady)
+// in controller_adapt.cpp.
 #include "comm/world.hpp"
 #include "plan/planner.hpp"
 #include "runtime/kfac_placement.hpp"
@@ -70,15 +71,13 @@ class Controller final : public KfacPlacement {
   void load_state(const nlohmann::json& j, const std::string& where, int64_t next_step) override;
 
  private:
-  // The timings being summed: [lowered action] ms, and each chunk's units.
+  // The timings being summed: [lowered action] ms (each chunk's units: ChunkMeasures::profiled).
   struct Profile {
     std::vector<double> action_ms;
     int samples = 0;
-    std::vector<ChunkKfacTimes> chunks;  // [hosted chunk]
   };
   // adaptive: what the planned steps since `since` (a cycle start of every device) measured, in
-  // ms: the lowered actions the planner times, and each hosted chunk's K-FAC units by
-  // (chunk, kind, layer) (-1 for PREC and SYNC_CURV; whole inversions only).
+  // ms: the lowered actions the planner times (each chunk's units: ChunkMeasures::steady).
   struct Mean {
     double sum = 0;
     int n = 0;
@@ -86,7 +85,14 @@ class Controller final : public KfacPlacement {
   struct Steady {
     int64_t since = 0;
     std::vector<Mean> actions;  // [lowered action]
-    std::map<std::tuple<int, int, int>, Mean> units;
+  };
+  // One record per hosted chunk (by its place in units_.hosted()): what this rank measured of its
+  // K-FAC units. profiled: the profiling steps' sums (ChunkKfac times them at PREC);
+  // steady: adaptive's means since Steady::since by (kind, layer) (-1 for PREC and SYNC_CURV;
+  // whole inversions only).
+  struct ChunkMeasures {
+    ChunkKfacTimes profiled;
+    std::map<std::pair<int, int>, Mean> steady;
   };
   // What this rank measured, as the planner takes it: its lowered actions' ms over the replicas
   // (those the planner measures, else 0), each hosted chunk's K-FAC units, the broadcast model
@@ -168,6 +174,7 @@ class Controller final : public KfacPlacement {
   std::optional<std::pair<double, double>> bcast_model_;  // W > 1: ms, ms per byte
   std::vector<int> profiled_refresh_;   // [device] the plan from the profile's cycles (adaptive's default bound)
   Steady steady_;
+  std::vector<ChunkMeasures> chunks_;  // [hosted chunk], sized once
 };
 
 }  // namespace pf

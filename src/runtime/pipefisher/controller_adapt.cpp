@@ -56,7 +56,8 @@ size_t inline_units(const KfacPlan& p) {
 }  // namespace
 
 void Controller::restart_steady(int64_t since) {
-  steady_ = {since, std::vector<Mean>(lowered_.size()), {}};
+  steady_ = {since, std::vector<Mean>(lowered_.size())};
+  for (ChunkMeasures& c : chunks_) c.steady.clear();
 }
 
 // A planned step's stamps added to the steady state: each lowered action the planner times (by
@@ -70,7 +71,7 @@ void Controller::measure_steady(const std::vector<Action>& list, const std::vect
       // A rank's list holds only its own chunks' units.
       const int c = static_cast<int>(units_.hosted().index_of(a.pipeline, a.stage));
       const bool per_layer = a.kind != Kind::PREC && a.kind != Kind::SYNC_CURV;
-      Mean& m = steady_.units[{c, static_cast<int>(a.kind), per_layer ? a.layer : -1}];
+      Mean& m = chunks_.at(c).steady[{static_cast<int>(a.kind), per_layer ? a.layer : -1}];
       m.sum += ms_of(times[i]), ++m.n;
     } else if (planner_measures(a.kind)) {
       const auto at = std::find(lowered_.begin(), lowered_.end(), a);
@@ -125,10 +126,10 @@ Controller::RankTimes Controller::steady_times() const {
     const HostedChunk& h = units_.hosted()[c];
     StageKfacCost cost = plan_input_.kfac.size() == 1 ? plan_input_.kfac[0] : plan_input_.kfac.at(h.stage);
     const PrecSplit* split = plan_->prec_split(h.pipeline, h.stage);
-    for (const auto& [key, m] : steady_.units) {
-      const auto [chunk, kind, layer] = key;
+    for (const auto& [key, m] : chunks_[c].steady) {
+      const auto [kind, layer] = key;
       const Kind k = static_cast<Kind>(kind);
-      if (chunk != static_cast<int>(c) || m.n == 0 || !is_kfac(k) || is_bcast_inv(k)) continue;
+      if (m.n == 0 || !is_kfac(k) || is_bcast_inv(k)) continue;
       if (k == Kind::PREC && split && split->split()) continue;
       cost.unit(k, layer) = m.sum / m.n;
     }
@@ -163,8 +164,8 @@ std::string Controller::not_adaptable(const KfacPlan& next) const {
 void Controller::save_adapt(nlohmann::json& j) const {
   nlohmann::json actions = nlohmann::json::array(), units = nlohmann::json::array();
   for (const Mean& m : steady_.actions) actions.push_back({m.sum, m.n});
-  for (const auto& [key, m] : steady_.units)
-    units.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), m.sum, m.n});
+  for (size_t c = 0; c < chunks_.size(); ++c)  // in (chunk, kind, layer) order, as earlier builds wrote
+    for (const auto& [key, m] : chunks_[c].steady) units.push_back({c, key.first, key.second, m.sum, m.n});
   j["adapt"] = {{"since", steady_.since}, {"actions", actions}, {"units", units}, {"profiled_refresh", profiled_refresh_}};
 }
 
@@ -179,7 +180,7 @@ void Controller::load_adapt(const nlohmann::json& j, int64_t plan_start) {
            actions.size(), lowered_.size());
   for (size_t i = 0; i < actions.size(); ++i) steady_.actions[i] = {actions[i][0].get<double>(), actions[i][1].get<int>()};
   for (const auto& u : a.at("units"))
-    steady_.units[{u[0].get<int>(), u[1].get<int>(), u[2].get<int>()}] = {u[3].get<double>(), u[4].get<int>()};
+    chunks_.at(u[0].get<size_t>()).steady[{u[1].get<int>(), u[2].get<int>()}] = {u[3].get<double>(), u[4].get<int>()};
 }
 
 }  // namespace pf

@@ -81,7 +81,7 @@ void Controller::add_profile_step(const Profiling& p, int64_t step, const std::v
   if (step == p.start) {  // a fresh profile
     std::fill(profile_.action_ms.begin(), profile_.action_ms.end(), 0.0);
     profile_.samples = 0;
-    for (ChunkKfacTimes& t : profile_.chunks) t = {};
+    for (ChunkMeasures& c : chunks_) c.profiled = {};
   }
   const std::vector<int>& lowered_index = profiled(p, step).lowered_index;
   PF_CHECK(list.size() == lowered_index.size() && times.size() == list.size(),
@@ -153,8 +153,10 @@ void Controller::save_profile(nlohmann::json& j) const {
   j["dur_sum"] = profile_.action_ms;
   j["dur_samples"] = profile_.samples;
   nlohmann::json times = nlohmann::json::array();
-  for (const ChunkKfacTimes& t : profile_.chunks)
+  for (const ChunkMeasures& c : chunks_) {
+    const ChunkKfacTimes& t = c.profiled;
     times.push_back({t.curv_a, t.curv_b, t.inv_a, t.inv_b, t.prec, t.sync, t.curv_samples, t.inv_samples, t.prec_samples});
+  }
   j["times"] = times;
 }
 
@@ -163,13 +165,15 @@ void Controller::load_profile(const nlohmann::json& j) {
   PF_CHECK(profile_.action_ms.size() == lowered_.size(), "K-FAC profile of {} actions, this device has {}",
            profile_.action_ms.size(), lowered_.size());
   profile_.samples = j.at("dur_samples").get<int>();
-  profile_.chunks.clear();
-  for (const auto& u : j.at("times")) {
-    ChunkKfacTimes t;
+  const nlohmann::json& times = j.at("times");
+  PF_CHECK(times.size() == chunks_.size(), "K-FAC profile of {} chunks, this rank hosts {}", times.size(),
+           chunks_.size());
+  for (size_t c = 0; c < times.size(); ++c) {
+    const nlohmann::json& u = times[c];
+    ChunkKfacTimes& t = chunks_[c].profiled = {};
     u[0].get_to(t.curv_a), u[1].get_to(t.curv_b), u[2].get_to(t.inv_a), u[3].get_to(t.inv_b);
     t.prec = u[4].get<double>(), t.sync = u[5].get<double>();
     t.curv_samples = u[6].get<int>(), t.inv_samples = u[7].get<int>(), t.prec_samples = u[8].get<int>();
-    profile_.chunks.push_back(t);
   }
 }
 

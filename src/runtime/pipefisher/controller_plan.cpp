@@ -106,7 +106,7 @@ Controller::RankTimes Controller::profiled_times() {
     if (planner_measures(lowered_[i].kind)) mine.actions[i] = profile_.action_ms[i] / samples / W;
   passes_at_their_median(lowered_, mine.actions);
   for (size_t c = 0; c < units_.hosted().size(); ++c)
-    mine.chunks.push_back(measured_cost(units_.hosted()[c].kfac->chunk(), profile_.chunks[c]));
+    mine.chunks.push_back(measured_cost(units_.hosted()[c].kfac->chunk(), chunks_[c].profiled));
   if (ProfileLayout(layout_).broadcast) mine.bcast = bcast_model();  // every rank's model of its stage's broadcasts
   return mine;
 }

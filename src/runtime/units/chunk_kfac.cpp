@@ -24,12 +24,13 @@ std::vector<std::string> layer_names(const KfacPreconditioner& pre) {
 }  // namespace
 
 ChunkKfac::ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of,
-                     int64_t rows, bool saves, bool overlap)
+                     int64_t rows, bool saves, bool overlap, ReplicaSync& sync)
     : cfg_(cfg),
       pre_(std::make_unique<KfacPreconditioner>(model.linears(), cfg.kfac, cfg.model.vocab)),
       overlap_(overlap),
       saved_(*pre_, replica, micro_batches, std::move(slot_of), rows, saves),
-      record_(layer_names(*pre_)) {
+      record_(layer_names(*pre_)),
+      sync_(sync) {
   curv_count_.assign(layers(), {0, 0});
 }
 
@@ -114,13 +115,12 @@ void ChunkKfac::invert(Side s, int layer, int block) {
   record_.inverted(layer, s, block);
 }
 
-void ChunkKfac::precondition(int64_t t) {
-  if (!gather_.split()) {
+void ChunkKfac::precondition(int64_t t, const std::function<bool(int)>& mine) {
+  if (!mine) {
     pre_->precondition_all();
   } else {
     for (int l = 0; l < layers(); ++l)
-      if (gather_.mine(l)) pre_->precondition(l);
-    gather_.start(*pre_);
+      if (mine(l)) pre_->precondition(l);
   }
   preconditioned_ = true;
   record_.used_at(t);
@@ -130,10 +130,6 @@ ChunkKfac::LayerShape ChunkKfac::shape(int layer) const {
   const KfacLayer& l = pre_->layer(layer);
   return {l.d_in(), l.d_out(), l.b().diagonal()};
 }
-
-void ChunkKfac::set_prec_split(std::vector<int> owner, MPI_Comm comm) { gather_.set(std::move(owner), comm, *pre_); }
-
-void ChunkKfac::finish_gather() { gather_.finish(*pre_); }
 
 // One inline K-FAC unit, as the profiler and trace show it: from t0 to now.
 void ChunkKfac::stamp(Kind k, int layer, int64_t t0) { inline_units_.push_back({k, layer, t0, comm::steady_now_ns()}); }
@@ -169,13 +165,13 @@ void ChunkKfac::profiled_curvature(ChunkKfacTimes& times) {
   ++times.curv_samples;
 }
 
-// The step's factors committed, summed over the stage's copies (`holders`) when not null.
-void ChunkKfac::inline_commit(int64_t t, MPI_Comm holders, ChunkKfacTimes* times) {
+// The step's factors committed, summed over the stage's copies by `sum` when given.
+void ChunkKfac::inline_commit(int64_t t, const FactorSum& sum, ChunkKfacTimes* times) {
   const int L = layers();
   std::vector<float> rows;
-  if (holders != MPI_COMM_NULL) {
+  if (sum) {
     const int64_t t0 = comm::steady_now_ns();
-    rows = sum_factors_over_copies(*pre_, holders, true);
+    rows = sum();
     if (times) times->sync += ms_since(t0);
     stamp(Kind::SYNC_CURV, -1, t0);
   } else {
@@ -206,7 +202,7 @@ void ChunkKfac::inline_invert(ChunkKfacTimes* times) {
   if (times) ++times->inv_samples;
 }
 
-void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times) {
+void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, const FactorSum& sum, ChunkKfacTimes* times) {
   inline_units_.clear();
   if (dist_) {
     PF_CHECK(!times, "a profiled inline refresh (bubbles) through the DistributedKfac");
@@ -216,7 +212,7 @@ void ChunkKfac::inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Co
   if (curvature) {
     attach(false);
     if (times) profiled_curvature(*times);
-    inline_commit(t, holders, times);
+    inline_commit(t, sum, times);
   }
   if (inversion) inline_invert(times);
   const int64_t t0 = comm::steady_now_ns();
@@ -235,10 +231,8 @@ void ChunkKfac::broadcast(Side s, int layer, int block, int owner) {
   sync_.broadcast(pre_->layer(layer).factor(s), layer, s, block, owner);
 }
 
-void ChunkKfac::sync(int64_t t) {
+void ChunkKfac::commit_synced(const std::vector<float>& rows) {
   const int L = layers();
-  // A poisoned cycle adds no factors (every holder alike); the row counts still meet.
-  const std::vector<float> rows = sum_factors_over_copies(*pre_, sync_.comm(), !poisoned_);
   // The previous cycle's inverses (built from the factors committed now, before this commit):
   // NCT pieces this replica inverted itself, CT pieces inverted here or received by BCAST_INV.
   for (int l = 0; l < L; ++l)

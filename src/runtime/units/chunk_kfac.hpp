@@ -22,8 +22,10 @@
 // K-FAC loop can follow exactly the same pattern (tests/runtime/kfac_reference.hpp).
 //
 // Copies of a stage (data-parallel replicas, Chimera's two pipelines): the stage group's
-// KfacService (kfac_service.hpp) owns the group's communicators and alone sets the modes below
-// (set_distributed, set_replicated, set_prec_split; a checkpoint's load restores them).
+// KfacService (kfac_service.hpp) owns the group's communicators, the factor sums, the pieces set
+// aside until SYNC_CURV (ReplicaSync: this chunk's INV and checkpoints write into it) and the
+// precondition's split (PrecGather), and alone sets the modes below (set_distributed,
+// set_replicated; a checkpoint's load restores them).
 // Single-process K-FAC builds each factor over ALL micro-batches of the step, so each copy
 // accumulates the factors of its own micro-batches and the copies all-reduce the sums (and row
 // counts) before the commit,
@@ -34,7 +36,7 @@
 // the first OPT, so the copies' inverses and weights stay identical.
 //
 // bubbles with W > 1 replicas or Chimera: the planner's SYNC_CURV (set_replicated below;
-// replica_sync.hpp holds the pieces set aside until it). Chimera's
+// the service's ReplicaSync, replica_sync.hpp, holds the pieces set aside until it). Chimera's
 // twins (devices i and D-1-i) and their replicas form each stage's group: they share a cycle
 // (each pair of twins its own), their syncs are pinned at the end of one cycle step, in stage
 // order (plan/planner.hpp), so all sum the same micro-batches and switch inverses at the same
@@ -44,8 +46,8 @@
 // copy of the factors).
 //
 // The precondition of a stage with several holders (bubbles, after planning): split by layer as
-// the plan's PrecSplit says (set_prec_split; prec_gather.hpp). Profiling steps precondition every
-// layer (the plan needs the whole stage's time).
+// the plan's PrecSplit says (the service's PrecGather, prec_gather.hpp: precondition's `mine`).
+// Profiling steps precondition every layer (the plan needs the whole stage's time).
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
@@ -54,7 +56,6 @@
 #include "nn/model.hpp"
 #include "plan/planner.hpp"
 #include "runtime/units/chunk_refresh_record.hpp"
-#include "runtime/units/prec_gather.hpp"
 #include "runtime/units/replica_sync.hpp"
 #include "runtime/units/saved_activations.hpp"
 
@@ -88,9 +89,9 @@ class ChunkKfac final : public LinearTap {
   // units run where a plan puts them (KfacService::Refresh::units), so the layers' inputs and
   // gradients are saved for them (M_err^save). overlap: when replicated, a cycle's inversions may
   // run during the next cycle's curvature (Chimera's group), so each factor sums into a buffer of
-  // its own (one more factor of memory).
+  // its own (one more factor of memory). sync: the service's, which outlives the chunk.
   ChunkKfac(Model& model, const Config& cfg, int replica, int micro_batches, std::vector<int> slot_of, int64_t rows,
-            bool saves, bool overlap);
+            bool saves, bool overlap, ReplicaSync& sync);
   ~ChunkKfac() override;
 
   KfacPreconditioner& pre() { return *pre_; }
@@ -100,22 +101,20 @@ class ChunkKfac final : public LinearTap {
   // Work units (bubbles). m: local micro-batch.
   void curvature(Side s, int layer, int m);
   void invert(Side s, int layer, int block);
-  // Precondition every layer, or this holder's share with a split (starting the all-gather);
-  // records the inverses used at step t.
-  void precondition(int64_t t);
-  // The split (bubbles, several holders): owner[l] the rank in `comm` (the stage's holders) that
-  // preconditions layer l, -1 every holder. An empty owner list: every layer here, no gather.
-  void set_prec_split(std::vector<int> owner, MPI_Comm comm);
-  // Waits for the all-gather the PREC started (if any) and installs the other holders' layers.
-  void finish_gather();
+  // Precondition every layer, or those `mine` says (this holder's share of a split precondition;
+  // the service all-gathers the rest); records the inverses used at step t.
+  void precondition(int64_t t, const std::function<bool(int)>& mine = {});
   bool preconditioned() const { return preconditioned_; }
   // inline / skip with several holders: the taps go to `dist` (which accumulates the curvature
   // and posts the factor all-reduces), and inline_refresh sums and inverts through it.
   void set_distributed(DistributedKfac* dist) { dist_ = dist; }
-  // Inline refresh at PREC: commit the step's curvature (summed over `holders` when not null, or
-  // by the DistributedKfac), invert when asked, precondition. With `times`, curvature comes from
-  // the saved buffers, unit by unit, and each unit is timed.
-  void inline_refresh(int64_t t, bool curvature, bool inversion, MPI_Comm holders, ChunkKfacTimes* times);
+  // The factor sums among the holders (KfacService::sum_factors): the summed row counts,
+  // [2 * layer + side], the accumulators summed in place. Empty: this copy alone.
+  using FactorSum = std::function<std::vector<float>()>;
+  // Inline refresh at PREC: commit the step's curvature (summed by `sum`, or by the
+  // DistributedKfac), invert when asked, precondition. With `times`, curvature comes from the
+  // saved buffers, unit by unit, and each unit is timed.
+  void inline_refresh(int64_t t, bool curvature, bool inversion, const FactorSum& sum, ChunkKfacTimes* times);
   // The units of the last inline refresh as they ran (steady-clock ns), so a measured timeline
   // shows them instead of one PREC block: CURV_A/B per layer (with `times`: all micro-batches'
   // factors from the saved buffers), SYNC_CURV (layer -1; with holders), CURV_A/B per layer again
@@ -135,11 +134,16 @@ class ChunkKfac final : public LinearTap {
   // planner, over the replicas and Chimera's twins), which BCAST_INV (broadcast) sends to the
   // others just before the SYNC_CURV. MPI_COMM_NULL: back to committing at the last CURV and
   // installing inverses at INV (re-profiling); this holder's pending inverses are dropped.
+  // The sums are the service's (KfacService::sync); this chunk is the one writer of its pieces.
   void set_replicated(MPI_Comm comm);
-  void sync(int64_t t);
   // BCAST_INV: the piece (block -1 = whole) inverted last cycle by holder `owner` (world rank), to
   // every holder.
   void broadcast(Side s, int layer, int block, int owner);
+  // SYNC_CURV after the sums (`rows` the summed row counts): the pieces set aside become the
+  // inverses in use, then the cycle's factors are committed.
+  void commit_synced(const std::vector<float>& rows);
+  // The cycle began in a skipped step: its factors add nothing (every holder alike).
+  bool poisoned() const { return poisoned_; }
   // Switch a factor to block-diagonal from step t on; its diagonal blocks now.
   void split(int layer, Side s, int blocks, int64_t t);
   int blocks(int layer, Side s) const { return pre_->layer(layer).factor(s).num_blocks(); }
@@ -190,7 +194,7 @@ class ChunkKfac final : public LinearTap {
   void take_snapshot(bool cycle);
   void distributed_refresh(int64_t t, bool curvature, bool inversion);
   void profiled_curvature(ChunkKfacTimes& times);
-  void inline_commit(int64_t t, MPI_Comm holders, ChunkKfacTimes* times);
+  void inline_commit(int64_t t, const FactorSum& sum, ChunkKfacTimes* times);
   void inline_invert(ChunkKfacTimes* times);
   void stamp(Kind k, int layer, int64_t t0);  // t0: comm::steady_now_ns
 
@@ -207,12 +211,13 @@ class ChunkKfac final : public LinearTap {
   std::pair<int64_t, float> next_cycle_{-1, 1.0f};  // a cycle starting at this step's first copy
   std::vector<std::array<int, 2>> curv_count_;          // [layer][side] CURV units this cycle
   ChunkRefreshRecord record_;
-  ReplicaSync sync_;                // on: W > 1 or Chimera bubbles
+  // The service's (it owns the group's state); written here only: INV, SYNC_CURV, BCAST_INV,
+  // checkpoints and a skipped step's undo all change it with the factors. On: W > 1 or Chimera bubbles.
+  ReplicaSync& sync_;
   NamedTensors snapshot_;          // K-FAC state before this step's curvature (discard_step)
   std::string snapshot_scalars_;   // its JSON
   bool snapshot_cycle_ = false;    // taken at a cycle's takeover (bubbles)
   bool poisoned_ = false;          // this cycle began in a skipped step: its CURV units do nothing
-  PrecGather gather_;  // bubbles with several holders: the split precondition
 };
 
 }  // namespace pf

@@ -1,9 +1,11 @@
 // One K-FAC service per stage group (kfac_service.hpp): the group's communicators and
-// DistributedKfac, the plan's sharing and split, and what each step's PREC does.
+// DistributedKfac, the factor sums, the plan's sharing, broadcasts and split, and what each step's
+// PREC does.
 #include "runtime/units/kfac_service.hpp"
 
 #include "core/error.hpp"
 #include "core/micro_batch.hpp"
+#include "dkfac/factor_sum.hpp"
 #include "runtime/hosted_chunk.hpp"
 
 #include <utility>
@@ -15,7 +17,7 @@ KfacService::KfacService(const HostedChunk& chunk, const Config& cfg, int replic
     : replica_(replica),
       micro_batches_(micro_batches),
       chunk_(std::make_unique<ChunkKfac>(*chunk.model, cfg, replica, micro_batches, chunk.slot, rows,
-                                         refresh == Refresh::units, overlap)),
+                                         refresh == Refresh::units, overlap, sync_)),
       refresh_(refresh) {}
 
 KfacService::~KfacService() = default;
@@ -60,11 +62,23 @@ void KfacService::begin_units_step(int64_t step, bool save, float loss_scale, Ch
   prec_ = profile ? PrecWork{PrecWork::Kind::profile, true, true, profile} : PrecWork{};
 }
 
+std::vector<float> KfacService::sum_factors(bool factors) {
+  return sum_factors_over_copies(chunk_->pre(), holders_.get(), factors);
+}
+
+// A poisoned cycle adds no factors (every holder alike); the row counts still meet.
+void KfacService::sync(int64_t) {
+  PF_CHECK(sync_.on(), "SYNC_CURV outside replicated bubbles");
+  chunk_->commit_synced(sum_factors(!chunk_->poisoned()));
+}
+
+void KfacService::broadcast(Side s, int layer, int block, int owner) { chunk_->broadcast(s, layer, block, owner); }
+
 // The plan's precondition split: each layer's owner as a rank of the group's all-gather
 // communicator (the plan names members as (device, replica); -1: every holder).
 void KfacService::split_precondition(const PrecSplit* split, const comm::Groups& groups) {
   if (!split || !split->split()) {
-    chunk_->set_prec_split({}, MPI_COMM_NULL);
+    gather_.set({}, MPI_COMM_NULL, chunk_->pre());
     return;
   }
   MPI_Comm comm = prec_comm_.get();
@@ -83,7 +97,7 @@ void KfacService::split_precondition(const PrecSplit* split, const comm::Groups&
   }
   MPI_Group_free(&world);
   MPI_Group_free(&holders);
-  chunk_->set_prec_split(std::move(owner), comm);
+  gather_.set(std::move(owner), comm, chunk_->pre());
 }
 
 KfacWork KfacService::precondition(int64_t step) {
@@ -92,17 +106,24 @@ KfacWork KfacService::precondition(int64_t step) {
   raw_grad_sq_ = ck.pre().grad_sq_sum();
   // An inline refresh's work counts one unit per K-FAC layer of the chunk (StepOutcome).
   const int layers = ck.layers();
+  ChunkKfac::FactorSum sum;
+  if (holders_.get() != MPI_COMM_NULL) sum = [this] { return sum_factors(true); };
   switch (prec_.kind) {
     case PrecWork::Kind::refresh:
-      ck.inline_refresh(step, prec_.curvature, prec_.inversion, holders_.get(), nullptr);
+      ck.inline_refresh(step, prec_.curvature, prec_.inversion, sum, nullptr);
       return {prec_.curvature ? layers : 0, prec_.inversion ? layers : 0};
     case PrecWork::Kind::profile:
-      ck.set_replicated(MPI_COMM_NULL);      // re-profiling: inline, as at the start (pending inverses dropped)
-      ck.set_prec_split({}, MPI_COMM_NULL);  // every layer: the plan needs the whole stage's time
-      ck.inline_refresh(step, true, true, holders_.get(), prec_.times);
+      ck.set_replicated(MPI_COMM_NULL);               // re-profiling: inline, as at the start (pending inverses dropped)
+      gather_.set({}, MPI_COMM_NULL, ck.pre());       // every layer: the plan needs the whole stage's time
+      ck.inline_refresh(step, true, true, sum, prec_.times);
       return {layers, layers};
     case PrecWork::Kind::apply:
-      ck.precondition(step);
+      if (!gather_.split()) {
+        ck.precondition(step);
+      } else {
+        ck.precondition(step, [this](int l) { return gather_.mine(l); });
+        gather_.start(ck.pre());
+      }
       return {};
   }
   return {};

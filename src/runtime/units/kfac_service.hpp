@@ -7,10 +7,12 @@
 //   - the group's communicators (made in stage order on every member: connect);
 //   - the factor sums among the holders and who inverts what: a whole refresh through the stage's
 //     DistributedKfac (SPD-KFAC's Algorithm 1 over the holders, dkfac/distributed_kfac.hpp); the
-//     plan's units at the plan's SYNC_CURV with the pieces its owners inverted (the planner runs
-//     Algorithm 1, plan/planner.hpp);
-//   - the inverse broadcasts (the DistributedKfac's, or the plan's BCAST_INV);
-//   - the precondition and its split among the holders (the plan's PrecSplit, prec_gather.hpp).
+//     plan's units at the plan's SYNC_CURV (sum_factors) with the pieces its owners inverted, set
+//     aside until then (ReplicaSync, replica_sync.hpp; the planner runs Algorithm 1,
+//     plan/planner.hpp);
+//   - the inverse broadcasts (the DistributedKfac's, or the plan's BCAST_INV through ReplicaSync);
+//   - the precondition and its split among the holders (the plan's PrecSplit, PrecGather,
+//     prec_gather.hpp).
 // A placement refreshes one of two ways (Refresh):
 //   whole  inline / skip: the taps accumulate the cadence's curvature during the step, and PREC
 //          refreshes the whole chunk (sums, inverts, preconditions): begin_whole_step.
@@ -23,6 +25,8 @@
 #include "dkfac/distributed_kfac.hpp"
 #include "runtime/kfac_handlers.hpp"
 #include "runtime/units/chunk_kfac.hpp"
+#include "runtime/units/prec_gather.hpp"
+#include "runtime/units/replica_sync.hpp"
 
 #include <memory>
 #include <vector>
@@ -68,9 +72,9 @@ class KfacService {
   // The plan's units (units).
   void curvature(Side s, int layer, int m) { chunk_->curvature(s, layer, m); }
   void invert(Side s, int layer, int block) { chunk_->invert(s, layer, block); }
-  void sync(int64_t step) { chunk_->sync(step); }  // SYNC_CURV: the factor sums, inverses switched
+  void sync(int64_t step);  // SYNC_CURV: the factor sums, inverses switched
   // BCAST_INV: the piece inverted by holder `owner` (world rank; the plan's inverter) to the group.
-  void broadcast(Side s, int layer, int block, int owner) { chunk_->broadcast(s, layer, block, owner); }
+  void broadcast(Side s, int layer, int block, int owner);
   // The plan's decisions, at its first step (several holders): factors committed at the plan's
   // SYNC_CURV with the owners' inverses; the precondition split as `split` says (null: none).
   void sync_as_planned() { chunk_->set_replicated(holders_.get()); }
@@ -81,7 +85,8 @@ class KfacService {
   KfacWork precondition(int64_t step);
   bool preconditioned() const { return chunk_->preconditioned(); }
   double raw_grad_sq() const { return raw_grad_sq_; }  // before this step's precondition, squared
-  void finish_gather() { chunk_->finish_gather(); }
+  // Waits for the all-gather a split PREC started (if any) and installs the other holders' layers.
+  void finish_gather() { gather_.finish(chunk_->pre()); }
 
  private:
   // What this step's PREC does.
@@ -97,7 +102,21 @@ class KfacService {
     ChunkKfacTimes* times = nullptr;             // profile
   };
 
+  // The factor sums among the holders, blocking: every factor's accumulator (none with `factors`
+  // false) and the row counts; the summed rows. The plan's SYNC_CURV and a profiling step's sum
+  // (timed as that unit) take it. A whole refresh with a DistributedKfac sums its own way:
+  // all-reduces fused as kfac.distributed plans them, posted during the step's last micro-batch.
+  // The two are kept apart because their messages differ in size, and with three or more holders
+  // MPI's summation order follows the message size: one way for both would change the bits the
+  // pinned runs and same-behaviour hold (and the planner's SYNC_CURV is one unit at one point).
+  std::vector<float> sum_factors(bool factors);
+
   int replica_, micro_batches_;
+  // Before chunk_, which outlives neither. sync_: the plan's units with several holders, the
+  // pieces set aside until SYNC_CURV; its one writer is chunk_ (they change with the factors, in
+  // checkpoints and a skipped step's undo too). gather_: the plan's split precondition.
+  ReplicaSync sync_;
+  PrecGather gather_;
   int last_backward_mb_ = -1;  // share: the DistributedKfac's factors complete there
   std::unique_ptr<ChunkKfac> chunk_;
   comm::Comm holders_;       // the group (a stream of its own), or none
