@@ -1,5 +1,5 @@
 #pragma once
-// Dense double-precision references for the K-FAC tests: small matrices, written plainly.
+// Dense double-precision references for the K-FAC and optimizer tests: small matrices, written plainly.
 #include "core/tensor.hpp"
 
 #include <cmath>

@@ -1,5 +1,6 @@
 // Each optimizer against an independent double-precision reference written from the papers'
 // formulas, plus the edge cases of NVLAMB's trust ratio and the gradient pre-normalisation.
+#include "noise.hpp"
 #include "optim/chunked.hpp"
 #include "optim/optimizer.hpp"
 
@@ -13,6 +14,7 @@
 #include <new>
 
 using namespace pf;
+using pf::test::noise;
 
 // ---- allocation counter (global operator new replaced in this test program) ----
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -26,15 +28,6 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
-
-// Deterministic values in [-1, 1).
-double noise(uint64_t seed, uint64_t i) {
-  uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 52) - 1.0;
-}
 
 // A small model: a decay matrix, a non-decay bias, a tensor spanning several chunks, and a mirror.
 struct Model {

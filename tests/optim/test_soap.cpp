@@ -5,6 +5,8 @@
 // not depend on the signs; where an eigenvalue is repeated the basis is arbitrary, so the test's
 // gradients keep every repeated eigenvalue (the null space of a wide weight's R) out of reach:
 // each gradient's rows lie in one fixed row space.
+#include "../kfac/dense.hpp"
+#include "noise.hpp"
 #include "core/blas.hpp"
 #include "optim/optimizer.hpp"
 
@@ -18,45 +20,30 @@
 #include <numeric>
 
 using namespace pf;
+using pf::test::noise;
 
 namespace {
 
-double noise(uint64_t seed, uint64_t i) {
-  uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 52) - 1.0;
-}
-
-// Row-major double matrix.
-struct M {
-  int64_t r = 0, c = 0;
-  std::vector<double> a;
-  M() = default;
-  M(int64_t r_, int64_t c_) : r(r_), c(c_), a(static_cast<size_t>(r_ * c_), 0.0) {}
-  double& operator()(int64_t i, int64_t j) { return a[i * c + j]; }
-  double operator()(int64_t i, int64_t j) const { return a[i * c + j]; }
-};
+using M = pf::dense::Mat;
 
 M t(const M& x) {
-  M y(x.c, x.r);
-  for (int64_t i = 0; i < x.r; ++i)
-    for (int64_t j = 0; j < x.c; ++j) y(j, i) = x(i, j);
+  M y(x.cols, x.rows);
+  for (int64_t i = 0; i < x.rows; ++i)
+    for (int64_t j = 0; j < x.cols; ++j) y(j, i) = x(i, j);
   return y;
 }
 
 M mul(const M& x, const M& y) {
-  M z(x.r, y.c);
-  for (int64_t i = 0; i < x.r; ++i)
-    for (int64_t k = 0; k < x.c; ++k)
-      for (int64_t j = 0; j < y.c; ++j) z(i, j) += x(i, k) * y(k, j);
+  M z(x.rows, y.cols);
+  for (int64_t i = 0; i < x.rows; ++i)
+    for (int64_t k = 0; k < x.cols; ++k)
+      for (int64_t j = 0; j < y.cols; ++j) z(i, j) += x(i, k) * y(k, j);
   return z;
 }
 
 // Cyclic Jacobi: the eigenvectors of symmetric S as columns, by decreasing eigenvalue.
 M jacobi_eigenvectors(M s) {
-  const int64_t n = s.r;
+  const int64_t n = s.rows;
   M v(n, n);
   for (int64_t i = 0; i < n; ++i) v(i, i) = 1;
   for (int sweep = 0; sweep < 100; ++sweep) {
@@ -96,16 +83,16 @@ M jacobi_eigenvectors(M s) {
 // Q of P = Q R by modified Gram-Schmidt, twice over (columns in order).
 M gram_schmidt(const M& p) {
   M q = p;
-  for (int64_t j = 0; j < q.c; ++j) {
+  for (int64_t j = 0; j < q.cols; ++j) {
     for (int pass = 0; pass < 2; ++pass)
       for (int64_t k = 0; k < j; ++k) {
         double d = 0;
-        for (int64_t i = 0; i < q.r; ++i) d += q(i, k) * q(i, j);
-        for (int64_t i = 0; i < q.r; ++i) q(i, j) -= d * q(i, k);
+        for (int64_t i = 0; i < q.rows; ++i) d += q(i, k) * q(i, j);
+        for (int64_t i = 0; i < q.rows; ++i) q(i, j) -= d * q(i, k);
       }
     double nn = 0;
-    for (int64_t i = 0; i < q.r; ++i) nn += q(i, j) * q(i, j);
-    for (int64_t i = 0; i < q.r; ++i) q(i, j) /= std::sqrt(nn);
+    for (int64_t i = 0; i < q.rows; ++i) nn += q(i, j) * q(i, j);
+    for (int64_t i = 0; i < q.rows; ++i) q(i, j) /= std::sqrt(nn);
   }
   return q;
 }
@@ -131,8 +118,8 @@ void soap_ref_step(RefParam& p, const M& g, int k, const Hyper& h) {
   };
   auto stats = [&] {
     const M gl = mul(g, t(g)), gr = mul(t(g), g);
-    for (size_t i = 0; i < p.L.a.size(); ++i) p.L.a[i] = h.shampoo * p.L.a[i] + (1 - h.shampoo) * gl.a[i];
-    for (size_t i = 0; i < p.R.a.size(); ++i) p.R.a[i] = h.shampoo * p.R.a[i] + (1 - h.shampoo) * gr.a[i];
+    for (size_t i = 0; i < p.L.v.size(); ++i) p.L.v[i] = h.shampoo * p.L.v[i] + (1 - h.shampoo) * gl.v[i];
+    for (size_t i = 0; i < p.R.v.size(); ++i) p.R.v[i] = h.shampoo * p.R.v[i] + (1 - h.shampoo) * gr.v[i];
   };
   if (k == 0) {
     stats();
@@ -141,31 +128,31 @@ void soap_ref_step(RefParam& p, const M& g, int k, const Hyper& h) {
     return;
   }
   const M gp = rot(g, false);
-  M d(g.r, g.c);
-  for (size_t i = 0; i < gp.a.size(); ++i) {
-    p.m.a[i] = h.b1 * p.m.a[i] + (1 - h.b1) * gp.a[i];
-    p.v.a[i] = h.b2 * p.v.a[i] + (1 - h.b2) * gp.a[i] * gp.a[i];
-    d.a[i] = p.m.a[i] / (std::sqrt(p.v.a[i]) + h.eps);
+  M d(g.rows, g.cols);
+  for (size_t i = 0; i < gp.v.size(); ++i) {
+    p.m.v[i] = h.b1 * p.m.v[i] + (1 - h.b1) * gp.v[i];
+    p.v.v[i] = h.b2 * p.v.v[i] + (1 - h.b2) * gp.v[i] * gp.v[i];
+    d.v[i] = p.m.v[i] / (std::sqrt(p.v.v[i]) + h.eps);
   }
   const M n = rot(d, true);
   const double step = h.lr * std::sqrt(1 - std::pow(h.b2, k)) / (1 - std::pow(h.b1, k));
-  for (size_t i = 0; i < p.w.a.size(); ++i) p.w.a[i] = (p.w.a[i] - step * n.a[i]) * (1 - h.lr * h.wd);
+  for (size_t i = 0; i < p.w.v.size(); ++i) p.w.v[i] = (p.w.v[i] - step * n.v[i]) * (1 - h.lr * h.wd);
   stats();
   if (k % h.freq != 0) return;
   const M m_orig = rot(p.m, true);
   auto refresh = [&](const M& s, M& q, bool rows) {
     const M sq = mul(s, q);
-    std::vector<int64_t> order(static_cast<size_t>(q.c));
-    std::vector<double> est(static_cast<size_t>(q.c), 0.0);
-    for (int64_t i = 0; i < q.r; ++i)
-      for (int64_t j = 0; j < q.c; ++j) est[j] += q(i, j) * sq(i, j);
+    std::vector<int64_t> order(static_cast<size_t>(q.cols));
+    std::vector<double> est(static_cast<size_t>(q.cols), 0.0);
+    for (int64_t i = 0; i < q.rows; ++i)
+      for (int64_t j = 0; j < q.cols; ++j) est[j] += q(i, j) * sq(i, j);
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return est[a] > est[b]; });
-    M ps(q.r, q.c), v = p.v;
-    for (int64_t i = 0; i < q.r; ++i)
-      for (int64_t j = 0; j < q.c; ++j) ps(i, j) = sq(i, order[j]);
-    for (int64_t i = 0; i < v.r; ++i)
-      for (int64_t j = 0; j < v.c; ++j) p.v(i, j) = rows ? v(order[i], j) : v(i, order[j]);
+    M ps(q.rows, q.cols), v = p.v;
+    for (int64_t i = 0; i < q.rows; ++i)
+      for (int64_t j = 0; j < q.cols; ++j) ps(i, j) = sq(i, order[j]);
+    for (int64_t i = 0; i < v.rows; ++i)
+      for (int64_t j = 0; j < v.cols; ++j) p.v(i, j) = rows ? v(order[i], j) : v(i, order[j]);
     q = gram_schmidt(ps);
   };
   if (p.left) refresh(p.L, p.QL, true);
@@ -174,12 +161,12 @@ void soap_ref_step(RefParam& p, const M& g, int k, const Hyper& h) {
 }
 
 void adamw_ref_step(RefParam& p, const M& g, int t, const Hyper& h) {
-  for (size_t i = 0; i < p.w.a.size(); ++i) {
-    if (p.decay) p.w.a[i] *= 1 - h.lr * h.wd;
-    p.m.a[i] = h.b1 * p.m.a[i] + (1 - h.b1) * g.a[i];
-    p.v.a[i] = h.b2 * p.v.a[i] + (1 - h.b2) * g.a[i] * g.a[i];
-    const double mh = p.m.a[i] / (1 - std::pow(h.b1, t)), vh = p.v.a[i] / (1 - std::pow(h.b2, t));
-    p.w.a[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
+  for (size_t i = 0; i < p.w.v.size(); ++i) {
+    if (p.decay) p.w.v[i] *= 1 - h.lr * h.wd;
+    p.m.v[i] = h.b1 * p.m.v[i] + (1 - h.b1) * g.v[i];
+    p.v.v[i] = h.b2 * p.v.v[i] + (1 - h.b2) * g.v[i] * g.v[i];
+    const double mh = p.m.v[i] / (1 - std::pow(h.b1, t)), vh = p.v.v[i] / (1 - std::pow(h.b2, t));
+    p.w.v[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
   }
 }
 
@@ -203,9 +190,9 @@ struct Stack {
     if (q.left) q.L = M(r, r);
     if (q.right) q.R = M(c, c);
     for (int64_t i = 0; i < p.value.numel(); ++i)
-      q.w.a[i] = p.value[i] = static_cast<float>(0.5 * noise(7, i + 1000 * params.size()));
+      q.w.v[i] = p.value[i] = static_cast<float>(0.5 * noise(7, i + 1000 * params.size()));
     M b(std::min(r, c), c);
-    for (double& x : b.a) x = noise(11, &x - b.a.data() + 977 * params.size());
+    for (double& x : b.v) x = noise(11, &x - b.v.data() + 977 * params.size());
     basis.push_back(b);
     ref.push_back(q);
   }
@@ -217,27 +204,27 @@ struct Stack {
     double sq = 0;
     for (size_t k = 0; k < params.size(); ++k) {
       const RefParam& q = ref[k];
-      M x(q.w.r, q.w.c);
+      M x(q.w.rows, q.w.cols);
       if (q.linear) {
-        M c(q.w.r, basis[k].r);
-        for (size_t i = 0; i < c.a.size(); ++i) c.a[i] = noise(100 + step, i + 7919 * k);
+        M c(q.w.rows, basis[k].rows);
+        for (size_t i = 0; i < c.v.size(); ++i) c.v[i] = noise(100 + step, i + 7919 * k);
         x = mul(c, basis[k]);
       } else {
-        for (size_t i = 0; i < x.a.size(); ++i) x.a[i] = noise(100 + step, i + 7919 * k);
+        for (size_t i = 0; i < x.v.size(); ++i) x.v[i] = noise(100 + step, i + 7919 * k);
       }
-      for (double v : x.a) sq += v * v;
+      for (double v : x.v) sq += v * v;
       g.push_back(x);
     }
     const double scale = norm / std::sqrt(sq);
     for (size_t k = 0; k < params.size(); ++k)
-      for (size_t i = 0; i < g[k].a.size(); ++i) g[k].a[i] = params[k]->grad[i] = static_cast<float>(g[k].a[i] * scale);
+      for (size_t i = 0; i < g[k].v.size(); ++i) g[k].v[i] = params[k]->grad[i] = static_cast<float>(g[k].v[i] * scale);
     double sq32 = 0;  // the reference takes the float gradients our optimizer sees
     for (size_t k = 0; k < params.size(); ++k)
-      for (double& v : g[k].a) v = static_cast<float>(v), sq32 += v * v;
+      for (double& v : g[k].v) v = static_cast<float>(v), sq32 += v * v;
     const double n = std::sqrt(sq32);
     if (h.clip > 0 && n > h.clip)
       for (M& x : g)
-        for (double& v : x.a) v *= h.clip / n;
+        for (double& v : x.v) v *= h.clip / n;
     return g;
   }
 
@@ -260,7 +247,7 @@ struct Stack {
   double worst() const {
     double w = 0;
     for (size_t k = 0; k < params.size(); ++k)
-      for (int64_t i = 0; i < params[k]->value.numel(); ++i) w = std::max(w, std::abs(params[k]->value[i] - ref[k].w.a[i]));
+      for (int64_t i = 0; i < params[k]->value.numel(); ++i) w = std::max(w, std::abs(params[k]->value[i] - ref[k].w.v[i]));
     return w;
   }
 
