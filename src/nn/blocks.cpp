@@ -283,7 +283,7 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, Backwar
   st->dw = Tensor({V, C});
   if (bert_) st->db = Tensor({V});
   // One chunk of logits for every state: the labelled rows (BERT: the masked ones), at most
-  // logit_chunk_rows() of them at a time.
+  // chunk_rows_ of them at a time (kLogitChunkRows, or what a test set).
   const int64_t M = static_cast<int64_t>(max_rows) * labelled_per_sequence(cfg_, seq);
   reserve(chunk_, std::min<int64_t>(M, chunk_rows_) * V);
   if (bert_) {
