@@ -442,9 +442,13 @@ TEST(RuntimeProfiler, SimulatorPredictsTheMeasuredStepTime) {
   EXPECT_DOUBLE_EQ(marks[0].second, 0);
   EXPECT_GT(marks[1].second, marks[0].second);
   EXPECT_GT(marks[2].second, marks[1].second);
-  for (const auto& c : prof.cost.stages) {
+  for (size_t s = 0; s < prof.cost.stages.size(); ++s) {
+    const auto& c = prof.cost.stages[s];
     EXPECT_GT(c.forward, 0);
-    EXPECT_GT(c.backward, c.forward * 0.5);
+    // The head's stage runs its decoder's backward products in the forward (the logits exist only
+    // there, a chunk at a time), so only the other stages' backward outweighs half their forward.
+    if (s + 1 < prof.cost.stages.size()) EXPECT_GT(c.backward, c.forward * 0.5);
+    else EXPECT_GT(c.backward, 0);
   }
   for (const auto& u : j["measured"]["utilization"]) {
     EXPECT_GT(u.get<double>(), 0.0);
