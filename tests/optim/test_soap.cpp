@@ -261,6 +261,18 @@ struct Stack {
 
 constexpr double kNorms[] = {3.0, 0.4, 0.9, 25.0, 0.05, 1.7, 0.8, 2.2};
 
+// Steps 1..steps of ours and the reference side by side, each within the float32 bound (sides of
+// at most d).
+void expect_steps_match_reference(Stack& s, Optimizer& opt, int steps, int64_t d) {
+  for (int t = 1; t <= steps; ++t) {
+    s.ref_step(t, kNorms[t - 1]);
+    opt.step(s.params, s.h.lr);
+    const double w = s.worst();
+    std::printf("step %d: largest difference %.3g (tolerance %.3g)\n", t, w, s.tolerance(t, d));
+    EXPECT_LT(w, s.tolerance(t, d)) << "step " << t;
+  }
+}
+
 }  // namespace
 
 // A small Linear stack (two Linears, one of them wide, with biases, a layer norm's gain and an
@@ -276,13 +288,7 @@ TEST(Soap, MatchesTheFloat64ReferenceOverThreeRefreshes) {
   s.add("wte.weight", {6, 8}, false, true);
   auto opt = s.ours();
   ASSERT_EQ(opt->name(), "soap");
-  for (int t = 1; t <= 8; ++t) {
-    s.ref_step(t, kNorms[t - 1]);
-    opt->step(s.params, s.h.lr);
-    const double w = s.worst();
-    std::printf("step %d: largest difference %.3g (tolerance %.3g)\n", t, w, s.tolerance(t, 8));
-    EXPECT_LT(w, s.tolerance(t, 8)) << "step " << t;
-  }
+  expect_steps_match_reference(s, *opt, 8, 8);
 }
 
 // optim.soap.max_precond_dim: a side longer than it has no statistic and no basis (one-sided
@@ -303,13 +309,7 @@ TEST(Soap, ASideOverMaxPrecondDimIsNotRotated) {
       {"tall.weight.R", {8, 8}},        {"tall.weight.Q_R", {8, 8}},         {"big.weight.exp_avg", {12, 10}},
       {"big.weight.exp_avg_sq", {12, 10}}};
   EXPECT_EQ(st, expected);
-  for (int t = 1; t <= 7; ++t) {
-    s.ref_step(t, kNorms[t - 1]);
-    opt->step(s.params, s.h.lr);
-    const double w = s.worst();
-    std::printf("step %d: largest difference %.3g (tolerance %.3g)\n", t, w, s.tolerance(t, 8));
-    EXPECT_LT(w, s.tolerance(t, 8)) << "step " << t;
-  }
+  expect_steps_match_reference(s, *opt, 7, 8);
 }
 
 // Everything SOAP carries from step to step is in state_tensors() and the step count: an
