@@ -343,6 +343,7 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
 void HeadBlock::decoder_pass(const MicroBatch& mb, HeadState& st) const {
   const int64_t C = cfg_.hidden, V = cfg_.vocab, M = st.M;
   PF_CHECK(!decoder_->tap(), "head: the decoder is never a K-FAC layer (its logits exist a chunk at a time)");
+  PF_CHECK(chunk_rows_ > 0, "head: logit chunks of {} rows", chunk_rows_);
   // A micro-batch labelled more densely than the data's masking (a test's, a caller's) grows it once.
   reserve(chunk_, std::min<int64_t>(M, chunk_rows_) * V);
   st.trained = training_;
