@@ -114,9 +114,7 @@ class AdamW : public Optimizer {
  protected:
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   void update(Slot& slot, double lr, int64_t t, float grad_scale) override;
-
- private:
-  double beta1_, beta2_, eps_, weight_decay_;
+  double beta1_, beta2_, eps_, weight_decay_;  // SOAP's too
 };
 
 // NVLAMB as in NVIDIA's BERT recipe (apex FusedLAMB with use_nvlamb): on the pre-normalised
@@ -164,7 +162,7 @@ class Soap : public AdamW {
 
  private:
   void update_matrix(Slot& slot, double lr, int64_t t, float grad_scale);
-  double beta1_, beta2_, eps_, weight_decay_, shampoo_beta_;
+  double shampoo_beta_;
   int precondition_frequency_, max_precond_dim_;
   // Sized on the first step for the largest weight: later steps allocate nothing.
   std::unique_ptr<optim_detail::SoapScratch> scratch_;

@@ -179,14 +179,13 @@ void apply_range(int64_t b, int64_t e, float* __restrict w, const float* __restr
   for (int64_t i = b; i < e; ++i) w[i] = (w[i] - step * n[i]) * shrink;
 }
 
+// SOAP rotates a Linear's own weight matrix; everything else is AdamW's.
+bool rotated(const Param& p) { return p.linear && p.value.rank() == 2; }
+
 }  // namespace
 
 Soap::Soap(const OptimConfig& c)
     : AdamW(c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip),
-      beta1_(c.beta1),
-      beta2_(c.beta2),
-      eps_(c.eps),
-      weight_decay_(c.weight_decay),
       shampoo_beta_(c.soap.shampoo_beta),
       precondition_frequency_(c.soap.precondition_frequency),
       max_precond_dim_(c.soap.max_precond_dim),
@@ -195,7 +194,7 @@ Soap::Soap(const OptimConfig& c)
 Soap::~Soap() = default;
 
 std::vector<Optimizer::StateSpec> Soap::state_specs(const Param& p) const {
-  if (!p.linear || p.value.rank() != 2) return AdamW::state_specs(p);
+  if (!rotated(p)) return AdamW::state_specs(p);
   const int64_t m = p.value.dim(0), n = p.value.dim(1);
   std::vector<StateSpec> out{{"exp_avg", {m, n}}, {"exp_avg_sq", {m, n}}};
   if (m <= max_precond_dim_) out.push_back({"L", {m, m}}), out.push_back({"Q_L", {m, m}});
@@ -204,7 +203,7 @@ std::vector<Optimizer::StateSpec> Soap::state_specs(const Param& p) const {
 }
 
 void Soap::update(Slot& slot, double lr, int64_t t, float grad_scale) {
-  if (slot.param->linear && slot.param->value.rank() == 2) return update_matrix(slot, lr, t, grad_scale);
+  if (rotated(*slot.param)) return update_matrix(slot, lr, t, grad_scale);
   AdamW::update(slot, lr, t, grad_scale);
 }
 
