@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <numeric>
@@ -48,6 +49,18 @@ void barrier(MPI_Comm comm, const char* what) {
   MPI_Request req = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
   wait(req, {what, comm, -1});
+}
+
+bool barrier_within(MPI_Comm comm, double seconds) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(comm, &req) != MPI_SUCCESS) return false;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (int done = 0;;) {
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void on_root_agreed(int world_rank, const std::function<void()>& fn) {

@@ -17,6 +17,10 @@ void allreduce_sum(std::span<double> values, MPI_Comm comm, const char* what = "
 // Every member's bytes, in rank order, at `root` (empty elsewhere).
 std::vector<std::string> gather_bytes(const std::string& mine, int root, MPI_Comm comm);
 void barrier(MPI_Comm comm, const char* what = "barrier");
+// A barrier that gives up after `seconds`: whether every member reached it in time. For ranks
+// that end a job together (a refusal), so that none exits before rank 0 has said why; outside
+// the watchdog, and its request is left behind when it gives up (the process is ending).
+bool barrier_within(MPI_Comm comm, double seconds);
 
 // Runs `fn` on world rank 0 only; a UsageError it throws is thrown on every rank (rank 0's
 // message travels by broadcast), so no rank is left waiting in a collective.

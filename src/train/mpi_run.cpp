@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
@@ -366,6 +367,23 @@ int launcher_world_size() { return std::max(1, env_int("OMPI_COMM_WORLD_SIZE", "
 int launcher_rank() { return std::max(0, env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0)); }
 int launcher_local_size() { return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", 1)); }
 
+namespace {
+// How long a refusing rank waits for the others (they refuse within milliseconds of each other).
+constexpr double kRefusalWaitSeconds = 5;
+
+// A refusal ends every rank with exit 2 and one line, rank 0's: it writes the line before the
+// ranks part, since mpirun ends the job as soon as one rank has exited nonzero. A rank whose
+// refusal rank 0 does not share (a file missing on its host) says it itself, naming its rank.
+void refuse_together(const comm::World& world, const UsageError& e) {
+  if (world.rank() == 0) {
+    std::fprintf(stderr, "pipefisher: %s\n", e.what());
+    std::fflush(stderr);
+  }
+  if (!comm::barrier_within(MPI_COMM_WORLD, kRefusalWaitSeconds) && world.rank() != 0)
+    std::fprintf(stderr, "pipefisher: rank %d: %s\n", world.rank(), e.what());
+}
+}  // namespace
+
 int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> profile_steps) {
   comm::World world;
   try {
@@ -380,9 +398,9 @@ int run_parallel_training(Config cfg, const TrainRunArgs& args, std::set<int> pr
                               args.seams.oom_counter.empty() ? "/proc/vmstat" : args.seams.oom_counter);
     MpiEngine engine(world, ranks, cfg, {args.profile_dir, std::move(profile_steps)}, args.seams);
     return run_training(engine, std::move(cfg), args);
-  } catch (const UsageError&) {
-    if (world.rank() == 0) throw;
-    return 2;  // rank 0 says it
+  } catch (const UsageError& e) {
+    refuse_together(world, e);
+    return 2;
   }
 }
 
