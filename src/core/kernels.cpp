@@ -1,5 +1,6 @@
 #include "core/kernels.hpp"
 
+#include "core/kernel_clock.hpp"
 #include "core/parallel.hpp"
 
 #include <algorithm>
@@ -15,16 +16,19 @@ constexpr int64_t kColBlock = 64;
 }  // namespace
 
 void add(float* out, const float* a, const float* b, int64_t n) {
+  KernelScope clock(Kernel::elementwise, 12.0 * n);
 #pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void add_inplace(float* a, const float* b, int64_t n) {
+  KernelScope clock(Kernel::elementwise, 12.0 * n);
 #pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
 void scale_inplace(float* a, float s, int64_t n) {
+  KernelScope clock(Kernel::elementwise, 8.0 * n);
 #pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) a[i] *= s;
 }
@@ -103,6 +107,7 @@ SoftmaxRow softmax_row(float* x, int64_t n, int64_t visible, const uint8_t* key_
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t rows, int64_t C, float eps) {
+  KernelScope clock(Kernel::norms, 4.0 * (2 * rows * C + 2 * rows));
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = inp + r * C;
@@ -125,6 +130,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C,
                         bool accumulate) {
+  KernelScope clock(Kernel::norms, 4.0 * (3 + accumulate) * rows * C);
   // Input gradient, row by row: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
@@ -173,6 +179,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows, int64_t C, float eps) {
+  KernelScope clock(Kernel::norms, 4.0 * (2 * rows * C + rows));
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = inp + r * C;
@@ -189,6 +196,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int64_t rows, int64_t C, bool accumulate) {
+  KernelScope clock(Kernel::norms, 4.0 * (3 + accumulate) * rows * C);
   // Input gradient, row by row: dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dxhat = dy * w.
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
@@ -226,6 +234,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t rows, int64_t F, int64_t ld) {
+  KernelScope clock(Kernel::activations, 12.0 * rows * F);
 #pragma omp parallel for schedule(dynamic, rows_per_piece(F)) if (rows * F > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float *g = gate + r * ld, *u = up + r * ld;
@@ -237,6 +246,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t rows
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t rows,
                      int64_t F, int64_t ld) {
+  KernelScope clock(Kernel::activations, 20.0 * rows * F);
 #pragma omp parallel for schedule(dynamic, rows_per_piece(F)) if (rows * F > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float *g = gate + r * ld, *u = up + r * ld, *d = dout + r * F;
@@ -267,6 +277,7 @@ static void for_chunks(int64_t n, F&& f) {
 }
 
 void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind) {
+  KernelScope clock(Kernel::activations, 8.0 * n);
   if (kind == Gelu::Erf) {
     for_chunks(n, [=](int64_t b, int64_t e) {
 #pragma omp simd
@@ -284,6 +295,7 @@ void gelu_forward(float* out, const float* inp, int64_t n, Gelu kind) {
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, Gelu kind) {
+  KernelScope clock(Kernel::activations, 12.0 * n);
   if (kind == Gelu::Erf) {
     // d/dx [x Phi(x)] = Phi(x) + x phi(x)
     for_chunks(n, [=](int64_t b, int64_t e) {
@@ -310,6 +322,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
 
 void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* labels, int64_t rows,
                                    int64_t V) {
+  KernelScope clock(Kernel::softmax_loss, 4.0 * (2 * rows * V + rows));
 #pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * V;
@@ -320,6 +333,7 @@ void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* la
 }
 
 void softmax_cross_entropy_backward(float* probs, const int32_t* labels, int64_t rows, int64_t V, float scale) {
+  KernelScope clock(Kernel::softmax_loss, 8.0 * rows * V);
 #pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     float* p = probs + r * V;

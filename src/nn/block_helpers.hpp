@@ -3,6 +3,7 @@
 // transformer_block.cpp). Internal to src/nn.
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/kernel_clock.hpp"
 #include "core/kernels.hpp"
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
@@ -23,6 +24,7 @@ inline void reserve(Tensor& t, int64_t n) {
 }
 
 inline void copy(float* dst, const float* src, int64_t n) {
+  KernelScope clock(Kernel::elementwise, 8.0 * n);
 #pragma omp parallel for schedule(dynamic, kPieceElements / 4096) if (n > (1 << 16))
   for (int64_t i = 0; i < n; i += 4096) std::memcpy(dst + i, src + i, std::min<int64_t>(4096, n - i) * sizeof(float));
 }

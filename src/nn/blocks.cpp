@@ -159,6 +159,27 @@ void EmbeddingBlock::backward_weight(const MicroBatch& mb, BlockState& bs) {
 }
 
 // ============================================================================ head
+namespace {
+// out (M, C) = the rows `rows` of x: the head's labelled tokens.
+void gather_rows(float* out, const float* x, const int32_t* rows, int64_t M, int64_t C) {
+  KernelScope clock(Kernel::elementwise, 8.0 * M * C);
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
+  for (int64_t m = 0; m < M; ++m) std::memcpy(out + m * C, x + static_cast<int64_t>(rows[m]) * C, C * sizeof(float));
+}
+
+// The rows `rows` of out = x (M, C): the labelled tokens' gradients back in place.
+void scatter_rows(float* out, const float* x, const int32_t* rows, int64_t M, int64_t C) {
+  KernelScope clock(Kernel::elementwise, 8.0 * M * C);
+#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
+  for (int64_t m = 0; m < M; ++m) std::memcpy(out + static_cast<int64_t>(rows[m]) * C, x + m * C, C * sizeof(float));
+}
+
+void zero(float* x, int64_t n) {
+  KernelScope clock(Kernel::elementwise, 4.0 * n);
+  std::memset(x, 0, static_cast<size_t>(n) * sizeof(float));
+}
+}  // namespace
+
 struct HeadState : BlockState {
   std::vector<int32_t> rows, labels;  // the token rows with a label, and their labels
   int64_t M = 0;                      // how many
@@ -304,6 +325,7 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, Backwar
 
 float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, BlockState& bs) {
   // x_in (N, C) -> loss = loss_scale * sum over labelled tokens of -log softmax(decoder(...))[label]
+  KernelScope clock(Kernel::head);
   auto& st = static_cast<HeadState&>(bs);
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, V = cfg_.vocab;
   PF_CHECK(static_cast<int64_t>(st.rows.size()) >= N, "head: micro-batch larger than its state");
@@ -320,9 +342,7 @@ float HeadBlock::forward(const MicroBatch& mb, const Tensor& x_in, Tensor&, Bloc
   st.M = M;
   const double nsp = bert_ && cfg_.nsp ? nsp_forward(mb, x_in, st) : 0.0;
   if (M == 0) return static_cast<float>(nsp);
-#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(st.xs.data() + m * C, x_in.data() + st.rows[m] * C, C * sizeof(float));
+  gather_rows(st.xs.data(), x_in.data(), st.rows.data(), M, C);
   const float* hin = st.xs.data();
   if (bert_) {
     transform_->forward(mb.index, st.xs.data(), M, st.t.data());
@@ -417,11 +437,12 @@ void HeadBlock::logits(const float* x, int64_t rows, float* out) const {
 }
 
 void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_in, BlockState& bs) {
+  KernelScope clock(Kernel::head);
   auto& st = static_cast<HeadState&>(bs);
   float* dT = begin_weight_grads<HeadGrads>(bs).t.data();
   const int64_t N = static_cast<int64_t>(mb.rows) * mb.seq, C = cfg_.hidden, M = st.M;
   check_holds(dx_in, N * C, "head dx_in");
-  std::memset(dx_in.data(), 0, N * C * sizeof(float));
+  zero(dx_in.data(), N * C);
   if (M > 0) {
     PF_CHECK(st.trained, "head: a backward after a forward made for evaluation (set_training(false))");
     float *dA = d_a_.data(), *dB = d_b_.data();
@@ -435,9 +456,7 @@ void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_i
     } else {
       norm_backward(dB, dh, st.xs.data(), st.mean.data(), st.rstd.data(), M);  // dB = dxs
     }
-#pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (M * C > (1 << 16))
-    for (int64_t m = 0; m < M; ++m)
-      std::memcpy(dx_in.data() + st.rows[m] * C, dxs + m * C, C * sizeof(float));
+    scatter_rows(dx_in.data(), dxs, st.rows.data(), M, C);
   }
   // The NSP head's gradient adds into the [CLS] rows (after the masked-LM rows are copied in).
   if (bert_ && cfg_.nsp) nsp_backward_input(mb, dx_in, st);
@@ -446,6 +465,7 @@ void HeadBlock::backward_input(const MicroBatch& mb, const Tensor&, Tensor& dx_i
 // The decoder's weight gradient is the forward's (decoder_pass); the NSP classifier's output
 // gradients are the dlogits I left in the state.
 void HeadBlock::backward_weight(const MicroBatch&, BlockState& bs) {
+  KernelScope clock(Kernel::head);
   auto& st = static_cast<HeadState&>(bs);
   const auto& g = end_weight_grads<HeadGrads>(bs, name());
   if (st.M > 0) {

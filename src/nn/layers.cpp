@@ -2,6 +2,7 @@
 
 #include "core/blas.hpp"
 #include "core/error.hpp"
+#include "core/kernel_clock.hpp"
 #include "core/parallel.hpp"
 
 #include <omp.h>
@@ -53,6 +54,7 @@ Rope::Rope(int64_t head_size, int64_t positions_, double theta) : D(head_size), 
 }
 
 void Rope::rotate(float* x, int64_t ld, int64_t heads, int64_t N, int64_t T, int64_t first, bool inverse) const {
+  KernelScope clock(Kernel::elementwise, 8.0 * N * heads * D);
   const int64_t half = D / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   PF_CHECK(N == 0 || first + std::min(N, T) <= positions, "rotary positions up to {} beyond the table's {}",
@@ -76,6 +78,7 @@ void Rope::rotate(float* x, int64_t ld, int64_t heads, int64_t N, int64_t T, int
 
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* types, const float* wte,
                        const float* wpe, const float* wtt, int64_t N, int64_t T, int64_t C) {
+  KernelScope clock(Kernel::embedding, 4.0 * N * C * (2 + (wpe != nullptr) + (wtt != nullptr)));
 #pragma omp parallel for schedule(dynamic, rows_per_piece(C)) if (N * C > kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const float* w = wte + static_cast<int64_t>(tokens[n]) * C;
@@ -96,6 +99,8 @@ void embedding_forward(float* out, const int32_t* tokens, const int32_t* types, 
 
 void embedding_backward(float* dwte, float* dwpe, float* dwtt, const float* dout, const int32_t* tokens,
                         const int32_t* types, int64_t N, int64_t T, int64_t C) {
+  // The gradient read once, each table row touched read and written.
+  KernelScope clock(Kernel::embedding, 4.0 * N * C * (1 + 2 * (1 + (dwpe != nullptr) + (dwtt != nullptr))));
   // Threads own column blocks and walk the tokens in order: scatter-adds never race.
   int64_t blocks = (C + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(dynamic, 1) if (N * C > kParallelMin)
@@ -126,6 +131,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
   const int64_t C = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   BlasSingleThread one;  // many small products: parallel over (b, h) instead
+  kernel_clock::add(Kernel::attention_products, 0, 4.0 * B * H * T * T * D);
+  kernel_clock::add(Kernel::attention_softmax, 8.0 * B * H * T * T);
 #pragma omp parallel for schedule(dynamic, 1) if (B * H * T * T * D > kParallelMin * 8)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
@@ -133,9 +140,16 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
     const float* kb = k + b * T * ld + h * D;
     const float* vb = v + b * T * ld + h * D;
     float* p = probs + bh * T * T;
-    gemm(false, true, T, T, D, scale, qb, ld, kb, ld, 0.0f, p, T);
-    const uint8_t* km = key_mask ? key_mask + b * T : nullptr;
-    for (int64_t i = 0; i < T; ++i) softmax_row(p + i * T, T, causal ? i + 1 : T, km);
+    {
+      KernelScope clock(Kernel::attention_products);
+      gemm(false, true, T, T, D, scale, qb, ld, kb, ld, 0.0f, p, T);
+    }
+    {
+      KernelScope clock(Kernel::attention_softmax);
+      const uint8_t* km = key_mask ? key_mask + b * T : nullptr;
+      for (int64_t i = 0; i < T; ++i) softmax_row(p + i * T, T, causal ? i + 1 : T, km);
+    }
+    KernelScope clock(Kernel::attention_products);
     gemm(false, false, T, D, T, 1.0f, p, T, vb, ld, 0.0f, out + b * T * C + h * D, C);
   }
 }
@@ -162,6 +176,8 @@ void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scr
   PF_CHECK(attention_scratch_floats(T, omp_get_max_threads()) <= scratch_floats,
            "attention scratch for {} threads", omp_get_max_threads());
   BlasSingleThread one;
+  kernel_clock::add(Kernel::attention_products, 0, 8.0 * B * H * T * T * D);
+  kernel_clock::add(Kernel::attention_softmax, 12.0 * B * H * T * T);
 #pragma omp parallel for schedule(dynamic, 1) if (B * H * T * T * D > kParallelMin * 8)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
@@ -169,10 +185,14 @@ void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scr
     const float* p = probs + bh * T * T;
     const float* dob = dout + b * T * C + h * D;
     float* dp = scratch + omp_get_thread_num() * T * T;
-    // dP = dO V^T; dV = P^T dO
-    gemm(false, true, T, T, D, 1.0f, dob, C, v + off, ld, 0.0f, dp, T);
-    gemm(true, false, T, D, T, 1.0f, p, T, dob, C, 0.0f, dv + goff, ldg);
+    {
+      // dP = dO V^T; dV = P^T dO
+      KernelScope clock(Kernel::attention_products);
+      gemm(false, true, T, T, D, 1.0f, dob, C, v + off, ld, 0.0f, dp, T);
+      gemm(true, false, T, D, T, 1.0f, p, T, dob, C, 0.0f, dv + goff, ldg);
+    }
     // softmax backward: dS = P * (dP - rowsum(P * dP)), with the 1/sqrt(D) of the scores folded in
+    KernelScope softmax_clock(Kernel::attention_softmax);
     for (int64_t i = 0; i < T; ++i) {
       const float* pr = p + i * T;
       float* dr = dp + i * T;
@@ -183,12 +203,14 @@ void attention_backward(float* dq, float* dk, float* dv, int64_t ldg, float* scr
       for (int64_t j = 0; j < T; ++j) dr[j] = pr[j] * (dr[j] - s) * scale;
     }
     // dQ = dS K; dK = dS^T Q
+    KernelScope clock(Kernel::attention_products);
     gemm(false, false, T, D, T, 1.0f, dp, T, k + off, ld, 0.0f, dq + goff, ldg);
     gemm(true, false, T, D, T, 1.0f, dp, T, q + off, ld, 0.0f, dk + goff, ldg);
   }
 }
 
 void dropout_forward(float* x, uint8_t* keep, int64_t n, float p, const CounterRng& rng) {
+  KernelScope clock(Kernel::elementwise, 9.0 * n);
   const float s = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
@@ -198,6 +220,7 @@ void dropout_forward(float* x, uint8_t* keep, int64_t n, float p, const CounterR
 }
 
 void dropout_backward(float* dx, const uint8_t* keep, int64_t n, float p) {
+  KernelScope clock(Kernel::elementwise, 9.0 * n);
   const float s = 1.0f / (1.0f - p);
 #pragma omp parallel for simd schedule(dynamic, kPieceElements) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dx[i] * s : 0.0f;

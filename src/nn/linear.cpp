@@ -1,6 +1,7 @@
 #include "nn/linear.hpp"
 
 #include "core/blas.hpp"
+#include "core/kernel_clock.hpp"
 #include "core/kernels.hpp"
 
 #include <algorithm>
@@ -30,6 +31,7 @@ Linear::Linear(Param* shared_weight, std::string bias_name)
 void Linear::forward(int micro_batch, const float* x, int64_t rows, float* y) const {
   // x is (rows, in), W is (out, in), y will be (rows, out)
   if (tap_) tap_->on_input(*this, micro_batch, x, rows, in_);
+  KernelScope clock(Kernel::block_products, 0, 2.0 * rows * out_ * in_);
   float beta = 0.0f;
   if (bias_) {
     broadcast_rows(y, bias_->value.data(), rows, out_);
@@ -44,6 +46,7 @@ void Linear::forward(int micro_batch, const float* x, int64_t rows, float* y) co
 void Linear::backward_input(int micro_batch, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
   // dy is (rows, out), W is (out, in): dx (rows, in) = dy W
   if (tap_) tap_->on_grad_output(*this, micro_batch, dy, rows, out_);
+  KernelScope clock(Kernel::block_products, 0, 2.0 * rows * out_ * in_);
   gemm(false, false, rows, in_, out_, 1.0f, dy, out_, weight_->value.data(), in_, accumulate_dx ? 1.0f : 0.0f, dx,
        in_);
 }
@@ -55,6 +58,7 @@ void Linear::backward_weight(const float* dy, const float* x, int64_t rows) {
 void Linear::weight_gradient_into(const float* dy, const float* x, int64_t rows, float* dw, float* db,
                                   bool accumulate) const {
   // dy is (rows, out), x is (rows, in): dW (out, in) += dy^T x; db (out) += sum_rows dy
+  KernelScope clock(Kernel::block_products, 0, 2.0 * rows * out_ * in_);
   gemm(true, false, out_, in_, rows, 1.0f, dy, out_, x, in_, accumulate ? 1.0f : 0.0f, dw, in_);
   if (!bias_) return;
   if (!accumulate) std::fill(db, db + out_, 0.0f);

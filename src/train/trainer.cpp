@@ -3,6 +3,7 @@
 #include "core/blas.hpp"
 #include "config/placement.hpp"
 #include "core/error.hpp"
+#include "core/kernel_clock.hpp"
 #include "kfac/cadence.hpp"
 
 #include <algorithm>
@@ -33,6 +34,7 @@ Trainer::Trainer(const Config& given) : cfg_(given) {
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
   params_ = model_->params();
+  for (const Param* p : params_) param_floats_ += static_cast<double>(p->value.numel());
   optim_ = make_optimizer(cfg.optim);
   optim_->init(params_);
   lr_ = make_run_lr_schedule(cfg);
@@ -48,9 +50,15 @@ StepStats Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   StepStats s;
   s.step = step_;
-  fill_step(*train_data_, step_, cfg_.parallel.micro_batch_size, mbs_);
+  {
+    KernelScope clock(Kernel::data);
+    fill_step(*train_data_, step_, cfg_.parallel.micro_batch_size, mbs_);
+  }
   poison_.poison_inputs(step_, mbs_);
-  model_->zero_grad();
+  {
+    KernelScope clock(Kernel::zero_grads, 4.0 * param_floats_);
+    model_->zero_grad();
+  }
   model_->set_dropout_step(cfg_.train.seed, static_cast<uint64_t>(step_));
   s.kfac_curvature = kfac_ && kfac_begin(step_);
   for (MicroBatch& mb : mbs_) {
@@ -60,7 +68,10 @@ StepStats Trainer::step() {
   if (poison_.poisons_loss(step_)) s.loss = std::numeric_limits<double>::quiet_NaN();
   s.lr = lr_.at(step_);
   // A NaN/Inf loss or gradient is caught here, before it reaches K-FAC's factors or the weights.
-  s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
+  {
+    KernelScope clock(Kernel::optimizer, 4.0 * param_floats_);
+    s.grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
+  }
   if (kfac_ && !(std::isfinite(s.loss) && std::isfinite(s.grad_norm))) {
     s.nonfinite = true;
     kfac_abandon(s);
@@ -74,6 +85,8 @@ StepStats Trainer::step() {
       clip_norm = s.precond_grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
     }
     s.nonfinite = !std::isfinite(s.loss) || !std::isfinite(clip_norm);
+    // At least: the weight, its gradient and two moments read, the weight and the moments written.
+    KernelScope clock(Kernel::optimizer, 7.0 * 4.0 * param_floats_);
     if (!s.nonfinite) optim_->step(params_, s.lr, clip_norm);
   }
   s.tokens = tokens_per_step();

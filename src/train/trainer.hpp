@@ -135,6 +135,7 @@ class Trainer {
   std::unique_ptr<Batcher> train_data_, valid_data_;
   std::vector<MicroBatch> mbs_;   // the step's micro-batches, sized once
   std::vector<Param*> params_;
+  double param_floats_ = 0;  // in all of params_: the kernel clock's bytes (core/kernel_clock.hpp)
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<KfacPreconditioner> kfac_;
   std::unique_ptr<KfacReplay> replay_;  // kfac.placement = replay

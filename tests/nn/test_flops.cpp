@@ -1,6 +1,7 @@
 // Model FLOPs (nn/flops.hpp), what MFU counts: by hand for one preset, and against the
 // multiply-adds the model's sgemm calls actually make in one forward and backward.
 #include "fd.hpp"
+#include "core/kernel_clock.hpp"
 #include "nn/flops.hpp"
 #include "nn/model.hpp"
 
@@ -84,3 +85,35 @@ TEST_P(FlopsTest, FormulaCountsTheProductsTheModelComputes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, FlopsTest, ::testing::Values("bert", "gpt", "llama"));
+
+// The kernel clock (core/kernel_clock.hpp) files every product under a class with its flops: the
+// blocks', the head's and attention's add up to the multiply-adds the sgemm calls made, and the
+// head's are its decoder's (and BERT's transform's) three products over the labelled rows
+// (forward, input and weight gradients). Exact: integers well below 2^53.
+TEST_P(FlopsTest, KernelClockFilesEveryProductUnderItsClass) {
+  ModelConfig c = tiny_config(GetParam());
+  c.nsp = false;
+  auto model = build_model(c, 0, num_blocks(c) - 1);
+  model->init(3);
+  MicroBatch mb = tiny_batch(c);
+  ModelState st = model->make_state(mb.rows, mb.seq);
+  Tensor none;
+  int labelled = 0;
+  for (int i = 0; i < mb.rows * mb.seq; ++i) labelled += mb.labels[i] >= 0;
+  model->set_training(true);
+  g_macs = 0;
+  kernel_clock::start();
+  model->forward(mb, none, none, st);
+  model->backward(mb, none, none, st);
+  const KernelTally t = kernel_clock::stop();
+  auto flops = [&](Kernel k) { return t.flops[static_cast<int>(k)]; };
+  const double products = flops(Kernel::block_products) + flops(Kernel::head_products) + flops(Kernel::attention_products);
+  EXPECT_EQ(products, 2 * g_macs.load());
+  const double transform = c.arch == Arch::Bert ? c.hidden : 0;
+  EXPECT_EQ(flops(Kernel::head_products), 3 * 2.0 * labelled * c.hidden * (c.vocab + transform));
+  const double T = mb.seq, tokens = double(mb.rows) * mb.seq;
+  EXPECT_EQ(flops(Kernel::attention_products), 6 * 2.0 * T * c.hidden * tokens * c.layers);
+  for (Kernel k : {Kernel::norms, Kernel::activations, Kernel::attention_softmax, Kernel::softmax_loss, Kernel::embedding})
+    EXPECT_GT(t.bytes[static_cast<int>(k)], 0) << kernel_name(k);
+  EXPECT_EQ(flops(Kernel::norms) + flops(Kernel::elementwise) + flops(Kernel::softmax_loss), 0);
+}
