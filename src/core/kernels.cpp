@@ -320,26 +320,42 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
   }
 }
 
+namespace {
+// One row of logits to probabilities in place; returns -log p[label].
+float softmax_cross_entropy_row(float* x, int32_t label, int64_t V) {
+  const float label_logit = x[label];
+  const SoftmaxRow z = softmax_row(x, V, V);
+  return std::log(z.sum) - (label_logit - z.max);
+}
+
+// One row of probabilities to dlogits = (p - onehot(label)) * scale in place.
+void softmax_cross_entropy_grad_row(float* p, int32_t label, int64_t V, float scale) {
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) p[j] *= scale;
+  p[label] -= scale;
+}
+}  // namespace
+
 void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* labels, int64_t rows,
                                    int64_t V) {
   KernelScope clock(Kernel::softmax_loss, 4.0 * (2 * rows * V + rows));
 #pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* x = logits + r * V;
-    const float label_logit = x[labels[r]];
-    const SoftmaxRow z = softmax_row(x, V, V);
-    loss[r] = std::log(z.sum) - (label_logit - z.max);
-  }
+  for (int64_t r = 0; r < rows; ++r) loss[r] = softmax_cross_entropy_row(logits + r * V, labels[r], V);
 }
 
 void softmax_cross_entropy_backward(float* probs, const int32_t* labels, int64_t rows, int64_t V, float scale) {
   KernelScope clock(Kernel::softmax_loss, 8.0 * rows * V);
 #pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) softmax_cross_entropy_grad_row(probs + r * V, labels[r], V, scale);
+}
+
+void softmax_cross_entropy_with_grad(float* logits, float* loss, const int32_t* labels, int64_t rows, int64_t V,
+                                     float scale) {
+  KernelScope clock(Kernel::softmax_loss, 4.0 * (2 * rows * V + rows));
+#pragma omp parallel for schedule(dynamic, rows_per_piece(V)) if (rows * V > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
-    float* p = probs + r * V;
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) p[j] *= scale;
-    p[labels[r]] -= scale;
+    loss[r] = softmax_cross_entropy_row(logits + r * V, labels[r], V);
+    softmax_cross_entropy_grad_row(logits + r * V, labels[r], V, scale);
   }
 }
 

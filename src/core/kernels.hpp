@@ -110,5 +110,9 @@ void softmax_cross_entropy_forward(float* logits, float* loss, const int32_t* la
                                    int64_t V);
 // probs [rows, V] become dlogits = (p - onehot(label)) * scale in place.
 void softmax_cross_entropy_backward(float* probs, const int32_t* labels, int64_t rows, int64_t V, float scale);
+// Both in one pass over the rows: logits become dlogits and loss is the forward's, the same
+// operations as forward then backward, each row's scaling done while the row is in cache.
+void softmax_cross_entropy_with_grad(float* logits, float* loss, const int32_t* labels, int64_t rows, int64_t V,
+                                     float scale);
 
 }  // namespace pf

@@ -373,9 +373,11 @@ void HeadBlock::decoder_pass(const MicroBatch& mb, HeadState& st) const {
     const int32_t* labels = st.labels.data() + r0;
     float* z = chunk_.data();
     decoder_->forward(mb.index, h, R, z);
-    softmax_cross_entropy_forward(z, st.loss.data() + r0, labels, R, V);  // z = probabilities
-    if (!training_) continue;
-    softmax_cross_entropy_backward(z, labels, R, V, mb.loss_scale);  // z = dlogits
+    if (!training_) {
+      softmax_cross_entropy_forward(z, st.loss.data() + r0, labels, R, V);
+      continue;
+    }
+    softmax_cross_entropy_with_grad(z, st.loss.data() + r0, labels, R, V, mb.loss_scale);  // z = dlogits
     decoder_->backward_input(mb.index, z, R, st.dh.data() + r0 * C);
     decoder_->weight_gradient_into(z, h, R, st.dw.data(), bert_ ? st.db.data() : nullptr, r0 > 0);
   }

@@ -201,6 +201,25 @@ TEST(Kernels, SoftmaxCrossEntropyMatchesReference) {
     for (int j = 0; j < V; ++j) EXPECT_FLOAT_EQ(g[r * V + j], 0.5f * (p[r * V + j] - (j == lab[r])));
 }
 
+// The training head's fused pass (softmax_cross_entropy_with_grad) is the forward then the
+// backward, operation for operation: the same bits, on rows long enough to take the threads.
+TEST(Kernels, SoftmaxCrossEntropyWithGradIsForwardThenBackward) {
+  const int rows = 40, V = 5003;
+  auto x = randn(rows * V, 11, 4.0f);
+  std::vector<int32_t> lab(rows);
+  for (int r = 0; r < rows; ++r) lab[r] = (r * 997) % V;
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    auto two = x, one = x;
+    std::vector<float> loss_two(rows), loss_one(rows);
+    softmax_cross_entropy_forward(two.data(), loss_two.data(), lab.data(), rows, V);
+    softmax_cross_entropy_backward(two.data(), lab.data(), rows, V, 0.125f);
+    softmax_cross_entropy_with_grad(one.data(), loss_one.data(), lab.data(), rows, V, 0.125f);
+    EXPECT_EQ(0, std::memcmp(two.data(), one.data(), two.size() * sizeof(float))) << threads;
+    EXPECT_EQ(0, std::memcmp(loss_two.data(), loss_one.data(), rows * sizeof(float))) << threads;
+  }
+}
+
 TEST(Kernels, ReductionsAreExactAndThreadCountIndependent) {
   const int rows = 333, cols = 200;
   auto x = randn(rows * cols, 9);
