@@ -127,7 +127,7 @@ bool is_product(int k) {
          k == static_cast<int>(Kernel::attention_products);
 }
 
-void print_table(const std::vector<Round>& rounds, double sgemm, double copy) {
+void print_table(const std::vector<Round>& rounds, double sgemm, double copy, int64_t tokens) {
   const double step = median_of(rounds, [](const Round& r) { return r.step; });
   std::printf("%-24s %9s %6s %9s %8s %9s %7s\n", "kernel class", "ms/step", "share", "GFLOP/s", "of sgemm", "GB/s",
               "of copy");
@@ -146,6 +146,7 @@ void print_table(const std::vector<Round>& rounds, double sgemm, double copy) {
   std::printf("%-24s %9.2f %5.1f%%\n", "other", 1e3 * (step - classes), 100 * (step - classes) / step);
   std::printf("%-24s %9.2f %5.1f%% %9.1f %8.2f   (model FLOPs over the step)\n", "step", 1e3 * step, 100.0,
               flops / step / 1e9, flops / step / sgemm);
+  std::printf("breakdown: %.2f ms, %.1f tokens/s\n", 1e3 * step, tokens / step);
 }
 
 int run(const Options& o) {
@@ -167,7 +168,7 @@ int run(const Options& o) {
   for (int s = 0; s < o.warmup; ++s) trainer.step();
   std::vector<Round> rounds;
   for (int r = 0; r < o.rounds; ++r) rounds.push_back(time_round(trainer, o.steps));
-  print_table(rounds, sgemm, copy);
+  print_table(rounds, sgemm, copy, trainer.tokens_per_step());
   return 0;
 }
 
