@@ -5,21 +5,18 @@
 // products' flops (the model FLOPs: tests/nn/test_flops.cpp) over its time, as a fraction of sgemm.
 //
 //   build/bench/bench_breakdown [--config configs/gpt2-mini.toml] [--set key=value ...]
-//                               [--threads 2] [--rounds 5] [--steps 3] [--warmup 2] [--logit-rows N]
+//                               [--threads 2] [--rounds 5] [--steps 3] [--warmup 2]
 //
 // Each of `rounds` rounds times `steps` steps after `warmup` untimed ones; a class's figure is the
 // median over rounds of its mean per step. Real data: the config's token files, as `train` reads.
-// --logit-rows: the head's logits N rows at a time instead of config/limits.hpp's kLogitChunkRows
-// (what a chunk costs in memory against what it saves in time).
+// `--set model.logit_chunk_rows=N` weighs the head's memory against its time.
 #include "config/config.hpp"
-#include "config/limits.hpp"
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "core/kernel_clock.hpp"
 #include "core/machine.hpp"
 #include "core/peak_flops.hpp"
 #include "core/tensor.hpp"
-#include "nn/blocks.hpp"
 #include "train/trainer.hpp"
 
 #include <omp.h>
@@ -39,10 +36,10 @@ struct Options {
   std::string config = std::string(PF_SOURCE_DIR) + "/configs/gpt2-mini.toml";
   std::vector<std::string> sets;
   int threads = 2, rounds = 5, steps = 3, warmup = 2;
-  int logit_rows = static_cast<int>(kLogitChunkRows);
 };
 
-int positive(const char* flag, const char* value, long most = 1000) {
+int positive(const char* flag, const char* value) {
+  constexpr long most = 1000;
   char* end = nullptr;
   const long v = std::strtol(value, &end, 10);
   if (*value == '\0' || *end != '\0' || v < 1 || v > most)
@@ -55,8 +52,7 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc)
-      throw UsageError(fmt::format("{}: needs a value (flags: --config --set --threads --rounds --steps --warmup "
-                                   "--logit-rows)", a));
+      throw UsageError(fmt::format("{}: needs a value (flags: --config --set --threads --rounds --steps --warmup)", a));
     const char* v = argv[++i];
     if (a == "--config") o.config = v;
     else if (a == "--set") o.sets.emplace_back(v);
@@ -64,7 +60,6 @@ Options parse(int argc, char** argv) {
     else if (a == "--rounds") o.rounds = positive("--rounds", v);
     else if (a == "--steps") o.steps = positive("--steps", v);
     else if (a == "--warmup") o.warmup = positive("--warmup", v);
-    else if (a == "--logit-rows") o.logit_rows = positive("--logit-rows", v, 1 << 20);
     else throw UsageError(fmt::format("{}: not a flag of bench_breakdown", a));
   }
   return o;
@@ -154,14 +149,12 @@ int run(const Options& o) {
   sets.insert(sets.end(), o.sets.begin(), o.sets.end());
   const Config cfg = Config::load(o.config, sets);
   Trainer trainer(cfg);  // sets the threads
-  for (const auto& b : trainer.model().blocks())
-    if (auto* head = dynamic_cast<HeadBlock*>(b.get())) head->set_logit_chunk_rows(o.logit_rows);
   const double sgemm = measure_sgemm_peak(), copy = copy_bytes_per_s();
   std::printf("machine: %s\n", machine_line(machine_info()).c_str());
   std::printf("%s: %lld tokens per step (%d micro-batches x %d x %d), %d threads, logits %d rows at a time; %d "
               "rounds of %d steps after %d\n",
               cfg.model.preset.c_str(), static_cast<long long>(trainer.tokens_per_step()), cfg.parallel.micro_batches,
-              cfg.parallel.micro_batch_size, cfg.model.seq_len, num_threads(), o.logit_rows, o.rounds, o.steps,
+              cfg.parallel.micro_batch_size, cfg.model.seq_len, num_threads(), cfg.model.logit_chunk_rows, o.rounds, o.steps,
               o.warmup);
   std::printf("sgemm (1024^3, this run): %.1f GFLOP/s; memory copy (read + write, 256 MiB): %.1f GB/s\n",
               sgemm / 1e9, copy / 1e9);

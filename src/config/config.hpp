@@ -36,6 +36,10 @@ struct ModelConfig {
   float layer_norm_eps = 1e-12f;
   float init_std = 0.02f;
   std::optional<Gelu> gelu;    // erf (BERT) | tanh (GPT-2); unset ("") = the architecture's own
+  // How many labelled rows' logits the head holds at once (HeadBlock::decoder_pass): the (rows,
+  // vocab) logits never exist whole; more rows are fewer passes over the decoder's weight and
+  // its gradient, at rows x vocab x 4 bytes.
+  int logit_chunk_rows = 256;
   // Not a key: data.nsp, copied here by the loader (BERT's head then trains its pooler and
   // next-sentence classifier; they exist, and are saved, either way).
   bool nsp = false;

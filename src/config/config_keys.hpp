@@ -33,6 +33,7 @@ constexpr Bounds kNonEmpty{0, kInf, false, false, "must not be empty"};
 constexpr Bounds kPath{.path = true};
 constexpr Bounds kPositiveOrAuto{0, kInf, true, false, "must be a positive integer or 'auto' (got {})", false, true};
 constexpr Bounds kNonEmptyPath{0, kInf, false, false, "must not be empty", true};
+constexpr Bounds kLogitChunkRows{1, 1 << 20, false, false, "must be from 1 to 1048576 (got {})"};
 
 // The keys, each declared once: its name, its member, its bounds and one line of meaning.
 // Reading, validating, printing (config.toml, --print-config) and describing (config --describe,
@@ -62,6 +63,8 @@ void model_keys(C& c, F& key) {
       "the LM head uses the word embedding's matrix (bert, gpt: always; llama: false gives it lm_head.weight)");
   key("model.init_std", m.init_std, kPositive, "standard deviation of the initial weights");
   key("model.gelu", m.gelu, kAny, "GELU form: erf (BERT) or tanh (GPT-2); empty: the architecture's own");
+  key("model.logit_chunk_rows", m.logit_chunk_rows, kLogitChunkRows,
+      "labelled rows whose logits the LM head holds at once (rows x vocab x 4 bytes): more is faster, fewer is less memory");
 }
 
 template <typename C, typename F>

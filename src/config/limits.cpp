@@ -134,12 +134,12 @@ Terms terms(const Config& cfg, int local_ranks, int world_ranks, double stack_by
   // make_state of each block for one micro-batch of B sequences of S tokens: per block eight
   // (N, C) tensors, two (N, F), the attention probabilities (B, H, S, S); the head's decoder
   // input and weight gradients (N, C) and (V, C) (and BERT's bias's, V). Once per rank, the head's
-  // chunk of logits: at most kLogitChunkRows of the M labelled rows (BERT: the masked ones).
+  // chunk of logits: at most model.logit_chunk_rows of the M labelled rows (BERT: the masked ones).
   const double M = B * labelled_per_sequence(m, m.seq_len);
   const double block_acts = llama ? 8 * N * C + 2 * N * KV + 3 * N * F : 8 * N * C + 2 * N * F;  // llama: LlamaState
   const double head = (bert ? 4 : 2) * N * C + N * C + V * C + (bert ? V : 0);
   const double acts = N * C + L * (block_acts + B * H * S * S) + head + 2 * N * C;
-  t.acts = W * 4 * (acts * in_flight(cfg) + std::min(M, static_cast<double>(kLogitChunkRows)) * V);
+  t.acts = W * 4 * (acts * in_flight(cfg) + std::min(M, static_cast<double>(m.logit_chunk_rows)) * V);
   // The host's share of the job; stacks are per process.
   const double share = static_cast<double>(local_ranks) / std::max(1, world_ranks);
   t.state *= share, t.kfac *= share, t.acts *= share;

@@ -13,10 +13,6 @@
 
 namespace pf {
 
-// How many labelled rows' logits the head holds at once (nn/blocks.hpp, HeadBlock::decoder_pass),
-// as the memory estimate counts them: the (rows, vocab) logits never exist whole.
-inline constexpr int64_t kLogitChunkRows = 256;
-
 struct MachineMemory {
   double bytes = 0;    // available now: the smaller of MemAvailable and the cgroup's limit less its usage
   std::string source;  // where it was read

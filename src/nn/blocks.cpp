@@ -216,7 +216,8 @@ struct HeadGrads : OutputGrads {
   int64_t bytes() const override { return bytes_of({&t, &pooled}); }
 };
 
-HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word) : cfg_(cfg), bert_(cfg.arch == Arch::Bert) {
+HeadBlock::HeadBlock(const ModelConfig& cfg, Param* tied_word)
+    : cfg_(cfg), bert_(cfg.arch == Arch::Bert), chunk_rows_(cfg.logit_chunk_rows) {
   const int64_t C = cfg.hidden;
   if (!tied_word && cfg.tie_embeddings) {
     mirror_ = std::make_unique<Param>(word_name(cfg.arch), Shape{cfg.vocab, C});
@@ -304,7 +305,7 @@ std::unique_ptr<BlockState> HeadBlock::make_state(int max_rows, int seq, Backwar
   st->dw = Tensor({V, C});
   if (bert_) st->db = Tensor({V});
   // One chunk of logits for every state: the labelled rows (BERT: the masked ones), at most
-  // chunk_rows_ of them at a time (kLogitChunkRows, or what a test set).
+  // chunk_rows_ of them at a time (model.logit_chunk_rows, or what a test set).
   const int64_t M = static_cast<int64_t>(max_rows) * labelled_per_sequence(cfg_, seq);
   reserve(chunk_, std::min<int64_t>(M, chunk_rows_) * V);
   if (bert_) {

@@ -15,7 +15,6 @@
 // and ignores attn_mask (its batches are unpadded windows). Dropout (cfg.dropout > 0) applies to
 // the embedding output and to both residual branches; attention probabilities are not dropped.
 #include "config/config.hpp"
-#include "config/limits.hpp"
 #include "core/kernels.hpp"
 #include "nn/block.hpp"
 #include "nn/layers.hpp"
@@ -181,9 +180,10 @@ class HeadBlock : public ModelBlock {
   // Inference: the LM logits (rows, vocab) of hidden rows x (rows, hidden), without loss or
   // saved state (forward() turns its logits into probabilities for the backward).
   void logits(const float* x, int64_t rows, float* out) const;
-  // How many labelled rows' logits exist at once (decoder_pass; kLogitChunkRows): tests set fewer
-  // to cut a micro-batch into several chunks. Set it before make_state.
+  // How many labelled rows' logits exist at once (decoder_pass; model.logit_chunk_rows): tests
+  // set fewer to cut a micro-batch into several chunks. Set it before make_state.
   void set_logit_chunk_rows(int64_t rows) { chunk_rows_ = rows; }
+  int64_t logit_chunk_rows() const { return chunk_rows_; }
 
  private:
   void decoder_pass(const MicroBatch& mb, HeadState& st) const;
@@ -207,7 +207,7 @@ class HeadBlock : public ModelBlock {
   std::unique_ptr<Linear> pooler_, nsp_;
   mutable Tensor d_a_, d_b_;
   mutable Tensor chunk_;  // (chunk_rows_, V) logits, then probabilities, then their gradient
-  int64_t chunk_rows_ = kLogitChunkRows;
+  int64_t chunk_rows_;  // model.logit_chunk_rows, or a test's
   mutable std::shared_ptr<HeadGrads> shared_grads_;
 };
 

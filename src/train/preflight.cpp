@@ -153,7 +153,7 @@ int take_lock(const std::string& dir, const std::string& what) {
 const std::vector<std::string> kContinuingKeys = {"train.steps",       "optim.decay_steps", "train.threads",
                                                   "train.log_json",    "train.log_every",   "train.eval_every",
                                                   "train.checkpoint_every", "train.keep_checkpoints",
-                                                  "train.out_dir"};
+                                                  "train.out_dir", "model.logit_chunk_rows"};
 
 // The first key whose value differs between the run's config.toml (theirs) and this command's,
 // with both values: "'[train] steps': run has 5, this command 6"; "" when none.

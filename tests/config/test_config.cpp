@@ -86,6 +86,9 @@ TEST(Config, BadInputNamesTheKey) {
   EXPECT_EQ(error_of("[model]\nlayerz = 2\n"), "model.layerz: unknown configuration key (did you mean model.layers?)");
   EXPECT_EQ(error_of("", {"modle.layers=2"}), "modle: unknown configuration table (did you mean [model]?)");
   EXPECT_EQ(error_of("", {"model.hidden=0"}), "model.hidden: must be positive (got 0)");
+  EXPECT_EQ(error_of("", {"model.logit_chunk_rows=0"}), "model.logit_chunk_rows: must be from 1 to 1048576 (got 0)");
+  EXPECT_EQ(error_of("", {"model.logit_chunk_rows=2000000"}),
+            "model.logit_chunk_rows: must be from 1 to 1048576 (got 2000000)");
   EXPECT_EQ(error_of("", {"model.hidden=100", "model.heads=3"}),
             "model.hidden: 100 is not divisible by model.heads = 3");
   EXPECT_EQ(error_of("", {"model.layers=two"}), "model.layers: expected an integer");
@@ -362,7 +365,7 @@ TEST(Config, EveryKeyPrintsOnceAndReadsBackEqual) {
            "kfac.spd_pipelining=true", "kfac.ema=0.5", "kfac.warmup_steps=3"});
   const std::string toml = a.to_toml();
   const std::vector<std::string> keys = pf::config_keys();
-  EXPECT_EQ(keys.size(), 81u);
+  EXPECT_EQ(keys.size(), 82u);
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
   std::map<std::string, int> printed;
   std::string table;

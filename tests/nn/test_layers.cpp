@@ -229,10 +229,11 @@ struct HeadResult {
   std::vector<float> dx;
   std::vector<std::vector<float>> grads;
 };
-HeadResult run_head(const ModelConfig& c, int64_t chunk_rows, int forwards, const MicroBatch& mb) {
+HeadResult run_head(ModelConfig c, int64_t chunk_rows, int forwards, const MicroBatch& mb) {
+  c.logit_chunk_rows = static_cast<int>(chunk_rows);  // model.logit_chunk_rows
   HeadBlock head(c, nullptr);
+  EXPECT_EQ(head.logit_chunk_rows(), chunk_rows);
   head.init(5);
-  head.set_logit_chunk_rows(chunk_rows);
   auto st = head.make_state(mb.rows, mb.seq, BackwardMode::split);
   const int64_t N = int64_t(mb.rows) * mb.seq;
   Tensor x = randn({mb.rows, mb.seq, c.hidden}, 11, 3.0f), y, dx({N, c.hidden});
