@@ -81,8 +81,8 @@ void check_replay(const Config& c) {
   const bool soap = c.optim.name == OptimName::Soap && !k.enabled;
   const bool replay = (k.enabled || soap) && placement_spec(k).replays;
   if (!k.refresh_record.empty() && !replay)
-    usage_error("kfac.refresh_record", "only applies with kfac.enabled = true and kfac.placement = replay (or "
-                "optim.name = soap and kfac.placement = replay)");
+    usage_error("kfac.refresh_record", "only applies with {} and kfac.placement = replay",
+                soap ? "optim.name = soap" : "kfac.enabled = true");
   if (!replay) return;
   if (k.refresh_record.empty())
     usage_error("kfac.refresh_record", "kfac.placement = replay follows a recorded refresh pattern: name the "
