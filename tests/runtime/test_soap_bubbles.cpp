@@ -132,20 +132,27 @@ TEST(SoapBubbles, OneF1B_2x1_OneProcessFollowingItsRecordTrainsTheSameWeights) {
 
 // On the recording run's layout the record followed is the same arithmetic as the bubbles' units
 // (a refresh reads only what the previous update left, wherever in the step it runs): the same
-// bits, under 1F1B and the zero-bubble schedules (H1; V, two chunks per rank). On 1F1B a record
+// bits, under 1F1B, the zero-bubble schedules (H1; V, two chunks per rank) and 1F1B on 2 stages x
+// 2 replicas (each refreshes its copy alike; replica 0 records). On 1F1B a record
 // with step 4's refreshes one step later is other bits, and so is one without refreshes.
-TEST(SoapBubbles, TheRecordFollowedOnItsLayoutIsTheSameBits_1F1B_ZbH1_ZbV) {
-  for (const std::string schedule : {"1f1b", "zb-h1", "zb-v"}) {
-    const std::string layout = "--set parallel.stages=2 --set parallel.schedule=" + schedule + " ", bits = "bits_" + schedule;
-    const auto r = run(kEnv + kPfrun + " -np 2 " + train(bits, layout + "--set kfac.placement=bubbles --test-kfac-cost-scale 0.001"));
+TEST(SoapBubbles, TheRecordFollowedOnItsLayoutIsTheSameBits_1F1B_ZbH1_ZbV_2x2) {
+  struct Case {
+    std::string name, ranks, layout;
+  };
+  const std::string two = "--set parallel.stages=2 ";
+  for (const Case& c : {Case{"1f1b", "2", two}, Case{"zb-h1", "2", two + "--set parallel.schedule=zb-h1 "},
+                        Case{"zb-v", "2", two + "--set parallel.schedule=zb-v "},
+                        Case{"2x2", "4", two + "--set parallel.data_parallel=2 --set parallel.micro_batches=2 "}}) {
+    const std::string bits = "bits_" + c.name, mpi = kEnv + kPfrun + " -np " + c.ranks + " ";
+    const auto r = run(mpi + train(bits, c.layout + "--set kfac.placement=bubbles --test-kfac-cost-scale 0.001"));
     ASSERT_EQ(r.status, 0) << r.out;
     const fs::path record = work_dir() / bits / "soap_refresh.json";
-    EXPECT_EQ(nlohmann::json::parse(std::ifstream(record))["refreshes"].size(), 3u * 54) << schedule;
-    const auto same = run(kEnv + kPfrun + " -np 2 " +
-                          train(bits + "_replayed", layout + "--set kfac.placement=replay --set kfac.refresh_record=" + record.string()));
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(record))["refreshes"].size(), 3u * 54) << c.name;  // replica 0's
+    const auto same = run(mpi + train(bits + "_replayed", c.layout + "--set kfac.placement=replay --set kfac.refresh_record=" +
+                                                                 record.string()));
     ASSERT_EQ(same.status, 0) << same.out;
-    EXPECT_EQ(losses(bits), losses(bits + "_replayed")) << schedule;
-    EXPECT_EQ(worst_difference(bits, bits + "_replayed"), 0.0) << schedule;
+    EXPECT_EQ(losses(bits), losses(bits + "_replayed")) << c.name;
+    EXPECT_EQ(worst_difference(bits, bits + "_replayed"), 0.0) << c.name;
   }
   const std::string layout = "--set parallel.stages=2 ";
   const fs::path record = work_dir() / "bits_1f1b" / "soap_refresh.json";

@@ -25,15 +25,16 @@ Soap& soap_of(const HostedChunk& c) {
   return *soap;
 }
 
-// The plan's lines on stdout (rank 0).
+// The plan's lines on stdout (rank 0); units counted on one replica (replicas refresh alike).
 void print_plan(const KfacPlan& p, int64_t plan_start) {
-  int inline_units = 0;
-  for (const PlacedUnit& u : p.units()) inline_units += u.inline_work;
-  std::printf("soap: planned from steps 1-%lld: eigenbasis refreshes every %s steps (per device), %d of %zu "
+  int inline_units = 0, units = 0;
+  for (const PlacedUnit& u : p.units())
+    if (u.replica == 0) inline_units += u.inline_work, ++units;
+  std::printf("soap: planned from steps 1-%lld: eigenbasis refreshes every %s steps (per device), %d of %d "
               "refreshes inline (%.3f ms per cycle), utilization %.0f%%, step %.2f ms (%.2f ms without SOAP's "
               "refreshes)\n",
               static_cast<long long>(plan_start), fmt::format("{}", fmt::join(p.refresh_steps, " ")).c_str(), inline_units,
-              p.units().size(), p.inline_time, 100 * p.utilization, p.step_time, p.plain_step_time);
+              units, p.inline_time, 100 * p.utilization, p.step_time, p.plain_step_time);
   std::fflush(stdout);
 }
 
