@@ -277,6 +277,8 @@ void fill_unset(Config& c, const Reader& r) {
   // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
   // change with the layout.
   if (!r.has("kfac.placement") && c.kfac.enabled) c.kfac.placement = default_kfac_placement(c.parallel.stages);
+  // SOAP's work runs in its optimizer step unless a placement is asked for (docs/optimizers.md).
+  if (!r.has("kfac.placement") && !c.kfac.enabled && c.optim.name == OptimName::Soap) c.kfac.placement = Placement::Inline;
 }
 
 // `--set model.preset=P` over a file (a run's config.toml holds every size): P's sizes, not the file's.

@@ -170,7 +170,8 @@ void kfac_keys(C& c, F& key) {
   key("kfac.diag_limit", k.diag_limit, kPositive, "a layer with more outputs keeps only the diagonal of its B factor");
   key("kfac.placement", k.placement, kAny,
       "where K-FAC's work runs: bubbles (PipeFisher), adaptive (PipeFisher's plan, units placed in the waits at run "
-      "time), inline, skip (every kfac.inverse_every steps) or replay");
+      "time), inline, skip (every kfac.inverse_every steps) or replay; with optim.name = soap (kfac.enabled = false) "
+      "where SOAP's eigenbasis refreshes run: inline (its optimizer step, the default), bubbles or replay");
   key("kfac.distributed", k.distributed, kAny, "a stage with copies shares K-FAC work as d-kfac, mpd-kfac or spd-kfac");
   key("kfac.spd_pipelining", k.spd_pipelining, kAny, "spd-kfac: fused factor all-reduces overlapped with the backward");
   key("kfac.spd_balance", k.spd_balance, kAny, "spd-kfac: load-balanced placement of the inversions");
@@ -191,7 +192,7 @@ void kfac_keys(C& c, F& key) {
   key("kfac.plan_profile", k.plan_profile, kPath,
       "bubbles, adaptive: plan from this recorded profile (a run's kfac_profile.json) instead of this run's timings");
   key("kfac.refresh_record", k.refresh_record, kPath,
-      "replay: the refresh record (a pipeline run's kfac_refresh.json) one process follows");
+      "replay: the refresh record (a pipeline run's kfac_refresh.json, or with SOAP its soap_refresh.json) to follow");
 }
 
 template <typename C, typename F>

@@ -14,7 +14,28 @@ namespace pf {
 
 Placement default_kfac_placement(int stages) { return stages == 1 ? Placement::Inline : Placement::Bubbles; }
 
+namespace {
+// SOAP's work (optim.name = soap): inline (in its optimizer step), bubbles (its eigenbasis
+// refreshes as units in a pipeline's bubbles) or replay (following such a run's record: in one
+// process, or under mpirun on any one-pipeline layout).
+void check_soap_placement(const Config& c, KfacRunner runner) {
+  const PlacementSpec p = placement_spec(c.kfac);
+  const std::string name = name_of(c.kfac.placement);
+  if (c.kfac.placement == Placement::Adaptive || c.kfac.placement == Placement::Skip)
+    usage_error("kfac.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline' or "
+                "'replay'", name);
+  if (runner == KfacRunner::one_process && p.planned)
+    usage_error("kfac.placement", "'{}' places SOAP's work in pipeline bubbles: it needs a pipeline "
+                "(parallel.stages > 1); a single process runs 'inline' or 'replay' (a bubbles run's record)", name);
+  if (runner == KfacRunner::mpi && p.planned && c.parallel.stages == 1)
+    usage_error("kfac.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline'", name);
+  if ((p.planned || p.replays) && c.parallel.schedule == ScheduleName::Chimera)
+    usage_error("kfac.placement", "'{}' plans SOAP's work for one pipeline; Chimera's two are not built yet", name);
+}
+}  // namespace
+
 void check_kfac_placement(const Config& c, KfacRunner runner) {
+  if (!c.kfac.enabled && c.optim.name == OptimName::Soap) return check_soap_placement(c, runner);
   if (!c.kfac.enabled) return;
   const PlacementSpec p = placement_spec(c.kfac);
   const std::string name = name_of(c.kfac.placement);
@@ -43,6 +64,10 @@ std::string preset_of(const ModelConfig& m) {
 }
 
 std::string optimizer_of(const Config& c) {
+  if (!c.kfac.enabled && c.optim.name == OptimName::Soap && c.kfac.placement != Placement::Inline) {
+    const PlacementSpec p = placement_spec(c.kfac);
+    return p.planned ? "soap (its eigenbasis refreshes in the pipeline bubbles)" : "soap (" + p.where + ")";
+  }
   if (!c.kfac.enabled) return name_of(c.optim.name);
   const PlacementSpec p = placement_spec(c.kfac);
   // Stages with several copies (replicas, Chimera's twins) share an inline refresh by kfac.distributed.

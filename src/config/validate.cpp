@@ -77,13 +77,17 @@ void check_model_relations(const Config& c) {
 // kfac.placement = replay: one process following a recorded refresh pattern, factors of one step each.
 void check_replay(const Config& c) {
   const auto& k = c.kfac;
-  const bool replay = k.enabled && placement_spec(k).replays;
+  // SOAP's work as units follows a SOAP bubbles run's record (optim/soap_record.hpp).
+  const bool soap = c.optim.name == OptimName::Soap && !k.enabled;
+  const bool replay = (k.enabled || soap) && placement_spec(k).replays;
   if (!k.refresh_record.empty() && !replay)
-    usage_error("kfac.refresh_record", "only applies with kfac.enabled = true and kfac.placement = replay");
+    usage_error("kfac.refresh_record", "only applies with {} and kfac.placement = replay",
+                soap ? "optim.name = soap" : "kfac.enabled = true");
   if (!replay) return;
   if (k.refresh_record.empty())
     usage_error("kfac.refresh_record", "kfac.placement = replay follows a recorded refresh pattern: name the "
-                "kfac_refresh.json of a kfac.placement = bubbles run");
+                "{} of a kfac.placement = bubbles run", soap ? "soap_refresh.json" : "kfac_refresh.json");
+  if (soap) return;  // SOAP's record is followed on any layout (train/soap_replay.hpp, runtime/soap/)
   const int W = c.parallel.data_parallel;  // auto: checked again once it is a number
   if (c.parallel.stages != 1 || (W != 1 && W != kAutoDataParallel))
     usage_error("kfac.placement", "'replay' is one process following a pipeline's record: parallel.stages = 1 and "

@@ -80,6 +80,7 @@ class Optimizer {
   // Updates one parameter; `t` is the step number counting this one (1 for the first step) and
   // `grad_scale` the clipping factor to apply to its gradient.
   virtual void update(Slot& slot, double lr, int64_t t, float grad_scale) = 0;
+  std::vector<Slot>& slots() { return slots_; }  // empty before init()
 
  private:
   double grad_clip_;
@@ -150,11 +151,32 @@ class NvLamb : public Optimizer {
 // back with the old bases and into the new ones (soap.py does that round trip every step; here
 // only when the bases change, the same arithmetic up to rounding). A side longer than
 // max_precond_dim has no statistic and is not rotated; with neither side this is Adam.
+//
+// SOAP's work as units (kfac.placement = bubbles, replay: docs/optimizers.md): with
+// refresh_by_units the bases move only when refresh_factor asks, one factor at a time, and never
+// every precondition_frequency steps. A factor's refresh between two updates is one power
+// iteration of its basis on its statistic as the last update left it, its side of m rotated out
+// of the old basis and into the new one, v's rows (L) or columns (R) permuted alike: the
+// arithmetic of the refresh after that update (which rotates m over both sides at once, the same
+// up to rounding), so a refresh run anywhere before the next update is the same refresh.
 class Soap : public AdamW {
  public:
   explicit Soap(const OptimConfig& c);
   ~Soap() override;
   std::string name() const override { return "soap"; }
+
+  // The weights SOAP rotates (a Linear's own weight) among `params`, in order: unit layer l of
+  // a stage is the l-th of its parameters.
+  static std::vector<int> rotated_weights(std::span<Param* const> params);
+  void refresh_by_units(bool on) { by_units_ = on; }
+  // Refreshes factor `side` (0: L, 1: R) of rotated weight `weight` (an index of
+  // rotated_weights). A side longer than max_precond_dim has none, and before the first step
+  // (whose eigensolver makes the bases) there is none yet: then nothing happens.
+  void refresh_factor(int weight, int side);
+  // The same refresh timed on copies (the state is left as it was), in ms: a plan's unit cost.
+  double time_refresh_factor(int weight, int side);
+  // The rotated weight's side has a statistic and a basis.
+  bool has_factor(int weight, int side);
 
  protected:
   std::vector<StateSpec> state_specs(const Param& p) const override;
@@ -162,8 +184,10 @@ class Soap : public AdamW {
 
  private:
   void update_matrix(Slot& slot, double lr, int64_t t, float grad_scale);
+  Slot& rotated_slot(int weight);
   double shampoo_beta_;
   int precondition_frequency_, max_precond_dim_;
+  bool by_units_ = false;
   // Sized on the first step for the largest weight: later steps allocate nothing.
   std::unique_ptr<optim_detail::SoapScratch> scratch_;
 };

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -163,6 +164,22 @@ void refresh_bases(const SoapTensors& x, SoapScratch& s) {
   rotate(x, s.out.data(), 1.0f, false, s.mid.data(), x.m);
 }
 
+// One side's refresh: m's side rotated out of the old basis (Q_L m, or m Q_R^T), the basis moved
+// by one power iteration with v's rows or columns permuted alike, m's side into the new basis
+// (Q_L^T m, or m Q_R). The other side's basis stays: m = Q_L' (Q_L'^T Q_L m Q_R^T Q_R) Q_R^T holds.
+void refresh_side(const SoapTensors& x, int side, SoapScratch& s) {
+  float* Q = side == 0 ? x.QL : x.QR;
+  if (!Q) return;
+  const int64_t r = x.rows, c = x.cols;
+  float* out = s.out.data();
+  if (side == 0) gemm(false, false, r, c, r, 1.0f, Q, r, x.m, c, 0.0f, out, c);
+  else gemm(false, true, r, c, c, 1.0f, x.m, c, Q, c, 0.0f, out, c);
+  power_step(side == 0 ? x.L : x.R, side == 0 ? r : c, Q, s);
+  permute_second_moment(x, side, s);
+  if (side == 0) gemm(true, false, r, c, r, 1.0f, Q, r, out, c, 0.0f, x.m, c);
+  else gemm(false, false, r, c, c, 1.0f, out, c, Q, c, 0.0f, x.m, c);
+}
+
 // Adam's moments of the rotated gradient gp over [b, e); gp becomes m / (sqrt(v) + eps).
 void rotated_adam_range(int64_t b, int64_t e, float* __restrict gp, float* __restrict m, float* __restrict v,
                         Betas k, float eps) {
@@ -233,7 +250,47 @@ void Soap::update_matrix(Slot& slot, double lr, int64_t t, float grad_scale) {
   const float* dir = s.out.data();
   for_chunks(n, [&](int64_t b, int64_t e) { apply_range(b, e, x.w, dir, step, shrink); });
   accumulate_statistics(x, bs, cs, grad_scale);
-  if (k % precondition_frequency_ == 0) refresh_bases(x, s);
+  if (!by_units_ && k % precondition_frequency_ == 0) refresh_bases(x, s);
+}
+
+std::vector<int> Soap::rotated_weights(std::span<Param* const> params) {
+  std::vector<int> out;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (rotated(*params[i])) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+Optimizer::Slot& Soap::rotated_slot(int weight) {
+  int n = 0;
+  for (Slot& slot : slots())
+    if (rotated(*slot.param) && n++ == weight) return slot;
+  PF_CHECK(false, "soap: no rotated weight {} (it has {})", weight, n);
+  return slots().front();
+}
+
+bool Soap::has_factor(int weight, int side) {
+  const Slot& slot = rotated_slot(weight);
+  return slot.param->value.dim(side) <= max_precond_dim_;
+}
+
+void Soap::refresh_factor(int weight, int side) {
+  Slot& slot = rotated_slot(weight);
+  if (step_count() == 0) return;  // no basis yet: the first step's eigensolver makes it
+  const SoapTensors x = soap_tensors(*slot.param, slot.state, max_precond_dim_);
+  fit(*scratch_, x);
+  refresh_side(x, side, *scratch_);
+}
+
+// Planning only (its copies allocate; no step does).
+double Soap::time_refresh_factor(int weight, int side) {
+  Slot& slot = rotated_slot(weight);
+  std::vector<Tensor> kept = slot.state;
+  const auto t0 = std::chrono::steady_clock::now();
+  refresh_factor(weight, side);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t k = 0; k < kept.size(); ++k)  // in place: state_tensors() hands out these tensors
+    std::memcpy(slot.state[k].data(), kept[k].data(), static_cast<size_t>(kept[k].numel()) * sizeof(float));
+  return ms;
 }
 
 }  // namespace pf

@@ -74,9 +74,9 @@ std::pair<int, double> Placer::place(double ready, double dur, bool best_fit, bo
 
 // Broadcasts keep their chain order (placement order, the same on every replica).
 bool Strategy::largest_first(Kind k) const {
-  return is_inversion(k) ? inv_largest_first : !is_bcast_inv(k) && curv_largest_first;
+  return is_factor_refresh(k) ? inv_largest_first : !is_bcast_inv(k) && curv_largest_first;
 }
-bool Strategy::best_fit(Kind k) const { return is_inversion(k) ? inv_best_fit : curv_best_fit; }
+bool Strategy::best_fit(Kind k) const { return is_factor_refresh(k) ? inv_best_fit : curv_best_fit; }
 std::string Strategy::name() const {
   if (gap_first) return std::string("gap by gap, the largest unit that fits") + (reserve ? ", room kept for the largest inversions" : "");
   auto part = [](bool largest, bool best) {
@@ -113,11 +113,11 @@ void keep_room_for_inversions(const PlanState& state, const std::vector<Unit>& u
   for (const Unit& unit : units)
     if (gap_unit(unit, replica)) {
       work += unit.duration;
-      if (is_inversion(unit.action.kind)) big = std::max(big, fit.padded(unit.duration));
+      if (is_factor_refresh(unit.action.kind)) big = std::max(big, fit.padded(unit.duration));
     }
   int count = 0;
   for (const Unit& unit : units)
-    count += is_inversion(unit.action.kind) && gap_unit(unit, replica) && fit.padded(2 * unit.duration) > big;
+    count += is_factor_refresh(unit.action.kind) && gap_unit(unit, replica) && fit.padded(2 * unit.duration) > big;
   for (const Gap& g : state.base.timeline.gaps(device)) bubble += g.end - g.start;
   if (big <= kEps || bubble <= kEps) return;
   const int steps = placer.period > 0 ? placer.period : static_cast<int>(std::ceil(work / bubble - 1e-12));
@@ -125,7 +125,8 @@ void keep_room_for_inversions(const PlanState& state, const std::vector<Unit>& u
   placer.keep_room(steps, big, each ? count : INT_MAX, each ? INT_MAX : 1);
 }
 
-// Placement order of the units: class by class (CURV_A, CURV_B, BCAST_INV, SYNC, INV_A, INV_B),
+// Placement order of the units: class by class (CURV_A, CURV_B, BCAST_INV, SYNC, INV_A or EIG_L,
+// INV_B or EIG_R),
 // within a class as the strategy says.
 std::vector<int> placement_order(const std::vector<Unit>& units, const Strategy& strategy) {
   std::vector<int> order(units.size());
@@ -136,7 +137,7 @@ std::vector<int> placement_order(const std::vector<Unit>& units, const Strategy&
       case Kind::CURV_B: return 1;
       case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return 2;
       case Kind::SYNC_CURV: return 3;
-      case Kind::INV_A: return 4;
+      case Kind::INV_A: case Kind::EIG_L: return 4;  // SOAP's refreshes as K-FAC's inversions
       default: return 5;
     }
   };
@@ -220,7 +221,7 @@ bool pack_unit_by_unit(Packing& packing, const Strategy& strategy) {
     if (!packing.placed_here(i)) continue;
     const Unit& unit = packing.units[i];
     const Kind kind = unit.action.kind;
-    auto [gap, start] = packing.result.placer.place(packing.ready(i), unit.duration, strategy.best_fit(kind), !is_inversion(kind));
+    auto [gap, start] = packing.result.placer.place(packing.ready(i), unit.duration, strategy.best_fit(kind), !is_factor_refresh(kind));
     if (gap < 0) return false;  // beyond the period's window
     packing.put(i, gap, start);
   }
@@ -240,7 +241,7 @@ void fill_gap(Packing& packing, int gap_index, std::vector<int>& todo) {
     for (int i : todo) {
       if (!packing.deps_done(i)) continue;
       const double start = std::max(cursor, packing.ready(i));
-      const double room = g.gap.end - (is_inversion(units[i].action.kind) ? 0.0 : placer.gaps[g.cursor_gap].kept);
+      const double room = g.gap.end - (is_factor_refresh(units[i].action.kind) ? 0.0 : placer.gaps[g.cursor_gap].kept);
       if (!placer.fit.holds(start, units[i].duration, room)) continue;
       const bool now = start <= cursor + kEps, best_now = best >= 0 && best_start <= cursor + kEps;
       if (best < 0 || (now && !best_now) ||

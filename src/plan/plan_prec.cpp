@@ -135,7 +135,7 @@ double precondition_time(const PlanState& state, int d, int p, int s) {
 // Chimera's group the twins are no holders of each other's copy (each preconditions all of it).
 std::vector<PrecSplit> split_precondition(const PlanState& state) {
   std::vector<PrecSplit> out;
-  if (holder_count(state.in) <= 1) return out;
+  if (holder_count(state.in) <= 1 || state.in.work == BubbleWork::soap) return out;
   const Schedule& sch = state.in.schedule;
   for (int p = 0; p < sch.pipelines; ++p)
     for (int s = 0; s < sch.stages; ++s) out.push_back(place_layers(state.in, p, s));
@@ -153,7 +153,8 @@ BaseStep place_precondition(const PlanState& state) {
   TimedSchedule& ts = out.timed;
   const Timeline tl = ts.simulate();
   out.plain_step_time = tl.step_time;
-  for (int d = 0; d < D; ++d) insert_preconditions(state, tl, d, ts);
+  if (in.work == BubbleWork::kfac)  // SOAP has no PREC: its rotations are its OPT's
+    for (int d = 0; d < D; ++d) insert_preconditions(state, tl, d, ts);
   out.timeline = ts.simulate();
   out.largest_shared_gap = largest_shared_gaps(in.schedule, out.timeline);
   return out;

@@ -9,6 +9,7 @@ namespace pf {
 
 struct PlanSummary {
   std::vector<int> refresh_steps;
+  bool soap = false;  // the plan places SOAP's eigenbasis refreshes, not K-FAC's units
   double step_ms = 0, without_kfac_ms = 0, precondition_only_ms = 0, utilization = 0;
 };
 

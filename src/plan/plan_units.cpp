@@ -133,7 +133,7 @@ void add_inversion(const PlanInput& in, const KfacNode& node, const std::vector<
   dev_units.units.push_back(x);
 }
 
-// The unit of a curvature or sync node: a curvature unit is ready when the pass it reads ends; a
+// The unit of a curvature, sync or SOAP node: a curvature unit is ready when the pass it reads ends; a
 // sync (several holders: replicas, or Chimera's twins, where it is pinned) is never zero long, as
 // a broadcast (list order breaks ties in start time by start only).
 Unit node_unit(const PlanInput& in, const std::vector<TimedAction>& step, const KfacNode& node, std::vector<int> deps) {
@@ -146,7 +146,7 @@ Unit node_unit(const PlanInput& in, const std::vector<TimedAction>& step, const 
     x.pinned = in.schedule.pipelines > 1;
   } else {
     x.duration = c.unit(node.cost.kind, node.cost.layer);
-    x.ready = step[node.pass].end;
+    if (node.pass >= 0) x.ready = step[node.pass].end;  // curvature; SOAP's refreshes read no pass
   }
   return x;
 }
@@ -169,8 +169,9 @@ void mark_inline(const PlanInput& in, std::vector<Unit>& u, double max_gap, bool
 // The K-FAC graph's input: recomputation, a sync per stage with several holders, each stage's layers.
 KfacGraphInput graph_input(const PlanInput& in) {
   KfacGraphInput g;
+  g.work = in.work;
   g.rules.recompute = in.recompute;
-  g.sync = in.replicas > 1 || in.schedule.pipelines > 1;
+  g.sync = in.work == BubbleWork::kfac && (in.replicas > 1 || in.schedule.pipelines > 1);
   for (int s = 0; s < in.schedule.stages; ++s)
     g.layers.push_back(in.kfac.size() == 1 || s < static_cast<int>(in.kfac.size()) ? stage_cost(in, s).layers() : 0);
   return g;
@@ -251,7 +252,7 @@ void place_device_inversions(const PlanInput& in, DeviceUnits& dev_units, double
   const bool chimera = in.schedule.pipelines > 1;
   const int G = holder_count(in);
   dev_units.placements.clear();
-  if (G <= 1) return;
+  if (G <= 1 || in.work == BubbleWork::soap) return;  // SOAP: every holder refreshes its stage's factors
   auto& u = dev_units.units;
   for (auto [p, s] : dev_units.stages) {
     std::vector<int> idx;  // [piece] unit index

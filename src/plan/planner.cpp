@@ -54,8 +54,13 @@ void check_input(const PlanInput& in) {
                 in.bcast_alpha < 0 ? in.bcast_alpha : in.bcast_beta);
   if (in.kfac.empty() || (in.kfac.size() != 1 && static_cast<int>(in.kfac.size()) != sch.stages))
     usage_error("--kfac", "K-FAC costs for {} stages but the schedule has {}", in.kfac.size(), sch.stages);
+  if (in.work == BubbleWork::soap && sch.pipelines > 1)
+    usage_error("--schedule", "SOAP's units are planned for one pipeline, not {}'s {}", sch.name, sch.pipelines);
   for (const StageKfacCost& c : in.kfac)
-    if (c.layers() < 1 || c.curv_b.size() != c.curv_a.size() || c.inv_a.size() != c.curv_a.size() ||
+    if (in.work == BubbleWork::soap) {
+      if (c.layers() < 1 || c.eig_r.size() != c.eig_l.size())
+        usage_error("--kfac", "every stage needs SOAP's two refreshes for each of its rotated weights");
+    } else if (c.layers() < 1 || c.curv_b.size() != c.curv_a.size() || c.inv_a.size() != c.curv_a.size() ||
         c.inv_b.size() != c.curv_a.size() || c.dim_a.size() != c.curv_a.size() || c.dim_b.size() != c.curv_a.size() ||
         (!c.diag_b.empty() && c.diag_b.size() != c.curv_a.size()))
       usage_error("--kfac", "every stage needs curvature, inversion and sizes for each of its layers");
@@ -66,7 +71,7 @@ void check_input(const PlanInput& in) {
   }
   for (const auto& row : sch.per_device)
     for (const Action& a : row)
-      if (is_kfac(a.kind))
+      if (is_kfac(a.kind) || is_eigenbasis(a.kind))
         usage_error("--schedule-file", "the schedule already has K-FAC action {}; the planner adds them", to_token(a));
 }
 

@@ -104,6 +104,7 @@
 // else nothing is split. A block-diagonal factor costs 1/k^2 of the inversion but approximates
 // the factor (the trade the paper's appendix A.2 makes).
 #include "kfac/placement.hpp"
+#include "schedule/kfac_graph.hpp"
 #include "schedule/schedule.hpp"
 #include "sim/cost.hpp"
 #include "sim/fit.hpp"
@@ -129,6 +130,11 @@ enum class PrecPlacement {
 // What a run (its kfac.* and parallel.* settings) or `pipefisher plan --kfac` (its flags) asks
 // of the planner besides the step and its costs.
 struct PlanSettings {
+  // The work placed: K-FAC's units, or SOAP's (optim.name = soap: each stage's eigenbasis
+  // refreshes, EIG_L and EIG_R per rotated weight, packed as inversions are and never split; no
+  // curvature, sync, broadcast or PREC: SOAP's rotations run in its OPT). SOAP's plans take one
+  // pipeline (no Chimera); replicas refresh alike, each all of its stage's factors.
+  BubbleWork work = BubbleWork::kfac;
   int replicas = 1;  // W data-parallel replicas per stage
   double margin = kFitMargin;
   // Split a device's largest inversions into diagonal blocks when that lowers its refresh steps

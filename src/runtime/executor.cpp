@@ -211,6 +211,8 @@ const std::array<Executor::Handler, kNumKinds>& Executor::handlers() {
     set(Kind::PREC, &Executor::on_precondition);
     set(Kind::BCAST_INV_A, &Executor::on_inverse_broadcast);
     set(Kind::BCAST_INV_B, &Executor::on_inverse_broadcast);
+    set(Kind::EIG_L, &Executor::on_eigenbasis);
+    set(Kind::EIG_R, &Executor::on_eigenbasis);
     return t;
   }();
   return table;
@@ -283,6 +285,15 @@ void Executor::on_curvature(const Action& a, const StepInputs&) { kfac_->curvatu
 void Executor::on_curvature_sync(const Action& a, const StepInputs&) { kfac_->curvature_sync(a); }
 void Executor::on_inversion(const Action& a, const StepInputs&) { kfac_->inversion(a); }
 void Executor::on_inverse_broadcast(const Action& a, const StepInputs&) { kfac_->inverse_broadcast(a); }
+
+// SOAP's refresh of one factor's eigenbasis: the chunk's optimizer's state (optim/optimizer.hpp).
+void Executor::on_eigenbasis(const Action& a, const StepInputs&) {
+  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
+  auto* soap = dynamic_cast<Soap*>(c.optim.get());
+  if (!soap)
+    throw UsageError(fmt::format("schedule: action {} refreshes a SOAP basis, and optim.name is {}", to_token(a), c.optim->name()));
+  soap->refresh_factor(a.layer, side_index(a.kind));
+}
 
 // K-FAC preconditions the chunk's summed gradient.
 void Executor::on_precondition(const Action& a, const StepInputs&) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 namespace pf {
 
@@ -30,6 +31,24 @@ ProfileLayout::ProfileLayout(const Layout& layout)
   for (const BlockRange& r : layout.stage_blocks) Lmax = std::max(Lmax, 6 * (r.last - r.first + 1) + 3);
   per_stage = sync_slot(Lmax) + 1;
   size = off[layout.devices] + layout.stages() * per_stage + 2;
+}
+
+// A stage's passes of one kind do the same work, micro-batch after micro-batch, yet the first
+// forward of each profiled step ran up to 4x longer than the others and than in the planned
+// steps (bench/RESULTS.md, "Where PipeFisher's step goes"), which told the planner of a bubble
+// that is not there. Each pass gets its kind's median on this device.
+void passes_at_their_median(const std::vector<Action>& lowered, std::vector<double>& ms) {
+  std::map<std::tuple<Kind, int, int>, std::vector<double>> kinds;
+  const auto key = [&](size_t i) { return std::tuple{lowered[i].kind, lowered[i].stage, lowered[i].pipeline}; };
+  for (size_t i = 0; i < lowered.size(); ++i)
+    if (is_pass(lowered[i].kind)) kinds[key(i)].push_back(ms[i]);
+  for (auto& [k, v] : kinds) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    v.front() = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
+  for (size_t i = 0; i < lowered.size(); ++i)
+    if (is_pass(lowered[i].kind)) ms[i] = kinds[key(i)].front();
 }
 
 std::vector<double> ProfileLayout::zeros() const { return std::vector<double>(size, 0.0); }

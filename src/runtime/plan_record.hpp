@@ -25,6 +25,9 @@ namespace pf {
 // The kinds whose measured times the planner takes (F, B, I, W, OPT); every other action's
 // time stays 0 in the profile.
 bool planner_measures(Kind k);
+// Each pass of `lowered` (a device's list) at its kind's median on the device (ms, in place): a
+// profiled step's first forward runs long (plan_record.cpp).
+void passes_at_their_median(const std::vector<Action>& lowered, std::vector<double>& ms);
 
 // The profile's wire form: one vector of doubles that the ranks all-reduce (sum). Each rank
 // writes its device's action times (already divided by the replicas, so that the sum is their

@@ -11,7 +11,7 @@ namespace {
 constexpr std::array<std::string_view, kNumKinds> kNames = {
     "F",   "B",      "I",      "W",         "SEND_F", "RECV_F", "SEND_B", "RECV_B",
     "ALLREDUCE", "OPT", "CURV_A", "CURV_B", "SYNC_CURV", "INV_A", "INV_B", "PREC",
-    "BCAST_INV_A", "BCAST_INV_B"};
+    "BCAST_INV_A", "BCAST_INV_B", "EIG_L", "EIG_R"};
 }
 
 std::string_view kind_name(Kind k) { return kNames[static_cast<int>(k)]; }
@@ -38,12 +38,16 @@ bool is_p2p(Kind k) {
 bool is_bcast_inv(Kind k) { return k == Kind::BCAST_INV_A || k == Kind::BCAST_INV_B; }
 bool is_inversion(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
 bool is_curvature(Kind k) { return k == Kind::CURV_A || k == Kind::CURV_B; }
+bool is_eigenbasis(Kind k) { return k == Kind::EIG_L || k == Kind::EIG_R; }
+bool is_factor_refresh(Kind k) { return is_inversion(k) || is_eigenbasis(k); }
+Kind eigenbasis_kind(int side) { return side == 0 ? Kind::EIG_L : Kind::EIG_R; }
 bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV || is_bcast_inv(k); }
 bool is_compute(Kind k) { return !is_p2p(k) && !is_collective(k); }
 bool is_pass(Kind k) { return k == Kind::F || k == Kind::B || k == Kind::I || k == Kind::W; }
 int side_index(Kind k) {
-  PF_CHECK(k == Kind::CURV_A || k == Kind::CURV_B || is_inversion(k) || is_bcast_inv(k), "{} has no factor side", kind_name(k));
-  return k == Kind::CURV_A || k == Kind::INV_A || k == Kind::BCAST_INV_A ? 0 : 1;
+  PF_CHECK(k == Kind::CURV_A || k == Kind::CURV_B || is_inversion(k) || is_bcast_inv(k) || is_eigenbasis(k),
+           "{} has no factor side", kind_name(k));
+  return k == Kind::CURV_A || k == Kind::INV_A || k == Kind::BCAST_INV_A || k == Kind::EIG_L ? 0 : 1;
 }
 Kind curvature_kind(int side) { return side == 0 ? Kind::CURV_A : Kind::CURV_B; }
 Kind inversion_kind(int side) { return side == 0 ? Kind::INV_A : Kind::INV_B; }

@@ -11,7 +11,8 @@
 // pipeline), "2CURV_A1l4" (curvature A of layer 4 for micro-batch 1 on stage 2), "2INV_Al4",
 // "2INV_Bl4b1" (diagonal block 1 of B_4, a split inversion piece), "1PREC", "1SEND_F0" (stage 1 sends the output activation of micro-batch 0 to stage 2).
 // "2BCAST_INV_Al4b1" (broadcast of that piece's inverse among the stage's replicas).
-// Kinds without a micro-batch (INV_*, BCAST_INV_*, PREC, ALLREDUCE, OPT, SYNC_CURV) omit the number.
+// "1EIG_Rl2" (SOAP's refresh of the basis of R for stage 1's third rotated weight).
+// Kinds without a micro-batch (INV_*, BCAST_INV_*, PREC, ALLREDUCE, OPT, SYNC_CURV, EIG_*) omit the number.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,8 +39,10 @@ enum class Kind : uint8_t {
   PREC,       // precondition the gradients of a stage
   BCAST_INV_A,  // broadcast of the inverse of A_l (or one diagonal block) from the replica that
   BCAST_INV_B,  // inverted it to the stage's other replicas (PipeFisher, W > 1), upper triangle
+  EIG_L,      // SOAP: the eigenbasis refresh of Linear l's statistic L (its output side), before the
+  EIG_R,      // step's update; of R (its input side). The layer is the stage's l-th rotated weight
 };
-inline constexpr int kNumKinds = 18;
+inline constexpr int kNumKinds = 20;
 
 std::string_view kind_name(Kind k);             // "F", "SEND_F", "CURV_A", ...
 std::optional<Kind> kind_from_name(std::string_view name);
@@ -52,9 +55,14 @@ bool is_kfac(Kind k);                           // CURV_*, SYNC_CURV, INV_*, BCA
 bool is_bcast_inv(Kind k);                      // BCAST_INV_A / BCAST_INV_B
 bool is_inversion(Kind k);                      // INV_A / INV_B (a whole factor or one diagonal block)
 bool is_curvature(Kind k);                      // CURV_A / CURV_B
+bool is_eigenbasis(Kind k);                     // EIG_L / EIG_R (SOAP's)
+// A factor's periodic refresh, which the planner packs as one class: K-FAC's inversions, SOAP's
+// eigenbasis refreshes.
+bool is_factor_refresh(Kind k);
+Kind eigenbasis_kind(int side);  // EIG_L (side 0: L) / EIG_R
 // K-FAC's kinds by factor side, 0 = A (the layer's input), 1 = B (its output gradient):
 // side_index(CURV_A) == side_index(INV_A) == side_index(BCAST_INV_A) == 0, the _B kinds 1.
-int side_index(Kind curv_inv_or_bcast);
+int side_index(Kind curv_inv_or_bcast);  // EIG_L 0, EIG_R 1
 Kind curvature_kind(int side);  // CURV_A / CURV_B
 Kind inversion_kind(int side);  // INV_A / INV_B
 

@@ -78,7 +78,9 @@ void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<
     case Kind::INV_B:
     case Kind::PREC:
     case Kind::BCAST_INV_A:
-    case Kind::BCAST_INV_B: {  // the K-FAC units: what they read (a recomputed CURV_A's backward
+    case Kind::BCAST_INV_B:
+    case Kind::EIG_L:
+    case Kind::EIG_R: {  // the K-FAC and SOAP units: what they read (a recomputed CURV_A's backward
                                // precedes it in its device's list)
       std::vector<int> n;
       ix.kfac.reads(a, {}, n);

@@ -114,6 +114,12 @@ KfacGraph kfac_graph(const std::vector<Action>& step, const KfacGraphInput& in) 
     if (a.kind == Kind::F && std::find(g.chunks.begin(), g.chunks.end(), std::pair{a.pipeline, a.stage}) == g.chunks.end())
       g.chunks.push_back({a.pipeline, a.stage});
   KfacIndex index;
+  if (in.work == BubbleWork::soap) {
+    for (int side = 0; side < 2; ++side)
+      for (auto [p, s] : g.chunks)
+        for (int l = 0; l < in.layers.at(s); ++l) add_node(g, index, in.rules, Action{eigenbasis_kind(side), s, p, -1, l}, -1);
+    return g;
+  }
   for (int side = 0; side < 2; ++side) {  // each pass a curvature unit reads, in list order
     const Kind kind = curvature_kind(side);
     const KfacRead& pass = kfac_reads(kind, in.rules).front();

@@ -17,6 +17,10 @@
 //                      planner chains a stage's broadcasts just before its SYNC_CURV, in one
 //                      order on every holder)
 //   PREC(p,s)          every final backward (B or W) of (p,s), then ALLREDUCE(p,s)
+//   EIG_L/R(p,s,l)     SOAP's (BubbleWork::soap, which has no K-FAC unit): nothing of this step.
+//                      The refresh reads the statistic and basis the previous step's update left
+//                      and changes the basis and the moments the step's own update reads, so it
+//                      runs anywhere before its chunk's OPT (optim/optimizer.hpp, Soap)
 //
 // Where a placed unit may run (its window): between the nearest actions around its place in its
 // device's list that it may not pass (bounds_window):
@@ -101,15 +105,19 @@ struct KfacNode {
   std::vector<int> reads;  // the earlier nodes it reads, row by row
   KfacCostKey cost;
 };
+// The work a graph holds: K-FAC's units, or SOAP's (optim.name = soap).
+enum class BubbleWork { kfac, soap };
 struct KfacGraphInput {
+  BubbleWork work = BubbleWork::kfac;
   KfacRules rules;
   bool sync = false;        // a SYNC_CURV per chunk: several holders (replicas, Chimera's twins)
-  std::vector<int> layers;  // [stage] its K-FAC layers
+  std::vector<int> layers;  // [stage] its K-FAC layers (SOAP: its rotated weights)
 };
 struct KfacGraph {
   std::vector<std::pair<int, int>> chunks;  // hosted (pipeline, stage), by first forward
   // In the planner's priority classes: CURV_A, then CURV_B (each pass's layers, in list order),
-  // SYNC_CURV (chunk by chunk), INV_A, then INV_B (chunk by chunk, layer by layer).
+  // SYNC_CURV (chunk by chunk), INV_A, then INV_B (chunk by chunk, layer by layer). SOAP's:
+  // EIG_L, then EIG_R (chunk by chunk, layer by layer).
   std::vector<KfacNode> nodes;
 };
 // `step`: one device's list of a step without K-FAC units (PREC may be in it).

@@ -21,6 +21,8 @@ double CostModel::duration(const Action& a) const {
     case Kind::PREC: return c.precondition;
     // Timed by the PipeFisher planner from its broadcast model (PlanInput::bcast_*).
     case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return 0;
+    // SOAP's: timed by the planner from its input's measured units (StageKfacCost).
+    case Kind::EIG_L: case Kind::EIG_R: return 0;
   }
   return 0;
 }

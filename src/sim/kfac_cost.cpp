@@ -54,6 +54,8 @@ auto& unit_of(Cost& c, Kind kind, int layer) {
     case Kind::CURV_B: return c.curv_b.at(layer);
     case Kind::INV_A: return c.inv_a.at(layer);
     case Kind::INV_B: return c.inv_b.at(layer);
+    case Kind::EIG_L: return c.eig_l.at(layer);
+    case Kind::EIG_R: return c.eig_r.at(layer);
     case Kind::SYNC_CURV: return c.sync;
     case Kind::PREC: return c.precondition;
     default: break;
@@ -68,7 +70,7 @@ double& StageKfacCost::unit(Kind kind, int layer) { return unit_of(*this, kind, 
 
 StageKfacCost planner_cost(const StageKfacCost& measured, double scale) {
   StageKfacCost c = measured;
-  for (std::vector<double>* unit : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b})
+  for (std::vector<double>* unit : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b, &c.eig_l, &c.eig_r})
     for (double& ms : *unit) ms *= scale;
   c.precondition = measured.precondition * scale;
   c.sync = std::max(measured.sync, 1e-3) * scale;

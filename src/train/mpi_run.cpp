@@ -19,6 +19,8 @@
 #include "runtime/pipefisher/pipefisher_options.hpp"
 #include "runtime/profiler.hpp"
 #include "runtime/units/inline_placement.hpp"
+#include "runtime/soap/soap_placement.hpp"
+#include "runtime/soap/soap_record_placement.hpp"
 #include "runtime/units/kfac_units.hpp"
 #include "schedule/validate.hpp"
 #include "train/checkpointing.hpp"
@@ -137,6 +139,7 @@ class MpiEngine final : public TrainEngine {
   // whose K-FAC parts they made).
   std::unique_ptr<KfacUnits> kfac_units_;
   std::unique_ptr<KfacPlacement> placement_;
+  SoapPlacement* soap_ = nullptr;  // placement_ when SOAP's refreshes run in the bubbles
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<comm::StepsRunning> running_;
   std::unique_ptr<Model> model_;  // the gathered final model (rank 0)
@@ -186,6 +189,13 @@ void MpiEngine::build(const Config& cfg) {
                                               spec.planned ? KfacService::Refresh::units : KfacService::Refresh::whole);
     placement_ = make_placement(spec, cfg_, layout_, groups_, *kfac_units_, seams_.kfac);
     exec_->set_kfac(kfac_units_.get());
+  } else if (cfg_.optim.name == OptimName::Soap && placement_spec(cfg_.kfac).planned) {
+    // SOAP's refreshes as the graph's units, placed by the same planner (no K-FAC handlers).
+    auto soap = std::make_unique<SoapPlacement>(cfg_, layout_, groups_, exec_->hosted(), seams_.kfac.cost_scale);
+    soap_ = soap.get();
+    placement_ = std::move(soap);
+  } else if (cfg_.optim.name == OptimName::Soap && placement_spec(cfg_.kfac).replays) {
+    placement_ = std::make_unique<SoapRecordPlacement>(cfg_, layout_, groups_, exec_->hosted());
   }
   mbs_.resize(static_cast<size_t>(p.data_parallel) * p.micro_batches);
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
@@ -222,7 +232,8 @@ void MpiEngine::load_resume(const CheckpointReader& r) {
     // K-FAC: this rank's own copy, below (replicas and twins differ mid-cycle).
     for (const HostedChunk& c : exec_->hosted()) load_train_state(r, {c.params, c.optim.get(), nullptr});
   });
-  if (placement_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
+  if (kfac_units_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
+  if (soap_) agreed([&] { soap_->load_state({}, r.dir(), 0); });
 }
 
 void MpiEngine::open_outputs() {
@@ -328,7 +339,7 @@ std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_
         for (const CheckpointFile& f : write_stage_state(step_dir, c.stage, {c.params, c.optim.get(), kfac}))
           files.push_back(f);
       }
-  if (placement_)
+  if (kfac_units_)
     for (const CheckpointFile& f : write_kfac_state(step_dir, groups_.rank, cfg_, *kfac_units_, *placement_))
       files.push_back(f);
   return files;
@@ -341,7 +352,8 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   if (placement_) placement_->driver().print_summary(root());  // collective (adaptive: where its units ran)
   // Rank 0's write errors here (collectives inside) are agreed on by the loop.
   try {
-    if (placement_) {
+    if (soap_) soap_->write_refresh_record(out + "/soap_refresh.json", last_step_ + 1);
+    if (kfac_units_) {
       kfac_units_->write_refresh_record(out + "/kfac_refresh.json", last_step_ + 1, placement_->plan_start(),
                                         placement_->plan_period());
       kfac_units_->write_dkfac_record(out + "/dkfac.json", step_time_sum_, timed_steps_);
@@ -356,6 +368,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   r.files.emplace_back("activations.json", activations);
   r.listed.push_back("activations.json");
   if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
+  if (soap_) r.listed.push_back("soap_refresh.json");
   if (cfg_.kfac.enabled && placement_spec(cfg_.kfac).planned) r.listed.push_back("kfac_profile.json");
   if (kfac_units_ && !kfac_units_->distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;

@@ -10,6 +10,7 @@ void OneProcessEngine::build(const Config& cfg) {
   trainer_ = std::make_unique<Trainer>(cfg);
   trainer_->set_poison(poison_);
   if (const KfacReplay* r = trainer_->kfac_replay()) std::printf("%s\n", r->describe().c_str());
+  if (const SoapReplay* r = trainer_->soap_replay()) std::printf("%s\n", r->describe().c_str());
 }
 
 void OneProcessEngine::load_init(const std::string& init, const CheckpointReader* ckpt) {

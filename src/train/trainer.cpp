@@ -40,6 +40,8 @@ Trainer::Trainer(const Config& given) : cfg_(given) {
   lr_ = make_run_lr_schedule(cfg);
   if (cfg.kfac.enabled) kfac_ = std::make_unique<KfacPreconditioner>(model_->linears(), cfg.kfac, cfg.model.vocab);
   if (kfac_ && placement_spec(cfg.kfac).replays) replay_ = std::make_unique<KfacReplay>(cfg, *kfac_);
+  if (auto* soap = dynamic_cast<Soap*>(optim_.get()); soap && placement_spec(cfg.kfac).replays)
+    soap_replay_ = std::make_unique<SoapReplay>(cfg, params_, *soap);
 }
 
 int64_t Trainer::tokens_per_step() const {
@@ -85,6 +87,7 @@ StepStats Trainer::step() {
       clip_norm = s.precond_grad_norm = std::sqrt(optim_->grad_sq_norm(params_));
     }
     s.nonfinite = !std::isfinite(s.loss) || !std::isfinite(clip_norm);
+    if (soap_replay_) soap_replay_->before_update(step_);  // where the pipeline's units ran: before OPT
     // At least: the weight, its gradient and two moments read, the weight and the moments written.
     KernelScope clock(Kernel::optimizer, 7.0 * 4.0 * param_floats_);
     if (!s.nonfinite) optim_->step(params_, s.lr, clip_norm);

@@ -23,6 +23,7 @@
 #include "optim/optimizer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/kfac_replay.hpp"
+#include "train/soap_replay.hpp"
 #include "train/test_seams.hpp"
 
 #include <cstdint>
@@ -110,6 +111,7 @@ class Trainer {
   Optimizer& optimizer() { return *optim_; }
   KfacPreconditioner* kfac() { return kfac_.get(); }  // null unless kfac.enabled
   const KfacReplay* kfac_replay() const { return replay_.get(); }  // null unless kfac.placement = replay
+  const SoapReplay* soap_replay() const { return soap_replay_.get(); }  // null unless SOAP replays
   int64_t step_index() const { return step_; }
   // Resuming from a checkpoint: the next step() runs step `s`.
   void set_step_index(int64_t s) { step_ = s; }
@@ -139,6 +141,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<KfacPreconditioner> kfac_;
   std::unique_ptr<KfacReplay> replay_;  // kfac.placement = replay
+  std::unique_ptr<SoapReplay> soap_replay_;  // kfac.placement = replay, optim.name = soap
   LrSchedule lr_;
   Tensor no_input_, no_output_;   // the whole model takes token ids and ends at the loss
   NamedTensors kfac_before_;      // K-FAC state before a curvature step, restored if it turns non-finite

@@ -29,6 +29,8 @@ const KindStyle& kind_style(Kind k) {
       {"#B07AA1", "precondition", 'p'},        // PREC
       {"#76B7B2", "broadcast inverse A", 'x'}, // BCAST_INV_A
       {"#A0CBE8", "broadcast inverse B", 'x'}, // BCAST_INV_B
+      {"#17BECF", "SOAP eigenbasis L", 'e'},   // EIG_L
+      {"#0B6E79", "SOAP eigenbasis R", 'e'},   // EIG_R
   }};
   return table[static_cast<int>(k)];
 }

@@ -195,6 +195,12 @@ TEST(Config, SoapKeys) {
   EXPECT_EQ(a.optim.soap.precondition_frequency, 4);
   const Config b = Config::from_toml_string(a.to_toml());
   EXPECT_TRUE(b == a) << a.to_toml();
+  // SOAP's work stays in its optimizer step unless a placement is asked for; the banner says where.
+  EXPECT_EQ(a.kfac.placement, pf::Placement::Inline);
+  EXPECT_EQ(pf::optimizer_of(a), "soap");
+  const Config bubbles = Config::from_toml_string("", {"optim.name=soap", "parallel.stages=2", "kfac.placement=bubbles"});
+  EXPECT_EQ(bubbles.kfac.placement, pf::Placement::Bubbles);
+  EXPECT_EQ(pf::optimizer_of(bubbles), "soap (its eigenbasis refreshes in the pipeline bubbles)");
   EXPECT_EQ(Config::from_toml_string("[optim]\nsoap.max_precond_dim = 512\n").optim.soap.max_precond_dim, 512);
   EXPECT_EQ(error_of("", {"optim.soap.shampoo_beta=-0.1"}), "optim.soap.shampoo_beta: must be in [0, 1) (got -0.1)");
   EXPECT_EQ(error_of("", {"optim.soap.precondition_frequency=0"}),

@@ -106,7 +106,40 @@ struct RefParam {
 struct Hyper {
   double lr = 2e-2, b1 = 0.9, b2 = 0.99, eps = 1e-3, wd = 0.1, clip = 1.0, shampoo = 0.9;
   int freq = 2, max_dim = 10000;
+  bool by_units = false;  // the bases move only when refresh_side is called
 };
+
+// One power iteration of basis q of statistic s (the paper's get_orthogonal_matrix_QR): columns
+// sorted by q_j^T s q_j, v's rows (`rows`) or columns permuted alike, q = qr(s q).
+void power_refresh(RefParam& p, const M& s, M& q, bool rows) {
+  const M sq = mul(s, q);
+  std::vector<int64_t> order(static_cast<size_t>(q.cols));
+  std::vector<double> est(static_cast<size_t>(q.cols), 0.0);
+  for (int64_t i = 0; i < q.rows; ++i)
+    for (int64_t j = 0; j < q.cols; ++j) est[j] += q(i, j) * sq(i, j);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return est[a] > est[b]; });
+  M ps(q.rows, q.cols), v = p.v;
+  for (int64_t i = 0; i < q.rows; ++i)
+    for (int64_t j = 0; j < q.cols; ++j) ps(i, j) = sq(i, order[j]);
+  for (int64_t i = 0; i < v.rows; ++i)
+    for (int64_t j = 0; j < v.cols; ++j) p.v(i, j) = rows ? v(order[i], j) : v(i, order[j]);
+  q = gram_schmidt(ps);
+}
+
+// One factor's refresh between updates (side 0: L, 1: R): m = Q^T (Q_old m) on that side.
+void refresh_side(RefParam& p, int side) {
+  if (side == 0 && p.left) {
+    const M full = mul(p.QL, p.m);
+    power_refresh(p, p.L, p.QL, true);
+    p.m = mul(t(p.QL), full);
+  }
+  if (side == 1 && p.right) {
+    const M full = mul(p.m, t(p.QR));
+    power_refresh(p, p.R, p.QR, false);
+    p.m = mul(full, p.QR);
+  }
+}
 
 // The paper's step for one weight; k counts SOAP's steps (0: the first, which only sets up).
 void soap_ref_step(RefParam& p, const M& g, int k, const Hyper& h) {
@@ -138,25 +171,10 @@ void soap_ref_step(RefParam& p, const M& g, int k, const Hyper& h) {
   const double step = h.lr * std::sqrt(1 - std::pow(h.b2, k)) / (1 - std::pow(h.b1, k));
   for (size_t i = 0; i < p.w.v.size(); ++i) p.w.v[i] = (p.w.v[i] - step * n.v[i]) * (1 - h.lr * h.wd);
   stats();
-  if (k % h.freq != 0) return;
+  if (h.by_units || k % h.freq != 0) return;
   const M m_orig = rot(p.m, true);
-  auto refresh = [&](const M& s, M& q, bool rows) {
-    const M sq = mul(s, q);
-    std::vector<int64_t> order(static_cast<size_t>(q.cols));
-    std::vector<double> est(static_cast<size_t>(q.cols), 0.0);
-    for (int64_t i = 0; i < q.rows; ++i)
-      for (int64_t j = 0; j < q.cols; ++j) est[j] += q(i, j) * sq(i, j);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return est[a] > est[b]; });
-    M ps(q.rows, q.cols), v = p.v;
-    for (int64_t i = 0; i < q.rows; ++i)
-      for (int64_t j = 0; j < q.cols; ++j) ps(i, j) = sq(i, order[j]);
-    for (int64_t i = 0; i < v.rows; ++i)
-      for (int64_t j = 0; j < v.cols; ++j) p.v(i, j) = rows ? v(order[i], j) : v(i, order[j]);
-    q = gram_schmidt(ps);
-  };
-  if (p.left) refresh(p.L, p.QL, true);
-  if (p.right) refresh(p.R, p.QR, false);
+  if (p.left) power_refresh(p, p.L, p.QL, true);
+  if (p.right) power_refresh(p, p.R, p.QR, false);
   p.m = rot(m_orig, false);
 }
 
@@ -289,6 +307,55 @@ TEST(Soap, MatchesTheFloat64ReferenceOverThreeRefreshes) {
   auto opt = s.ours();
   ASSERT_EQ(opt->name(), "soap");
   expect_steps_match_reference(s, *opt, 8, 8);
+}
+
+// SOAP's refreshes as units (kfac.placement = bubbles: each factor's in some step's bubbles, before
+// that step's update): one factor at a time, as a refresh record says, against the reference
+// refreshing the same factors before the same steps. Without refresh_by_units the frequency (1:
+// every step) would refresh all of them after every update.
+TEST(Soap, FactorByFactorRefreshesMatchTheReferenceFollowingTheSameRecord) {
+  Stack s;
+  s.h.freq = 1, s.h.by_units = true;
+  s.add("fc1.weight", {8, 8}, true, true);
+  s.add("fc1.bias", {8}, false, false);
+  s.add("fc2.weight", {4, 8}, true, true);
+  s.add("ln.weight", {8}, false, false);
+  auto opt = s.ours();
+  auto& soap = dynamic_cast<Soap&>(*opt);
+  soap.refresh_by_units(true);
+  // Before step t, (rotated weight, side): L and R of a weight at other steps, both at one.
+  const std::multimap<int, std::pair<int, int>> record = {{3, {0, 0}}, {3, {1, 1}}, {4, {0, 1}}, {6, {1, 0}},
+                                                          {6, {0, 0}}, {6, {0, 1}}, {7, {1, 1}}};
+  const int linear[] = {0, 2};  // the Stack's index of each rotated weight
+  for (int t = 1; t <= 8; ++t) {
+    for (auto [it, end] = record.equal_range(t); it != end; ++it) {
+      soap.refresh_factor(it->second.first, it->second.second);
+      refresh_side(s.ref[linear[it->second.first]], it->second.second);
+    }
+    s.ref_step(t, kNorms[t - 1]);
+    opt->step(s.params, s.h.lr);
+    const double w = s.worst();
+    std::printf("step %d: largest difference %.3g (tolerance %.3g)\n", t, w, s.tolerance(t, 8));
+    EXPECT_LT(w, s.tolerance(t, 8)) << "step " << t;
+  }
+  EXPECT_EQ(Soap::rotated_weights(s.params), (std::vector<int>{0, 2}));
+}
+
+// A refresh timed for the planner leaves the state as it was: the next steps are the same bits.
+TEST(Soap, TimingARefreshLeavesTheStateAsItWas) {
+  Stack a, b;
+  for (Stack* s : {&a, &b}) s->add("fc1.weight", {8, 8}, true, true), s->add("fc2.weight", {4, 8}, true, true);
+  auto opt_a = a.ours(), opt_b = b.ours();
+  for (auto* o : {opt_a.get(), opt_b.get()}) dynamic_cast<Soap&>(*o).refresh_by_units(true);
+  for (int t = 1; t <= 5; ++t) {
+    a.set_grads(t, kNorms[t - 1]), b.set_grads(t, kNorms[t - 1]);
+    if (t == 3)
+      for (int w : {0, 1})
+        for (int side : {0, 1}) EXPECT_GE(dynamic_cast<Soap&>(*opt_a).time_refresh_factor(w, side), 0.0);
+    opt_a->step(a.params, a.h.lr), opt_b->step(b.params, b.h.lr);
+  }
+  for (size_t k = 0; k < a.params.size(); ++k)
+    EXPECT_EQ(std::memcmp(a.params[k]->value.data(), b.params[k]->value.data(), a.params[k]->value.numel() * 4), 0);
 }
 
 // optim.soap.max_precond_dim: a side longer than it has no statistic and no basis (one-sided

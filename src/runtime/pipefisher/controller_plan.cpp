@@ -75,24 +75,6 @@ StageKfacCost measured_cost(const ChunkKfac& ck, const ChunkKfacTimes& t) {
   return c;
 }
 
-// A stage's passes of one kind do the same work, micro-batch after micro-batch, yet the first
-// forward of each profiled step ran up to 4x longer than the others and than in the planned
-// steps (bench/RESULTS.md, "Where PipeFisher's step goes"), which told the planner of a bubble
-// that is not there. Each pass gets its kind's median on this device.
-void passes_at_their_median(const std::vector<Action>& lowered, std::vector<double>& ms) {
-  std::map<std::tuple<Kind, int, int>, std::vector<double>> kinds;
-  const auto key = [&](size_t i) { return std::tuple{lowered[i].kind, lowered[i].stage, lowered[i].pipeline}; };
-  for (size_t i = 0; i < lowered.size(); ++i)
-    if (is_pass(lowered[i].kind)) kinds[key(i)].push_back(ms[i]);
-  for (auto& [k, v] : kinds) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    v.front() = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  }
-  for (size_t i = 0; i < lowered.size(); ++i)
-    if (is_pass(lowered[i].kind)) ms[i] = kinds[key(i)].front();
-}
-
 }  // namespace
 
 // The profiling steps' means: each pass at its kind's median on this device, each chunk's units
@@ -254,8 +236,9 @@ void Controller::load_profiled_refresh(const nlohmann::json& j) {
 
 std::optional<PlanSummary> Controller::plan_summary() const {
   if (!plan_) return std::nullopt;
-  return PlanSummary{plan_->refresh_steps, plan_->step_time, plan_->plain_step_time, plan_->base_step_time,
-                     plan_->utilization};
+  return PlanSummary{.refresh_steps = plan_->refresh_steps, .step_ms = plan_->step_time,
+                     .without_kfac_ms = plan_->plain_step_time, .precondition_only_ms = plan_->base_step_time,
+                     .utilization = plan_->utilization};
 }
 
 }  // namespace pf

@@ -1,0 +1,180 @@
+// SOAP's eigenbasis refreshes in the pipeline's bubbles (soap_placement.hpp): the profile, the
+// plan, the planned steps and the record of what ran.
+#include "runtime/soap/soap_placement.hpp"
+
+#include "comm/small.hpp"
+#include "core/error.hpp"
+#include "plan/planned_row.hpp"
+#include "runtime/pipefisher/plan_source.hpp"
+#include "runtime/plan_record.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+
+namespace pf {
+
+namespace {
+
+Soap& soap_of(const HostedChunk& c) {
+  auto* soap = dynamic_cast<Soap*>(c.optim.get());
+  PF_CHECK(soap, "stage {}: SOAP's placement over a {} optimizer", c.stage, c.optim->name());
+  return *soap;
+}
+
+// The plan's lines on stdout (rank 0); units counted on one replica (replicas refresh alike).
+void print_plan(const KfacPlan& p, int64_t plan_start) {
+  int inline_units = 0, units = 0;
+  for (const PlacedUnit& u : p.units())
+    if (u.replica == 0) inline_units += u.inline_work, ++units;
+  std::printf("soap: planned from steps 1-%lld: eigenbasis refreshes every %s steps (per device), %d of %d "
+              "refreshes inline (%.3f ms per cycle), utilization %.0f%%, step %.2f ms (%.2f ms without SOAP's "
+              "refreshes)\n",
+              static_cast<long long>(plan_start), fmt::format("{}", fmt::join(p.refresh_steps, " ")).c_str(), inline_units,
+              units, p.inline_time, 100 * p.utilization, p.step_time, p.plain_step_time);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+SoapPlacement::SoapPlacement(const Config& cfg, const Layout& layout, const comm::Groups& groups, HostedChunks& chunks,
+                             double cost_scale)
+    : settings_{.work = BubbleWork::soap,
+                .replicas = layout.replicas,
+                .recompute = cfg.parallel.recompute && layout.stages() > 1,
+                .min_refresh_steps = std::max(cfg.kfac.min_refresh_steps, cfg.optim.soap.precondition_frequency)},
+      layout_(layout),
+      groups_(groups),
+      chunks_(chunks),
+      scale_(cost_scale),
+      device_(groups.stage),
+      lowered_(layout.schedule.per_device.at(groups.stage)),
+      action_ms_(lowered_.size(), 0.0),
+      plan_start_(kProfileSteps) {
+  if (layout.pipelines() > 1)
+    usage_error("kfac.placement", "'bubbles' plans SOAP's work for one pipeline; {}'s {} are not built yet",
+                layout.schedule.name, layout.pipelines());
+  for (HostedChunk& c : chunks_) soap_of(c).refresh_by_units(true);
+}
+
+const std::vector<Action>& SoapPlacement::actions_for(int64_t step) const {
+  if (step < plan_start_) return lowered_;
+  return plan_->actions(groups_.replica, device_, step - plan_start_);
+}
+
+// The profiling steps need their stamps; the planned ones do not.
+bool SoapPlacement::begin_step(int64_t step, const std::vector<MicroBatch>&) { return step < plan_start_; }
+
+void SoapPlacement::after_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
+  if (step >= plan_start_) {
+    if (groups_.replica == 0)  // replicas refresh alike
+      for (const Action& a : list)
+        if (is_eigenbasis(a.kind)) {
+          const HostedChunk& c = chunks_.at(a.pipeline, a.stage);
+          const int w = Soap::rotated_weights(c.params).at(static_cast<size_t>(a.layer));
+          if (soap_of(c).has_factor(a.layer, side_index(a.kind)))
+            refreshes_.push_back({step, c.params[static_cast<size_t>(w)]->name, side_index(a.kind)});
+        }
+    return;
+  }
+  PF_CHECK(times.size() == lowered_.size(), "profiled step {}: {} times for {} actions", step, times.size(), lowered_.size());
+  for (size_t i = 0; i < times.size(); ++i)
+    action_ms_[i] += static_cast<double>(times[i].end - times[i].start - times[i].wait) / 1e6;
+  ++samples_;
+  if (step + 1 == plan_start_) make_plan();
+}
+
+// Every rank's times in one all-reduce, so every rank plans from the same bits: per device its
+// passes (at their kind's median) and optimizer steps, the mean over its replicas; per stage each
+// rotated weight's two refreshes, timed on copies, the mean over the stage's holders.
+std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vector<double>>& action_ms) const {
+  const int S = layout_.stages(), D = layout_.devices, W = layout_.replicas;
+  std::vector<double> counts(2 * static_cast<size_t>(S), 0.0);  // [stage] holders, rotated weights
+  for (const HostedChunk& c : chunks_)
+    counts[2 * c.stage] += 1, counts[2 * c.stage + 1] += static_cast<double>(Soap::rotated_weights(c.params).size());
+  comm::allreduce_sum(counts, MPI_COMM_WORLD, "SOAP's weights per stage");
+  size_t lmax = 1;
+  for (int s = 0; s < S; ++s) lmax = std::max(lmax, static_cast<size_t>(counts[2 * s + 1] / std::max(1.0, counts[2 * s])));
+  std::vector<size_t> off(static_cast<size_t>(D) + 1, 0);
+  for (int d = 0; d < D; ++d) off[d + 1] = off[d] + layout_.schedule.per_device[d].size();
+  std::vector<double> wire(off[D] + static_cast<size_t>(S) * 2 * lmax, 0.0);
+  std::vector<double> mine(lowered_.size(), 0.0);
+  for (size_t i = 0; i < lowered_.size(); ++i)
+    if (planner_measures(lowered_[i].kind)) mine[i] = action_ms_[i] / std::max(1, samples_) / W;
+  passes_at_their_median(lowered_, mine);
+  std::copy(mine.begin(), mine.end(), wire.begin() + static_cast<std::ptrdiff_t>(off[device_]));
+  for (const HostedChunk& c : chunks_) {
+    Soap& soap = soap_of(c);
+    const size_t at = off[D] + static_cast<size_t>(c.stage) * 2 * lmax;
+    for (size_t w = 0; w < Soap::rotated_weights(c.params).size(); ++w)
+      for (int side : {0, 1})
+        if (soap.has_factor(static_cast<int>(w), side))
+          wire[at + side * lmax + w] += soap.time_refresh_factor(static_cast<int>(w), side) / counts[2 * c.stage];
+  }
+  comm::allreduce_sum(wire, MPI_COMM_WORLD, "SOAP's profile");
+  action_ms.assign(static_cast<size_t>(D), {});
+  for (int d = 0; d < D; ++d) action_ms[d].assign(wire.begin() + off[d], wire.begin() + off[d + 1]);
+  std::vector<StageKfacCost> stages(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) {
+    const auto n = static_cast<size_t>(counts[2 * s + 1] / std::max(1.0, counts[2 * s]));
+    const size_t at = off[D] + static_cast<size_t>(s) * 2 * lmax;
+    stages[s].eig_l.assign(wire.begin() + at, wire.begin() + at + n);
+    stages[s].eig_r.assign(wire.begin() + at + lmax, wire.begin() + at + lmax + n);
+  }
+  return stages;
+}
+
+// Collective: the profile all-reduced, then the same plan on every rank.
+void SoapPlacement::make_plan() {
+  std::vector<std::vector<double>> action_ms;
+  const std::vector<StageKfacCost> stages = measured_stages(action_ms);
+  PlanInput in = plan_input(layout_.schedule, settings_, {0.0, 0.0}, stages, scale_);
+  in.durations = std::move(action_ms);
+  plan_ = std::make_unique<KfacPlan>(plan_kfac(in));
+  if (groups_.rank == 0) print_plan(*plan_, plan_start_);
+}
+
+int SoapPlacement::plan_period() const {
+  if (!plan_) return 0;
+  int p = 1;
+  for (int r : plan_->refresh_steps) p = std::lcm(p, std::max(r, 1));
+  return p;
+}
+
+std::vector<TimedAction> SoapPlacement::planned_row(int64_t step) const {
+  if (!plan_ || step < plan_start_) return {};
+  return pf::planned_row(*plan_, groups_.replica, device_, step - plan_start_);
+}
+
+std::optional<PlanSummary> SoapPlacement::plan_summary() const {
+  if (!plan_) return std::nullopt;
+  return PlanSummary{.refresh_steps = plan_->refresh_steps, .soap = true, .step_ms = plan_->step_time,
+                     .without_kfac_ms = plan_->plain_step_time, .precondition_only_ms = plan_->base_step_time,
+                     .utilization = plan_->utilization};
+}
+
+void SoapPlacement::save_state(nlohmann::json& j) const { j["soap_plan_start"] = plan_start_; }
+
+void SoapPlacement::load_state(const nlohmann::json&, const std::string& where, int64_t) {
+  usage_error("kfac.placement", "{}: a run with SOAP's refreshes in the bubbles does not resume from a checkpoint yet "
+              "(its plan is this run's profile)", where);
+}
+
+void SoapPlacement::write_refresh_record(const std::string& path, int64_t steps) const {
+  std::string mine;
+  for (const SoapRefresh& r : refreshes_) mine += fmt::format("{} {} {}\n", r.step, r.side, r.weight);
+  const std::vector<std::string> all = comm::gather_bytes(mine, 0, MPI_COMM_WORLD);
+  if (groups_.rank != 0) return;
+  SoapRefreshRecord rec{steps, plan_start_, plan_period(), {}};
+  for (const std::string& text : all) {
+    std::istringstream in(text);
+    SoapRefresh r;
+    while (in >> r.step >> r.side >> r.weight) rec.refreshes.push_back(r);
+  }
+  write_soap_record(std::move(rec), path);
+}
+
+}  // namespace pf

@@ -1,0 +1,113 @@
+// SOAP's work in the K-FAC graph (BubbleWork::soap): its eigenbasis refreshes, EIG_L and EIG_R per
+// rotated weight, are nodes of the graph that read nothing of the step, and the PipeFisher planner
+// places them into the bubbles as it places inversions: once per refresh cycle, in gaps, before the
+// optimizer steps, never split, inline only when no gap holds one; no K-FAC unit, no PREC.
+#include "planner_fixtures.hpp"
+#include "core/error.hpp"
+#include "schedule/kfac_graph.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace pf;
+using pf::planner_test::bert_large;
+
+namespace {
+
+// BERT-Large's passes (the planner tests' profile) with SOAP's refreshes instead of K-FAC's units:
+// `layers` rotated weights per stage, each refresh `ms` long.
+PlanInput soap_input(const std::string& schedule, int D, int N, int layers, double ms, int min_refresh = 1) {
+  PlanInput in = bert_large(schedule, D, N, 2);
+  StageKfacCost c;
+  c.eig_l.assign(static_cast<size_t>(layers), ms);
+  c.eig_r.assign(static_cast<size_t>(layers), ms / 2);
+  in.kfac = {c};
+  in.work = BubbleWork::soap;
+  in.min_refresh_steps = min_refresh;
+  return in;
+}
+
+bool overlaps(const std::vector<TimedAction>& row, double start, double end) {
+  for (const TimedAction& t : row)
+    if (!is_p2p(t.action.kind) && t.start < end - 1e-9 && start < t.end - 1e-9) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(KfacGraphSoap, RefreshNodesPerChunkAndFactorReadNothing) {
+  const Schedule s = make_schedule("1f1b", 2, 4);
+  KfacGraphInput in;
+  in.work = BubbleWork::soap;
+  in.layers = {3, 2};
+  const KfacGraph g = kfac_graph(s.per_device[1], in);
+  std::vector<std::string> tokens;
+  for (const KfacNode& n : g.nodes) {
+    tokens.push_back(to_token(n.action));
+    EXPECT_TRUE(n.reads.empty()) << to_token(n.action);
+  }
+  EXPECT_EQ(tokens, (std::vector<std::string>{"1EIG_Ll0", "1EIG_Ll1", "1EIG_Rl0", "1EIG_Rl1"}));
+  EXPECT_EQ(parse_token("1EIG_Rl1", "test"), (Action{Kind::EIG_R, 1, 0, -1, 1}));
+}
+
+// 1F1B on 4 devices, 8 micro-batches, 12 weights per stage of 1 ms (L) and 0.5 ms (R): every
+// refresh once per cycle on each device, in a gap of the step (no action of the step under it),
+// before the optimizer steps; the cycle at least min_refresh_steps.
+TEST(PlannerSoap, RefreshesFillTheBubblesOncePerCycle) {
+  for (int min_refresh : {1, 3}) {
+    const PlanInput in = soap_input("1f1b", 4, 8, 12, 1.0, min_refresh);
+    const KfacPlan plan = plan_kfac(in);
+    EXPECT_EQ(plan.inline_time, 0.0);
+    for (int d = 0; d < 4; ++d) {
+      EXPECT_GE(plan.refresh_steps[d], min_refresh);
+      std::map<std::string, int> seen;
+      for (int k = 0; k < plan.refresh_steps[d]; ++k) {
+        const std::vector<Action>& list = plan.cycle_actions(0, d, k);
+        bool opt = false;
+        for (const Action& a : list) {
+          EXPECT_FALSE(is_kfac(a.kind)) << to_token(a);
+          if (a.kind == Kind::OPT) opt = true;
+          if (!is_eigenbasis(a.kind)) continue;
+          ++seen[to_token(a)];
+          EXPECT_FALSE(opt) << to_token(a) << " after an OPT";
+        }
+      }
+      ASSERT_EQ(seen.size(), 24u) << "device " << d;
+      for (auto& [t, n] : seen) EXPECT_EQ(n, 1) << t;
+    }
+    for (const PlacedUnit& u : plan.units()) {
+      EXPECT_TRUE(is_eigenbasis(u.action.kind));
+      EXPECT_EQ(u.action.block, -1);
+      EXPECT_FALSE(u.inline_work);
+      EXPECT_FALSE(overlaps(plan.base.per_device[u.device], u.start, u.end)) << to_token(u.action) << " on device " << u.device;
+    }
+  }
+}
+
+// A refresh larger than every gap runs inline in cycle step 0 (on the critical path), whole.
+TEST(PlannerSoap, ARefreshLargerThanEveryGapRunsInlineWhole) {
+  const PlanInput in = soap_input("1f1b", 2, 4, 2, 500.0);
+  const KfacPlan plan = plan_kfac(in);
+  int inline_units = 0;
+  for (const PlacedUnit& u : plan.units()) {
+    inline_units += u.inline_work;
+    EXPECT_EQ(u.action.block, -1);
+  }
+  EXPECT_EQ(inline_units, 2 * 2 * 2);  // 2 devices x 2 weights x L and R (R is 250 ms: over every gap too)
+  EXPECT_GT(plan.inline_time, 0.0);
+  EXPECT_TRUE(plan.splits().empty());
+}
+
+// One pipeline only: Chimera's twins would have to refresh their copies at the same step.
+TEST(PlannerSoap, ChimeraIsRefusedNamingTheSchedule) {
+  const PlanInput in = soap_input("chimera", 4, 4, 2, 1.0);
+  try {
+    plan_kfac(in);
+    FAIL() << "planned";
+  } catch (const pf::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--schedule"), std::string::npos) << e.what();
+  }
+}

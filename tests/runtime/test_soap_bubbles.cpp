@@ -1,0 +1,230 @@
+// SOAP's eigenbasis refreshes in the pipeline's bubbles (optim.name = soap, kfac.placement =
+// bubbles: runtime/soap/soap_placement.hpp) under real mpirun, 1 thread per rank, on the tests'
+// tiny BERT: the run plans the refreshes into the bubbles (1F1B, zero-bubble H1 and V) and records
+// each one it ran (soap_refresh.json); one process following that record (kfac.placement =
+// replay) trains the same weights to rounding, and the same layout following it the same bits.
+//
+// Across layouts: the pipeline sums the gradients in another order than one process (per stage),
+// so the statistics and bases differ by float32 rounding, which SOAP's updates carry into the
+// weights: 1e-6 on weights of ~0.02-1, as tests/runtime/test_runtime.cpp allows the layouts, with
+// optim.eps = 1 as there (measured after 8 steps: 4e-9). A smaller eps lets a nearly repeated
+// eigenvalue turn that rounding into much more (eps = 0.01: 8e-5 on this plan; docs/optimizers.md),
+// and at eps = 1 the update is nearly the unrotated momentum whichever the basis (no refresh at
+// all: 3e-7), so across layouts the refresh pattern is not told apart from rounding. On the
+// recording run's layout it is: the record followed gives the same bits, a record one step off
+// does not (OneF1B_2x1_TheRecordFollowedOnItsLayoutIsTheSameBits).
+#include "../support/launch.hpp"
+#include "../support/scratch.hpp"
+#include "../support/weights.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using pf_test::run;
+
+const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+const std::string kPfrun = PF_SOURCE_DIR "/scripts/pfrun";
+
+fs::path work_dir() { return pf_test::scratch_dir("soap_bubbles_test"); }
+
+// The runtime tests' tiny BERT, 8 steps of SOAP with a refresh every 2 steps.
+fs::path tiny_config() {
+  fs::path p = work_dir() / "tiny.toml";
+  if (!fs::exists(p)) {
+    std::ofstream f(p);
+    f << "[model]\narch = \"bert\"\nlayers = 4\nhidden = 32\nheads = 2\nffn = 64\nseq_len = 16\nmax_position = 16\n"
+      << "[data]\nvocab = \"bert\"\ntrain_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+      << "valid_file = \"" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin\"\n"
+      << "[optim]\nname = \"soap\"\nlr = 1e-2\nwarmup_steps = 1\neps = 1.0\n"
+      << "[optim.soap]\nprecondition_frequency = 2\n"
+      << "[train]\nsteps = 8\nthreads = 1\neval_every = 0\neval_batches = 1\n"
+      << "[parallel]\nmicro_batches = 4\nmicro_batch_size = 2\n";
+  }
+  return p;
+}
+
+std::string train(const std::string& name, const std::string& sets) {
+  return std::string(PF_BINARY) + " train --config " + tiny_config().string() + " --set train.out_dir=" +
+         (work_dir() / name).string() + " --save " + (work_dir() / (name + ".safetensors")).string() + " " + sets;
+}
+
+std::vector<double> losses(const std::string& name) {
+  std::vector<double> v;
+  std::ifstream f(work_dir() / name / "log.jsonl");
+  for (std::string l; std::getline(f, l);) v.push_back(nlohmann::json::parse(l)["loss"].get<double>());
+  return v;
+}
+
+// The largest weight difference between two runs' saved models.
+double worst_difference(const std::string& a, const std::string& b) {
+  auto wa = pf_test::read_weights(work_dir() / (a + ".safetensors")), wb = pf_test::read_weights(work_dir() / (b + ".safetensors"));
+  EXPECT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  for (auto& [k, v] : wa) {
+    EXPECT_EQ(v.size(), wb[k].size()) << k;
+    for (size_t i = 0; i < v.size() && i < wb[k].size(); ++i) worst = std::max(worst, std::abs(double(v[i]) - wb[k][i]));
+  }
+  return worst;
+}
+
+constexpr double kWeightTol = 1e-6;
+
+}  // namespace
+
+// 2 stages x 1F1B, the refreshes' measured costs scaled down (--test-kfac-cost-scale) so that every
+// one fits the bubbles of one step whatever the machine's load: the plan refreshes every factor
+// every 2 steps (precondition_frequency) from the first planned step; the record says so; one
+// process following the record trains the pipeline's losses and weights.
+TEST(SoapBubbles, OneF1B_2x1_OneProcessFollowingItsRecordTrainsTheSameWeights) {
+  const fs::path profile = work_dir() / "bubbles_profile";
+  const auto r = run(kEnv + kPfrun + " -np 2 " +
+                     train("bubbles", "--set parallel.stages=2 --set kfac.placement=bubbles --test-kfac-cost-scale 0.001 "
+                                      "--profile-dir " + profile.string() + " --profile-steps 3"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  // The banner, the summary and the picture of step 3 (0-based 2: a refresh step) name SOAP's work.
+  EXPECT_NE(r.out.find("soap (its eigenbasis refreshes in the pipeline bubbles)"), std::string::npos) << r.out;
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(work_dir() / "bubbles" / "summary.json"));
+  EXPECT_EQ(summary["pipefisher_plan"]["work"], "SOAP's eigenbasis refreshes (EIG_L, EIG_R)");
+  std::stringstream svg;
+  svg << std::ifstream(profile / "timeline-step3.svg").rdbuf();
+  for (const char* label : {"SOAP eigenbasis L", "SOAP eigenbasis R"}) EXPECT_NE(svg.str().find(label), std::string::npos) << label;
+  EXPECT_NE(r.out.find("soap: planned from steps 1-2: eigenbasis refreshes every 2 2 steps (per device), 0 of 54 "
+                       "refreshes inline"),
+            std::string::npos)
+      << r.out;
+  const fs::path record = work_dir() / "bubbles" / "soap_refresh.json";
+  const nlohmann::json rec = nlohmann::json::parse(std::ifstream(record));
+  EXPECT_EQ(rec["steps"], 8);
+  EXPECT_EQ(rec["plan_start"], 2);
+  EXPECT_EQ(rec["period"], 2);
+  // 27 rotated weights (4 blocks x 6 Linears, the pooler, the MLM head's transform, NSP's
+  // classifier), each side refreshed before steps 2, 4 and 6 (0-based: the profile is 0 and 1).
+  std::map<std::pair<std::string, std::string>, std::vector<int64_t>> steps;
+  for (const auto& e : rec["refreshes"])
+    steps[{e["weight"].get<std::string>(), e["side"].get<std::string>()}].push_back(e["step"].get<int64_t>());
+  EXPECT_EQ(steps.size(), 54u);
+  for (const auto& [factor, at] : steps) EXPECT_EQ(at, (std::vector<int64_t>{2, 4, 6})) << factor.first << " " << factor.second;
+
+  const auto one = run(kEnv + train("replayed", "--set kfac.placement=replay --set kfac.refresh_record=" + record.string()));
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_NE(one.out.find("soap: replaying the refresh record"), std::string::npos) << one.out;
+  const std::vector<double> a = losses("bubbles"), b = losses("replayed");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LE(std::abs(a[i] - b[i]), 1e-6 * std::abs(a[i])) << "step " << i + 1;
+  const double followed = worst_difference("bubbles", "replayed");
+  std::printf("largest weight difference, pipeline vs one process following its record: %.3g\n", followed);
+  EXPECT_LE(followed, kWeightTol);
+
+}
+
+// On the recording run's layout the record followed is the same arithmetic as the bubbles' units
+// (a refresh reads only what the previous update left, wherever in the step it runs): the same
+// bits, under 1F1B, the zero-bubble schedules (H1; V, two chunks per rank) and 1F1B on 2 stages x
+// 2 replicas (each refreshes its copy alike; replica 0 records). On 1F1B a record
+// with step 4's refreshes one step later is other bits, and so is one without refreshes.
+TEST(SoapBubbles, TheRecordFollowedOnItsLayoutIsTheSameBits_1F1B_ZbH1_ZbV_2x2) {
+  struct Case {
+    std::string name, ranks, layout;
+  };
+  const std::string two = "--set parallel.stages=2 ";
+  for (const Case& c : {Case{"1f1b", "2", two}, Case{"zb-h1", "2", two + "--set parallel.schedule=zb-h1 "},
+                        Case{"zb-v", "2", two + "--set parallel.schedule=zb-v "},
+                        Case{"2x2", "4", two + "--set parallel.data_parallel=2 --set parallel.micro_batches=2 "}}) {
+    const std::string bits = "bits_" + c.name, mpi = kEnv + kPfrun + " -np " + c.ranks + " ";
+    const auto r = run(mpi + train(bits, c.layout + "--set kfac.placement=bubbles --test-kfac-cost-scale 0.001"));
+    ASSERT_EQ(r.status, 0) << r.out;
+    const fs::path record = work_dir() / bits / "soap_refresh.json";
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(record))["refreshes"].size(), 3u * 54) << c.name;  // replica 0's
+    const auto same = run(mpi + train(bits + "_replayed", c.layout + "--set kfac.placement=replay --set kfac.refresh_record=" +
+                                                                 record.string()));
+    ASSERT_EQ(same.status, 0) << same.out;
+    EXPECT_EQ(losses(bits), losses(bits + "_replayed")) << c.name;
+    EXPECT_EQ(worst_difference(bits, bits + "_replayed"), 0.0) << c.name;
+  }
+  const std::string layout = "--set parallel.stages=2 ";
+  const fs::path record = work_dir() / "bits_1f1b" / "soap_refresh.json";
+  nlohmann::json shifted = nlohmann::json::parse(std::ifstream(record));
+  for (auto& e : shifted["refreshes"])
+    if (e["step"] == 4) e["step"] = 5;
+  std::ofstream(work_dir() / "shifted.json") << shifted.dump();
+  const auto off = run(kEnv + kPfrun + " -np 2 " +
+                       train("bits_shifted", layout + "--set kfac.placement=replay --set kfac.refresh_record=" +
+                                                 (work_dir() / "shifted.json").string()));
+  ASSERT_EQ(off.status, 0) << off.out;
+  EXPECT_GT(worst_difference("bits_1f1b", "bits_shifted"), 0.0);
+  // And the bubbles' units did refresh: the record without its refreshes is other bits too.
+  shifted["refreshes"] = nlohmann::json::array();
+  std::ofstream(work_dir() / "none.json") << shifted.dump();
+  const auto none = run(kEnv + kPfrun + " -np 2 " +
+                        train("bits_none", layout + "--set kfac.placement=replay --set kfac.refresh_record=" +
+                                               (work_dir() / "none.json").string()));
+  ASSERT_EQ(none.status, 0) << none.out;
+  EXPECT_GT(worst_difference("bits_1f1b", "bits_none"), 0.0);
+}
+
+// One process, one set of gradients: a record refreshing every factor before every update from
+// step 2 on is the inline SOAP of precondition_frequency = 1 (which refreshes after every update
+// from SOAP's second step), one factor at a time instead of both sides of m at once: the same
+// statistics and bases, m rotated in another order. Bound: 8 steps x lr x d x 2^-24 / eps
+// (tests/optim/test_soap.cpp's rounding bound, d = 64 the longest rotated side), at eps = 0.01,
+// where the refreshes matter (measured: 1e-8; refreshing every 2 steps instead, 4e-4).
+TEST(SoapBubbles, ARecordOfEveryStepIsTheInlineRefreshOfEveryStep) {
+  const auto bubbles = run(kEnv + kPfrun + " -np 2 " +
+                           train("names", "--set parallel.stages=2 --set kfac.placement=bubbles --test-kfac-cost-scale 0.001"));
+  ASSERT_EQ(bubbles.status, 0) << bubbles.out;
+  nlohmann::json rec = nlohmann::json::parse(std::ifstream(work_dir() / "names" / "soap_refresh.json"));
+  std::set<std::pair<std::string, std::string>> factors;
+  for (const auto& e : rec["refreshes"]) factors.insert({e["weight"].get<std::string>(), e["side"].get<std::string>()});
+  rec["refreshes"] = nlohmann::json::array();
+  for (int step = 2; step < 8; ++step)
+    for (const auto& [weight, side] : factors) {
+      nlohmann::json e;
+      e["step"] = step, e["weight"] = weight, e["side"] = side;
+      rec["refreshes"].push_back(e);
+    }
+  std::ofstream(work_dir() / "every.json") << rec.dump();
+  const std::string eps = "--set optim.eps=0.01 ";
+  const auto replayed = run(kEnv + train("every", eps + "--set kfac.placement=replay --set kfac.refresh_record=" +
+                                                      (work_dir() / "every.json").string()));
+  ASSERT_EQ(replayed.status, 0) << replayed.out;
+  const auto every = run(kEnv + train("inline_every", eps + "--set optim.soap.precondition_frequency=1"));
+  ASSERT_EQ(every.status, 0) << every.out;
+  const auto other = run(kEnv + train("inline_2", eps));
+  ASSERT_EQ(other.status, 0) << other.out;
+  const double bound = 8 * 1e-2 * 64 * std::ldexp(1.0, -24) / 0.01;
+  const double same = worst_difference("every", "inline_every"), differs = worst_difference("every", "inline_2");
+  std::printf("record of every step vs inline every step: %.3g, vs inline every 2 steps: %.3g (bound %.3g)\n", same,
+              differs, bound);
+  EXPECT_LE(same, bound);
+  EXPECT_GT(differs, bound);
+}
+
+// What SOAP's work may not do, refused before training with exit 2 and the key.
+TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
+  for (const std::string& sets : {std::string("--set kfac.placement=bubbles"), std::string("--set kfac.placement=adaptive"),
+                                  std::string("--set kfac.placement=skip")}) {
+    const auto r = run(kEnv + train("refused", sets));
+    EXPECT_EQ(r.status, 2) << sets << "\n" << r.out;
+    EXPECT_NE(r.out.find("kfac.placement"), std::string::npos) << r.out;
+  }
+  const auto r = run(kEnv + train("refused", "--set kfac.placement=replay"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("kfac.refresh_record"), std::string::npos) << r.out;
+  const auto chimera = run(kEnv + kPfrun + " -np 2 " +
+                           train("refused", "--set parallel.stages=2 --set parallel.schedule=chimera --set kfac.placement=bubbles"));
+  EXPECT_EQ(chimera.status, 2) << chimera.out;
+  EXPECT_NE(chimera.out.find("kfac.placement"), std::string::npos) << chimera.out;
+}
