@@ -50,6 +50,29 @@ TEST(Flops, BertTinyByHand) {
   EXPECT_EQ(forward_macs_per_token(m, 128), 557056.0 + 3906816.0);
 }
 
+namespace {
+// The whole tiny model of an architecture (no NSP), one micro-batch and its labelled positions.
+struct TinyModel {
+  ModelConfig c;
+  std::unique_ptr<Model> model;
+  MicroBatch mb;
+  ModelState st;
+  int labelled = 0;
+  Tensor none;
+};
+TinyModel tiny_model(const char* arch) {
+  TinyModel t;
+  t.c = tiny_config(arch);
+  t.c.nsp = false;
+  t.model = build_model(t.c, 0, num_blocks(t.c) - 1);
+  t.model->init(3);
+  t.mb = tiny_batch(t.c);
+  t.st = t.model->make_state(t.mb.rows, t.mb.seq);
+  for (int i = 0; i < t.mb.rows * t.mb.seq; ++i) t.labelled += t.mb.labels[i] >= 0;
+  return t;
+}
+}  // namespace
+
 class FlopsTest : public ::testing::TestWithParam<const char*> {};
 
 // A forward and a backward of one micro-batch make 3 x the forward's multiply-adds, all counted by
@@ -57,15 +80,13 @@ class FlopsTest : public ::testing::TestWithParam<const char*> {};
 // makes the formula's forward; a training forward also the decoder's two backward products (the
 // head's logits exist only there, a chunk at a time).
 TEST_P(FlopsTest, FormulaCountsTheProductsTheModelComputes) {
-  ModelConfig c = tiny_config(GetParam());
-  c.nsp = false;
-  auto model = build_model(c, 0, num_blocks(c) - 1);
-  model->init(3);
-  MicroBatch mb = tiny_batch(c);
-  ModelState st = model->make_state(mb.rows, mb.seq);
-  Tensor none;
-  int labelled = 0;
-  for (int i = 0; i < mb.rows * mb.seq; ++i) labelled += mb.labels[i] >= 0;
+  TinyModel tiny = tiny_model(GetParam());
+  const ModelConfig& c = tiny.c;
+  Model* model = tiny.model.get();
+  MicroBatch& mb = tiny.mb;
+  ModelState& st = tiny.st;
+  Tensor& none = tiny.none;
+  const int labelled = tiny.labelled;
   g_macs = 0;
   model->set_training(false);
   model->forward(mb, none, none, st);
@@ -91,29 +112,21 @@ INSTANTIATE_TEST_SUITE_P(Arch, FlopsTest, ::testing::Values("bert", "gpt", "llam
 // head's are its decoder's (and BERT's transform's) three products over the labelled rows
 // (forward, input and weight gradients). Exact: integers well below 2^53.
 TEST_P(FlopsTest, KernelClockFilesEveryProductUnderItsClass) {
-  ModelConfig c = tiny_config(GetParam());
-  c.nsp = false;
-  auto model = build_model(c, 0, num_blocks(c) - 1);
-  model->init(3);
-  MicroBatch mb = tiny_batch(c);
-  ModelState st = model->make_state(mb.rows, mb.seq);
-  Tensor none;
-  int labelled = 0;
-  for (int i = 0; i < mb.rows * mb.seq; ++i) labelled += mb.labels[i] >= 0;
-  model->set_training(true);
+  TinyModel t = tiny_model(GetParam());
+  t.model->set_training(true);
   g_macs = 0;
   kernel_clock::start();
-  model->forward(mb, none, none, st);
-  model->backward(mb, none, none, st);
-  const KernelTally t = kernel_clock::stop();
-  auto flops = [&](Kernel k) { return t.flops[static_cast<int>(k)]; };
+  t.model->forward(t.mb, t.none, t.none, t.st);
+  t.model->backward(t.mb, t.none, t.none, t.st);
+  const KernelTally tally = kernel_clock::stop();
+  auto flops = [&](Kernel k) { return tally.flops[static_cast<int>(k)]; };
   const double products = flops(Kernel::block_products) + flops(Kernel::head_products) + flops(Kernel::attention_products);
   EXPECT_EQ(products, 2 * g_macs.load());
-  const double transform = c.arch == Arch::Bert ? c.hidden : 0;
-  EXPECT_EQ(flops(Kernel::head_products), 3 * 2.0 * labelled * c.hidden * (c.vocab + transform));
-  const double T = mb.seq, tokens = double(mb.rows) * mb.seq;
-  EXPECT_EQ(flops(Kernel::attention_products), 6 * 2.0 * T * c.hidden * tokens * c.layers);
+  const double transform = t.c.arch == Arch::Bert ? t.c.hidden : 0;
+  EXPECT_EQ(flops(Kernel::head_products), 3 * 2.0 * t.labelled * t.c.hidden * (t.c.vocab + transform));
+  const double T = t.mb.seq, tokens = double(t.mb.rows) * t.mb.seq;
+  EXPECT_EQ(flops(Kernel::attention_products), 6 * 2.0 * T * t.c.hidden * tokens * t.c.layers);
   for (Kernel k : {Kernel::norms, Kernel::activations, Kernel::attention_softmax, Kernel::softmax_loss, Kernel::embedding})
-    EXPECT_GT(t.bytes[static_cast<int>(k)], 0) << kernel_name(k);
+    EXPECT_GT(tally.bytes[static_cast<int>(k)], 0) << kernel_name(k);
   EXPECT_EQ(flops(Kernel::norms) + flops(Kernel::elementwise) + flops(Kernel::softmax_loss), 0);
 }
