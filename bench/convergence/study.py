@@ -100,10 +100,10 @@ def grid_metric(table):
     return "lm_loss" if table and all(r["lm_loss"] != "" for r in table) else "final_valid_loss"
 
 
-def grid(out, steps, lrs, ratios, dampings, default_damping):
+def grid(out, steps, lrs, ratios, dampings, default_damping, optimizers=("nvlamb", "kfac")):
     several = dampings != [default_damping]
     table, best = [], {}
-    for opt in ("nvlamb", "kfac"):
+    for opt in optimizers:
         for lr in lrs:
             for ratio in ratios:
                 w = round(float(ratio) * steps)
@@ -123,8 +123,8 @@ def grid(out, steps, lrs, ratios, dampings, default_damping):
         w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
         w.writeheader()
         w.writerows(table)
-    if set(best) != {"nvlamb", "kfac"}:
-        sys.exit("tune.sh: every setting of " + " and ".join(o for o in ("nvlamb", "kfac") if o not in best) + " diverged")
+    if set(best) != set(optimizers):
+        sys.exit("tune.sh: every setting of " + " and ".join(o for o in optimizers if o not in best) + " diverged")
     with written(f"{out}/best.json") as f:
         json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"], "damping": b["damping"] if several else ""}
                    for o, b in best.items()}, f)
@@ -614,7 +614,7 @@ def paired(out, a, b):
           f"paired standard error {d[1]:.4f} ({abs(d[0]) / d[1]:.1f}x), over {len(ra['lm_shares'])} micro-batches")
 
 
-RUN_NAME = re.compile(r"^(nvlamb|kfac)-lr(.+?)-w(\d+)(?:-d(.+?))?(?:-f(.+?))?-s(\d+)$")
+RUN_NAME = re.compile(r"^(nvlamb|kfac|soap)-lr(.+?)-w(\d+)(?:-d(.+?))?(?:-f(.+?))?-s(\d+)$")
 
 
 def run_key(name):
@@ -627,7 +627,7 @@ def run_key(name):
 def run_label(name):
     """"NVLAMB, lr 1e-2, warm-up 26, damping 3e-3, seed 1" from a run's name."""
     o, lr, w, d, f, seed = RUN_NAME.match(name).groups()
-    return ", ".join([{"nvlamb": "NVLAMB", "kfac": "K-FAC"}[o], f"lr {lr}", f"warm-up {w}"] +
+    return ", ".join([{"nvlamb": "NVLAMB", "kfac": "K-FAC", "soap": "SOAP"}[o], f"lr {lr}", f"warm-up {w}"] +
                      ([f"damping {d}"] if d else []) + ([f"budget {f}"] if f else []) + [f"seed {seed}"])
 
 
@@ -696,7 +696,7 @@ def main():
     if cmd == "curves":
         return curves(a[0], [int(x) for x in a[1].split()])
     if cmd == "grid":
-        grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5])
+        grid(a[0], int(a[1]), a[2].split(), a[3].split(), a[4].split(), a[5], *([a[6].split()] if len(a) > 6 else []))
     elif cmd == "summary":
         floors = (unigram_entropy(a[6])[0], unigram_cross_entropy(a[6], a[7], int(a[8])), len(read_ids(a[7])))
         summary(a[0], int(a[1]), a[2].split(), a[3], a[4], int(a[5]), floors, a[9] if len(a) > 9 else "")

@@ -12,6 +12,10 @@
 #   kfac    K-FAC (damping $DAMPING) then NVLAMB on the preconditioned gradients, placement bubbles
 #           (PipeFisher) planned from ONE recorded profile (kfac.plan_profile: a $PROFILE_STEPS-step
 #           run made first), so every K-FAC run refreshes the same way whatever the machine's load.
+#   soap    SOAP (optim.name = soap, its defaults) with its eigenbasis refreshes in the bubbles;
+#           with RANKS=1 it follows a real SOAP bubbles run's refresh record, as K-FAC does
+#           (out-dir/soap_refresh.json). OPTIMIZERS="soap" runs its grid alone into an out-dir
+#           whose NVLAMB records are kept (issue 48's probe beside the 16,384 study's records).
 #   RANKS=1: every run is one process with $THREADS threads (train.threads); K-FAC follows the
 #           refresh record of a short real PipeFisher run ($RECORD_STEPS steps, $RECORD_RANKS ranks x
 #           1F1B, made first: kfac.placement = replay, docs/kfac.md), which trains what that
@@ -101,9 +105,12 @@ common=(--config "configs/$model.toml" --set train.steps="$steps" --set model.se
 if ((ranks > 1)); then
   kfac=(--set kfac.enabled=true --set kfac.placement=bubbles
         --set kfac.plan_profile="$out/kfac_profile.json" --set train.eval_every="$kfac_eval_every")
+  soap=(--set optim.name=soap --set kfac.placement=bubbles --set train.eval_every="$kfac_eval_every")
 else  # one process following a real pipeline run's refresh record
   kfac=(--set kfac.enabled=true --set kfac.placement=replay
         --set kfac.refresh_record="$out/kfac_refresh.json" --set train.eval_every="$kfac_eval_every")
+  soap=(--set optim.name=soap --set kfac.placement=replay
+        --set kfac.refresh_record="$out/soap_refresh.json" --set train.eval_every="$kfac_eval_every")
 fi
 
 train() {  # run-name, args...: trains into $out/runs/run-name; its exit status is kept in run-name/status
@@ -151,6 +158,7 @@ train() {  # run-name, args...: trains into $out/runs/run-name; its exit status 
 optim_args() {
   args=(--set optim.lr="$2" --set optim.warmup_steps="$3" --set train.seed="$4" --set data.seed="$4")
   [[ $1 == kfac ]] && args+=("${kfac[@]}" --set kfac.damping="${5:-$damping}")
+  [[ $1 == soap ]] && args+=("${soap[@]}")
   return 0
 }
 # One setting of the grid, seed 1: trained, or with GRID_FROM_RECORDS only restored from its record.
@@ -174,22 +182,26 @@ run_name() {
 # run, $RECORD_RANKS ranks x 1F1B (one stage each, 1 thread per rank) at the study's shape, planned
 # from its own profile; kept as out-dir/kfac_refresh.json and never replaced (delete it with
 # out-dir/runs to start over). Its plan comes from the machine's timings: record it on a quiet one.
-record_refresh() {
-  [[ -f $out/kfac_refresh.json ]] && return 0
-  local dir=$out/runs/record rr=${RECORD_RANKS:-2}
-  echo "== recording the refresh pattern (${RECORD_STEPS:-12} steps, $rr ranks x 1F1B)"
+record_refresh() {  # kfac | soap: out-dir/$1_refresh.json
+  local what=$1 recorder=(--set kfac.enabled=true --set kfac.damping="$damping")
+  [[ $what == soap ]] && recorder=(--set optim.name=soap)
+  [[ -f $out/${what}_refresh.json ]] && return 0
+  local dir=$out/runs/record-$what rr=${RECORD_RANKS:-2}
+  echo "== recording $what's refresh pattern (${RECORD_STEPS:-12} steps, $rr ranks x 1F1B)"
   rm -rf "$dir"
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 scripts/pfrun -np "$rr" "$bin" train "${common[@]}" \
     --set parallel.stages="$rr" --set parallel.schedule=1f1b --set train.threads=1 \
-    --set train.steps="${RECORD_STEPS:-12}" --set kfac.enabled=true --set kfac.placement=bubbles \
-    --set kfac.damping="$damping" --set kfac.replan_on_drift=false --set train.out_dir="$dir" > "$dir.out" 2>&1 \
+    --set train.steps="${RECORD_STEPS:-12}" "${recorder[@]}" --set kfac.placement=bubbles \
+    --set kfac.replan_on_drift=false --set train.out_dir="$dir" > "$dir.out" 2>&1 \
     || { echo "tune.sh: the record run failed (see $dir.out)" >&2; exit 1; }
-  grep -h '^pipefisher: planned' "$dir.out" | tee "$out/kfac_refresh.plan.txt"
-  cp "$dir/kfac_refresh.json" "$out/kfac_refresh.json"
+  grep -hE '^(pipefisher|soap): planned' "$dir.out" | tee "$out/${what}_refresh.plan.txt"
+  cp "$dir/${what}_refresh.json" "$out/${what}_refresh.json"
 }
-if [[ $optimizers == *kfac* ]] && ((ranks == 1)); then
-  record_refresh
-  [[ -n ${RECORD_ONLY:-} ]] && { echo "tune.sh: refresh record kept as $out/kfac_refresh.json (RECORD_ONLY)"; exit 0; }
+if ((ranks == 1)); then
+  for what in kfac soap; do
+    if [[ $optimizers == *$what* ]]; then record_refresh "$what"; fi
+  done
+  [[ -n ${RECORD_ONLY:-} ]] && { echo "tune.sh: refresh records kept in $out (RECORD_ONLY)"; exit 0; }
 elif [[ $optimizers == *kfac* ]]; then
 echo "== recording the PipeFisher profile ($profile_steps steps)"
 train profile --set train.steps="$profile_steps" --set kfac.enabled=true --set kfac.placement=bubbles \
@@ -217,16 +229,17 @@ for opt in $optimizers; do
     done
   done
 done
-[[ $optimizers == *nvlamb* && $optimizers == *kfac* ]] || { echo "tune.sh: grid of $optimizers done (OPTIMIZERS); run both for the rest"; exit 0; }
+[[ $optimizers == *nvlamb* && ($optimizers == *kfac* || $optimizers == *soap*) ]] ||
+  { echo "tune.sh: grid of $optimizers done (OPTIMIZERS); run NVLAMB and K-FAC or SOAP for the rest"; exit 0; }
 
 # The table of the grid and the best setting per optimizer (grid.csv, best.json).
-python3 "$root/bench/convergence/study.py" grid "$out" "$steps" "$lrs" "$ratios" "$dampings" "$damping"
+python3 "$root/bench/convergence/study.py" grid "$out" "$steps" "$lrs" "$ratios" "$dampings" "$damping" "$optimizers"
 
 echo "== seeds {$seeds} of each best setting"
 best_of() {  # optimizer -> "lr warm-up damping" of its best setting
   python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[sys.argv[2]]; print(b['lr'], b['warmup_steps'], b['damping'] or '$damping')" "$out/best.json" "$1"
 }
-for opt in ${SEED_OPTIMIZERS:-nvlamb kfac}; do
+for opt in ${SEED_OPTIMIZERS:-$optimizers}; do
   read -r lr w d < <(best_of "$opt")
   for s in $seeds; do
     [[ $s == 1 ]] && continue  # the grid ran seed 1
@@ -236,7 +249,7 @@ for opt in ${SEED_OPTIMIZERS:-nvlamb kfac}; do
 done
 # Budget-matched K-FAC: the best's whole schedule shortened to BUDGET_FRACTION of the steps (its
 # warm-up and decay with it), once per seed, read against NVLAMB's full run of the same seed.
-if [[ -n ${BUDGET_FRACTION:-} && ${SEED_OPTIMIZERS:-kfac} == *kfac* ]]; then
+if [[ -n ${BUDGET_FRACTION:-} && $optimizers == *kfac* && ${SEED_OPTIMIZERS:-kfac} == *kfac* ]]; then
   read -r lr w d < <(best_of kfac)
   bsteps=$(python3 -c "print(round($BUDGET_FRACTION * $steps))")
   bw=$(python3 -c "print(round($BUDGET_FRACTION * $w))")
@@ -249,6 +262,7 @@ if [[ -n ${BUDGET_FRACTION:-} && ${SEED_OPTIMIZERS:-kfac} == *kfac* ]]; then
   done
 fi
 [[ -z ${SEED_OPTIMIZERS:-} ]] || { echo "tune.sh: seeds of $SEED_OPTIMIZERS done (SEED_OPTIMIZERS); run without it for the summary"; exit 0; }
+[[ $optimizers != *soap* ]] || { echo "tune.sh: SOAP's seeds done; the summary against NVLAMB is built for K-FAC only"; exit 0; }
 
 # Targets, crossings, tables, Figure 7, summary.json.
 vocab=bert vocab_size=30522; [[ $arch == gpt ]] && vocab=gpt2 vocab_size=50257
