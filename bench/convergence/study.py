@@ -100,6 +100,15 @@ def grid_metric(table):
     return "lm_loss" if table and all(r["lm_loss"] != "" for r in table) else "final_valid_loss"
 
 
+def earlier_grid(out, optimizers):
+    """grid.csv's rows and best.json's settings of the optimizers a grid() call does not tune, kept:
+    a probe's grid (SOAP's) beside a study's records leaves the study's K-FAC rows and best as they were."""
+    rows = list(csv.DictReader(open(f"{out}/grid.csv"))) if os.path.exists(f"{out}/grid.csv") else []
+    best = json.load(open(f"{out}/best.json")) if os.path.exists(f"{out}/best.json") else {}
+    return ([r for r in rows if r["optimizer"] not in optimizers],
+            {o: b for o, b in best.items() if o not in optimizers})
+
+
 def grid(out, steps, lrs, ratios, dampings, default_damping, optimizers=("nvlamb", "kfac")):
     several = dampings != [default_damping]
     table, best = [], {}
@@ -119,15 +128,16 @@ def grid(out, steps, lrs, ratios, dampings, default_damping, optimizers=("nvlamb
         if not r["diverged"] and (r["optimizer"] not in best or r[key] < best[r["optimizer"]][key]):
             best[r["optimizer"]] = r
     print(f"tune.sh: best settings chosen by {'whole-split masked-LM loss' if key == 'lm_loss' else 'last validation loss'}")
+    earlier_rows, earlier_best = earlier_grid(out, optimizers)
     with written(f"{out}/grid.csv", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
+        w = csv.DictWriter(f, fieldnames=list(table[0].keys()), restval="", extrasaction="ignore")
         w.writeheader()
-        w.writerows(table)
+        w.writerows(earlier_rows + table)
     if set(best) != set(optimizers):
         sys.exit("tune.sh: every setting of " + " and ".join(o for o in optimizers if o not in best) + " diverged")
     with written(f"{out}/best.json") as f:
-        json.dump({o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"], "damping": b["damping"] if several else ""}
-                   for o, b in best.items()}, f)
+        json.dump({**earlier_best, **{o: {"lr": b["lr"], "warmup_steps": b["warmup_steps"],
+                                          "damping": b["damping"] if several else ""} for o, b in best.items()}}, f)
     for o, b in best.items():
         edge = [k for k, vals in (("lr", lrs), ("warmup_ratio", ratios if len(ratios) > 1 else []),
                                   ("damping", dampings if o == "kfac" and several else []))
@@ -278,6 +288,7 @@ def paired_difference(a, b):
 # rule): its probability below the value is 0.975 or 0.95 to within 4e-5.
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 T_95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
+LABEL = {"nvlamb": "NVLAMB", "kfac": "K-FAC", "soap": "SOAP"}  # the optimizers' names in text
 TUNING_SEED = 1  # tune.sh's grids run seed 1: it chose the settings, so it is never a test seed
 GOAL = (0.50, 0.55)  # issue 46's goal: at most these fractions of NVLAMB's steps and time
 
@@ -322,6 +333,18 @@ def claim(d, b, tokens, fraction=None, ratio=None):
     return 4, f"{at}, NVLAMB ends lower: {interval}."
 
 
+def probe_claim(d, tokens, other, base):
+    """A probe's one sentence (RESULTS, SOAP's probe at 16,384 tokens per step): its interval over
+    its few test seeds, and that it is a probe."""
+    lo, hi = d["ci95"]
+    interval = (f"[{lo:+.4f}, {hi:+.4f}] nats ({other}'s final masked-LM loss minus {base}'s, mean "
+                f"{d['mean_difference']:+.4f}, 95% t-interval over {d['n']} test seeds)")
+    at = f"At {tokens:,} tokens per step, in a probe of {d['n']} test seeds"
+    if lo <= 0 <= hi:
+        return 3, f"{at}, no difference between {other} and {base} is shown: {interval}."
+    return (2 if hi < 0 else 4), f"{at}, {other if hi < 0 else base} ends lower: {interval}."
+
+
 def record_of(out, name):
     path = f"{out}/records/{name}.json"
     return json.load(open(path)) if os.path.exists(path) else None
@@ -342,12 +365,12 @@ def matched_names(out, kfac_best):
     return {seed: names[0] for seed, names in found.items()}
 
 
-def seed_pair(out, best, seed, binary=None):
+def seed_pair(out, best, seed, binary=None, other="kfac", base="nvlamb"):
     """One seed's final whole-split losses (record.py's lm_loss, lm_loss_se, nsp_loss) of each best,
-    and K-FAC's masked-LM loss minus NVLAMB's with its paired standard error over the held-out
+    and `other`'s masked-LM loss minus `base`'s with its paired standard error over the held-out
     micro-batches; None when either run has no final loss."""
     pair = {}
-    for o in ("nvlamb", "kfac"):
+    for o in (base, other):
         b = best[o]
         name = run_name(o, b["lr"], b["warmup_steps"], seed, b.get("damping") or None)
         lm, se, shares = final_lm_loss(binary, f"{out}/runs/{name}")
@@ -356,31 +379,31 @@ def seed_pair(out, best, seed, binary=None):
         r = record_of(out, name)
         pair[o] = {"name": name, "lm_loss": lm, "lm_loss_se": se, "shares": shares,
                    "nsp_loss": r.get("nsp_loss") if r else None}
-    p = paired_difference(pair["kfac"]["shares"], pair["nvlamb"]["shares"])
-    pair["d"] = pair["kfac"]["lm_loss"] - pair["nvlamb"]["lm_loss"]
+    p = paired_difference(pair[other]["shares"], pair[base]["shares"])
+    pair["d"] = pair[other]["lm_loss"] - pair[base]["lm_loss"]
     pair["paired_se"] = p and p[1]
-    nsp = [pair[o]["nsp_loss"] for o in ("kfac", "nvlamb")]
+    nsp = [pair[o]["nsp_loss"] for o in (other, base)]
     pair["nsp_d"] = None if None in nsp else nsp[0] - nsp[1]
     return pair
 
 
-def curve_lines(out, pairs):
-    """The validation curves during training, read at the steps both optimizers validated: NVLAMB's
-    minus K-FAC's, mean over the seeds of `pairs` (seed_pair()s), and one such validation's standard
+def curve_lines(out, pairs, other="kfac", base="nvlamb"):
+    """The validation curves during training, read at the steps both optimizers validated: `base`'s
+    minus `other`'s, mean over the seeds of `pairs` (seed_pair()s), and one such validation's standard
     error (a few held-out batches, train.eval_batches: the whole split's standard error scaled by
     the root of its micro-batches over those batches). Secondary: not the primary metric."""
     logs = {s: {o: {x["step"]: x["valid_loss"] for x in record_rows(record_of(out, p[o]["name"]))
-                    if x.get("valid_loss") is not None} for o in ("nvlamb", "kfac")}
-            for s, p in pairs.items() if record_of(out, p["nvlamb"]["name"]) and record_of(out, p["kfac"]["name"])}
+                    if x.get("valid_loss") is not None} for o in (base, other)}
+            for s, p in pairs.items() if record_of(out, p[base]["name"]) and record_of(out, p[other]["name"])}
     if len(logs) != len(pairs):
         return []
-    steps = sorted(set.intersection(*(set(v["nvlamb"]) & set(v["kfac"]) for v in logs.values())))
-    gaps = " ".join(f"{k}: {statistics.mean(v['nvlamb'][k] - v['kfac'][k] for v in logs.values()):+.3f}" for k in steps)
+    steps = sorted(set.intersection(*(set(v[base]) & set(v[other]) for v in logs.values())))
+    gaps = " ".join(f"{k}: {statistics.mean(v[base][k] - v[other][k] for v in logs.values()):+.3f}" for k in steps)
     if len(steps) < 2:
         return []
-    lines = [f"  validation during training, NVLAMB minus K-FAC, mean over seeds {' '.join(map(str, pairs))} "
+    lines = [f"  validation during training, {LABEL[base]} minus {LABEL[other]}, mean over seeds {' '.join(map(str, pairs))} "
              f"(read every {steps[1] - steps[0]} steps, the common cadence): {gaps}"]
-    r = record_of(out, next(iter(pairs.values()))["nvlamb"]["name"])
+    r = record_of(out, next(iter(pairs.values()))[base]["name"])
     batches = arg_value(r["args"], "train.eval_batches")
     if batches and r.get("lm_shares"):
         n = len(r["lm_shares"])
@@ -390,23 +413,26 @@ def curve_lines(out, pairs):
     return lines
 
 
-def analyse(out, best, seeds, tokens, ratio=None, binary=None):
+def analyse(out, best, seeds, tokens, ratio=None, binary=None, other="kfac", base="nvlamb"):
     """The analysis over test seeds (RESULTS, the 65,536-token study's "Analysis"): prints it and
     returns (its lines, summary.json's fields). seeds: the seeds of the best settings that were run;
-    TUNING_SEED among them is reported apart and counted in no claim."""
+    TUNING_SEED among them is reported apart and counted in no claim. other, base: the optimizers
+    compared (d = other's loss minus base's); the protocol's claims are K-FAC's against NVLAMB's,
+    any other pair (SOAP's probe) gets probe_claim()."""
+    O, B = LABEL[other], LABEL[base]
     seeds = [int(s) for s in seeds]
     test = [s for s in seeds if s != TUNING_SEED]
-    pairs = {s: seed_pair(out, best, s, binary) for s in sorted(set(seeds) | {TUNING_SEED})}
+    pairs = {s: seed_pair(out, best, s, binary, other, base) for s in sorted(set(seeds) | {TUNING_SEED})}
     missing = [s for s in test if pairs[s] is None]
     if missing:
         sys.exit(f"study.py: no final loss of both bests in test seed(s) {missing}")
-    matched = matched_names(out, best["kfac"])
-    lines = [f"analysis, {os.path.normpath(out)}: d = K-FAC's final whole-split masked-LM loss minus NVLAMB's, "
+    matched = matched_names(out, best["kfac"]) if (other, base) == ("kfac", "nvlamb") else {}
+    lines = [f"analysis, {os.path.normpath(out)}: d = {O}'s final whole-split masked-LM loss minus {B}'s, "
              f"same seed; test seeds {' '.join(map(str, test))}; tuning seed {TUNING_SEED} reported apart"]
 
     def seed_line(s, p, note=""):
         se = "" if p["paired_se"] is None else f" (paired SE {p['paired_se']:.4f})"
-        return (f"  seed {s}{note}: K-FAC {p['kfac']['lm_loss']:.4f} - NVLAMB {p['nvlamb']['lm_loss']:.4f} = "
+        return (f"  seed {s}{note}: {O} {p[other]['lm_loss']:.4f} - {B} {p[base]['lm_loss']:.4f} = "
                 f"{p['d']:+.4f}{se}")
 
     for s in test:
@@ -446,7 +472,8 @@ def analyse(out, best, seeds, tokens, ratio=None, binary=None):
         else:
             lines.append(f"  b: not every test seed has a budget-matched run ({' '.join(map(str, sorted(bm)))} of "
                          f"{' '.join(map(str, test))}): not analysed")
-    outcome, text = claim(d, b, tokens, fraction, ratio)
+    outcome, text = (claim(d, b, tokens, fraction, ratio) if (other, base) == ("kfac", "nvlamb")
+                     else probe_claim(d, tokens, O, B))
     lines.append(f"  claim (outcome {outcome}): {text}")
     if outcome == 1:
         met = fraction <= GOAL[0] and ratio is not None and fraction * ratio <= GOAL[1]
@@ -457,13 +484,13 @@ def analyse(out, best, seeds, tokens, ratio=None, binary=None):
         lines.append("  next-sentence loss: not in every record (records made before record.py kept it)")
     else:
         a = over_seeds(nsp)
-        lines.append(f"  next-sentence loss, K-FAC minus NVLAMB (reported, not claimed on): mean {a['mean_difference']:+.4f}, "
+        lines.append(f"  next-sentence loss, {O} minus {B} (reported, not claimed on): mean {a['mean_difference']:+.4f}, "
                      f"95% t-interval [{a['ci95'][0]:+.4f}, {a['ci95'][1]:+.4f}]")
     js = {"tuning_seed": TUNING_SEED, "test_seeds": test,
           "analysis": {**d, "outcome": outcome, "claim": text, **({"budget_matched": b} if b else {})}}
     t = pairs[TUNING_SEED]
     if t:
-        js["tuning_seed_final_lm_loss"] = {"nvlamb": t["nvlamb"]["lm_loss"], "kfac": t["kfac"]["lm_loss"],
+        js["tuning_seed_final_lm_loss"] = {base: t[base]["lm_loss"], other: t[other]["lm_loss"],
                                            "difference": t["d"], "paired_se": t["paired_se"]}
     withtuning = [s for s in seeds if pairs[s]] if TUNING_SEED in seeds else []
     if len(withtuning) > len(test):
@@ -473,14 +500,14 @@ def analyse(out, best, seeds, tokens, ratio=None, binary=None):
     for group in ([test, withtuning] if withtuning else [test]):
         ds = [pairs[s]["d"] for s in group]
         pse = [pairs[s]["paired_se"] for s in group]
-        if None not in pse:
+        if None not in pse and statistics.mean(pse) > 0:  # 0: the same run twice
             lines.append(f"  seeds {' '.join(map(str, group))}: sd of d over seeds {statistics.stdev(ds):.4f} = "
                          f"{statistics.stdev(ds) / statistics.mean(pse):.1f} x the mean paired SE {statistics.mean(pse):.4f}")
-        sd = {o: statistics.stdev(pairs[s][o]["lm_loss"] for s in group) for o in ("kfac", "nvlamb")}
-        lines.append(f"  seeds {' '.join(map(str, group))}: sd of the final masked-LM loss over seeds: K-FAC {sd['kfac']:.4f}, "
-                     f"NVLAMB {sd['nvlamb']:.4f} ({sd['nvlamb'] / sd['kfac']:.1f}x K-FAC's)")
-    lines += curve_lines(out, {s: pairs[s] for s in (withtuning or test)})
-    per = {o: [pairs[s][o]["lm_loss"] if pairs[s] else None for s in seeds] for o in ("nvlamb", "kfac")}
+        sd = {o: statistics.stdev(pairs[s][o]["lm_loss"] for s in group) for o in (other, base)}
+        lines.append(f"  seeds {' '.join(map(str, group))}: sd of the final masked-LM loss over seeds: {O} {sd[other]:.4f}, "
+                     f"{B} {sd[base]:.4f} ({sd[base] / sd[other]:.1f}x {O}'s)")
+    lines += curve_lines(out, {s: pairs[s] for s in (withtuning or test)}, other, base)
+    per = {o: [pairs[s][o]["lm_loss"] if pairs[s] else None for s in seeds] for o in (base, other)}
     if matched:
         per["kfac_budget_matched"] = [(final_lm_loss(binary, f"{out}/runs/{matched[s][0]}")[0] if s in matched else None)
                                       for s in seeds]
@@ -488,7 +515,7 @@ def analyse(out, best, seeds, tokens, ratio=None, binary=None):
               final_lm_diff_per_seed=[pairs[s]["d"] if pairs[s] else None for s in seeds],
               final_lm_diff_paired_se_per_seed=[pairs[s]["paired_se"] if pairs[s] else None for s in seeds],
               final_nsp_loss_per_seed={o: [pairs[s][o]["nsp_loss"] if pairs[s] else None for s in seeds]
-                                       for o in ("nvlamb", "kfac")})
+                                       for o in (base, other)})
     print("\n".join(lines))
     return lines, js
 
@@ -627,7 +654,7 @@ def run_key(name):
 def run_label(name):
     """"NVLAMB, lr 1e-2, warm-up 26, damping 3e-3, seed 1" from a run's name."""
     o, lr, w, d, f, seed = RUN_NAME.match(name).groups()
-    return ", ".join([{"nvlamb": "NVLAMB", "kfac": "K-FAC", "soap": "SOAP"}[o], f"lr {lr}", f"warm-up {w}"] +
+    return ", ".join([LABEL[o], f"lr {lr}", f"warm-up {w}"] +
                      ([f"damping {d}"] if d else []) + ([f"budget {f}"] if f else []) + [f"seed {seed}"])
 
 
@@ -673,8 +700,9 @@ def direct(out, direct_out, nvlamb, kfac):
                   f"of the time; direct / product = {direct_time / (vs * ratio):.3f}")
 
 
-def analysis(out, seeds, step_times=""):
-    """study.py analysis: the analysis over test seeds from the records alone."""
+def analysis(out, seeds, step_times="", other="kfac", base="nvlamb"):
+    """study.py analysis OUT SEEDS [STEP_TIMES [OTHER [BASE]]]: the analysis over test seeds from the
+    records alone (SOAP's probe: OTHER soap, BASE nvlamb or kfac)."""
     best = json.load(open(f"{out}/best.json"))
     r = record_of(out, run_name("nvlamb", best["nvlamb"]["lr"], best["nvlamb"]["warmup_steps"], int(seeds.split()[0])))
     tokens = math.prod(int(arg_value(r["args"], k)) for k in
@@ -682,7 +710,7 @@ def analysis(out, seeds, step_times=""):
     ratio, source = step_ratio(step_times, tokens)
     if ratio:
         print(f"step ratio r = {ratio:.3f}: {source}")
-    analyse(out, best, seeds.split(), tokens, ratio)
+    analyse(out, best, seeds.split(), tokens, ratio, other=other, base=base)
 
 
 def main():

@@ -262,7 +262,7 @@ if [[ -n ${BUDGET_FRACTION:-} && $optimizers == *kfac* && ${SEED_OPTIMIZERS:-kfa
   done
 fi
 [[ -z ${SEED_OPTIMIZERS:-} ]] || { echo "tune.sh: seeds of $SEED_OPTIMIZERS done (SEED_OPTIMIZERS); run without it for the summary"; exit 0; }
-[[ $optimizers != *soap* ]] || { echo "tune.sh: SOAP's seeds done; the summary against NVLAMB is built for K-FAC only"; exit 0; }
+[[ $optimizers != *soap* ]] || { echo "tune.sh: SOAP's seeds done; its analysis: study.py analysis OUT SEEDS \"\" soap nvlamb (or kfac)"; exit 0; }
 
 # Targets, crossings, tables, Figure 7, summary.json.
 vocab=bert vocab_size=30522; [[ $arch == gpt ]] && vocab=gpt2 vocab_size=50257
