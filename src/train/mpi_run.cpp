@@ -233,7 +233,7 @@ void MpiEngine::load_resume(const CheckpointReader& r) {
     for (const HostedChunk& c : exec_->hosted()) load_train_state(r, {c.params, c.optim.get(), nullptr});
   });
   if (kfac_units_) load_kfac_state(r, groups_.rank, cfg_, *kfac_units_, *placement_);
-  if (soap_) agreed([&] { soap_->load_state({}, r.dir(), 0); });
+  if (soap_) agreed([&] { load_soap_state(r, groups_.rank, cfg_, *soap_); });
 }
 
 void MpiEngine::open_outputs() {
@@ -342,6 +342,8 @@ std::vector<CheckpointFile> MpiEngine::write_checkpoint(const std::string& step_
   if (kfac_units_)
     for (const CheckpointFile& f : write_kfac_state(step_dir, groups_.rank, cfg_, *kfac_units_, *placement_))
       files.push_back(f);
+  if (soap_)
+    for (const CheckpointFile& f : write_soap_state(step_dir, groups_.rank, cfg_, *soap_)) files.push_back(f);
   return files;
 }
 

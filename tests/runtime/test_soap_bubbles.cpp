@@ -81,6 +81,23 @@ double worst_difference(const std::string& a, const std::string& b) {
 
 constexpr double kWeightTol = 1e-6;
 
+std::string fmt_step(int step) {
+  char s[32];
+  std::snprintf(s, sizeof s, "step-%06d", step);
+  return s;
+}
+
+// A run's log by step (the steps it ran: a resumed run's first is after its checkpoint).
+std::map<int, nlohmann::json> log_by_step(const std::string& name) {
+  std::map<int, nlohmann::json> m;
+  std::ifstream f(work_dir() / name / "log.jsonl");
+  for (std::string l; std::getline(f, l);) {
+    nlohmann::json j = nlohmann::json::parse(l);
+    m[j["step"].get<int>()] = j;
+  }
+  return m;
+}
+
 }  // namespace
 
 // 2 stages x 1F1B, the refreshes' measured costs scaled down (--test-kfac-cost-scale) so that every
@@ -210,6 +227,48 @@ TEST(SoapBubbles, ARecordOfEveryStepIsTheInlineRefreshOfEveryStep) {
               differs, bound);
   EXPECT_LE(same, bound);
   EXPECT_GT(differs, bound);
+}
+
+// A bubbles run resumes bit for bit: the checkpoint keeps the profile its plan was made from and
+// the rank's refreshes, so a run resumed after the plan (step 5) remakes the same plan, and one
+// resumed while profiling (step 1) profiles its second step and plans then; each trains the whole
+// run's losses, gradient norms and weights, and writes its record of the whole run.
+TEST(SoapBubbles, ABubblesRunResumesBitForBit) {
+  const fs::path ck = work_dir() / "resume_ck";
+  fs::remove_all(ck);
+  const std::string bubbles = "--set parallel.stages=2 --set kfac.placement=bubbles --test-kfac-cost-scale 0.001 ";
+  const std::string every = "--set train.checkpoint_every=1 --set train.keep_checkpoints=0 ";
+  const auto whole = run(kEnv + kPfrun + " -np 2 " + train("resume_whole", bubbles + every + "--set train.checkpoint_dir=" + ck.string()));
+  ASSERT_EQ(whole.status, 0) << whole.out;
+  const std::string plan = "eigenbasis refreshes every 2 2 steps (per device), 0 of 54 refreshes inline";
+  ASSERT_NE(whole.out.find(plan), std::string::npos) << whole.out;
+  for (const int from : {5, 1}) {
+    const fs::path from_ck = work_dir() / ("resume_from_" + std::to_string(from));
+    fs::remove_all(from_ck);
+    fs::create_directories(from_ck);
+    const std::string step = fmt_step(from);
+    fs::copy(ck / step, from_ck / step, fs::copy_options::recursive);
+    const std::string name = "resumed_" + std::to_string(from);
+    const auto resumed = run(kEnv + kPfrun + " -np 2 " +
+                             train(name, bubbles + "--resume " + from_ck.string() + " --set train.checkpoint_dir=" +
+                                             (work_dir() / (name + "_ck")).string()));
+    ASSERT_EQ(resumed.status, 0) << resumed.out;
+    EXPECT_NE(resumed.out.find(plan), std::string::npos) << resumed.out;
+    const auto want = log_by_step("resume_whole"), got = log_by_step(name);
+    int compared = 0;
+    for (const auto& [s, j] : got) {
+      if (s <= from) continue;
+      ++compared;
+      EXPECT_EQ(j.at("loss").get<double>(), want.at(s).at("loss").get<double>()) << name << " step " << s;
+      EXPECT_EQ(j.at("grad_norm").get<double>(), want.at(s).at("grad_norm").get<double>()) << name << " step " << s;
+    }
+    EXPECT_EQ(compared, 8 - from) << name;
+    EXPECT_EQ(worst_difference("resume_whole", name), 0.0) << name;
+    const auto record = [](const std::string& n) {
+      return nlohmann::json::parse(std::ifstream(work_dir() / n / "soap_refresh.json"));
+    };
+    EXPECT_EQ(record(name), record("resume_whole")) << name;
+  }
 }
 
 // What SOAP's work may not do, refused before training with exit 2 and the key.

@@ -130,9 +130,16 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
 // Collective: the profile all-reduced, then the same plan on every rank.
 void SoapPlacement::make_plan() {
   std::vector<std::vector<double>> action_ms;
-  const std::vector<StageKfacCost> stages = measured_stages(action_ms);
-  PlanInput in = plan_input(layout_.schedule, settings_, {0.0, 0.0}, stages, scale_);
-  in.durations = std::move(action_ms);
+  std::vector<StageKfacCost> stages = measured_stages(action_ms);
+  plan_from(std::move(stages), std::move(action_ms));
+}
+
+// The plan of a profile (measured, or a checkpoint's): the same bits from the same profile.
+void SoapPlacement::plan_from(std::vector<StageKfacCost> stages, std::vector<std::vector<double>> durations) {
+  plan_stages_ = std::move(stages);
+  plan_durations_ = std::move(durations);
+  PlanInput in = plan_input(layout_.schedule, settings_, {0.0, 0.0}, plan_stages_, scale_);
+  in.durations = plan_durations_;
   plan_ = std::make_unique<KfacPlan>(plan_kfac(in));
   if (groups_.rank == 0) print_plan(*plan_, plan_start_);
 }
@@ -156,11 +163,39 @@ std::optional<PlanSummary> SoapPlacement::plan_summary() const {
                      .utilization = plan_->utilization};
 }
 
-void SoapPlacement::save_state(nlohmann::json& j) const { j["soap_plan_start"] = plan_start_; }
+void SoapPlacement::save_state(nlohmann::json& j) const {
+  nlohmann::json s = {{"plan_start", plan_start_}, {"samples", samples_}, {"action_ms", action_ms_}};
+  nlohmann::json refreshes = nlohmann::json::array(), eig = nlohmann::json::array();
+  for (const SoapRefresh& r : refreshes_) refreshes.push_back({r.step, r.side, r.weight});
+  s["refreshes"] = refreshes;
+  if (plan_) {
+    for (const StageKfacCost& c : plan_stages_) eig.push_back({c.eig_l, c.eig_r});
+    s["plan"] = {{"durations", plan_durations_}, {"eig", eig}};
+  }
+  j["soap"] = s;
+}
 
-void SoapPlacement::load_state(const nlohmann::json&, const std::string& where, int64_t) {
-  usage_error("kfac.placement", "{}: a run with SOAP's refreshes in the bubbles does not resume from a checkpoint yet "
-              "(its plan is this run's profile)", where);
+void SoapPlacement::load_state(const nlohmann::json& j, const std::string& where, int64_t next_step) {
+  if (!j.contains("soap"))
+    usage_error("--resume", "{}: its SOAP state has no plan (written by a build that did not keep it); start the run again", where);
+  const nlohmann::json& s = j.at("soap");
+  plan_start_ = s.at("plan_start").get<int64_t>();
+  samples_ = s.at("samples").get<int>();
+  action_ms_ = s.at("action_ms").get<std::vector<double>>();
+  if (action_ms_.size() != lowered_.size())
+    usage_error("--resume", "{}: a profile of {} actions, this device runs {} (another layout or schedule)", where,
+                action_ms_.size(), lowered_.size());
+  refreshes_.clear();
+  for (const auto& r : s.at("refreshes"))
+    refreshes_.push_back({r.at(0).get<int64_t>(), r.at(2).get<std::string>(), r.at(1).get<int>()});
+  if (!s.contains("plan")) {
+    if (next_step >= plan_start_) usage_error("--resume", "{}: step {} is planned, and the checkpoint holds no plan", where, next_step);
+    return;  // still profiling: the next profiled step plans
+  }
+  std::vector<StageKfacCost> stages;
+  for (const auto& e : s.at("plan").at("eig"))
+    stages.push_back({.eig_l = e.at(0).get<std::vector<double>>(), .eig_r = e.at(1).get<std::vector<double>>()});
+  plan_from(std::move(stages), s.at("plan").at("durations").get<std::vector<std::vector<double>>>());
 }
 
 void SoapPlacement::write_refresh_record(const std::string& path, int64_t steps) const {

@@ -12,7 +12,9 @@
 //              the plan's, at least optim.soap.precondition_frequency (and kfac.min_refresh_steps)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
 // single process follows with kfac.placement = replay. Not built yet: drift re-planning,
-// adaptive, Chimera, a recorded profile, resuming from a checkpoint (refused by name).
+// adaptive, Chimera, a recorded profile. A checkpoint keeps the profile the plan was made from
+// (every rank's copy: the all-reduced one) and this rank's refreshes, so a resumed run remakes the
+// same plan and its record covers the whole run.
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "optim/soap_record.hpp"
@@ -43,7 +45,7 @@ class SoapPlacement final : public KfacPlacement {
   std::vector<TimedAction> planned_row(int64_t step) const override;
   std::optional<PlanSummary> plan_summary() const override;
   void save_state(nlohmann::json& j) const override;
-  // UsageError naming kfac.placement: resuming SOAP's planned refreshes is not built yet.
+  // UsageError naming --resume for a checkpoint without SOAP's plan state.
   void load_state(const nlohmann::json& j, const std::string& where, int64_t next_step) override;
 
   // Collective: rank 0 writes the refresh record of `steps` steps (this run's refreshes).
@@ -52,6 +54,7 @@ class SoapPlacement final : public KfacPlacement {
  private:
   std::vector<StageKfacCost> measured_stages(std::vector<std::vector<double>>& action_ms) const;
   void make_plan();
+  void plan_from(std::vector<StageKfacCost> stages, std::vector<std::vector<double>> durations);
 
   PlanSettings settings_;
   const Layout& layout_;
@@ -64,6 +67,9 @@ class SoapPlacement final : public KfacPlacement {
   int samples_ = 0;
   int64_t plan_start_;
   std::unique_ptr<KfacPlan> plan_;
+  // The all-reduced profile plan_ was made from (the same on every rank), kept for checkpoints.
+  std::vector<StageKfacCost> plan_stages_;
+  std::vector<std::vector<double>> plan_durations_;
   std::vector<SoapRefresh> refreshes_;  // this rank's (replica 0's), as they ran
   InOrder in_order_;
 };
