@@ -103,7 +103,8 @@ std::vector<std::string> config_warnings(const Config& c) {
 namespace {
 
 // (key, value) in the text's order: "[table]" prefixes the keys after it; a line that is not
-// "key = value" continues the previous value (a long array printed over several lines).
+// "key = value" continues the previous value (a long array printed over several lines). A key
+// under its old name is its current one: an older run's config.toml wrote [kfac] placement.
 std::vector<std::pair<std::string, std::string>> key_values(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> out;
   std::istringstream in(text);
@@ -114,7 +115,7 @@ std::vector<std::pair<std::string, std::string>> key_values(const std::string& t
     if (line.front() == '[' && line.back() == ']' && eq == std::string::npos) {
       table = line.substr(1, line.size() - 2) + ".";
     } else if (eq != std::string::npos && line.front() != ' ') {
-      out.emplace_back(table + line.substr(0, eq), line.substr(eq + 3));
+      out.emplace_back(current_key_name(table + line.substr(0, eq)), line.substr(eq + 3));
     } else if (!out.empty()) {
       out.back().second += " " + line;
     }
