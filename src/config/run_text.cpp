@@ -1,5 +1,5 @@
 // A configuration described and checked as a whole (config.hpp): its preset and optimizer as a
-// banner says them, the warnings, which kfac.placement a run allows, the first key where two
+// banner says them, the warnings, which precond.placement a run allows, the first key where two
 // configurations differ.
 #include "config/config.hpp"
 #include "config/placement.hpp"
@@ -22,15 +22,15 @@ void check_soap_placement(const Config& c, KfacRunner runner) {
   const PlacementSpec p = placement_spec(c.kfac);
   const std::string name = name_of(c.kfac.placement);
   if (c.kfac.placement == Placement::Adaptive || c.kfac.placement == Placement::Skip)
-    usage_error("kfac.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline' or "
+    usage_error("precond.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline' or "
                 "'replay'", name);
   if (runner == KfacRunner::one_process && p.planned)
-    usage_error("kfac.placement", "'{}' places SOAP's work in pipeline bubbles: it needs a pipeline "
+    usage_error("precond.placement", "'{}' places SOAP's work in pipeline bubbles: it needs a pipeline "
                 "(parallel.stages > 1); a single process runs 'inline' or 'replay' (a bubbles run's record)", name);
   if (runner == KfacRunner::mpi && p.planned && c.parallel.stages == 1)
-    usage_error("kfac.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline'", name);
+    usage_error("precond.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline'", name);
   if ((p.planned || p.replays) && c.parallel.schedule == ScheduleName::Chimera)
-    usage_error("kfac.placement", "'{}' plans SOAP's work for one pipeline; Chimera's two are not built yet", name);
+    usage_error("precond.placement", "'{}' plans SOAP's work for one pipeline; Chimera's two are not built yet", name);
 }
 }  // namespace
 

@@ -212,19 +212,20 @@ TEST(SoapBubbles, ARecordOfEveryStepIsTheInlineRefreshOfEveryStep) {
   EXPECT_GT(differs, bound);
 }
 
-// What SOAP's work may not do, refused before training with exit 2 and the key.
+// What SOAP's work may not do, refused before training with exit 2 and the key, by its new name
+// whichever name set it (kfac.placement is its old one).
 TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
-  for (const std::string& sets : {std::string("--set kfac.placement=bubbles"), std::string("--set kfac.placement=adaptive"),
-                                  std::string("--set kfac.placement=skip")}) {
+  for (const std::string& sets : {std::string("--set precond.placement=bubbles"),
+                                  std::string("--set precond.placement=adaptive"), std::string("--set kfac.placement=skip")}) {
     const auto r = run(kEnv + train("refused", sets));
     EXPECT_EQ(r.status, 2) << sets << "\n" << r.out;
-    EXPECT_NE(r.out.find("kfac.placement"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("precond.placement: '"), std::string::npos) << r.out;
   }
   const auto r = run(kEnv + train("refused", "--set kfac.placement=replay"));
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("kfac.refresh_record"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("precond.refresh_record: "), std::string::npos) << r.out;
   const auto chimera = run(kEnv + kPfrun + " -np 2 " +
-                           train("refused", "--set parallel.stages=2 --set parallel.schedule=chimera --set kfac.placement=bubbles"));
+                           train("refused", "--set parallel.stages=2 --set parallel.schedule=chimera --set precond.placement=bubbles"));
   EXPECT_EQ(chimera.status, 2) << chimera.out;
-  EXPECT_NE(chimera.out.find("kfac.placement"), std::string::npos) << chimera.out;
+  EXPECT_NE(chimera.out.find("precond.placement: '"), std::string::npos) << chimera.out;
 }

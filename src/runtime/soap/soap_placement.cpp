@@ -55,7 +55,7 @@ SoapPlacement::SoapPlacement(const Config& cfg, const Layout& layout, const comm
       action_ms_(lowered_.size(), 0.0),
       plan_start_(kProfileSteps) {
   if (layout.pipelines() > 1)
-    usage_error("kfac.placement", "'bubbles' plans SOAP's work for one pipeline; {}'s {} are not built yet",
+    usage_error("precond.placement", "'bubbles' plans SOAP's work for one pipeline; {}'s {} are not built yet",
                 layout.schedule.name, layout.pipelines());
   for (HostedChunk& c : chunks_) soap_of(c).refresh_by_units(true);
 }
@@ -159,7 +159,7 @@ std::optional<PlanSummary> SoapPlacement::plan_summary() const {
 void SoapPlacement::save_state(nlohmann::json& j) const { j["soap_plan_start"] = plan_start_; }
 
 void SoapPlacement::load_state(const nlohmann::json&, const std::string& where, int64_t) {
-  usage_error("kfac.placement", "{}: a run with SOAP's refreshes in the bubbles does not resume from a checkpoint yet "
+  usage_error("precond.placement", "{}: a run with SOAP's refreshes in the bubbles does not resume from a checkpoint yet "
               "(its plan is this run's profile)", where);
 }
 

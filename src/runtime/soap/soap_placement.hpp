@@ -1,5 +1,5 @@
 #pragma once
-// optim.name = soap with kfac.placement = bubbles in the MPI runtime (runtime/kfac_placement.hpp):
+// optim.name = soap with precond.placement = bubbles in the MPI runtime (runtime/kfac_placement.hpp):
 // SOAP's eigenbasis refreshes are units of the K-FAC graph (EIG_L, EIG_R per rotated weight:
 // schedule/kfac_graph.hpp), placed into the pipeline's bubbles by the PipeFisher planner
 // (plan/planner.hpp, BubbleWork::soap) and run by the executor, whose EIG handler refreshes the
@@ -9,9 +9,9 @@
 //              factors' refreshes on copies, every rank all-reduces the timings and plans from
 //              them (the same bits on every rank: the same plan)
 //   planned    step t runs plan.actions(replica, device, t - plan_start); the refresh cycle is
-//              the plan's, at least optim.soap.precondition_frequency (and kfac.min_refresh_steps)
+//              the plan's, at least optim.soap.precondition_frequency (and precond.min_refresh_steps)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
-// single process follows with kfac.placement = replay. Not built yet: drift re-planning,
+// single process follows with precond.placement = replay. Not built yet: drift re-planning,
 // adaptive, Chimera, a recorded profile, resuming from a checkpoint (refused by name).
 #include "comm/world.hpp"
 #include "config/config.hpp"
@@ -43,7 +43,7 @@ class SoapPlacement final : public KfacPlacement {
   std::vector<TimedAction> planned_row(int64_t step) const override;
   std::optional<PlanSummary> plan_summary() const override;
   void save_state(nlohmann::json& j) const override;
-  // UsageError naming kfac.placement: resuming SOAP's planned refreshes is not built yet.
+  // UsageError naming precond.placement: resuming SOAP's planned refreshes is not built yet.
   void load_state(const nlohmann::json& j, const std::string& where, int64_t next_step) override;
 
   // Collective: rank 0 writes the refresh record of `steps` steps (this run's refreshes).
