@@ -94,8 +94,8 @@ TEST(KeyAliases, OldAndNewNamesGiveTheSameConfig) {
 
 TEST(KeyAliases, BothNamesWithDifferentValuesAreRefusedNamingBoth) {
   EXPECT_EQ(error_of("[kfac]\nenabled = true\nplacement = \"inline\"\n[precond]\nplacement = \"skip\"\n"),
-            "precond.placement: set twice with different values, as precond.placement = \"skip\" and as "
-            "kfac.placement = \"inline\" (its old name): keep one");
+            "precond.placement: set twice with different values, as precond.placement = 'skip' and as "
+            "kfac.placement = 'inline' (its old name): keep one");
   EXPECT_EQ(error_of("", {"kfac.enabled=true", "parallel.stages=2", "precond.min_refresh_steps=2",
                           "kfac.min_refresh_steps=3"}),
             "precond.min_refresh_steps: set twice with different values, as precond.min_refresh_steps = 2 and as "
@@ -135,7 +135,7 @@ TEST(KeyAliases, SetWithTheOtherNameOverAFile) {
     ADD_FAILURE() << "both names, two values";
   } catch (const pf::UsageError& e) {
     EXPECT_EQ(std::string(e.what()), "precond.placement: set twice with different values, as precond.placement = "
-                                     "\"bubbles\" and as kfac.placement = \"inline\" (its old name): keep one");
+                                     "'bubbles' and as kfac.placement = 'inline' (its old name): keep one");
   }
   std::ofstream(file) << "[optim]\nname = \"soap\"\n[kfac]\nplacement = \"replay\"\nrefresh_record = \"s.json\"\n";
   const Config old_file = Config::load(file);
@@ -170,7 +170,7 @@ TEST(KeyAliases, AnOlderConfigTomlWithTheOldNamesIsTheSameRun) {
     const Config a = Config::from_toml_string("", sets);
     const std::string old_text = with_old_names(a.to_toml());
     ASSERT_EQ(old_text.find("[precond]"), std::string::npos) << old_text;
-    ASSERT_NE(old_text.find("[kfac]\nplacement = "), std::string::npos) << old_text;
+    ASSERT_NE(table_of(old_text, "kfac").find("\nplacement = "), std::string::npos) << old_text;
     EXPECT_TRUE(Config::from_toml_string(old_text) == a) << old_text;
     const pf::KeyDifference same = pf::first_difference(old_text, a.to_toml());
     EXPECT_EQ(same.key, "") << same.key << ": " << same.a << " vs " << same.b;
