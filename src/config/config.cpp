@@ -223,10 +223,17 @@ class Reader {
         }
       }
       if (known_.count(key)) continue;
-      const std::string near = closest_match(key, known_);
+      const std::string near = nearest_key(key);
       if (near.empty()) usage_error(key, "unknown configuration key");
       usage_error(key, "unknown configuration key (did you mean {}?)", near);
     }
+  }
+  // The key a misspelt one probably means, by its current name ("kfac.placment": precond.placement).
+  std::string nearest_key(const std::string& key) const {
+    std::set<std::string> names = known_;
+    for (const std::string& k : known_)
+      if (const std::string old = old_key_name(k); !old.empty()) names.insert(old);
+    return current_key_name(closest_match(key, names));
   }
   bool holds_keys(const std::string& table) const {
     const auto it = known_.lower_bound(table + ".");

@@ -106,6 +106,11 @@ TEST(KeyAliases, BothNamesWithDifferentValuesAreRefusedNamingBoth) {
   // A bad value is refused naming the name it was written under.
   EXPECT_EQ(error_of("", {"kfac.placement=bubble"}).rfind("kfac.placement: 'bubble' is not one of", 0), 0u);
   EXPECT_EQ(error_of("", {"precond.placement=bubble"}).rfind("precond.placement: 'bubble' is not one of", 0), 0u);
+  // A misspelt old name is pointed at the new one.
+  EXPECT_EQ(error_of("", {"kfac.placment=bubbles"}), "kfac.placment: unknown configuration key (did you mean "
+                                                     "precond.placement?)");
+  EXPECT_EQ(error_of("[precond]\nplacment = 'bubbles'\n"),
+            "precond.placment: unknown configuration key (did you mean precond.placement?)");
 }
 
 TEST(KeyAliases, BothNamesWithTheSameValueAreOneKey) {
