@@ -212,6 +212,19 @@ TEST(SoapBubbles, ARecordOfEveryStepIsTheInlineRefreshOfEveryStep) {
   EXPECT_GT(differs, bound);
 }
 
+// precond.min_refresh_steps (kfac.min_refresh_steps by its old name) lengthens SOAP's planned
+// cycle past optim.soap.precondition_frequency (2 here), as it does K-FAC's.
+TEST(SoapBubbles, MinRefreshStepsLengthensThePlannedCycle) {
+  for (const std::string key : {"precond.min_refresh_steps", "kfac.min_refresh_steps"}) {
+    const auto r = run(kEnv + kPfrun + " -np 2 " +
+                       train("min_refresh_" + key, "--set parallel.stages=2 --set precond.placement=bubbles --set " + key +
+                                                "=3 --test-kfac-cost-scale 0.001"));
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("soap: planned from steps 1-2: eigenbasis refreshes every 3 3 steps"), std::string::npos)
+        << key << "\n" << r.out;
+  }
+}
+
 // What SOAP's work may not do, refused before training with exit 2 and the key, by its new name
 // whichever name set it (kfac.placement is its old one).
 TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
