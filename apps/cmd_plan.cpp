@@ -400,7 +400,7 @@ void add_kfac_options(CLI::App& app, PlanFlags& a, const PlanValidators& v) {
                "Also split an inversion into diagonal blocks when that shortens the refresh period (default: exact "
                "factors, split only when larger than every bubble)");
   app.add_option("--min-refresh-steps", a.min_refresh_steps,
-                 "The shortest refresh cycle in steps, however generous the bubbles (kfac.min_refresh_steps; default 1)")
+                 "The shortest refresh cycle in steps, however generous the bubbles (precond.min_refresh_steps; default 1)")
       ->check(CLI::Range(1, kMaxRefreshSteps));
   app.add_flag("--no-stage-group", a.no_stage_group,
                "Chimera: every pipeline copy inverts all its stage's factors and all devices share one cycle, "

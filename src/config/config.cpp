@@ -152,7 +152,27 @@ class Reader {
     }
   }
 
-  bool has(const std::string& key) const { return static_cast<bool>(root_.at_path(key)); }
+  // Set under its name or its old one (current_key_name).
+  bool has(const std::string& key) const {
+    const std::string old = old_key_name(key);
+    return present(key) || (!old.empty() && present(old));
+  }
+
+  // A key read under its name or its old one; both set to different values is refused naming both.
+  template <typename T>
+  void get_either(const std::string& key, T& out, const Bounds& bounds) {
+    const std::string old = old_key_name(key);
+    if (old.empty() || !present(old)) return get(key, out, bounds);
+    known_.insert(key);
+    if (!present(key)) return get(old, out, bounds);
+    T mine = out, theirs = out;
+    get(key, mine, bounds);
+    get(old, theirs, bounds);
+    if (!same_value(mine, theirs, bounds))
+      usage_error(key, "set twice with different values, as {} = {} and as {} = {} (its old name): keep one", key,
+                  shown(key), old, shown(old));
+    out = mine;
+  }
 
   // An integer key's value in T's range; with bounds.auto_word also the word "auto", as 0.
   template <typename T>
@@ -174,6 +194,20 @@ class Reader {
   void refuse_unknown() const { walk(root_, ""); }
 
  private:
+  bool present(const std::string& key) const { return static_cast<bool>(root_.at_path(key)); }
+  std::string shown(const std::string& key) const {
+    std::ostringstream s;
+    s << root_.at_path(key);
+    return s.str();
+  }
+  // A path the same file either way: a file's (already against its directory) or --set's (against
+  // the current one).
+  template <typename T>
+  static bool same_value(const T& a, const T& b, const Bounds& bounds) {
+    if constexpr (std::is_same_v<T, std::string>)
+      if (bounds.path) return absolute_path(a) == absolute_path(b);
+    return a == b;
+  }
   void walk(const toml::table& t, const std::string& prefix) const {
     for (auto&& [k, v] : t) {
       std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
@@ -189,16 +223,23 @@ class Reader {
         }
       }
       if (known_.count(key)) continue;
-      const std::string near = closest_match(key, known_);
+      const std::string near = nearest_key(key);
       if (near.empty()) usage_error(key, "unknown configuration key");
       usage_error(key, "unknown configuration key (did you mean {}?)", near);
     }
+  }
+  // The key a misspelt one probably means, by its current name ("kfac.placment": precond.placement).
+  std::string nearest_key(const std::string& key) const {
+    std::set<std::string> names = known_;
+    for (const std::string& k : known_)
+      if (const std::string old = old_key_name(k); !old.empty()) names.insert(old);
+    return current_key_name(closest_match(key, names));
   }
   bool holds_keys(const std::string& table) const {
     const auto it = known_.lower_bound(table + ".");
     return it != known_.end() && it->rfind(table + ".", 0) == 0;
   }
-  static inline const std::set<std::string> kTables = {"model", "data", "optim", "train", "parallel", "kfac"};
+  static inline const std::set<std::string> kTables = {"model", "data", "optim", "train", "parallel", "kfac", "precond"};
   const toml::table& root_;
   std::set<std::string> known_;
 };
@@ -262,7 +303,7 @@ Config defaults_for(Reader& r) {
 }
 
 // The defaults that follow keys read: the architecture's activation and tokenizer, the
-// tokenizer's token files, K-FAC's placement with one stage.
+// tokenizer's token files, K-FAC's placement with one stage (precond.placement).
 void fill_unset(Config& c, const Reader& r) {
   auto& m = c.model;
   auto& d = c.data;
@@ -276,9 +317,9 @@ void fill_unset(Config& c, const Reader& r) {
   // One stage has no bubbles: there K-FAC's default placement is inline (a pipeline's is
   // PipeFisher's bubbles). Without K-FAC the key keeps its default, so that config.toml does not
   // change with the layout.
-  if (!r.has("kfac.placement") && c.kfac.enabled) c.kfac.placement = default_kfac_placement(c.parallel.stages);
+  if (!r.has("precond.placement") && c.kfac.enabled) c.kfac.placement = default_kfac_placement(c.parallel.stages);
   // SOAP's work runs in its optimizer step unless a placement is asked for (docs/optimizers.md).
-  if (!r.has("kfac.placement") && !c.kfac.enabled && c.optim.name == OptimName::Soap) c.kfac.placement = Placement::Inline;
+  if (!r.has("precond.placement") && !c.kfac.enabled && c.optim.name == OptimName::Soap) c.kfac.placement = Placement::Inline;
 }
 
 // `--set model.preset=P` over a file (a run's config.toml holds every size): P's sizes, not the file's.
@@ -294,9 +335,11 @@ void resolve_file_paths(toml::table& root, const std::string& dir) {
   const Config defaults;
   for_each_key(defaults, [&](const std::string& key, const auto&, const Bounds& b, const char*) {
     if (!b.path) return;
-    toml::table* t = root[key.substr(0, key.find('.'))].as_table();
-    toml::value<std::string>* v = t ? t->get_as<std::string>(key.substr(key.find('.') + 1)) : nullptr;
-    if (v) *v = absolute_path(v->get(), dir);
+    for (const std::string& name : {key, old_key_name(key)}) {
+      toml::table* t = name.empty() ? nullptr : root[name.substr(0, name.find('.'))].as_table();
+      toml::value<std::string>* v = t ? t->get_as<std::string>(name.substr(name.find('.') + 1)) : nullptr;
+      if (v) *v = absolute_path(v->get(), dir);
+    }
   });
 }
 
@@ -309,7 +352,7 @@ Config from_table(toml::table& root, const std::vector<std::string>& overrides, 
   }
   Reader r(root);
   Config c = defaults_for(r);
-  for_each_key(c, [&](const char* key, auto& member, const Bounds& b, const char*) { r.get(key, member, b); });
+  for_each_key(c, [&](const char* key, auto& member, const Bounds& b, const char*) { r.get_either(key, member, b); });
   fill_unset(c, r);
   for_each_key(c, [](const char*, auto& member, const Bounds& b, const char*) {
     if constexpr (std::is_same_v<std::decay_t<decltype(member)>, std::string>)

@@ -217,8 +217,17 @@ struct Config {
 // (a key such as kfac.placement = replay depends on it).
 void resolve_data_parallel(Config& c, int world_size);
 
-// Every key's dotted name ("model.preset", ..., "kfac.plan_profile"), in declaration order.
+// Every key's dotted name ("model.preset", ..., "precond.refresh_record"), in declaration order (new names only).
 std::vector<std::string> config_keys();
+
+// Keys that moved keep their old names as aliases: [precond] (where and when K-FAC's or SOAP's
+// periodic work runs) was kfac.placement, kfac.refresh_record, ... A config file or --set may use
+// either name (both, with different values, is refused naming the two); config.toml writes the
+// new one, and a saved one with the old names compares as the new (first_difference).
+// The name a key has now: "kfac.placement" -> "precond.placement"; any other key as it is.
+std::string current_key_name(const std::string& key);
+// The old name of a key that has one ("precond.placement" -> "kfac.placement"), else "".
+std::string old_key_name(const std::string& key);
 
 // Every key with its type, default, allowed values and meaning, as markdown: what
 // `pipefisher config --describe` prints and docs/config.md holds (config/describe.cpp).
@@ -226,8 +235,8 @@ std::string describe_config();
 
 // The first key whose value differs between two texts in config.toml's layout ("[table]" lines,
 // then "key = value" lines), in the order of `a`, then keys only `b` has, with both values
-// ("(absent)" for a missing key); empty `key` when they agree. Keys are dotted ("train.steps"); those
-// in `ignored` are not compared. Example: "[t]\nx = 1\n" and "[t]\nx = 2\n" differ at {"t.x", "1", "2"}.
+// ("(absent)" for a missing key); empty `key` when they agree. Keys are dotted ("train.steps") and
+// current (an old name is read as its new one: current_key_name); those in `ignored` are not compared. Example: "[t]\nx = 1\n" and "[t]\nx = 2\n" differ at {"t.x", "1", "2"}.
 struct KeyDifference {
   std::string key, a, b;
 };

@@ -168,30 +168,38 @@ void kfac_keys(C& c, F& key) {
   key("kfac.kl_clip", k.kl_clip, kNonNegative, "KL clip of the preconditioned step (0: off)");
   key("kfac.inverse_every", k.inverse_every, kPositive, "steps between refreshes (placement inline or skip)");
   key("kfac.diag_limit", k.diag_limit, kPositive, "a layer with more outputs keeps only the diagonal of its B factor");
-  key("kfac.placement", k.placement, kAny,
-      "where K-FAC's work runs: bubbles (PipeFisher), adaptive (PipeFisher's plan, units placed in the waits at run "
-      "time), inline, skip (every kfac.inverse_every steps) or replay; with optim.name = soap (kfac.enabled = false) "
-      "where SOAP's eigenbasis refreshes run: inline (its optimizer step, the default), bubbles or replay");
   key("kfac.distributed", k.distributed, kAny, "a stage with copies shares K-FAC work as d-kfac, mpd-kfac or spd-kfac");
   key("kfac.spd_pipelining", k.spd_pipelining, kAny, "spd-kfac: fused factor all-reduces overlapped with the backward");
   key("kfac.spd_balance", k.spd_balance, kAny, "spd-kfac: load-balanced placement of the inversions");
   key("kfac.warmup_steps", k.warmup_steps,
       Bounds{-1, kInf, false, false, "must be >= 0, or -1 for optim.warmup_steps (got {})"},
       "K-FAC's own learning-rate warm-up (-1: optim.warmup_steps)");
-  key("kfac.replan_on_drift", k.replan_on_drift, kAny, "bubbles, adaptive: re-profile and re-plan when step times drift");
   key("kfac.split_inversions", k.split_inversions, kAny,
       "bubbles, adaptive: let the planner split an inversion into diagonal blocks when that shortens a refresh");
+}
+
+// Where and when a preconditioner's periodic work runs, K-FAC's or SOAP's (optim.name = soap): the
+// members are KfacConfig's, the keys were kfac.* once and those names still read as these
+// (key_aliases.cpp).
+template <typename C, typename F>
+void precond_keys(C& c, F& key) {
+  auto& k = c.kfac;
+  key("precond.placement", k.placement, kAny,
+      "where K-FAC's work runs: bubbles (PipeFisher), adaptive (PipeFisher's plan, units placed in the waits at run "
+      "time), inline, skip (every kfac.inverse_every steps) or replay; with optim.name = soap (kfac.enabled = false) "
+      "where SOAP's eigenbasis refreshes run: inline (its optimizer step, the default), bubbles or replay");
+  key("precond.replan_on_drift", k.replan_on_drift, kAny, "bubbles, adaptive: re-profile and re-plan when step times drift");
   static_assert(kMaxRefreshSteps == 1000, "the refusals below name the bound");
-  key("kfac.min_refresh_steps", k.min_refresh_steps,
+  key("precond.min_refresh_steps", k.min_refresh_steps,
       Bounds{1, kMaxRefreshSteps, false, false, "must be between 1 and 1000 (got {})"},
       "bubbles, adaptive: the shortest refresh cycle (steps) a plan may have, however generous the bubbles");
-  key("kfac.max_refresh_steps", k.max_refresh_steps,
+  key("precond.max_refresh_steps", k.max_refresh_steps,
       Bounds{0, kMaxRefreshSteps, false, false, "must be between 0 (the profiled plan's) and 1000 (got {})"},
       "adaptive: the longest refresh cycle (steps) a re-plan from the measured steps may choose (0: the profiled "
       "plan's)");
-  key("kfac.plan_profile", k.plan_profile, kPath,
+  key("precond.plan_profile", k.plan_profile, kPath,
       "bubbles, adaptive: plan from this recorded profile (a run's kfac_profile.json) instead of this run's timings");
-  key("kfac.refresh_record", k.refresh_record, kPath,
+  key("precond.refresh_record", k.refresh_record, kPath,
       "replay: the refresh record (a pipeline run's kfac_refresh.json, or with SOAP its soap_refresh.json) to follow");
 }
 
@@ -203,6 +211,7 @@ void for_each_key(C& c, F&& key) {
   train_keys(c, key);
   parallel_keys(c, key);
   kfac_keys(c, key);
+  precond_keys(c, key);
 }
 
 }  // namespace pf::key_table

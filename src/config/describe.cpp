@@ -65,7 +65,9 @@ std::string describe_config() {
       "the values its own bounds allow and what it does. Generated from the key table\n"
       "(`src/config/config_keys.hpp`) by `pipefisher config --describe > docs/config.md`; a test fails\n"
       "when this file is stale. Relations between keys (`model.hidden` divisible by `model.heads`,\n"
-      "`model.seq_len` at most `model.max_position`, ...) are checked too, each refusal naming its key.\n";
+      "`model.seq_len` at most `model.max_position`, ...) are checked too, each refusal naming its key.\n"
+      "A key that moved still reads under its old name (`kfac.placement` is `precond.placement`); setting\n"
+      "both names to different values is refused.\n";
   std::string table;
   for_each_key(defaults, [&](const char* key, const auto& v, const Bounds& b, const char* doc) {
     using T = std::decay_t<decltype(v)>;
@@ -74,7 +76,8 @@ std::string describe_config() {
       table = section;
       out += fmt::format("\n## [{}]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n", table);
     }
-    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", k, type_text<T>(b), shown.at(k), allowed_text<T>(b), doc);
+    const std::string old = old_key_name(k), was = old.empty() ? "" : fmt::format(" (old name: `{}`)", old);
+    out += fmt::format("| `{}` | {} | `{}` | {} | {}{} |\n", k, type_text<T>(b), shown.at(k), allowed_text<T>(b), doc, was);
   });
   return out;
 }

@@ -1,5 +1,5 @@
 // A configuration described and checked as a whole (config.hpp): its preset and optimizer as a
-// banner says them, the warnings, which kfac.placement a run allows, the first key where two
+// banner says them, the warnings, which precond.placement a run allows, the first key where two
 // configurations differ.
 #include "config/config.hpp"
 #include "config/placement.hpp"
@@ -22,15 +22,15 @@ void check_soap_placement(const Config& c, KfacRunner runner) {
   const PlacementSpec p = placement_spec(c.kfac);
   const std::string name = name_of(c.kfac.placement);
   if (c.kfac.placement == Placement::Adaptive || c.kfac.placement == Placement::Skip)
-    usage_error("kfac.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline' or "
+    usage_error("precond.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline' or "
                 "'replay'", name);
   if (runner == KfacRunner::one_process && p.planned)
-    usage_error("kfac.placement", "'{}' places SOAP's work in pipeline bubbles: it needs a pipeline "
+    usage_error("precond.placement", "'{}' places SOAP's work in pipeline bubbles: it needs a pipeline "
                 "(parallel.stages > 1); a single process runs 'inline' or 'replay' (a bubbles run's record)", name);
   if (runner == KfacRunner::mpi && p.planned && c.parallel.stages == 1)
-    usage_error("kfac.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline'", name);
+    usage_error("precond.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline'", name);
   if ((p.planned || p.replays) && c.parallel.schedule == ScheduleName::Chimera)
-    usage_error("kfac.placement", "'{}' plans SOAP's work for one pipeline; Chimera's two are not built yet", name);
+    usage_error("precond.placement", "'{}' plans SOAP's work for one pipeline; Chimera's two are not built yet", name);
 }
 }  // namespace
 
@@ -103,7 +103,8 @@ std::vector<std::string> config_warnings(const Config& c) {
 namespace {
 
 // (key, value) in the text's order: "[table]" prefixes the keys after it; a line that is not
-// "key = value" continues the previous value (a long array printed over several lines).
+// "key = value" continues the previous value (a long array printed over several lines). A key
+// under its old name is its current one: an older run's config.toml wrote [kfac] placement.
 std::vector<std::pair<std::string, std::string>> key_values(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> out;
   std::istringstream in(text);
@@ -114,7 +115,7 @@ std::vector<std::pair<std::string, std::string>> key_values(const std::string& t
     if (line.front() == '[' && line.back() == ']' && eq == std::string::npos) {
       table = line.substr(1, line.size() - 2) + ".";
     } else if (eq != std::string::npos && line.front() != ' ') {
-      out.emplace_back(table + line.substr(0, eq), line.substr(eq + 3));
+      out.emplace_back(current_key_name(table + line.substr(0, eq)), line.substr(eq + 3));
     } else if (!out.empty()) {
       out.back().second += " " + line;
     }

@@ -74,19 +74,19 @@ void check_model_relations(const Config& c) {
     usage_error("data.nsp", "a sentence pair needs model.seq_len >= 5 ([CLS] A [SEP] B [SEP]), got {}", m.seq_len);
 }
 
-// kfac.placement = replay: one process following a recorded refresh pattern, factors of one step each.
+// precond.placement = replay: one process following a recorded refresh pattern (K-FAC's: factors of one step each).
 void check_replay(const Config& c) {
   const auto& k = c.kfac;
   // SOAP's work as units follows a SOAP bubbles run's record (optim/soap_record.hpp).
   const bool soap = c.optim.name == OptimName::Soap && !k.enabled;
   const bool replay = (k.enabled || soap) && placement_spec(k).replays;
   if (!k.refresh_record.empty() && !replay)
-    usage_error("kfac.refresh_record", "only applies with {} and kfac.placement = replay",
+    usage_error("precond.refresh_record", "only applies with {} and precond.placement = replay",
                 soap ? "optim.name = soap" : "kfac.enabled = true");
   if (!replay) return;
   if (k.refresh_record.empty())
-    usage_error("kfac.refresh_record", "kfac.placement = replay follows a recorded refresh pattern: name the "
-                "{} of a kfac.placement = bubbles run", soap ? "soap_refresh.json" : "kfac_refresh.json");
+    usage_error("precond.refresh_record", "precond.placement = replay follows a recorded refresh pattern: name the "
+                "{} of a precond.placement = bubbles run", soap ? "soap_refresh.json" : "kfac_refresh.json");
   if (soap) return;  // SOAP's record is followed on any layout (train/soap_replay.hpp, runtime/soap/)
   const int W = c.parallel.data_parallel;  // auto: checked again once it is a number
   if (c.parallel.stages != 1 || (W != 1 && W != kAutoDataParallel))
@@ -119,8 +119,11 @@ void check_run_relations(const Config& c) {
   if (!k.plan_profile.empty() && !(k.enabled && spec.planned))
     usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   check_replay(c);
-  if (k.min_refresh_steps != 1 && !(k.enabled && spec.planned))
-    usage_error("kfac.min_refresh_steps", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
+  // SOAP's planned refreshes keep it too (runtime/soap/soap_placement.hpp).
+  const bool soap = c.optim.name == OptimName::Soap && !k.enabled;
+  if (k.min_refresh_steps != 1 && !((k.enabled || soap) && spec.planned))
+    usage_error("precond.min_refresh_steps", "only applies with precond.placement = bubbles or adaptive (and "
+                "kfac.enabled = true or optim.name = soap)");
   if (k.max_refresh_steps > 0 && k.max_refresh_steps < k.min_refresh_steps)
     usage_error("kfac.max_refresh_steps", "must be 0 or at least kfac.min_refresh_steps = {} (got {})",
                 k.min_refresh_steps, k.max_refresh_steps);
@@ -170,7 +173,8 @@ void Config::check_files() const {
   if (!fs::exists(data.train_file)) missing("data.train_file", data.train_file);
   if (!fs::exists(data.valid_file)) missing("data.valid_file", data.valid_file);
   if (!kfac.refresh_record.empty())
-    require_input_file(kfac.refresh_record, "kfac.refresh_record", "a K-FAC pipeline run writes out_dir/kfac_refresh.json");
+    require_input_file(kfac.refresh_record, "precond.refresh_record",
+                       "a pipeline run writes out_dir/kfac_refresh.json (K-FAC) or out_dir/soap_refresh.json (SOAP)");
   if (!kfac.plan_profile.empty())
     require_input_file(kfac.plan_profile, "kfac.plan_profile", "a PipeFisher run writes out_dir/kfac_profile.json");
 }

@@ -1,7 +1,7 @@
 #pragma once
-// The refresh record of a SOAP run whose eigenbasis refreshes ran as units (kfac.placement =
+// The refresh record of a SOAP run whose eigenbasis refreshes ran as units (precond.placement =
 // bubbles: runtime/soap/soap_placement.hpp): which factor of which weight was refreshed before
-// which step's update. A single process follows it (kfac.placement = replay with optim.name =
+// which step's update. A single process follows it (precond.placement = replay with optim.name =
 // soap: train/soap_replay.hpp) and so trains what the pipeline trained.
 //
 // The file (JSON), out_dir/soap_refresh.json:
@@ -33,7 +33,7 @@ struct SoapRefreshRecord {
 // Sorts the refreshes (the file's order) and writes the record whole (core/files.hpp).
 void write_soap_record(SoapRefreshRecord rec, const std::string& path);
 // Reads a record to follow over a run of `steps` steps; UsageError naming `key`
-// (kfac.refresh_record) for a file that is not one, or a run longer than the record.
+// (precond.refresh_record) for a file that is not one, or a run longer than the record.
 SoapRefreshRecord read_soap_record(const std::string& path, const std::string& key, int64_t steps);
 
 }  // namespace pf

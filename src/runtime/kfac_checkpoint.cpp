@@ -39,7 +39,7 @@ nlohmann::json read_state_json(const CheckpointReader& r, const std::string& key
 
 void check_placement(const nlohmann::json& j, const Config& cfg) {
   if (j.at("placement").get<std::string>() != name_of(cfg.kfac.placement))
-    usage_error("kfac.placement", "the checkpoint's state was written with kfac.placement = {}, this configuration has {}",
+    usage_error("precond.placement", "the checkpoint's state was written with precond.placement = {}, this configuration has {}",
                 j.at("placement").get<std::string>(), cfg.kfac.placement);
 }
 }  // namespace

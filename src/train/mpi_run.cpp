@@ -77,7 +77,7 @@ std::string activation_memory_json(const Executor& exec, const comm::Groups& gro
   return out.dump(2) + "\n";
 }
 
-// The placement of kfac.placement (runtime/kfac_placement.hpp), built from its spec
+// The placement of precond.placement (runtime/kfac_placement.hpp), built from its spec
 // (config/placement.hpp): PipeFisher's controller, its steps run in order (bubbles) or filling the
 // waits (adaptive); the inline list otherwise.
 std::unique_ptr<KfacPlacement> make_placement(const PlacementSpec& spec, const Config& cfg, const Layout& layout,

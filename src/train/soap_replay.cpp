@@ -10,7 +10,7 @@ namespace pf {
 
 SoapReplay::SoapReplay(const Config& cfg, std::span<Param* const> params, Soap& soap)
     : soap_(soap), path_(cfg.kfac.refresh_record) {
-  const std::string key = "kfac.refresh_record";
+  const std::string key = "precond.refresh_record";
   const SoapRefreshRecord rec = read_soap_record(path_, key, cfg.train.steps);
   std::map<std::string, int> weight;  // name -> rotated weight
   const std::vector<int> rotated = Soap::rotated_weights(params);

@@ -1,5 +1,5 @@
 #pragma once
-// kfac.placement = replay with optim.name = soap: one process follows a SOAP bubbles run's
+// precond.placement = replay with optim.name = soap: one process follows a SOAP bubbles run's
 // refresh record (optim/soap_record.hpp). No basis moves by optim.soap.precondition_frequency;
 // before step t's update each factor the record refreshed before that step is refreshed
 // (Soap::refresh_factor), in the record's order. The pipeline's units did that arithmetic on

@@ -166,4 +166,35 @@ TEST(AutoResume, AContradictingConfigIsRefusedWithBothValues) {
   EXPECT_FALSE(contains(fresh.out, "resuming from")) << fresh.out;
 }
 
+// [precond]'s keys were kfac.* (issue 48): a run directory whose config.toml an older build wrote
+// with [kfac] placement continues under the new names, and one written now continues under the
+// old names; another value is still another run.
+TEST(AutoResume, ARunWhoseConfigTomlHasTheOldKeyNamesContinues) {
+  tiny_config(dir());
+  const std::string s = "--set optim.decay_steps=6 --set train.checkpoint_every=2 --set kfac.enabled=true ";
+  ASSERT_EQ(run(train_cmd(dir(), "alias", s + "--set precond.placement=skip --steps 3")).status, 0);
+  const fs::path out = dir() / "out-alias", toml = out / "config.toml";
+  // config.toml as an older build wrote it: the [precond] keys in [kfac] under their old names.
+  std::string text = bytes(toml);
+  const size_t at = text.find("[precond]\n"), end = text.find("\n[", at + 1);
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string block = text.substr(at + 10, end - at - 10);
+  text = text.substr(0, at) + text.substr(end + 1);
+  text.insert(text.find("[kfac]\n") + 7, block);
+  ASSERT_NE(text.find("[kfac]\nmax_refresh_steps = 0\nmin_refresh_steps = 1\nplacement = 'skip'\n"), std::string::npos)
+      << text;
+  std::ofstream(toml) << text;
+  Launch more = run(train_cmd(dir(), "alias", s + "--set precond.placement=skip --steps 4"));
+  ASSERT_EQ(more.status, 0) << more.out;
+  EXPECT_TRUE(contains(more.out, " (step 3): the run in " + out.string() + " continues")) << more.out;
+  EXPECT_NE(bytes(toml).find("[precond]\n"), std::string::npos) << "rewritten with the new names";
+  Launch old_names = run(train_cmd(dir(), "alias", s + "--set kfac.placement=skip --steps 5"));
+  ASSERT_EQ(old_names.status, 0) << old_names.out;
+  EXPECT_TRUE(contains(old_names.out, " (step 4): the run in " + out.string() + " continues")) << old_names.out;
+  Launch other = run(train_cmd(dir(), "alias", s + "--set kfac.placement=inline --steps 6"));
+  EXPECT_EQ(other.status, 2) << other.out;
+  EXPECT_TRUE(contains(other.out, "its config.toml differs at '[precond] placement': run has 'skip', this command "
+                                  "'inline'")) << other.out;
+}
+
 }  // namespace

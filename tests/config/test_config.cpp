@@ -132,8 +132,9 @@ TEST(Config, ReplayKeys) {
   const Config b = Config::from_toml_string(a.to_toml());
   EXPECT_TRUE(b == a) << b.to_toml();
   EXPECT_EQ(error_of("", {"kfac.refresh_record=/tmp/r.json", "kfac.enabled=true"}),
-            "kfac.refresh_record: only applies with kfac.enabled = true and kfac.placement = replay");
-  EXPECT_EQ(error_of("", {"kfac.enabled=true", "kfac.placement=replay"}).rfind("kfac.refresh_record: kfac.placement = replay", 0),
+            "precond.refresh_record: only applies with kfac.enabled = true and precond.placement = replay");
+  EXPECT_EQ(error_of("", {"kfac.enabled=true", "kfac.placement=replay"})
+                .rfind("precond.refresh_record: precond.placement = replay", 0),
             0u);
   const std::vector<std::string> replay = {"kfac.enabled=true", "kfac.placement=replay",
                                            "kfac.refresh_record=/tmp/r.json"};
@@ -226,15 +227,17 @@ TEST(Config, RefreshStepBounds) {
   Config b = Config::from_toml_string(a.to_toml());
   EXPECT_EQ(b.kfac.min_refresh_steps, 2);
   EXPECT_EQ(b.kfac.max_refresh_steps, 8);
-  EXPECT_EQ(error_of("", with({"kfac.min_refresh_steps=0"})), "kfac.min_refresh_steps: must be between 1 and 1000 (got 0)");
+  EXPECT_EQ(error_of("", with({"precond.min_refresh_steps=0"})),
+            "precond.min_refresh_steps: must be between 1 and 1000 (got 0)");
   EXPECT_EQ(error_of("", with({"kfac.max_refresh_steps=1001"})),
-            "kfac.max_refresh_steps: must be between 0 (the profiled plan's) and 1000 (got 1001)");
+            "precond.max_refresh_steps: must be between 0 (the profiled plan's) and 1000 (got 1001)");
   EXPECT_EQ(error_of("", with({"kfac.min_refresh_steps=4", "kfac.max_refresh_steps=3"})),
             "kfac.max_refresh_steps: must be 0 or at least kfac.min_refresh_steps = 4 (got 3)");
   EXPECT_EQ(error_of("", {"kfac.enabled=true", "parallel.stages=2", "kfac.max_refresh_steps=3"}),
             "kfac.max_refresh_steps: only applies with kfac.enabled = true and kfac.placement = adaptive");
   EXPECT_EQ(error_of("", {"kfac.min_refresh_steps=3"}),
-            "kfac.min_refresh_steps: only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
+            "precond.min_refresh_steps: only applies with precond.placement = bubbles or adaptive (and kfac.enabled = "
+            "true or optim.name = soap)");
 }
 
 // parallel.recompute (activation recomputation, off by default) parses as a bool, round-trips, and

@@ -468,7 +468,7 @@ TEST(Hardening, RefusalsNameWhatIsWrong) {
   const std::string bubbles = "--set kfac.enabled=true --set kfac.placement=bubbles --set kfac.plan_profile=";
   for (const std::string& f : {std::string("/dev/zero"), fifo.string()}) {
     const std::string kind = f == "/dev/zero" ? "is a character device, not a regular file" : "is a FIFO, not a regular file";
-    expect_train_refused("rr", replay + f, "kfac.refresh_record: '" + f + "' " + kind);
+    expect_train_refused("rr", replay + f, "precond.refresh_record: '" + f + "' " + kind);
     expect_train_refused("pp", bubbles + f, "kfac.plan_profile: '" + f + "' " + kind);
     expect_train_refused("in", "--init " + f, "--init: '" + f + "' " + kind);
     expect_refusal(run(kEnv + kBinary + " eval --config " + (dir() / "tiny.toml").string() + " --init " + f),

@@ -119,12 +119,12 @@ TEST(PipeFisherReplay, ARecordThatCannotBeFollowedThatFarIsRefused) {
   Launched no_record = pf_test::run(PF_BINARY " train --config " + config_file().string() +
                                     " --set kfac.placement=replay --set train.out_dir=" + (dir() / "replay_none").string());
   EXPECT_EQ(no_record.status, 2) << no_record.out;
-  EXPECT_NE(no_record.out.find("kfac.refresh_record:"), std::string::npos) << no_record.out;
+  EXPECT_NE(no_record.out.find("precond.refresh_record: precond.placement = replay"), std::string::npos) << no_record.out;
   expect_refused("replay_stages", record, "--set parallel.stages=2", "kfac.placement");
   Launched stray = pf_test::run(PF_BINARY " train --config " + config_file().string() + " --set kfac.refresh_record=" +
                                 record.string() + " --set train.out_dir=" + (dir() / "replay_stray").string());
   EXPECT_EQ(stray.status, 2) << stray.out;
-  EXPECT_NE(stray.out.find("kfac.refresh_record: only applies"), std::string::npos) << stray.out;
+  EXPECT_NE(stray.out.find("precond.refresh_record: only applies"), std::string::npos) << stray.out;
 }
 
 // Checkpoints carry the factors the replay keeps for later inversions: a resumed replay's steps

@@ -236,7 +236,7 @@ TEST(SoapBubbles, ARecordOfEveryStepIsTheInlineRefreshOfEveryStep) {
 TEST(SoapBubbles, ABubblesRunResumesBitForBit) {
   const fs::path ck = work_dir() / "resume_ck";
   fs::remove_all(ck);
-  const std::string bubbles = "--set parallel.stages=2 --set kfac.placement=bubbles --test-kfac-cost-scale 0.001 ";
+  const std::string bubbles = "--set parallel.stages=2 --set precond.placement=bubbles --test-kfac-cost-scale 0.001 ";
   const std::string every = "--set train.checkpoint_every=1 --set train.keep_checkpoints=0 ";
   const auto whole = run(kEnv + kPfrun + " -np 2 " + train("resume_whole", bubbles + every + "--set train.checkpoint_dir=" + ck.string()));
   ASSERT_EQ(whole.status, 0) << whole.out;
@@ -271,19 +271,33 @@ TEST(SoapBubbles, ABubblesRunResumesBitForBit) {
   }
 }
 
-// What SOAP's work may not do, refused before training with exit 2 and the key.
+// precond.min_refresh_steps (kfac.min_refresh_steps by its old name) lengthens SOAP's planned
+// cycle past optim.soap.precondition_frequency (2 here), as it does K-FAC's.
+TEST(SoapBubbles, MinRefreshStepsLengthensThePlannedCycle) {
+  for (const std::string key : {"precond.min_refresh_steps", "kfac.min_refresh_steps"}) {
+    const auto r = run(kEnv + kPfrun + " -np 2 " +
+                       train("min_refresh_" + key, "--set parallel.stages=2 --set precond.placement=bubbles --set " + key +
+                                                "=3 --test-kfac-cost-scale 0.001"));
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("soap: planned from steps 1-2: eigenbasis refreshes every 3 3 steps"), std::string::npos)
+        << key << "\n" << r.out;
+  }
+}
+
+// What SOAP's work may not do, refused before training with exit 2 and the key, by its new name
+// whichever name set it (kfac.placement is its old one).
 TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
-  for (const std::string& sets : {std::string("--set kfac.placement=bubbles"), std::string("--set kfac.placement=adaptive"),
-                                  std::string("--set kfac.placement=skip")}) {
+  for (const std::string& sets : {std::string("--set precond.placement=bubbles"),
+                                  std::string("--set precond.placement=adaptive"), std::string("--set kfac.placement=skip")}) {
     const auto r = run(kEnv + train("refused", sets));
     EXPECT_EQ(r.status, 2) << sets << "\n" << r.out;
-    EXPECT_NE(r.out.find("kfac.placement"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("precond.placement: '"), std::string::npos) << r.out;
   }
   const auto r = run(kEnv + train("refused", "--set kfac.placement=replay"));
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("kfac.refresh_record"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("precond.refresh_record: "), std::string::npos) << r.out;
   const auto chimera = run(kEnv + kPfrun + " -np 2 " +
-                           train("refused", "--set parallel.stages=2 --set parallel.schedule=chimera --set kfac.placement=bubbles"));
+                           train("refused", "--set parallel.stages=2 --set parallel.schedule=chimera --set precond.placement=bubbles"));
   EXPECT_EQ(chimera.status, 2) << chimera.out;
-  EXPECT_NE(chimera.out.find("kfac.placement"), std::string::npos) << chimera.out;
+  EXPECT_NE(chimera.out.find("precond.placement: '"), std::string::npos) << chimera.out;
 }

@@ -55,7 +55,7 @@ SoapPlacement::SoapPlacement(const Config& cfg, const Layout& layout, const comm
       action_ms_(lowered_.size(), 0.0),
       plan_start_(kProfileSteps) {
   if (layout.pipelines() > 1)
-    usage_error("kfac.placement", "'bubbles' plans SOAP's work for one pipeline; {}'s {} are not built yet",
+    usage_error("precond.placement", "'bubbles' plans SOAP's work for one pipeline; {}'s {} are not built yet",
                 layout.schedule.name, layout.pipelines());
   for (HostedChunk& c : chunks_) soap_of(c).refresh_by_units(true);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// optim.name = soap with kfac.placement = bubbles in the MPI runtime (runtime/kfac_placement.hpp):
+// optim.name = soap with precond.placement = bubbles in the MPI runtime (runtime/kfac_placement.hpp):
 // SOAP's eigenbasis refreshes are units of the K-FAC graph (EIG_L, EIG_R per rotated weight:
 // schedule/kfac_graph.hpp), placed into the pipeline's bubbles by the PipeFisher planner
 // (plan/planner.hpp, BubbleWork::soap) and run by the executor, whose EIG handler refreshes the
@@ -9,9 +9,9 @@
 //              factors' refreshes on copies, every rank all-reduces the timings and plans from
 //              them (the same bits on every rank: the same plan)
 //   planned    step t runs plan.actions(replica, device, t - plan_start); the refresh cycle is
-//              the plan's, at least optim.soap.precondition_frequency (and kfac.min_refresh_steps)
+//              the plan's, at least optim.soap.precondition_frequency (and precond.min_refresh_steps)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
-// single process follows with kfac.placement = replay. Not built yet: drift re-planning,
+// single process follows with precond.placement = replay. Not built yet: drift re-planning,
 // adaptive, Chimera, a recorded profile. A checkpoint keeps the profile the plan was made from
 // (every rank's copy: the all-reduced one) and this rank's refreshes, so a resumed run remakes the
 // same plan and its record covers the whole run.

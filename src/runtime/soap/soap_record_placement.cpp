@@ -14,7 +14,7 @@ namespace pf {
 SoapRecordPlacement::SoapRecordPlacement(const Config& cfg, const Layout& layout, const comm::Groups& groups,
                                          HostedChunks& chunks)
     : lowered_(layout.schedule.per_device.at(groups.stage)) {
-  const std::string key = "kfac.refresh_record", path = cfg.kfac.refresh_record;
+  const std::string key = "precond.refresh_record", path = cfg.kfac.refresh_record;
   const SoapRefreshRecord rec = read_soap_record(path, key, cfg.train.steps);
   plan_start_ = rec.plan_start, period_ = rec.period;
   std::map<std::string, Action> unit;  // this device's rotated weights: name -> its EIG_L unit

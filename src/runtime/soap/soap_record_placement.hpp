@@ -1,5 +1,5 @@
 #pragma once
-// optim.name = soap with kfac.placement = replay under mpirun (runtime/kfac_placement.hpp): every
+// optim.name = soap with precond.placement = replay under mpirun (runtime/kfac_placement.hpp): every
 // step runs the lowered list, and the refreshes a SOAP bubbles run recorded for it (its
 // soap_refresh.json, optim/soap_record.hpp) as EIG_L / EIG_R units of this device's chunks, in the
 // record's order, just before the device's first OPT. A refresh reads only the optimizer's state
