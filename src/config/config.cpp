@@ -254,12 +254,23 @@ std::string override_key(const std::string& kv) {
   return key;
 }
 
+// The key's other name (its old one, or for an old name its current one), dropped from the tree:
+// a --set wins over the file, and a later --set over an earlier one, whichever name each used.
+void drop_other_name(toml::table& root, const std::string& key) {
+  std::string other = old_key_name(key);
+  if (other.empty() && current_key_name(key) != key) other = current_key_name(key);
+  if (other.empty()) return;
+  const size_t dot = other.rfind('.');
+  if (toml::table* t = root.at_path(other.substr(0, dot)).as_table()) t->erase(other.substr(dot + 1));
+}
+
 // Applies one `key=value` override; the value is parsed as TOML (so 4, 1e-3, true, "x", [1,2]
 // work) and otherwise taken as a bare string.
 void apply_override(toml::table& root, const std::string& kv) {
   auto eq = kv.find('=');
   if (eq == std::string::npos || eq == 0) usage_error("--set " + kv, "expected key=value");
   const std::string key = override_key(kv), text = kv.substr(eq + 1);
+  drop_other_name(root, key);
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + text);

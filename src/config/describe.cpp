@@ -66,8 +66,8 @@ std::string describe_config() {
       "(`src/config/config_keys.hpp`) by `pipefisher config --describe > docs/config.md`; a test fails\n"
       "when this file is stale. Relations between keys (`model.hidden` divisible by `model.heads`,\n"
       "`model.seq_len` at most `model.max_position`, ...) are checked too, each refusal naming its key.\n"
-      "A key that moved still reads under its old name (`kfac.placement` is `precond.placement`); setting\n"
-      "both names to different values is refused.\n";
+      "A key that moved still reads under its old name (`kfac.placement` is `precond.placement`); a file\n"
+      "that sets both names to different values is refused, and `--set` under either name wins over the file.\n";
   std::string table;
   for_each_key(defaults, [&](const char* key, const auto& v, const Bounds& b, const char* doc) {
     using T = std::decay_t<decltype(v)>;
