@@ -1,5 +1,5 @@
 #pragma once
-// What each kfac.placement is, in one place: the setting is compared here and nowhere else, and
+// What each precond.placement is, in one place: the setting is compared here and nowhere else, and
 // every other part (the checks, the banner, the trainer, the MPI engine, the cadence) asks the
 // spec's named fields. A new placement is one more case in placement_spec.
 #include "config/config.hpp"
@@ -29,5 +29,9 @@ struct PlacementSpec {
 
 // The spec of k.placement (read whether or not K-FAC is on).
 PlacementSpec placement_spec(const KfacConfig& k);
+
+// The placement places SOAP's work (its eigenbasis refreshes): optim.name = soap without K-FAC
+// (the two are not stacked; validate refuses both on).
+inline bool places_soap_work(const Config& c) { return c.optim.name == OptimName::Soap && !c.kfac.enabled; }
 
 }  // namespace pf

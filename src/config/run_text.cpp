@@ -35,7 +35,7 @@ void check_soap_placement(const Config& c, KfacRunner runner) {
 }  // namespace
 
 void check_kfac_placement(const Config& c, KfacRunner runner) {
-  if (!c.kfac.enabled && c.optim.name == OptimName::Soap) return check_soap_placement(c, runner);
+  if (places_soap_work(c)) return check_soap_placement(c, runner);
   if (!c.kfac.enabled) return;
   const PlacementSpec p = placement_spec(c.kfac);
   const std::string name = name_of(c.kfac.placement);
@@ -64,7 +64,7 @@ std::string preset_of(const ModelConfig& m) {
 }
 
 std::string optimizer_of(const Config& c) {
-  if (!c.kfac.enabled && c.optim.name == OptimName::Soap && c.kfac.placement != Placement::Inline) {
+  if (places_soap_work(c) && c.kfac.placement != Placement::Inline) {
     const PlacementSpec p = placement_spec(c.kfac);
     return p.planned ? "soap (its eigenbasis refreshes in the pipeline bubbles)" : "soap (" + p.where + ")";
   }

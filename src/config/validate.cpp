@@ -78,7 +78,7 @@ void check_model_relations(const Config& c) {
 void check_replay(const Config& c) {
   const auto& k = c.kfac;
   // SOAP's work as units follows a SOAP bubbles run's record (optim/soap_record.hpp).
-  const bool soap = c.optim.name == OptimName::Soap && !k.enabled;
+  const bool soap = places_soap_work(c);
   const bool replay = (k.enabled || soap) && placement_spec(k).replays;
   if (!k.refresh_record.empty() && !replay)
     usage_error("precond.refresh_record", "only applies with {} and precond.placement = replay",
@@ -120,8 +120,7 @@ void check_run_relations(const Config& c) {
     usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
   check_replay(c);
   // SOAP's planned refreshes keep it too (runtime/soap/soap_placement.hpp).
-  const bool soap = c.optim.name == OptimName::Soap && !k.enabled;
-  if (k.min_refresh_steps != 1 && !((k.enabled || soap) && spec.planned))
+  if (k.min_refresh_steps != 1 && !((k.enabled || places_soap_work(c)) && spec.planned))
     usage_error("precond.min_refresh_steps", "only applies with precond.placement = bubbles or adaptive (and "
                 "kfac.enabled = true or optim.name = soap)");
   if (k.max_refresh_steps > 0 && k.max_refresh_steps < k.min_refresh_steps)
