@@ -3,6 +3,7 @@
 #include "core/blas.hpp"
 #include "core/error.hpp"
 #include "core/machine.hpp"
+#include "config/placement.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -83,12 +84,15 @@ double in_flight(const Config& cfg) {
 }
 
 // SOAP's statistics and bases (L, Q_L, R, Q_R) of every Linear weight, in floats: a side of d
-// up to optim.soap.max_precond_dim holds 2 d^2 (nn/blocks.cpp, nn/llama_block.cpp for the Linears).
+// up to optim.soap.max_precond_dim holds 2 d^2 (nn/blocks.cpp, nn/llama_block.cpp for the Linears);
+// in the bubbles also the gradient each weight keeps for the next step's STAT.
 double soap_floats(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   const double C = m.hidden, F = m.ffn, KV = kv_width(m), L = m.layers;
-  auto side = [&](double d) { return d <= cfg.optim.soap.max_precond_dim ? 2 * d * d : 0.0; };
-  auto lin = [&](double in, double out) { return side(in) + side(out); };
+  const double max = cfg.optim.soap.max_precond_dim;
+  const bool deferred = placement_spec(cfg.kfac).planned;
+  auto side = [&](double d) { return d <= max ? 2 * d * d : 0.0; };
+  auto lin = [&](double in, double out) { return side(in) + side(out) + (deferred && (in <= max || out <= max) ? in * out : 0.0); };
   switch (m.arch) {
     case Arch::Bert: return L * (4 * lin(C, C) + lin(C, F) + lin(F, C)) + 2 * lin(C, C) + lin(C, 2);
     case Arch::Gpt: return L * (lin(C, 3 * C) + lin(C, C) + lin(C, F) + lin(F, C));

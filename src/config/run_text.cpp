@@ -66,7 +66,7 @@ std::string preset_of(const ModelConfig& m) {
 std::string optimizer_of(const Config& c) {
   if (places_soap_work(c) && c.kfac.placement != Placement::Inline) {
     const PlacementSpec p = placement_spec(c.kfac);
-    return p.planned ? "soap (its eigenbasis refreshes in the pipeline bubbles)" : "soap (" + p.where + ")";
+    return p.planned ? "soap (its statistics and eigenbasis refreshes in the pipeline bubbles)" : "soap (" + p.where + ")";
   }
   if (!c.kfac.enabled) return name_of(c.optim.name);
   const PlacementSpec p = placement_spec(c.kfac);

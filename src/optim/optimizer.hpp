@@ -56,6 +56,9 @@ class Optimizer {
   // State for checkpoints, named "<param name>.<state>" (PyTorch's state names: exp_avg,
   // exp_avg_sq, momentum_buffer). The pointers stay valid; import by writing into them.
   std::vector<std::pair<std::string, Tensor*>> state_tensors();
+  // Brings work the optimizer deferred up to date, before state_tensors() is read for a
+  // checkpoint (SOAP's statistics one step late); the next step's result does not change.
+  virtual void settle() {}
   // Number of steps taken (Adam's bias correction uses it); part of the checkpointed state.
   int64_t step_count() const { return steps_; }
   void set_step_count(int64_t n) { steps_ = n; }
@@ -159,6 +162,11 @@ class NvLamb : public Optimizer {
 // of the old basis and into the new one, v's rows (L) or columns (R) permuted alike: the
 // arithmetic of the refresh after that update (which rotates m over both sides at once, the same
 // up to rounding), so a refresh run anywhere before the next update is the same refresh.
+// With defer_statistics (bubbles, from the first planned step) an update keeps its weight's
+// gradient instead of adding it to L and R at its end, and update_statistics adds it later (STAT,
+// in the next step's bubbles): the statistics lag one step while nothing reads them. Whatever reads
+// a statistic first adds what is pending for it (a refresh its side, the next update, settle all),
+// so every reader sees what inline SOAP's would: the same bits.
 class Soap : public AdamW {
  public:
   explicit Soap(const OptimConfig& c);
@@ -177,6 +185,13 @@ class Soap : public AdamW {
   double time_refresh_factor(int weight, int side);
   // The rotated weight's side has a statistic and a basis.
   bool has_factor(int weight, int side);
+  void defer_statistics(bool on) { defer_ = on; }
+  // Adds every pending gradient to its weight's statistics (a STAT unit: this optimizer's chunk).
+  void update_statistics();
+  // update_statistics' work on copies of the statistics, the last gradients taken (the state is
+  // left as it was), in ms: a plan's STAT cost.
+  double time_statistics();
+  void settle() override { update_statistics(); }
 
  protected:
   std::vector<StateSpec> state_specs(const Param& p) const override;
@@ -184,10 +199,20 @@ class Soap : public AdamW {
 
  private:
   void update_matrix(Slot& slot, double lr, int64_t t, float grad_scale);
-  Slot& rotated_slot(int weight);
+  // A weight's gradient kept for its statistics (defer_statistics), per side still to add.
+  struct Pending {
+    std::vector<float> grad;
+    float scale = 1;
+    bool side[2] = {false, false};
+  };
+  void hold_gradient(size_t slot, float grad_scale);
+  void add_pending(size_t slot, int side);  // side -1: both
+  size_t rotated_index(int weight);         // its slot
+  Slot& rotated_slot(int weight) { return slots()[rotated_index(weight)]; }
   double shampoo_beta_;
   int precondition_frequency_, max_precond_dim_;
-  bool by_units_ = false;
+  bool by_units_ = false, defer_ = false;
+  std::vector<Pending> pending_;  // [slot], sized by the first deferred update
   // Sized on the first step for the largest weight: later steps allocate nothing.
   std::unique_ptr<optim_detail::SoapScratch> scratch_;
 };

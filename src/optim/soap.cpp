@@ -99,11 +99,12 @@ void rotate(const SoapTensors& t, const float* x, float alpha, bool back, float*
   }
 }
 
-// L = b L + (1 - b) (s G)(s G)^T and R = b R + (1 - b) (s G)^T (s G), s the clipping factor.
-void accumulate_statistics(const SoapTensors& t, float b, float c, float grad_scale) {
+// L = b L + (1 - b) (s G)(s G)^T and R = b R + (1 - b) (s G)^T (s G) for gradient g, s the
+// clipping factor; side 0 L only, 1 R only, -1 both.
+void accumulate_statistics(const SoapTensors& t, const float* g, float b, float c, float grad_scale, int side = -1) {
   const float alpha = c * grad_scale * grad_scale;
-  if (t.L) gemm(false, true, t.rows, t.rows, t.cols, alpha, t.g, t.cols, t.g, t.cols, b, t.L, t.rows);
-  if (t.R) gemm(true, false, t.cols, t.cols, t.rows, alpha, t.g, t.cols, t.g, t.cols, b, t.R, t.cols);
+  if (t.L && side != 1) gemm(false, true, t.rows, t.rows, t.cols, alpha, g, t.cols, g, t.cols, b, t.L, t.rows);
+  if (t.R && side != 0) gemm(true, false, t.cols, t.cols, t.rows, alpha, g, t.cols, g, t.cols, b, t.R, t.cols);
 }
 
 // The eigenvectors of the symmetric S [d, d] as the columns of Q, by decreasing eigenvalue
@@ -231,7 +232,7 @@ void Soap::update_matrix(Slot& slot, double lr, int64_t t, float grad_scale) {
   const float bs = static_cast<float>(shampoo_beta_), cs = static_cast<float>(1.0 - shampoo_beta_);
   const int64_t k = t - 1;  // SOAP's own count: its first step only sets up the bases
   if (k == 0) {
-    accumulate_statistics(x, bs, cs, grad_scale);
+    accumulate_statistics(x, x.g, bs, cs, grad_scale);
     for (auto [S, d, Q, side] : {std::tuple{x.L, x.rows, x.QL, "L"}, std::tuple{x.R, x.cols, x.QR, "R"}})
       if (S && !eigenbasis(S, d, Q, s))
         spdlog::warn("soap: the eigensolver failed on {}'s {} statistic; that side keeps the identity basis", slot.param->name, side);
@@ -249,8 +250,54 @@ void Soap::update_matrix(Slot& slot, double lr, int64_t t, float grad_scale) {
   const float shrink = slot.param->decay ? static_cast<float>(1.0 - lr * weight_decay_) : 1.0f;
   const float* dir = s.out.data();
   for_chunks(n, [&](int64_t b, int64_t e) { apply_range(b, e, x.w, dir, step, shrink); });
-  accumulate_statistics(x, bs, cs, grad_scale);
-  if (!by_units_ && k % precondition_frequency_ == 0) refresh_bases(x, s);
+  const auto i = static_cast<size_t>(&slot - slots().data());
+  if (defer_) hold_gradient(i, grad_scale);
+  else accumulate_statistics(x, x.g, bs, cs, grad_scale);
+  if (!by_units_ && k % precondition_frequency_ == 0) add_pending(i, -1), refresh_bases(x, s);
+}
+
+// The update's gradient kept for STAT; what the previous update kept, if still pending, added first.
+void Soap::hold_gradient(size_t slot, float grad_scale) {
+  add_pending(slot, -1);
+  if (pending_.size() < slots().size()) pending_.resize(slots().size());
+  Pending& p = pending_[slot];
+  const Param& param = *slots()[slot].param;
+  p.grad.assign(param.grad.data(), param.grad.data() + param.grad.numel());
+  p.scale = grad_scale;
+  p.side[0] = p.side[1] = true;
+}
+
+void Soap::add_pending(size_t slot, int side) {
+  if (slot >= pending_.size()) return;
+  Pending& p = pending_[slot];
+  if (!p.side[0] && !p.side[1]) return;  // nothing held (or not a rotated weight)
+  const SoapTensors x = soap_tensors(*slots()[slot].param, slots()[slot].state, max_precond_dim_);
+  const float bs = static_cast<float>(shampoo_beta_), cs = static_cast<float>(1.0 - shampoo_beta_);
+  for (int s : {0, 1})
+    if (p.side[s] && (side < 0 || side == s)) accumulate_statistics(x, p.grad.data(), bs, cs, p.scale, s), p.side[s] = false;
+}
+
+void Soap::update_statistics() {
+  for (size_t i = 0; i < pending_.size(); ++i) add_pending(i, -1);
+}
+
+// Planning only (its copies allocate; no step does).
+double Soap::time_statistics() {
+  double ms = 0;
+  const float bs = static_cast<float>(shampoo_beta_), cs = static_cast<float>(1.0 - shampoo_beta_);
+  for (Slot& slot : slots()) {
+    if (!rotated(*slot.param)) continue;
+    const SoapTensors x = soap_tensors(*slot.param, slot.state, max_precond_dim_);
+    std::vector<float> L, R;
+    if (x.L) L.assign(x.L, x.L + x.rows * x.rows);
+    if (x.R) R.assign(x.R, x.R + x.cols * x.cols);
+    const auto t0 = std::chrono::steady_clock::now();
+    accumulate_statistics(x, x.g, bs, cs, 1.0f);
+    ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (x.L) std::memcpy(x.L, L.data(), L.size() * sizeof(float));
+    if (x.R) std::memcpy(x.R, R.data(), R.size() * sizeof(float));
+  }
+  return ms;
 }
 
 std::vector<int> Soap::rotated_weights(std::span<Param* const> params) {
@@ -260,12 +307,12 @@ std::vector<int> Soap::rotated_weights(std::span<Param* const> params) {
   return out;
 }
 
-Optimizer::Slot& Soap::rotated_slot(int weight) {
+size_t Soap::rotated_index(int weight) {
   int n = 0;
-  for (Slot& slot : slots())
-    if (rotated(*slot.param) && n++ == weight) return slot;
+  for (size_t i = 0; i < slots().size(); ++i)
+    if (rotated(*slots()[i].param) && n++ == weight) return i;
   PF_CHECK(false, "soap: no rotated weight {} (it has {})", weight, n);
-  return slots().front();
+  return 0;
 }
 
 bool Soap::has_factor(int weight, int side) {
@@ -274,8 +321,10 @@ bool Soap::has_factor(int weight, int side) {
 }
 
 void Soap::refresh_factor(int weight, int side) {
-  Slot& slot = rotated_slot(weight);
+  const size_t i = rotated_index(weight);
   if (step_count() == 0) return;  // no basis yet: the first step's eigensolver makes it
+  add_pending(i, side);  // the statistic the refresh reads, as inline SOAP's
+  Slot& slot = slots()[i];
   const SoapTensors x = soap_tensors(*slot.param, slot.state, max_precond_dim_);
   fit(*scratch_, x);
   refresh_side(x, side, *scratch_);
@@ -283,6 +332,7 @@ void Soap::refresh_factor(int weight, int side) {
 
 // Planning only (its copies allocate; no step does).
 double Soap::time_refresh_factor(int weight, int side) {
+  PF_CHECK(!defer_, "soap: a refresh timed while statistics are deferred (its copies would drop them)");
   Slot& slot = rotated_slot(weight);
   std::vector<Tensor> kept = slot.state;
   const auto t0 = std::chrono::steady_clock::now();

@@ -102,6 +102,31 @@ void insert_preconditions(const PlanState& state, const Timeline& tl, int d, Tim
   }
 }
 
+// SOAP's STAT(p,s) of device d's chunks (in the order of their first forward) into the step `tl`
+// times: each into the first gap that holds it with margin (it adds the previous step's
+// gradients: nothing of this step), else at the device's end, before its optimizer steps.
+void insert_statistics(const PlanState& state, const Timeline& tl, int d, TimedSchedule& ts) {
+  std::vector<Gap> gaps = tl.gaps(d);
+  std::vector<std::pair<int, int>> chunks;  // (pipeline, stage)
+  for (const TimedAction& t : tl.per_device[d])
+    if (t.action.kind == Kind::F && std::find(chunks.begin(), chunks.end(), std::pair{t.action.pipeline, t.action.stage}) == chunks.end())
+      chunks.push_back({t.action.pipeline, t.action.stage});
+  std::vector<std::pair<int, Action>> inserts;  // (position in the original list, what)
+  for (auto [p, s] : chunks) {
+    const double t = stage_cost(state.in, s).statistics;
+    int at = static_cast<int>(tl.per_device[d].size());
+    for (Gap& g : gaps)
+      if (gap_fit(state.in).holds(g.start, t, g.end)) {
+        at = g.insert_at;
+        g.start += t;
+        break;
+      }
+    inserts.push_back({at, Action{Kind::STAT, s, p, -1, -1}});
+  }
+  for (size_t k = inserts.size(); k-- > 0;)
+    ts.insert(d, inserts[k].first, inserts[k].second, stage_cost(state.in, inserts[k].second.stage).statistics);
+}
+
 // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same
 // preconditioning): the split and inline decisions use the smallest largest gap among the
 // devices hosting any of the device's stages.
@@ -143,8 +168,9 @@ std::vector<PrecSplit> split_precondition(const PlanState& state) {
 }
 
 // PREC(p,s) for each hosted stage (insert_preconditions, as PlanInput::precondition says) into
-// the step place_weight_gradients left. Then the step with PREC is the base every K-FAC unit is
-// placed around; its largest gaps decide splits and inline work.
+// the step place_weight_gradients left; SOAP's STAT(p,s) instead (insert_statistics). Then the step
+// with PREC (or STAT) is the base every other unit is placed around; its largest gaps decide splits
+// and inline work.
 BaseStep place_precondition(const PlanState& state) {
   const PlanInput& in = state.in;
   const int D = in.schedule.devices;
@@ -153,8 +179,9 @@ BaseStep place_precondition(const PlanState& state) {
   TimedSchedule& ts = out.timed;
   const Timeline tl = ts.simulate();
   out.plain_step_time = tl.step_time;
-  if (in.work == BubbleWork::kfac)  // SOAP has no PREC: its rotations are its OPT's
-    for (int d = 0; d < D; ++d) insert_preconditions(state, tl, d, ts);
+  for (int d = 0; d < D; ++d)  // SOAP has no PREC: its rotations are its OPT's
+    if (in.work == BubbleWork::kfac) insert_preconditions(state, tl, d, ts);
+    else insert_statistics(state, tl, d, ts);
   out.timeline = ts.simulate();
   out.largest_shared_gap = largest_shared_gaps(in.schedule, out.timeline);
   return out;

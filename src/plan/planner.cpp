@@ -71,7 +71,7 @@ void check_input(const PlanInput& in) {
   }
   for (const auto& row : sch.per_device)
     for (const Action& a : row)
-      if (is_kfac(a.kind) || is_eigenbasis(a.kind))
+      if (is_kfac(a.kind) || is_soap(a.kind))
         usage_error("--schedule-file", "the schedule already has K-FAC action {}; the planner adds them", to_token(a));
 }
 

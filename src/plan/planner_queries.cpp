@@ -28,7 +28,7 @@ int64_t KfacPlan::all_cycles_start(int64_t t) const {
 std::vector<Action> KfacPlan::plain_actions(int replica, int device) const {
   std::vector<Action> out;
   for (const Action& a : actions(replica, device, 0))
-    if ((!is_kfac(a.kind) && !is_eigenbasis(a.kind)) || a.kind == Kind::PREC) out.push_back(a);
+    if ((!is_kfac(a.kind) && !is_soap(a.kind)) || a.kind == Kind::PREC) out.push_back(a);
   return out;
 }
 

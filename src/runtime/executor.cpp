@@ -213,6 +213,7 @@ const std::array<Executor::Handler, kNumKinds>& Executor::handlers() {
     set(Kind::BCAST_INV_B, &Executor::on_inverse_broadcast);
     set(Kind::EIG_L, &Executor::on_eigenbasis);
     set(Kind::EIG_R, &Executor::on_eigenbasis);
+    set(Kind::STAT, &Executor::on_statistics);
     return t;
   }();
   return table;
@@ -287,13 +288,21 @@ void Executor::on_inversion(const Action& a, const StepInputs&) { kfac_->inversi
 void Executor::on_inverse_broadcast(const Action& a, const StepInputs&) { kfac_->inverse_broadcast(a); }
 
 // SOAP's refresh of one factor's eigenbasis: the chunk's optimizer's state (optim/optimizer.hpp).
-void Executor::on_eigenbasis(const Action& a, const StepInputs&) {
-  HostedChunk& c = chunks_.at(a.pipeline, a.stage);
+namespace {
+Soap& soap_for(const Action& a, HostedChunk& c) {
   auto* soap = dynamic_cast<Soap*>(c.optim.get());
   if (!soap)
-    throw UsageError(fmt::format("schedule: action {} refreshes a SOAP basis, and optim.name is {}", to_token(a), c.optim->name()));
-  soap->refresh_factor(a.layer, side_index(a.kind));
+    throw UsageError(fmt::format("schedule: action {} is SOAP's work, and optim.name is {}", to_token(a), c.optim->name()));
+  return *soap;
 }
+}  // namespace
+
+void Executor::on_eigenbasis(const Action& a, const StepInputs&) {
+  soap_for(a, chunks_.at(a.pipeline, a.stage)).refresh_factor(a.layer, side_index(a.kind));
+}
+
+// The previous step's gradients into the chunk's statistics (soap_placement.hpp: one step late).
+void Executor::on_statistics(const Action& a, const StepInputs&) { soap_for(a, chunks_.at(a.pipeline, a.stage)).update_statistics(); }
 
 // K-FAC preconditions the chunk's summed gradient.
 void Executor::on_precondition(const Action& a, const StepInputs&) {

@@ -176,6 +176,7 @@ class Executor {
   void on_precondition(const Action& a, const StepInputs& in);
   void on_inverse_broadcast(const Action& a, const StepInputs& in);
   void on_eigenbasis(const Action& a, const StepInputs& in);  // SOAP's EIG_L / EIG_R
+  void on_statistics(const Action& a, const StepInputs& in);  // SOAP's STAT
   const Tensor& stage_input(HostedChunk& c, int m);
   void hold(int64_t bytes);
   void forward(HostedChunk& c, const MicroBatch& mb, int m);

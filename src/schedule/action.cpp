@@ -11,7 +11,7 @@ namespace {
 constexpr std::array<std::string_view, kNumKinds> kNames = {
     "F",   "B",      "I",      "W",         "SEND_F", "RECV_F", "SEND_B", "RECV_B",
     "ALLREDUCE", "OPT", "CURV_A", "CURV_B", "SYNC_CURV", "INV_A", "INV_B", "PREC",
-    "BCAST_INV_A", "BCAST_INV_B", "EIG_L", "EIG_R"};
+    "BCAST_INV_A", "BCAST_INV_B", "EIG_L", "EIG_R", "STAT"};
 }
 
 std::string_view kind_name(Kind k) { return kNames[static_cast<int>(k)]; }
@@ -39,6 +39,7 @@ bool is_bcast_inv(Kind k) { return k == Kind::BCAST_INV_A || k == Kind::BCAST_IN
 bool is_inversion(Kind k) { return k == Kind::INV_A || k == Kind::INV_B; }
 bool is_curvature(Kind k) { return k == Kind::CURV_A || k == Kind::CURV_B; }
 bool is_eigenbasis(Kind k) { return k == Kind::EIG_L || k == Kind::EIG_R; }
+bool is_soap(Kind k) { return is_eigenbasis(k) || k == Kind::STAT; }
 bool is_factor_refresh(Kind k) { return is_inversion(k) || is_eigenbasis(k); }
 Kind eigenbasis_kind(int side) { return side == 0 ? Kind::EIG_L : Kind::EIG_R; }
 bool is_collective(Kind k) { return k == Kind::ALLREDUCE || k == Kind::SYNC_CURV || is_bcast_inv(k); }

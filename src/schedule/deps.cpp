@@ -70,6 +70,7 @@ void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<
       final_backwards();
       need(ix.find(Kind::ALLREDUCE, p, st, -1));
       need(ix.find(Kind::PREC, p, st, -1));
+      need(ix.find(Kind::STAT, p, st, -1));
       break;
     case Kind::CURV_A:
     case Kind::CURV_B:
@@ -80,7 +81,8 @@ void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<
     case Kind::BCAST_INV_A:
     case Kind::BCAST_INV_B:
     case Kind::EIG_L:
-    case Kind::EIG_R: {  // the K-FAC and SOAP units: what they read (a recomputed CURV_A's backward
+    case Kind::EIG_R:
+    case Kind::STAT: {  // the K-FAC and SOAP units: what they read (a recomputed CURV_A's backward
                                // precedes it in its device's list)
       std::vector<int> n;
       ix.kfac.reads(a, {}, n);

@@ -22,7 +22,7 @@ double CostModel::duration(const Action& a) const {
     // Timed by the PipeFisher planner from its broadcast model (PlanInput::bcast_*).
     case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return 0;
     // SOAP's: timed by the planner from its input's measured units (StageKfacCost).
-    case Kind::EIG_L: case Kind::EIG_R: return 0;
+    case Kind::EIG_L: case Kind::EIG_R: case Kind::STAT: return 0;
   }
   return 0;
 }

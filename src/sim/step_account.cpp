@@ -221,12 +221,13 @@ Part part_of(Kind k) {
     case Kind::CURV_A: case Kind::CURV_B: return Part::curvature;
     case Kind::INV_A: case Kind::INV_B: return Part::inversion;
     case Kind::EIG_L: case Kind::EIG_R: return Part::inversion;  // SOAP's factor refresh
+    case Kind::STAT: return Part::curvature;                     // SOAP's statistics: its curvature
     case Kind::SYNC_CURV: case Kind::BCAST_INV_A: case Kind::BCAST_INV_B: return Part::kfac_collective;
     default: return Part::communication;  // SEND, RECV, ALLREDUCE
   }
 }
 
-bool is_bubble_unit(Kind k) { return (is_kfac(k) && k != Kind::PREC) || is_eigenbasis(k); }
+bool is_bubble_unit(Kind k) { return (is_kfac(k) && k != Kind::PREC) || is_soap(k); }
 
 BubbleEnd bubble_end(const TracedStep& s, int devices, int rank, int index) {
   const std::vector<TracedAction>& row = s.per_rank[rank];

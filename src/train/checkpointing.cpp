@@ -253,6 +253,7 @@ std::vector<CheckpointFile> write_stage_state(const std::string& step_dir, int s
   for (const Param* p : st.params)
     if (!p->mirror) weights.push_back(param_tensor(*p));  // the layout load_params reads (GPT-2's Conv1D [in, out])
   // Optimizer state of mirrors equals their owner's (same gradients, same updates): left out.
+  st.optim->settle();
   for (auto& [name, t] : st.optim->state_tensors()) {
     const std::string owner = name.substr(0, name.rfind('.'));
     bool mirror = false;

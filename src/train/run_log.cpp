@@ -260,7 +260,7 @@ RunSummary RunLog::summary(double final_valid_loss, double wall_s, const MemoryU
                             {"planned_step_without_kfac_ms", plan->without_kfac_ms},
                             {"planned_step_precondition_only_ms", plan->precondition_only_ms},
                             {"utilization", plan->utilization}};
-  if (plan && plan->soap) j["pipefisher_plan"]["work"] = "SOAP's eigenbasis refreshes (EIG_L, EIG_R)";
+  if (plan && plan->soap) j["pipefisher_plan"]["work"] = "SOAP's statistics and eigenbasis refreshes (STAT, EIG_L, EIG_R)";
   const std::string line = fmt::format(
       "summary: {} steps, loss {:.4f} -> {:.4f}, validation loss {:.4f}, {:.0f} tokens/s, {} = {:.1f}% MFU (peak {}{}), "
       "{:.1f} s, peak memory {}{} (estimated at most {})",

@@ -31,6 +31,7 @@ const KindStyle& kind_style(Kind k) {
       {"#A0CBE8", "broadcast inverse B", 'x'}, // BCAST_INV_B
       {"#17BECF", "SOAP eigenbasis L", 'e'},   // EIG_L
       {"#0B6E79", "SOAP eigenbasis R", 'e'},   // EIG_R
+      {"#1B9E77", "SOAP statistics", 't'},     // STAT
   }};
   return table[static_cast<int>(k)];
 }

@@ -1,4 +1,5 @@
 #include "config/config.hpp"
+#include "config/limits.hpp"
 #include "core/error.hpp"
 
 #include <gtest/gtest.h>
@@ -201,7 +202,7 @@ TEST(Config, SoapKeys) {
   EXPECT_EQ(pf::optimizer_of(a), "soap");
   const Config bubbles = Config::from_toml_string("", {"optim.name=soap", "parallel.stages=2", "kfac.placement=bubbles"});
   EXPECT_EQ(bubbles.kfac.placement, pf::Placement::Bubbles);
-  EXPECT_EQ(pf::optimizer_of(bubbles), "soap (its eigenbasis refreshes in the pipeline bubbles)");
+  EXPECT_EQ(pf::optimizer_of(bubbles), "soap (its statistics and eigenbasis refreshes in the pipeline bubbles)");
   EXPECT_EQ(Config::from_toml_string("[optim]\nsoap.max_precond_dim = 512\n").optim.soap.max_precond_dim, 512);
   EXPECT_EQ(error_of("", {"optim.soap.shampoo_beta=-0.1"}), "optim.soap.shampoo_beta: must be in [0, 1) (got -0.1)");
   EXPECT_EQ(error_of("", {"optim.soap.precondition_frequency=0"}),
@@ -212,6 +213,20 @@ TEST(Config, SoapKeys) {
   EXPECT_EQ(error_of("", {"optim.name=soap", "kfac.enabled=true"}),
             "optim.name: soap does not run with kfac.enabled = true: SOAP preconditions the Linear weights itself "
             "(set kfac.enabled = false, or another optim.name)");
+}
+
+// In the bubbles every rotated weight keeps its gradient for the next step's STAT (one step late):
+// the estimate counts one more float per entry of each Linear weight (BERT: per block Q, K, V, O
+// and the two FFN matrices; the pooler, the head's transform and the next-sentence classifier).
+TEST(Config, SoapInTheBubblesCountsTheGradientsKeptForTheStatistics) {
+  const Config in = Config::from_toml_string("", {"optim.name=soap", "parallel.stages=2", "parallel.data_parallel=1"});
+  const Config bubbles = Config::from_toml_string(
+      "", {"optim.name=soap", "parallel.stages=2", "parallel.data_parallel=1", "kfac.placement=bubbles"});
+  const pf::ModelConfig& m = in.model;
+  ASSERT_EQ(m.arch, pf::Arch::Bert);
+  const double C = m.hidden, F = m.ffn;
+  const double linear_entries = m.layers * (4 * C * C + 2 * C * F) + 2 * C * C + 2 * C;
+  EXPECT_DOUBLE_EQ(pf::estimate_run_bytes(bubbles) - pf::estimate_run_bytes(in), 4 * linear_entries);
 }
 
 TEST(Config, RefreshStepBounds) {

@@ -358,6 +358,61 @@ TEST(Soap, TimingARefreshLeavesTheStateAsItWas) {
     EXPECT_EQ(std::memcmp(a.params[k]->value.data(), b.params[k]->value.data(), a.params[k]->value.numel() * 4), 0);
 }
 
+// Statistics one step late (defer_statistics: bubbles, STAT in the next step's bubbles) are
+// inline SOAP's to the bit. After update t the statistics hold exactly inline's after update t - 1
+// (one step stale); whatever reads them first adds the pending gradient: the STAT unit before or
+// after the step's refreshes, a refresh of that side before its STAT, the next update when no STAT
+// ran, settle() for a checkpoint. Weights and every state tensor match inline's bit for bit.
+TEST(Soap, DeferredStatisticsAreInlineSoapsOneStepLate) {
+  Stack a, b;
+  for (Stack* s : {&a, &b}) {
+    s->h.freq = 1;
+    s->add("fc1.weight", {8, 8}, true, true);
+    s->add("fc1.bias", {8}, false, false);
+    s->add("fc2.weight", {4, 8}, true, true);
+  }
+  auto opt_a = a.ours(), opt_b = b.ours();
+  auto &inline_soap = dynamic_cast<Soap&>(*opt_a), &late = dynamic_cast<Soap&>(*opt_b);
+  inline_soap.refresh_by_units(true), late.refresh_by_units(true);
+  opt_a->init(a.params), opt_b->init(b.params);
+  const std::multimap<int, std::pair<int, int>> record = {{3, {0, 0}}, {4, {0, 1}}, {4, {1, 0}}, {6, {0, 0}}, {7, {1, 1}}};
+  auto tensor = [](Optimizer& o, const std::string& name) {
+    for (auto& [n, t] : o.state_tensors())
+      if (n == name) return std::vector<float>(t->begin(), t->end());
+    ADD_FAILURE() << "no state " << name;
+    return std::vector<float>{};
+  };
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (int t = 1; t <= 8; ++t) {
+    late.defer_statistics(t >= 2);
+    const bool stat_first = t % 2 == 1, no_stat = t == 5;
+    if (stat_first && !no_stat) late.update_statistics();
+    for (auto [it, end] = record.equal_range(t); it != end; ++it) {
+      inline_soap.refresh_factor(it->second.first, it->second.second);
+      late.refresh_factor(it->second.first, it->second.second);
+    }
+    if (!stat_first && !no_stat) late.update_statistics();
+    const std::vector<float> inline_L = tensor(*opt_a, "fc1.weight.L"), inline_R = tensor(*opt_a, "fc2.weight.R");
+    a.set_grads(t, kNorms[t - 1]), b.set_grads(t, kNorms[t - 1]);
+    opt_a->step(a.params, a.h.lr), opt_b->step(b.params, b.h.lr);
+    if (t >= 2) {
+      EXPECT_TRUE(same(tensor(*opt_b, "fc1.weight.L"), inline_L)) << "step " << t << ": not inline's L of step " << t - 1;
+      EXPECT_TRUE(same(tensor(*opt_b, "fc2.weight.R"), inline_R)) << "step " << t;
+      EXPECT_FALSE(same(tensor(*opt_b, "fc1.weight.L"), tensor(*opt_a, "fc1.weight.L"))) << "step " << t;
+    }
+    for (size_t k = 0; k < a.params.size(); ++k)
+      EXPECT_EQ(std::memcmp(a.params[k]->value.data(), b.params[k]->value.data(), a.params[k]->value.numel() * 4), 0)
+          << a.params[k]->name << " at step " << t;
+  }
+  opt_b->settle();
+  auto sa = opt_a->state_tensors(), sb = opt_b->state_tensors();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t k = 0; k < sa.size(); ++k)
+    EXPECT_EQ(std::memcmp(sa[k].second->data(), sb[k].second->data(), sa[k].second->numel() * 4), 0) << sa[k].first;
+}
+
 // optim.soap.max_precond_dim: a side longer than it has no statistic and no basis (one-sided
 // rotation); a weight with neither is Adam in soap.py's form. A side equal to it is rotated.
 TEST(Soap, ASideOverMaxPrecondDimIsNotRotated) {

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,11 +20,13 @@ namespace {
 
 // BERT-Large's passes (the planner tests' profile) with SOAP's refreshes instead of K-FAC's units:
 // `layers` rotated weights per stage, each refresh `ms` long.
-PlanInput soap_input(const std::string& schedule, int D, int N, int layers, double ms, int min_refresh = 1) {
+PlanInput soap_input(const std::string& schedule, int D, int N, int layers, double ms, int min_refresh = 1,
+                     double stat_ms = 0) {
   PlanInput in = bert_large(schedule, D, N, 2);
   StageKfacCost c;
   c.eig_l.assign(static_cast<size_t>(layers), ms);
   c.eig_r.assign(static_cast<size_t>(layers), ms / 2);
+  c.statistics = stat_ms;
   in.kfac = {c};
   in.work = BubbleWork::soap;
   in.min_refresh_steps = min_refresh;
@@ -109,5 +112,48 @@ TEST(PlannerSoap, ChimeraIsRefusedNamingTheSchedule) {
     FAIL() << "planned";
   } catch (const pf::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("--schedule"), std::string::npos) << e.what();
+  }
+}
+
+// SOAP's statistics (STAT, one per chunk) are part of every step, as PREC is K-FAC's: in the base
+// step, in the first gap that holds them, else at the device's end; every cycle step's list has
+// each chunk's STAT once, before the optimizer steps, and the simulated OPT starts after it ends.
+TEST(PlannerSoap, StatisticsRunEveryStepInAGapElseBeforeTheOptimizer) {
+  for (double stat_ms : {2.0, 5000.0}) {  // a gap holds 2 ms; none holds 5 s
+    const KfacPlan plan = plan_kfac(soap_input("1f1b", 4, 8, 12, 1.0, 2, stat_ms));
+    for (int d = 0; d < 4; ++d) {
+      const std::vector<TimedAction>& row = plan.base.per_device[d];
+      double stat_end = -1, opt_start = -1;
+      size_t stats = 0, last_other = 0;
+      for (size_t i = 0; i < row.size(); ++i) {
+        const Action& a = row[i].action;
+        if (a.kind == Kind::STAT) {
+          ++stats, stat_end = row[i].end;
+          EXPECT_EQ(a.stage, d);
+        } else if (a.kind == Kind::OPT) {
+          if (opt_start < 0) opt_start = row[i].start;
+        } else {
+          last_other = i;
+        }
+      }
+      ASSERT_EQ(stats, 1u) << "device " << d;
+      if (opt_start >= 0) EXPECT_GE(opt_start, stat_end - 1e-9) << "device " << d;
+      size_t at = 0;
+      while (row[at].action.kind != Kind::STAT) ++at;
+      if (stat_ms > 100) EXPECT_GT(at, last_other) << "a 5 s STAT in a gap of device " << d;
+      else EXPECT_LT(at, last_other) << "a 2 ms STAT at the end of device " << d;
+      for (size_t j = 0; j < row.size(); ++j)
+        if (j != at && !is_p2p(row[j].action.kind))
+          EXPECT_FALSE(row[j].start < row[at].end - 1e-9 && row[at].start < row[j].end - 1e-9)
+              << to_token(row[j].action) << " under STAT on device " << d;
+      for (int k = 0; k < plan.refresh_steps[d]; ++k) {
+        const std::vector<Action>& list = plan.cycle_actions(0, d, k);
+        const auto stat = std::find_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::STAT; });
+        const auto opt = std::find_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::OPT; });
+        ASSERT_NE(stat, list.end()) << "cycle step " << k << " of device " << d;
+        EXPECT_LT(stat, opt);
+        EXPECT_EQ(std::count_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::STAT; }), 1);
+      }
+    }
   }
 }

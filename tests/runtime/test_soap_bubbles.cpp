@@ -1,5 +1,5 @@
-// SOAP's eigenbasis refreshes in the pipeline's bubbles (optim.name = soap, kfac.placement =
-// bubbles: runtime/soap/soap_placement.hpp) under real mpirun, 1 thread per rank, on the tests'
+// SOAP's statistics (STAT, one step late) and eigenbasis refreshes in the pipeline's bubbles
+// (optim.name = soap, kfac.placement = bubbles: runtime/soap/soap_placement.hpp) under real mpirun, 1 thread per rank, on the tests'
 // tiny BERT: the run plans the refreshes into the bubbles (1F1B, zero-bubble H1 and V) and records
 // each one it ran (soap_refresh.json); one process following that record (kfac.placement =
 // replay) trains the same weights to rounding, and the same layout following it the same bits.
@@ -111,16 +111,17 @@ TEST(SoapBubbles, OneF1B_2x1_OneProcessFollowingItsRecordTrainsTheSameWeights) {
                                       "--profile-dir " + profile.string() + " --profile-steps 3"));
   ASSERT_EQ(r.status, 0) << r.out;
   // The banner, the summary and the picture of step 3 (0-based 2: a refresh step) name SOAP's work.
-  EXPECT_NE(r.out.find("soap (its eigenbasis refreshes in the pipeline bubbles)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("soap (its statistics and eigenbasis refreshes in the pipeline bubbles)"), std::string::npos) << r.out;
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(work_dir() / "bubbles" / "summary.json"));
-  EXPECT_EQ(summary["pipefisher_plan"]["work"], "SOAP's eigenbasis refreshes (EIG_L, EIG_R)");
+  EXPECT_EQ(summary["pipefisher_plan"]["work"], "SOAP's statistics and eigenbasis refreshes (STAT, EIG_L, EIG_R)");
   std::stringstream svg;
   svg << std::ifstream(profile / "timeline-step3.svg").rdbuf();
-  for (const char* label : {"SOAP eigenbasis L", "SOAP eigenbasis R"}) EXPECT_NE(svg.str().find(label), std::string::npos) << label;
+  for (const char* label : {"SOAP eigenbasis L", "SOAP eigenbasis R", "SOAP statistics"}) EXPECT_NE(svg.str().find(label), std::string::npos) << label;
   EXPECT_NE(r.out.find("soap: planned from steps 1-2: eigenbasis refreshes every 2 2 steps (per device), 0 of 54 "
                        "refreshes inline"),
             std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("statistics in a bubble on 2 of 2 devices"), std::string::npos) << r.out;
   const fs::path record = work_dir() / "bubbles" / "soap_refresh.json";
   const nlohmann::json rec = nlohmann::json::parse(std::ifstream(record));
   EXPECT_EQ(rec["steps"], 8);

@@ -25,16 +25,31 @@ Soap& soap_of(const HostedChunk& c) {
   return *soap;
 }
 
+// Devices whose STATs all sit in a bubble of the base step: some pass follows each of them.
+int devices_with_statistics_in_bubbles(const KfacPlan& p) {
+  int n = 0;
+  for (const std::vector<TimedAction>& row : p.base.per_device) {
+    bool pass_after = true, seen_pass = false;
+    for (size_t i = row.size(); i-- > 0;) {
+      seen_pass |= is_pass(row[i].action.kind);
+      if (row[i].action.kind == Kind::STAT) pass_after &= seen_pass;
+    }
+    n += pass_after;
+  }
+  return n;
+}
+
 // The plan's lines on stdout (rank 0); units counted on one replica (replicas refresh alike).
 void print_plan(const KfacPlan& p, int64_t plan_start) {
   int inline_units = 0, units = 0;
   for (const PlacedUnit& u : p.units())
     if (u.replica == 0) inline_units += u.inline_work, ++units;
   std::printf("soap: planned from steps 1-%lld: eigenbasis refreshes every %s steps (per device), %d of %d "
-              "refreshes inline (%.3f ms per cycle), utilization %.0f%%, step %.2f ms (%.2f ms without SOAP's "
-              "refreshes)\n",
+              "refreshes inline (%.3f ms per cycle), statistics in a bubble on %d of %d devices, utilization %.0f%%, "
+              "step %.2f ms (%.2f ms without SOAP's statistics and refreshes)\n",
               static_cast<long long>(plan_start), fmt::format("{}", fmt::join(p.refresh_steps, " ")).c_str(), inline_units,
-              units, p.inline_time, 100 * p.utilization, p.step_time, p.plain_step_time);
+              units, p.inline_time, devices_with_statistics_in_bubbles(p), p.devices, 100 * p.utilization, p.step_time,
+              p.plain_step_time);
   std::fflush(stdout);
 }
 
@@ -65,8 +80,12 @@ const std::vector<Action>& SoapPlacement::actions_for(int64_t step) const {
   return plan_->actions(groups_.replica, device_, step - plan_start_);
 }
 
-// The profiling steps need their stamps; the planned ones do not.
-bool SoapPlacement::begin_step(int64_t step, const std::vector<MicroBatch>&) { return step < plan_start_; }
+// The profiling steps need their stamps; the planned ones do not. From the first planned step on,
+// each update's statistics wait for the next step's STAT.
+bool SoapPlacement::begin_step(int64_t step, const std::vector<MicroBatch>&) {
+  for (HostedChunk& c : chunks_) soap_of(c).defer_statistics(step >= plan_start_);
+  return step < plan_start_;
+}
 
 void SoapPlacement::after_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
   if (step >= plan_start_) {
@@ -89,7 +108,8 @@ void SoapPlacement::after_step(int64_t step, const std::vector<Action>& list, co
 
 // Every rank's times in one all-reduce, so every rank plans from the same bits: per device its
 // passes (at their kind's median) and optimizer steps, the mean over its replicas; per stage each
-// rotated weight's two refreshes, timed on copies, the mean over the stage's holders.
+// rotated weight's two refreshes and the stage's statistics, timed on copies, the mean over the
+// stage's holders.
 std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vector<double>>& action_ms) const {
   const int S = layout_.stages(), D = layout_.devices, W = layout_.replicas;
   std::vector<double> counts(2 * static_cast<size_t>(S), 0.0);  // [stage] holders, rotated weights
@@ -100,7 +120,8 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
   for (int s = 0; s < S; ++s) lmax = std::max(lmax, static_cast<size_t>(counts[2 * s + 1] / std::max(1.0, counts[2 * s])));
   std::vector<size_t> off(static_cast<size_t>(D) + 1, 0);
   for (int d = 0; d < D; ++d) off[d + 1] = off[d] + layout_.schedule.per_device[d].size();
-  std::vector<double> wire(off[D] + static_cast<size_t>(S) * 2 * lmax, 0.0);
+  const size_t stat_at = off[D] + static_cast<size_t>(S) * 2 * lmax;  // [stage] its STAT
+  std::vector<double> wire(stat_at + static_cast<size_t>(S), 0.0);
   std::vector<double> mine(lowered_.size(), 0.0);
   for (size_t i = 0; i < lowered_.size(); ++i)
     if (planner_measures(lowered_[i].kind)) mine[i] = action_ms_[i] / std::max(1, samples_) / W;
@@ -113,6 +134,7 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
       for (int side : {0, 1})
         if (soap.has_factor(static_cast<int>(w), side))
           wire[at + side * lmax + w] += soap.time_refresh_factor(static_cast<int>(w), side) / counts[2 * c.stage];
+    wire[stat_at + static_cast<size_t>(c.stage)] += soap.time_statistics() / counts[2 * c.stage];
   }
   comm::allreduce_sum(wire, MPI_COMM_WORLD, "SOAP's profile");
   action_ms.assign(static_cast<size_t>(D), {});
@@ -123,6 +145,7 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
     const size_t at = off[D] + static_cast<size_t>(s) * 2 * lmax;
     stages[s].eig_l.assign(wire.begin() + at, wire.begin() + at + n);
     stages[s].eig_r.assign(wire.begin() + at + lmax, wire.begin() + at + lmax + n);
+    stages[s].statistics = wire[stat_at + static_cast<size_t>(s)];
   }
   return stages;
 }
@@ -169,7 +192,7 @@ void SoapPlacement::save_state(nlohmann::json& j) const {
   for (const SoapRefresh& r : refreshes_) refreshes.push_back({r.step, r.side, r.weight});
   s["refreshes"] = refreshes;
   if (plan_) {
-    for (const StageKfacCost& c : plan_stages_) eig.push_back({c.eig_l, c.eig_r});
+    for (const StageKfacCost& c : plan_stages_) eig.push_back({c.eig_l, c.eig_r, c.statistics});
     s["plan"] = {{"durations", plan_durations_}, {"eig", eig}};
   }
   j["soap"] = s;
@@ -193,8 +216,14 @@ void SoapPlacement::load_state(const nlohmann::json& j, const std::string& where
     return;  // still profiling: the next profiled step plans
   }
   std::vector<StageKfacCost> stages;
-  for (const auto& e : s.at("plan").at("eig"))
-    stages.push_back({.eig_l = e.at(0).get<std::vector<double>>(), .eig_r = e.at(1).get<std::vector<double>>()});
+  for (const auto& e : s.at("plan").at("eig")) {
+    if (e.size() < 3)
+      usage_error("--resume", "{}: its SOAP plan has no statistics' cost (written by a build that planned without STAT); start the run again", where);
+    StageKfacCost c;
+    c.eig_l = e.at(0).get<std::vector<double>>(), c.eig_r = e.at(1).get<std::vector<double>>();
+    c.statistics = e.at(2).get<double>();
+    stages.push_back(std::move(c));
+  }
   plan_from(std::move(stages), s.at("plan").at("durations").get<std::vector<std::vector<double>>>());
 }
 

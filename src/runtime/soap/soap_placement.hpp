@@ -9,7 +9,9 @@
 //              factors' refreshes on copies, every rank all-reduces the timings and plans from
 //              them (the same bits on every rank: the same plan)
 //   planned    step t runs plan.actions(replica, device, t - plan_start); the refresh cycle is
-//              the plan's, at least optim.soap.precondition_frequency (and precond.min_refresh_steps)
+//              the plan's, at least optim.soap.precondition_frequency (and precond.min_refresh_steps).
+//              Each chunk's STAT (every step, where the plan put it) adds the previous step's
+//              gradients to its statistics (Soap::defer_statistics: the same bits as inline)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
 // single process follows with precond.placement = replay. Not built yet: drift re-planning,
 // adaptive, Chimera, a recorded profile. A checkpoint keeps the profile the plan was made from
