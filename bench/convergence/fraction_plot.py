@@ -6,12 +6,17 @@ time).
 
     bench/convergence/fraction_plot.py OUT.svg STUDY_DIR...
 
-Prints the table it draws. One row per study (tokens per step, upward), the fraction along the
+Prints the tables it draws. One row per study (tokens per step, upward), the fraction along the
 horizontal axis. Every seed is drawn: a filled mark where it reached the target, an open mark in
 the "not reached" column at the plot's right edge where it never did; the tuning seed (the one
 that chose the settings: summary.json's tuning_seed, else seed 1, which tune.sh's grids run) as a
 diamond, the test seeds as circles. A study whose seeds all reached the target also shows their
 mean (a tick) and range (a line); one whose seeds did not all reach it has no mean.
+
+Below, for each study whose summary.json has an analysis over test seeds (study.py analysis),
+K-FAC's final masked-LM loss minus NVLAMB's: d (both full runs) and, with budget-matched runs, b
+(K-FAC with its schedule shortened to a fraction f of the steps, against NVLAMB's full run), each
+as the test seeds' mean and its 95% t-interval.
 """
 import json
 import math
@@ -23,6 +28,8 @@ PAPER = {"tokens_per_step": 8192 * 128, "steps_fraction": 0.420, "time_fraction"
 W, H, L, R, T, B = 720, 420, 90, 190, 56, 56  # size and margins (px)
 NR = 64  # the "not reached" column at the plot's right edge (px)
 SERIES = (("steps_fraction", "steps", "#1f77b4", -5), ("time_fraction", "time", "#d62728", 5))
+DH = 240  # the loss-difference panel's height (px), below the fractions
+DIFF = (("d", "#1f77b4", -7), ("b", "#d62728", 7))  # equal steps; budget-matched
 
 
 def load(dirs):
@@ -37,7 +44,7 @@ def load(dirs):
 def scales(studies):
     ys = [math.log2(s["tokens_per_step"]) for s in studies] + [math.log2(PAPER["tokens_per_step"])]
     y0, y1 = math.floor(min(ys)) - 0.8, math.ceil(max(ys)) + 0.8
-    xs = [v for s in studies for k, *_ in SERIES for v in s[k + "_per_seed"] if v is not None] + [1.2]
+    xs = [v for s in studies for k, *_ in SERIES for v in s.get(k + "_per_seed", []) if v is not None] + [1.2]
     x1 = math.ceil(max(xs) * 5) / 5
     right = W - R - NR  # the fraction axis ends here; the not-reached column follows
     return ((lambda x: L + x / x1 * (right - L)), (lambda t: H - B - (math.log2(t) - y0) / (y1 - y0) * (H - T - B)),
@@ -77,6 +84,8 @@ def marks(studies, px, py, right):
     out = []
     for key, label, colour, dy in SERIES:
         for s in studies:
+            if key + "_per_seed" not in s:  # a study without crossings (its analysis is below)
+                continue
             y = py(s["tokens_per_step"]) + dy
             seeds = s.get("seeds") or list(range(1, len(s[key + "_per_seed"]) + 1))
             tuning = s.get("tuning_seed", 1)
@@ -113,8 +122,52 @@ def marks(studies, px, py, right):
     return out
 
 
+def intervals(s):
+    """A study's final-loss differences over its test seeds: (label, colour, dy, stats) for d (both
+    full runs) and b (budget-matched K-FAC against NVLAMB's full run), each with its ci95."""
+    a = s.get("analysis") or {}
+    out = [("d", DIFF[0][1], DIFF[0][2], a)] if "ci95" in a else []
+    b = a.get("budget_matched")
+    if b and "ci95" in b:
+        out.append((f"b, f = {b['fraction']:g}", DIFF[1][1], DIFF[1][2], b))
+    return out
+
+
+def difference_panel(studies, top):
+    """K-FAC's final masked-LM loss minus NVLAMB's, mean over test seeds and 95% t-interval, one row
+    per study with an analysis; below the fractions, at y offset `top`."""
+    rows = [s for s in studies if intervals(s)]
+    if not rows:
+        return []
+    ends = [abs(v) for s in rows for *_, st in intervals(s) for v in st["ci95"]]
+    x1 = max(0.2, math.ceil(max(ends) * 10) / 10)
+    right = W - R - NR
+    px = lambda v: L + (v + x1) / (2 * x1) * (right - L)
+    ys = {s["tokens_per_step"]: top + DH - B - (i + 0.5) * (DH - T - B) / len(rows) for i, s in enumerate(rows)}  # upward
+    out = [f'<line x1="{L}" y1="{top + DH - B}" x2="{right}" y2="{top + DH - B}" stroke="black"/>',
+           f'<line x1="{L}" y1="{top + T}" x2="{L}" y2="{top + DH - B}" stroke="black"/>',
+           f'<line x1="{px(0):.1f}" y1="{top + T}" x2="{px(0):.1f}" y2="{top + DH - B}" stroke="#888" stroke-dasharray="4 3"/>',
+           f'<text x="{(L + right) / 2:.1f}" y="{top + DH - 16}" font-size="12" text-anchor="middle">'
+           "final masked-LM loss, K-FAC minus NVLAMB (nats): test seeds' mean, 95% t-interval</text>",
+           f'<text x="16" y="{top + (T + DH - B) / 2}" font-size="12" text-anchor="middle" '
+           f'transform="rotate(-90 16 {top + (T + DH - B) / 2})">tokens per step</text>']
+    for k in range(-int(round(x1 * 10)), int(round(x1 * 10)) + 1, max(1, int(round(x1 * 10)) // 4)):
+        out.append(f'<text x="{px(k / 10):.1f}" y="{top + DH - B + 16}" font-size="11" text-anchor="middle">{k / 10:+.1f}</text>')
+    for s in rows:
+        y = ys[s["tokens_per_step"]]
+        out.append(f'<text x="{L - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{s["tokens_per_step"]:,}</text>')
+        for label, colour, dy, st in intervals(s):
+            lo, hi = (max(-x1, min(x1, v)) for v in st["ci95"])
+            out.append(f'<line x1="{px(lo):.1f}" y1="{y + dy:.1f}" x2="{px(hi):.1f}" y2="{y + dy:.1f}" stroke="{colour}" stroke-width="1.5"/>')
+            out.append(mark(px(st["mean_difference"]), y + dy, colour, False, True))
+            out.append(f'<text x="{right + 8}" y="{y + dy + 4:.1f}" font-size="10" fill="{colour}">{label}, {st["n"]} seeds</text>')
+    return out
+
+
 def table(studies):
     def cell(s, key):
+        if key + "_per_seed" not in s:
+            return "not read (see the differences below)"
         seeds = s[key + "_per_seed"]
         reached = [v for v in seeds if v is not None]
         if s[key] is not None:
@@ -126,6 +179,12 @@ def table(studies):
     rows += [f"| {s['name']} | {s['model']} | {s['tokens_per_step']:,} | {cell(s, 'steps_fraction')} | {cell(s, 'time_fraction')} |"
              for s in studies]
     rows.append(f"| paper, Figure 7 | BERT-Base | {PAPER['tokens_per_step']:,} | 42.0% | 48.7% |")
+    diffs = [f"| {s['name']} | {s['tokens_per_step']:,} | {label} | {st['n']} | {st['mean_difference']:+.4f} | "
+             f"[{st['ci95'][0]:+.4f}, {st['ci95'][1]:+.4f}] | {st['upper95']:+.4f} |"
+             for s in studies for label, _, _, st in intervals(s)]
+    if diffs:
+        rows += ["", "| study | tokens per step | difference | test seeds | mean (nats) | 95% t-interval | one-sided 95% bound |",
+                 "|---|---|---|---|---|---|---|"] + diffs
     return "\n".join(rows)
 
 
@@ -134,10 +193,12 @@ def main():
         sys.exit("usage: fraction_plot.py OUT.svg STUDY_DIR...")
     studies = load(sys.argv[2:])
     px, py, x1, right = scales(studies)
-    body = axes(studies, px, py, x1, right) + marks(studies, px, py, right)
+    diff = difference_panel(studies, H)
+    height = H + (DH if diff else 0)
+    body = axes(studies, px, py, x1, right) + marks(studies, px, py, right) + diff
     title = "K-FAC with PipeFisher against the tuned NVLAMB: fraction of NVLAMB's steps and time"
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">'
-           f'<rect width="{W}" height="{H}" fill="white"/><text x="{W / 2}" y="22" font-size="13" text-anchor="middle">{title}</text>'
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif">'
+           f'<rect width="{W}" height="{height}" fill="white"/><text x="{W / 2}" y="22" font-size="13" text-anchor="middle">{title}</text>'
            + "".join(body) + "</svg>\n")
     tmp = sys.argv[1] + ".tmp"
     with open(tmp, "w") as f:
