@@ -186,12 +186,13 @@ class Soap : public AdamW {
   // The rotated weight's side has a statistic and a basis.
   bool has_factor(int weight, int side);
   void defer_statistics(bool on) { defer_ = on; }
-  // Adds every pending gradient to its weight's statistics (a STAT unit: this optimizer's chunk).
-  void update_statistics();
-  // update_statistics' work on copies of the statistics, the last gradients taken (the state is
-  // left as it was), in ms: a plan's STAT cost.
-  double time_statistics();
-  void settle() override { update_statistics(); }
+  // Adds rotated weight `weight`'s pending gradient to its statistics (a STAT unit).
+  void update_statistics(int weight) { add_pending(rotated_index(weight), -1); }
+  // That work on copies of the weight's statistics, its last gradient taken (the state is left as
+  // it was), in ms: a plan's STAT cost.
+  double time_statistics(int weight);
+  // Adds every pending gradient (before a checkpoint reads the state).
+  void settle() override;
 
  protected:
   std::vector<StateSpec> state_specs(const Param& p) const override;

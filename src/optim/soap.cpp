@@ -277,26 +277,23 @@ void Soap::add_pending(size_t slot, int side) {
     if (p.side[s] && (side < 0 || side == s)) accumulate_statistics(x, p.grad.data(), bs, cs, p.scale, s), p.side[s] = false;
 }
 
-void Soap::update_statistics() {
+void Soap::settle() {
   for (size_t i = 0; i < pending_.size(); ++i) add_pending(i, -1);
 }
 
 // Planning only (its copies allocate; no step does).
-double Soap::time_statistics() {
-  double ms = 0;
+double Soap::time_statistics(int weight) {
+  Slot& slot = rotated_slot(weight);
+  const SoapTensors x = soap_tensors(*slot.param, slot.state, max_precond_dim_);
+  std::vector<float> L, R;
+  if (x.L) L.assign(x.L, x.L + x.rows * x.rows);
+  if (x.R) R.assign(x.R, x.R + x.cols * x.cols);
   const float bs = static_cast<float>(shampoo_beta_), cs = static_cast<float>(1.0 - shampoo_beta_);
-  for (Slot& slot : slots()) {
-    if (!rotated(*slot.param)) continue;
-    const SoapTensors x = soap_tensors(*slot.param, slot.state, max_precond_dim_);
-    std::vector<float> L, R;
-    if (x.L) L.assign(x.L, x.L + x.rows * x.rows);
-    if (x.R) R.assign(x.R, x.R + x.cols * x.cols);
-    const auto t0 = std::chrono::steady_clock::now();
-    accumulate_statistics(x, x.g, bs, cs, 1.0f);
-    ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (x.L) std::memcpy(x.L, L.data(), L.size() * sizeof(float));
-    if (x.R) std::memcpy(x.R, R.data(), R.size() * sizeof(float));
-  }
+  const auto t0 = std::chrono::steady_clock::now();
+  accumulate_statistics(x, x.g, bs, cs, 1.0f);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (x.L) std::memcpy(x.L, L.data(), L.size() * sizeof(float));
+  if (x.R) std::memcpy(x.R, R.data(), R.size() * sizeof(float));
   return ms;
 }
 

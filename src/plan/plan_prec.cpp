@@ -102,9 +102,10 @@ void insert_preconditions(const PlanState& state, const Timeline& tl, int d, Tim
   }
 }
 
-// SOAP's STAT(p,s) of device d's chunks (in the order of their first forward) into the step `tl`
-// times: each into the first gap that holds it with margin (it adds the previous step's
-// gradients: nothing of this step), else at the device's end, before its optimizer steps.
+// SOAP's STAT(p,s,l) of device d's chunks (in the order of their first forward, weight by weight)
+// into the step `tl` times: each into the first gap that holds it with margin (it adds the
+// previous step's gradient: nothing of this step), else at the device's end, before its optimizer
+// steps.
 void insert_statistics(const PlanState& state, const Timeline& tl, int d, TimedSchedule& ts) {
   std::vector<Gap> gaps = tl.gaps(d);
   std::vector<std::pair<int, int>> chunks;  // (pipeline, stage)
@@ -112,19 +113,22 @@ void insert_statistics(const PlanState& state, const Timeline& tl, int d, TimedS
     if (t.action.kind == Kind::F && std::find(chunks.begin(), chunks.end(), std::pair{t.action.pipeline, t.action.stage}) == chunks.end())
       chunks.push_back({t.action.pipeline, t.action.stage});
   std::vector<std::pair<int, Action>> inserts;  // (position in the original list, what)
-  for (auto [p, s] : chunks) {
-    const double t = stage_cost(state.in, s).statistics;
-    int at = static_cast<int>(tl.per_device[d].size());
-    for (Gap& g : gaps)
-      if (gap_fit(state.in).holds(g.start, t, g.end)) {
-        at = g.insert_at;
-        g.start += t;
-        break;
-      }
-    inserts.push_back({at, Action{Kind::STAT, s, p, -1, -1}});
+  for (auto [p, s] : chunks)
+    for (int l = 0; l < stage_cost(state.in, s).layers(); ++l) {
+      const double t = stage_cost(state.in, s).statistics.at(l);
+      int at = static_cast<int>(tl.per_device[d].size());
+      for (Gap& g : gaps)
+        if (gap_fit(state.in).holds(g.start, t, g.end)) {
+          at = g.insert_at;
+          g.start += t;
+          break;
+        }
+      inserts.push_back({at, Action{Kind::STAT, s, p, -1, l}});
+    }
+  for (size_t k = inserts.size(); k-- > 0;) {
+    const Action& a = inserts[k].second;
+    ts.insert(d, inserts[k].first, a, stage_cost(state.in, a.stage).statistics.at(a.layer));
   }
-  for (size_t k = inserts.size(); k-- > 0;)
-    ts.insert(d, inserts[k].first, inserts[k].second, stage_cost(state.in, inserts[k].second.stage).statistics);
 }
 
 // Every holder of a stage must split its factors alike (Chimera's twins: same weights, same

@@ -58,8 +58,8 @@ void check_input(const PlanInput& in) {
     usage_error("--schedule", "SOAP's units are planned for one pipeline, not {}'s {}", sch.name, sch.pipelines);
   for (const StageKfacCost& c : in.kfac)
     if (in.work == BubbleWork::soap) {
-      if (c.layers() < 1 || c.eig_r.size() != c.eig_l.size())
-        usage_error("--kfac", "every stage needs SOAP's two refreshes for each of its rotated weights");
+      if (c.layers() < 1 || c.eig_r.size() != c.eig_l.size() || c.statistics.size() != c.eig_l.size())
+        usage_error("--kfac", "every stage needs SOAP's two refreshes and its statistics for each of its rotated weights");
     } else if (c.layers() < 1 || c.curv_b.size() != c.curv_a.size() || c.inv_a.size() != c.curv_a.size() ||
         c.inv_b.size() != c.curv_a.size() || c.dim_a.size() != c.curv_a.size() || c.dim_b.size() != c.curv_a.size() ||
         (!c.diag_b.empty() && c.diag_b.size() != c.curv_a.size()))

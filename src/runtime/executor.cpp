@@ -301,8 +301,10 @@ void Executor::on_eigenbasis(const Action& a, const StepInputs&) {
   soap_for(a, chunks_.at(a.pipeline, a.stage)).refresh_factor(a.layer, side_index(a.kind));
 }
 
-// The previous step's gradients into the chunk's statistics (soap_placement.hpp: one step late).
-void Executor::on_statistics(const Action& a, const StepInputs&) { soap_for(a, chunks_.at(a.pipeline, a.stage)).update_statistics(); }
+// The previous step's gradient into the weight's statistics (soap_placement.hpp: one step late).
+void Executor::on_statistics(const Action& a, const StepInputs&) {
+  soap_for(a, chunks_.at(a.pipeline, a.stage)).update_statistics(a.layer);
+}
 
 // K-FAC preconditions the chunk's summed gradient.
 void Executor::on_precondition(const Action& a, const StepInputs&) {

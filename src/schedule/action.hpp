@@ -11,7 +11,7 @@
 // pipeline), "2CURV_A1l4" (curvature A of layer 4 for micro-batch 1 on stage 2), "2INV_Al4",
 // "2INV_Bl4b1" (diagonal block 1 of B_4, a split inversion piece), "1PREC", "1SEND_F0" (stage 1 sends the output activation of micro-batch 0 to stage 2).
 // "2BCAST_INV_Al4b1" (broadcast of that piece's inverse among the stage's replicas).
-// "1EIG_Rl2" (SOAP's refresh of the basis of R for stage 1's third rotated weight), "1STAT".
+// "1EIG_Rl2" (SOAP's refresh of the basis of R for stage 1's third rotated weight), "1STATl2".
 // Kinds without a micro-batch (INV_*, BCAST_INV_*, PREC, ALLREDUCE, OPT, SYNC_CURV, EIG_*, STAT) omit the number.
 #include <cstdint>
 #include <optional>
@@ -41,7 +41,7 @@ enum class Kind : uint8_t {
   BCAST_INV_B,  // inverted it to the stage's other replicas (PipeFisher, W > 1), upper triangle
   EIG_L,      // SOAP: the eigenbasis refresh of Linear l's statistic L (its output side), before the
   EIG_R,      // step's update; of R (its input side). The layer is the stage's l-th rotated weight
-  STAT,       // SOAP: the stage's statistics L and R take the previous step's gradients (every step)
+  STAT,       // SOAP: rotated weight l's statistics L and R take its previous step's gradient (every step)
 };
 inline constexpr int kNumKinds = 21;
 

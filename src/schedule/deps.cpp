@@ -70,7 +70,6 @@ void add_waits(const Schedule& s, const Index& ix, const Action& a, std::vector<
       final_backwards();
       need(ix.find(Kind::ALLREDUCE, p, st, -1));
       need(ix.find(Kind::PREC, p, st, -1));
-      need(ix.find(Kind::STAT, p, st, -1));
       break;
     case Kind::CURV_A:
     case Kind::CURV_B:

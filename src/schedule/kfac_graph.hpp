@@ -21,7 +21,7 @@
 //                      The refresh reads the statistic and basis the previous step's update left
 //                      and changes the basis and the moments the step's own update reads, so it
 //                      runs anywhere before its chunk's OPT (optim/optimizer.hpp, Soap)
-//   STAT(p,s)          SOAP's statistics: no unit of the graph. Like PREC it is part of every step
+//   STAT(p,s,l)        SOAP's statistics: no unit of the graph. Like PREC it is part of every step
 //                      (the planner puts it into the base step, plan_prec.cpp); it adds the previous
 //                      step's gradients, and a refresh that runs first adds its side itself
 //

@@ -58,7 +58,7 @@ auto& unit_of(Cost& c, Kind kind, int layer) {
     case Kind::EIG_R: return c.eig_r.at(layer);
     case Kind::SYNC_CURV: return c.sync;
     case Kind::PREC: return c.precondition;
-    case Kind::STAT: return c.statistics;
+    case Kind::STAT: return c.statistics.at(layer);
     default: break;
   }
   PF_CHECK(false, "{} has no K-FAC cost", kind_name(kind));
@@ -71,10 +71,9 @@ double& StageKfacCost::unit(Kind kind, int layer) { return unit_of(*this, kind, 
 
 StageKfacCost planner_cost(const StageKfacCost& measured, double scale) {
   StageKfacCost c = measured;
-  for (std::vector<double>* unit : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b, &c.eig_l, &c.eig_r})
+  for (std::vector<double>* unit : {&c.curv_a, &c.curv_b, &c.inv_a, &c.inv_b, &c.eig_l, &c.eig_r, &c.statistics})
     for (double& ms : *unit) ms *= scale;
   c.precondition = measured.precondition * scale;
-  c.statistics = measured.statistics * scale;
   c.sync = std::max(measured.sync, 1e-3) * scale;
   return c;
 }

@@ -31,11 +31,11 @@ struct StageKfacCost {
   std::vector<int> diag_b;             // [layer] 1: B kept diagonal (d floats to broadcast); empty: none
   std::vector<double> eig_l, eig_r;    // [layer] SOAP (its rotated weights): a basis refresh, of L and of R
   double precondition = 0;             // PREC of the stage, every step
-  double statistics = 0;               // SOAP's STAT of the stage, every step
+  std::vector<double> statistics;      // [layer] SOAP (its rotated weights): STAT, every step
   double sync = 0;                     // SYNC_CURV of the stage (used only when replicas > 1)
   // K-FAC's layers, or SOAP's rotated weights (a SOAP stage has no K-FAC unit).
   int layers() const { return static_cast<int>(curv_a.empty() ? eig_l.size() : curv_a.size()); }
-  // The cost of unit `kind` (CURV_A/B, INV_A/B, EIG_L/R: of `layer`; SYNC_CURV, PREC, STAT: the stage's).
+  // The cost of unit `kind` (CURV_A/B, INV_A/B, EIG_L/R, STAT: of `layer`; SYNC_CURV, PREC: the stage's).
   double unit(Kind kind, int layer) const;
   double& unit(Kind kind, int layer);
   bool operator==(const StageKfacCost&) const = default;

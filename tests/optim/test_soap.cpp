@@ -388,12 +388,13 @@ TEST(Soap, DeferredStatisticsAreInlineSoapsOneStepLate) {
   for (int t = 1; t <= 8; ++t) {
     late.defer_statistics(t >= 2);
     const bool stat_first = t % 2 == 1, no_stat = t == 5;
-    if (stat_first && !no_stat) late.update_statistics();
+    auto stat = [&] { late.update_statistics(0), late.update_statistics(1); };  // each rotated weight's STAT
+    if (stat_first && !no_stat) stat();
     for (auto [it, end] = record.equal_range(t); it != end; ++it) {
       inline_soap.refresh_factor(it->second.first, it->second.second);
       late.refresh_factor(it->second.first, it->second.second);
     }
-    if (!stat_first && !no_stat) late.update_statistics();
+    if (!stat_first && !no_stat) stat();
     const std::vector<float> inline_L = tensor(*opt_a, "fc1.weight.L"), inline_R = tensor(*opt_a, "fc2.weight.R");
     a.set_grads(t, kNorms[t - 1]), b.set_grads(t, kNorms[t - 1]);
     opt_a->step(a.params, a.h.lr), opt_b->step(b.params, b.h.lr);

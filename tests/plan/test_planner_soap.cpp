@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,7 @@ PlanInput soap_input(const std::string& schedule, int D, int N, int layers, doub
   StageKfacCost c;
   c.eig_l.assign(static_cast<size_t>(layers), ms);
   c.eig_r.assign(static_cast<size_t>(layers), ms / 2);
-  c.statistics = stat_ms;
+  c.statistics.assign(static_cast<size_t>(layers), stat_ms);
   in.kfac = {c};
   in.work = BubbleWork::soap;
   in.min_refresh_steps = min_refresh;
@@ -115,44 +116,42 @@ TEST(PlannerSoap, ChimeraIsRefusedNamingTheSchedule) {
   }
 }
 
-// SOAP's statistics (STAT, one per chunk) are part of every step, as PREC is K-FAC's: in the base
-// step, in the first gap that holds them, else at the device's end; every cycle step's list has
-// each chunk's STAT once, before the optimizer steps, and the simulated OPT starts after it ends.
+// SOAP's statistics (STAT, one per rotated weight) are part of every step, as PREC is K-FAC's: in
+// the base step, each in the first gap that holds it, else at the device's end; every cycle step's
+// list has each weight's STAT once, before the optimizer steps.
 TEST(PlannerSoap, StatisticsRunEveryStepInAGapElseBeforeTheOptimizer) {
   for (double stat_ms : {2.0, 5000.0}) {  // a gap holds 2 ms; none holds 5 s
     const KfacPlan plan = plan_kfac(soap_input("1f1b", 4, 8, 12, 1.0, 2, stat_ms));
     for (int d = 0; d < 4; ++d) {
       const std::vector<TimedAction>& row = plan.base.per_device[d];
-      double stat_end = -1, opt_start = -1;
-      size_t stats = 0, last_other = 0;
+      size_t last_pass = 0;
+      std::vector<size_t> stats;
       for (size_t i = 0; i < row.size(); ++i) {
-        const Action& a = row[i].action;
-        if (a.kind == Kind::STAT) {
-          ++stats, stat_end = row[i].end;
-          EXPECT_EQ(a.stage, d);
-        } else if (a.kind == Kind::OPT) {
-          if (opt_start < 0) opt_start = row[i].start;
-        } else {
-          last_other = i;
+        if (row[i].action.kind == Kind::STAT) {
+          stats.push_back(i);
+          EXPECT_EQ(row[i].action.stage, d);
         }
+        if (is_pass(row[i].action.kind)) last_pass = i;
       }
-      ASSERT_EQ(stats, 1u) << "device " << d;
-      if (opt_start >= 0) EXPECT_GE(opt_start, stat_end - 1e-9) << "device " << d;
-      size_t at = 0;
-      while (row[at].action.kind != Kind::STAT) ++at;
-      if (stat_ms > 100) EXPECT_GT(at, last_other) << "a 5 s STAT in a gap of device " << d;
-      else EXPECT_LT(at, last_other) << "a 2 ms STAT at the end of device " << d;
-      for (size_t j = 0; j < row.size(); ++j)
-        if (j != at && !is_p2p(row[j].action.kind))
-          EXPECT_FALSE(row[j].start < row[at].end - 1e-9 && row[at].start < row[j].end - 1e-9)
-              << to_token(row[j].action) << " under STAT on device " << d;
+      ASSERT_EQ(stats.size(), 12u) << "device " << d;
+      for (size_t at : stats) {
+        if (stat_ms > 100) EXPECT_GT(at, last_pass) << "a 5 s STAT in a gap of device " << d;
+        for (size_t j = 0; j < row.size(); ++j)
+          if (j != at && !is_p2p(row[j].action.kind))
+            EXPECT_FALSE(row[j].start < row[at].end - 1e-9 && row[at].start < row[j].end - 1e-9)
+                << to_token(row[j].action) << " under " << to_token(row[at].action) << " on device " << d;
+      }
+      if (stat_ms < 100) EXPECT_LT(stats.front(), last_pass) << "no 2 ms STAT in a gap of device " << d;
       for (int k = 0; k < plan.refresh_steps[d]; ++k) {
         const std::vector<Action>& list = plan.cycle_actions(0, d, k);
-        const auto stat = std::find_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::STAT; });
         const auto opt = std::find_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::OPT; });
-        ASSERT_NE(stat, list.end()) << "cycle step " << k << " of device " << d;
-        EXPECT_LT(stat, opt);
-        EXPECT_EQ(std::count_if(list.begin(), list.end(), [](const Action& a) { return a.kind == Kind::STAT; }), 1);
+        std::set<int> weights;
+        for (auto it = list.begin(); it != list.end(); ++it)
+          if (it->kind == Kind::STAT) {
+            EXPECT_LT(it, opt);
+            EXPECT_TRUE(weights.insert(it->layer).second) << to_token(*it);
+          }
+        EXPECT_EQ(weights.size(), 12u) << "cycle step " << k << " of device " << d;
       }
     }
   }

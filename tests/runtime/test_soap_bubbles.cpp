@@ -121,7 +121,7 @@ TEST(SoapBubbles, OneF1B_2x1_OneProcessFollowingItsRecordTrainsTheSameWeights) {
                        "refreshes inline"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("statistics in a bubble on 2 of 2 devices"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("statistics of 27 of 27 weights in a bubble"), std::string::npos) << r.out;
   const fs::path record = work_dir() / "bubbles" / "soap_refresh.json";
   const nlohmann::json rec = nlohmann::json::parse(std::ifstream(record));
   EXPECT_EQ(rec["steps"], 8);

@@ -25,18 +25,17 @@ Soap& soap_of(const HostedChunk& c) {
   return *soap;
 }
 
-// Devices whose STATs all sit in a bubble of the base step: some pass follows each of them.
-int devices_with_statistics_in_bubbles(const KfacPlan& p) {
-  int n = 0;
+// The STATs of the base step, and those in a bubble: a pass follows them on their device.
+std::pair<int, int> statistics_in_bubbles(const KfacPlan& p) {
+  int in_bubble = 0, all = 0;
   for (const std::vector<TimedAction>& row : p.base.per_device) {
-    bool pass_after = true, seen_pass = false;
+    bool seen_pass = false;
     for (size_t i = row.size(); i-- > 0;) {
       seen_pass |= is_pass(row[i].action.kind);
-      if (row[i].action.kind == Kind::STAT) pass_after &= seen_pass;
+      if (row[i].action.kind == Kind::STAT) ++all, in_bubble += seen_pass;
     }
-    n += pass_after;
   }
-  return n;
+  return {in_bubble, all};
 }
 
 // The plan's lines on stdout (rank 0); units counted on one replica (replicas refresh alike).
@@ -44,12 +43,12 @@ void print_plan(const KfacPlan& p, int64_t plan_start) {
   int inline_units = 0, units = 0;
   for (const PlacedUnit& u : p.units())
     if (u.replica == 0) inline_units += u.inline_work, ++units;
+  const auto [stats_in_bubbles, stats] = statistics_in_bubbles(p);
   std::printf("soap: planned from steps 1-%lld: eigenbasis refreshes every %s steps (per device), %d of %d "
-              "refreshes inline (%.3f ms per cycle), statistics in a bubble on %d of %d devices, utilization %.0f%%, "
+              "refreshes inline (%.3f ms per cycle), statistics of %d of %d weights in a bubble, utilization %.0f%%, "
               "step %.2f ms (%.2f ms without SOAP's statistics and refreshes)\n",
               static_cast<long long>(plan_start), fmt::format("{}", fmt::join(p.refresh_steps, " ")).c_str(), inline_units,
-              units, p.inline_time, devices_with_statistics_in_bubbles(p), p.devices, 100 * p.utilization, p.step_time,
-              p.plain_step_time);
+              units, p.inline_time, stats_in_bubbles, stats, 100 * p.utilization, p.step_time, p.plain_step_time);
   std::fflush(stdout);
 }
 
@@ -120,8 +119,7 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
   for (int s = 0; s < S; ++s) lmax = std::max(lmax, static_cast<size_t>(counts[2 * s + 1] / std::max(1.0, counts[2 * s])));
   std::vector<size_t> off(static_cast<size_t>(D) + 1, 0);
   for (int d = 0; d < D; ++d) off[d + 1] = off[d] + layout_.schedule.per_device[d].size();
-  const size_t stat_at = off[D] + static_cast<size_t>(S) * 2 * lmax;  // [stage] its STAT
-  std::vector<double> wire(stat_at + static_cast<size_t>(S), 0.0);
+  std::vector<double> wire(off[D] + static_cast<size_t>(S) * 3 * lmax, 0.0);  // per stage: EIG_L, EIG_R, STAT
   std::vector<double> mine(lowered_.size(), 0.0);
   for (size_t i = 0; i < lowered_.size(); ++i)
     if (planner_measures(lowered_[i].kind)) mine[i] = action_ms_[i] / std::max(1, samples_) / W;
@@ -129,12 +127,13 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
   std::copy(mine.begin(), mine.end(), wire.begin() + static_cast<std::ptrdiff_t>(off[device_]));
   for (const HostedChunk& c : chunks_) {
     Soap& soap = soap_of(c);
-    const size_t at = off[D] + static_cast<size_t>(c.stage) * 2 * lmax;
-    for (size_t w = 0; w < Soap::rotated_weights(c.params).size(); ++w)
+    const size_t at = off[D] + static_cast<size_t>(c.stage) * 3 * lmax;
+    for (size_t w = 0; w < Soap::rotated_weights(c.params).size(); ++w) {
       for (int side : {0, 1})
         if (soap.has_factor(static_cast<int>(w), side))
           wire[at + side * lmax + w] += soap.time_refresh_factor(static_cast<int>(w), side) / counts[2 * c.stage];
-    wire[stat_at + static_cast<size_t>(c.stage)] += soap.time_statistics() / counts[2 * c.stage];
+      wire[at + 2 * lmax + w] += soap.time_statistics(static_cast<int>(w)) / counts[2 * c.stage];
+    }
   }
   comm::allreduce_sum(wire, MPI_COMM_WORLD, "SOAP's profile");
   action_ms.assign(static_cast<size_t>(D), {});
@@ -142,10 +141,11 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
   std::vector<StageKfacCost> stages(static_cast<size_t>(S));
   for (int s = 0; s < S; ++s) {
     const auto n = static_cast<size_t>(counts[2 * s + 1] / std::max(1.0, counts[2 * s]));
-    const size_t at = off[D] + static_cast<size_t>(s) * 2 * lmax;
-    stages[s].eig_l.assign(wire.begin() + at, wire.begin() + at + n);
-    stages[s].eig_r.assign(wire.begin() + at + lmax, wire.begin() + at + lmax + n);
-    stages[s].statistics = wire[stat_at + static_cast<size_t>(s)];
+    const auto at = static_cast<std::ptrdiff_t>(off[D] + static_cast<size_t>(s) * 3 * lmax);
+    const auto l = static_cast<std::ptrdiff_t>(lmax), m = static_cast<std::ptrdiff_t>(n);
+    stages[s].eig_l.assign(wire.begin() + at, wire.begin() + at + m);
+    stages[s].eig_r.assign(wire.begin() + at + l, wire.begin() + at + l + m);
+    stages[s].statistics.assign(wire.begin() + at + 2 * l, wire.begin() + at + 2 * l + m);
   }
   return stages;
 }
@@ -221,7 +221,7 @@ void SoapPlacement::load_state(const nlohmann::json& j, const std::string& where
       usage_error("--resume", "{}: its SOAP plan has no statistics' cost (written by a build that planned without STAT); start the run again", where);
     StageKfacCost c;
     c.eig_l = e.at(0).get<std::vector<double>>(), c.eig_r = e.at(1).get<std::vector<double>>();
-    c.statistics = e.at(2).get<double>();
+    c.statistics = e.at(2).get<std::vector<double>>();
     stages.push_back(std::move(c));
   }
   plan_from(std::move(stages), s.at("plan").at("durations").get<std::vector<std::vector<double>>>());
