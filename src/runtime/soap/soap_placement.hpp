@@ -10,7 +10,7 @@
 //              them (the same bits on every rank: the same plan)
 //   planned    step t runs plan.actions(replica, device, t - plan_start); the refresh cycle is
 //              the plan's, at least optim.soap.precondition_frequency (and precond.min_refresh_steps).
-//              Each chunk's STAT (every step, where the plan put it) adds the previous step's
+//              Each rotated weight's STAT (every step, where the plan put it) adds its previous step's
 //              gradients to its statistics (Soap::defer_statistics: the same bits as inline)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
 // single process follows with precond.placement = replay. Not built yet: drift re-planning,
