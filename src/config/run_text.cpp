@@ -17,7 +17,7 @@ Placement default_kfac_placement(int stages) { return stages == 1 ? Placement::I
 namespace {
 // SOAP's work (optim.name = soap): inline (in its optimizer step), bubbles (its eigenbasis
 // refreshes as units in a pipeline's bubbles) or replay (following such a run's record: in one
-// process, or under mpirun on any one-pipeline layout).
+// process, or under mpirun on any layout).
 void check_soap_placement(const Config& c, KfacRunner runner) {
   const PlacementSpec p = placement_spec(c.kfac);
   const std::string name = name_of(c.kfac.placement);
@@ -29,8 +29,6 @@ void check_soap_placement(const Config& c, KfacRunner runner) {
                 "(parallel.stages > 1); a single process runs 'inline' or 'replay' (a bubbles run's record)", name);
   if (runner == KfacRunner::mpi && p.planned && c.parallel.stages == 1)
     usage_error("precond.placement", "'{}' fills pipeline bubbles and parallel.stages = 1 has none: use 'inline'", name);
-  if ((p.planned || p.replays) && c.parallel.schedule == ScheduleName::Chimera)
-    usage_error("precond.placement", "'{}' plans SOAP's work for one pipeline; Chimera's two are not built yet", name);
 }
 }  // namespace
 

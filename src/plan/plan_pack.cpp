@@ -1,76 +1,16 @@
 // The planner's packing passes (see planner.cpp): Chimera's collectives pinned to the end of a
 // cycle step, then every device's gap units packed into the bubbles of consecutive steps by the
-// best of several strategies (the paper's greedy first fit first).
+// best of several strategies (the paper's greedy first fit first), through the Placer (plan_placer.cpp).
 #include "core/error.hpp"
 #include "plan/plan_state.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 namespace pf::plan {
-
-void Placer::add_step() {
-  const int k = steps++;
-  if (period > 0 && k >= period) {
-    for (size_t i = 0, n = gaps.size(); i < n; ++i)
-      if (gaps[i].step == k - period) {
-        const double shift = offset(k) - offset(k - period);
-        const Gap& g = gaps[i].gap;
-        gaps.push_back({{g.start + shift, g.end + shift, g.insert_at, g.leading}, k, gaps[i].cursor_gap, 0});
-      }
-    return;
-  }
-  for (const Gap& g : (k == 0 ? step0 : base).gaps(device)) {
-    if (k == 0 && g.leading && period == 0) continue;  // only the previous cycle's work can run there
-    const int self = static_cast<int>(gaps.size());
-    gaps.push_back({{g.start + offset(k), g.end + offset(k), g.insert_at, g.leading}, k, self, g.start});
-  }
-}
-
-void Placer::keep_room(int n_steps, double size, int count, int per_gap) {
-  while (steps < n_steps && steps <= max_step) add_step();
-  std::vector<int> order;  // physical gaps of those steps, the latest first
-  for (int i = static_cast<int>(gaps.size()); i-- > 0;)
-    if (gaps[i].cursor_gap == i && gaps[i].step < n_steps) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return gaps[a].step > gaps[b].step; });
-  for (int round = 0, kept_any = 1; round < per_gap && count > 0 && kept_any; ++round) {
-    kept_any = 0;
-    for (int i : order)
-      if (count > 0 && gaps[i].gap.end - gaps[i].gap.start + kEps >= gaps[i].kept + size)
-        gaps[i].kept += size, --count, kept_any = 1;
-  }
-}
-
-std::pair<int, double> Placer::place(double ready, double dur, bool best_fit, bool keep) {
-  int found = -1;
-  for (size_t i = 0;; ++i) {
-    while (i >= gaps.size() && steps <= max_step) {
-      PF_CHECK(steps < 10000, "placement does not terminate (unit of {})", dur);
-      add_step();
-    }
-    if (i >= gaps.size()) {
-      if (found < 0) return {-1, 0.0};
-      break;
-    }
-    const StepGap& g = gaps[i];
-    if (found >= 0 && g.step != gaps[found].step) break;
-    if (g.step > max_step) {
-      if (found < 0) return {-1, 0.0};
-      break;
-    }
-    if (g.gap.end <= ready) continue;
-    double s0 = std::max(cursor(g), ready);
-    if (!fit.holds(s0, dur, g.gap.end - (keep ? gaps[g.cursor_gap].kept : 0.0))) continue;
-    if (found < 0 || g.gap.end - s0 < gaps[found].gap.end - std::max(cursor(gaps[found]), ready))
-      found = static_cast<int>(i);
-    if (!best_fit) break;
-  }
-  const StepGap& g = gaps[found];
-  const double s0 = std::max(cursor(g), ready);
-  gaps[g.cursor_gap].cursor = s0 + dur - offset(g.step);
-  return {found, s0};
-}
 
 // Broadcasts keep their chain order (placement order, the same on every replica).
 bool Strategy::largest_first(Kind k) const {
@@ -372,7 +312,7 @@ CollectivePin overlapped_pin(const PlanState& state, int device, int twin, int K
 std::vector<CollectivePin> pin_collectives(const PlanState& state) {
   const int D = state.devices();
   std::vector<CollectivePin> pins(D);
-  if (!state.chimera()) return pins;
+  if (!state.chimera() || state.in.work == BubbleWork::soap) return pins;  // SOAP has no collectives
   std::vector<int> need(D, INT_MAX);
   for (int d = 0; d < D; ++d)
     for (const Strategy& s : strategies())
@@ -412,10 +352,89 @@ void split_to_shorten(const PlanState& state, int device, int needed, PackedDevi
   }
 }
 
+// A unit of a packed device.
+struct DeviceUnit {
+  int device, unit;
+};
+
+// SOAP under Chimera: each factor's refresh units, one per pipeline's copy of its stage (on the
+// twins holding that stage), grouped; inline units as well (they run in cycle step 0 on both).
+std::vector<std::vector<DeviceUnit>> refresh_copies(const std::vector<PackedDevice>& packed) {
+  std::map<std::tuple<Kind, int, int, int>, std::vector<DeviceUnit>> copies;  // (kind, stage, layer, block)
+  for (size_t d = 0; d < packed.size(); ++d) {
+    const std::vector<Unit>& units = packed[d].units.units;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const Action& a = units[i].action;
+      if (is_eigenbasis(a.kind)) copies[{a.kind, a.stage, a.layer, a.block}].push_back({static_cast<int>(d), static_cast<int>(i)});
+    }
+  }
+  std::vector<std::vector<DeviceUnit>> out;
+  for (auto& [factor, units] : copies)
+    if (units.size() > 1) out.push_back(std::move(units));
+  return out;
+}
+
+// The cycle step a replica's packing runs unit i in: its gap's, 0 when inline.
+int cycle_step_of(const DevicePlacement& placed, int i) {
+  return placed.gap_of[i] >= 0 ? placed.placer.gaps[placed.gap_of[i]].step : 0;
+}
+
+// One round of aligning refresh copies: every copy (on every replica) that runs before the
+// latest waits for the start of the latest's step (its ready raised). The devices whose units
+// changed.
+std::vector<char> raise_to_latest_copy(const std::vector<std::vector<DeviceUnit>>& groups, std::vector<PackedDevice>& packed) {
+  std::vector<char> changed(packed.size(), 0);
+  for (const std::vector<DeviceUnit>& copies : groups) {
+    int latest = 0;
+    for (const DeviceUnit& u : copies)
+      for (const DevicePlacement& placed : packed[u.device].replicas)
+        latest = std::max(latest, cycle_step_of(placed, u.unit));
+    for (const DeviceUnit& u : copies) {
+      PackedDevice& p = packed[u.device];
+      Unit& unit = p.units.units[u.unit];
+      double start = 0;
+      bool early = false;
+      for (const DevicePlacement& placed : p.replicas) {
+        start = std::max(start, placed.placer.offset(latest));
+        early = early || cycle_step_of(placed, u.unit) < latest;
+      }
+      if (!early) continue;
+      PF_CHECK(!unit.runs_inline && start > unit.ready + kEps, "SOAP's {} cannot wait for its twin's step {}",
+               to_token(unit.action), latest);
+      unit.ready = start;
+      changed[u.device] = 1;
+    }
+  }
+  return changed;
+}
+
+// SOAP under Chimera: the twins (devices d and D-1-d, each holding the other's copy of its two
+// stages) keep equal optimizer states only if each factor refreshes in the same cycle step on
+// both (what a refresh computes depends on its step alone: a step's deferred statistics are added
+// by whichever of STAT and the refresh runs first). The twins share their cycle length
+// (set_cycle_lengths), so the same packed step is the same executed step. Each round raises the
+// earlier copies to the latest's step and packs their devices again; readies only rise, so the
+// rounds end.
+void align_twin_refreshes(const PlanState& state, std::vector<PackedDevice>& packed) {
+  const std::vector<std::vector<DeviceUnit>> groups = refresh_copies(packed);
+  for (int round = 0;; ++round) {
+    const std::vector<char> changed = raise_to_latest_copy(groups, packed);
+    if (std::none_of(changed.begin(), changed.end(), [](char c) { return c != 0; })) return;
+    PF_CHECK(round < 10000, "SOAP's twin refreshes do not settle in one cycle step");
+    for (int d = 0; d < state.devices(); ++d)
+      if (changed[d]) {
+        BestPacking best = place_best(state, packed[d].units.units, d, state.pins[d]);
+        packed[d].replicas = std::move(best.replicas);
+        packed[d].strategy = best.strategy + ", each refresh in its twin's cycle step";
+      }
+  }
+}
+
 }  // namespace
 
 // Per device the best strategy (Chimera's group: with the pairs' overlapped cycles), optionally
-// split to shorten; each replica keeps its packing.
+// split to shorten; each replica keeps its packing. SOAP under Chimera: the twins' refreshes
+// aligned (align_twin_refreshes).
 std::vector<PackedDevice> pack_by_strategy(const PlanState& state) {
   std::vector<PackedDevice> out;
   for (int d = 0; d < state.devices(); ++d) {
@@ -429,6 +448,7 @@ std::vector<PackedDevice> pack_by_strategy(const PlanState& state) {
       split_to_shorten(state, d, best.needed, packed);
     out.push_back(std::move(packed));
   }
+  if (state.in.work == BubbleWork::soap && state.chimera()) align_twin_refreshes(state, out);
   return out;
 }
 

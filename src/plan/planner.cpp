@@ -54,8 +54,6 @@ void check_input(const PlanInput& in) {
                 in.bcast_alpha < 0 ? in.bcast_alpha : in.bcast_beta);
   if (in.kfac.empty() || (in.kfac.size() != 1 && static_cast<int>(in.kfac.size()) != sch.stages))
     usage_error("--kfac", "K-FAC costs for {} stages but the schedule has {}", in.kfac.size(), sch.stages);
-  if (in.work == BubbleWork::soap && sch.pipelines > 1)
-    usage_error("--schedule", "SOAP's units are planned for one pipeline, not {}'s {}", sch.name, sch.pipelines);
   for (const StageKfacCost& c : in.kfac)
     if (in.work == BubbleWork::soap) {
       if (c.layers() < 1 || c.eig_r.size() != c.eig_l.size() || c.statistics.size() != c.eig_l.size())

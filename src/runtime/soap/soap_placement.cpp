@@ -68,9 +68,6 @@ SoapPlacement::SoapPlacement(const Config& cfg, const Layout& layout, const comm
       lowered_(layout.schedule.per_device.at(groups.stage)),
       action_ms_(lowered_.size(), 0.0),
       plan_start_(kProfileSteps) {
-  if (layout.pipelines() > 1)
-    usage_error("precond.placement", "'bubbles' plans SOAP's work for one pipeline; {}'s {} are not built yet",
-                layout.schedule.name, layout.pipelines());
   for (HostedChunk& c : chunks_) soap_of(c).refresh_by_units(true);
 }
 
@@ -88,9 +85,9 @@ bool SoapPlacement::begin_step(int64_t step, const std::vector<MicroBatch>&) {
 
 void SoapPlacement::after_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) {
   if (step >= plan_start_) {
-    if (groups_.replica == 0)  // replicas refresh alike
+    if (groups_.replica == 0)  // replicas refresh alike, and so do Chimera's twins (the plan aligns them)
       for (const Action& a : list)
-        if (is_eigenbasis(a.kind)) {
+        if (is_eigenbasis(a.kind) && a.pipeline == 0) {
           const HostedChunk& c = chunks_.at(a.pipeline, a.stage);
           const int w = Soap::rotated_weights(c.params).at(static_cast<size_t>(a.layer));
           if (soap_of(c).has_factor(a.layer, side_index(a.kind)))

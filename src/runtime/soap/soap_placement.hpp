@@ -13,8 +13,9 @@
 //              Each rotated weight's STAT (every step, where the plan put it) adds its previous step's
 //              gradients to its statistics (Soap::defer_statistics: the same bits as inline)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
-// single process follows with precond.placement = replay. Not built yet: drift re-planning,
-// adaptive, Chimera, a recorded profile. A checkpoint keeps the profile the plan was made from
+// single process follows with precond.placement = replay. Under Chimera the plan puts each factor's
+// two copies' refreshes (the twins') in one step, and pipeline 0's are recorded. Not built yet:
+// drift re-planning, adaptive, a recorded profile. A checkpoint keeps the profile the plan was made from
 // (every rank's copy: the all-reduced one) and this rank's refreshes, so a resumed run remakes the
 // same plan and its record covers the whole run.
 #include "comm/world.hpp"
@@ -72,7 +73,7 @@ class SoapPlacement final : public KfacPlacement {
   // The all-reduced profile plan_ was made from (the same on every rank), kept for checkpoints.
   std::vector<StageKfacCost> plan_stages_;
   std::vector<std::vector<double>> plan_durations_;
-  std::vector<SoapRefresh> refreshes_;  // this rank's (replica 0's), as they ran
+  std::vector<SoapRefresh> refreshes_;  // this rank's (replica 0's, pipeline 0's), as they ran
   InOrder in_order_;
 };
 

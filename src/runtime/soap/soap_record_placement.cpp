@@ -31,7 +31,7 @@ SoapRecordPlacement::SoapRecordPlacement(const Config& cfg, const Layout& layout
   for (const SoapRefresh& r : rec.refreshes) {
     auto it = unit.find(r.weight);
     if (it == unit.end()) continue;
-    found += groups.replica == 0;
+    found += groups.replica == 0 && it->second.pipeline == 0;  // one copy of each weight counts
     auto [list, fresh] = lists_.try_emplace(r.step);
     if (fresh) list->second.assign(lowered_.begin(), first_opt);
     Action a = it->second;
