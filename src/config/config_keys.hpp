@@ -198,7 +198,7 @@ void precond_keys(C& c, F& key) {
       "adaptive: the longest refresh cycle (steps) a re-plan from the measured steps may choose (0: the profiled "
       "plan's)");
   key("precond.plan_profile", k.plan_profile, kPath,
-      "bubbles, adaptive: plan from this recorded profile (a run's kfac_profile.json) instead of this run's timings");
+      "bubbles, adaptive: plan from this recorded profile (a run's kfac_profile.json, or with optim.name = soap its soap_profile.json) instead of this run's timings");
   key("precond.refresh_record", k.refresh_record, kPath,
       "replay: the refresh record (a pipeline run's kfac_refresh.json, or with SOAP its soap_refresh.json) to follow");
 }

@@ -116,8 +116,9 @@ void check_run_relations(const Config& c) {
   }
   const auto& k = c.kfac;
   const PlacementSpec spec = placement_spec(k);
-  if (!k.plan_profile.empty() && !(k.enabled && spec.planned))
-    usage_error("kfac.plan_profile", "only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
+  if (!k.plan_profile.empty() && !((k.enabled || places_soap_work(c)) && spec.planned))
+    usage_error("kfac.plan_profile", "only applies with precond.placement = bubbles or adaptive (and kfac.enabled = "
+                "true or optim.name = soap)");
   check_replay(c);
   // SOAP's planned refreshes keep it too (runtime/soap/soap_placement.hpp).
   if (k.min_refresh_steps != 1 && !((k.enabled || places_soap_work(c)) && spec.planned))
@@ -175,7 +176,8 @@ void Config::check_files() const {
     require_input_file(kfac.refresh_record, "precond.refresh_record",
                        "a pipeline run writes out_dir/kfac_refresh.json (K-FAC) or out_dir/soap_refresh.json (SOAP)");
   if (!kfac.plan_profile.empty())
-    require_input_file(kfac.plan_profile, "kfac.plan_profile", "a PipeFisher run writes out_dir/kfac_profile.json");
+    require_input_file(kfac.plan_profile, "kfac.plan_profile",
+                       "a bubbles run writes out_dir/kfac_profile.json (K-FAC) or out_dir/soap_profile.json (SOAP)");
 }
 
 }  // namespace pf

@@ -1,5 +1,6 @@
 #include "runtime/plan_record.hpp"
 
+#include "config/placement.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 
@@ -199,6 +200,10 @@ PlanProfile read_plan_profile(const Config& cfg, const Layout& layout) {
     usage_error(key, "'{}' was recorded for {}, this run is {}", path, rec.value("shape", nlohmann::json()).dump(),
                 want.dump());
   PlanProfile p = read_profile(j, fmt::format("{} ({})", key, path)).plan;
+  const bool soap_units = !p.kfac.empty() && p.kfac[0].curv_a.empty();
+  if (!p.kfac.empty() && soap_units != places_soap_work(cfg))
+    usage_error(key, "'{}' holds {}'s units, and this run plans {}'s: record it with this run's optimizer", path,
+                soap_units ? "SOAP" : "K-FAC", soap_units ? "K-FAC" : "SOAP");
   if (p.action_ms.empty())
     usage_error(key, "'{}' holds an earlier build's record (\"pipefisher_plan\" without \"action_ms\"): record it again", path);
   const ProfileLayout wire(layout);

@@ -70,7 +70,7 @@ nlohmann::json plan_profile_json(const Config& cfg, const Layout& layout, const 
 // The profile recorded in cfg.kfac.plan_profile (a run's kfac_profile.json or --profile-dir's
 // profile.json). UsageError naming kfac.plan_profile when the file cannot be read, is not JSON,
 // holds no "pipefisher_plan" object, was recorded for another shape, or its action times or
-// K-FAC units do not fit this layout.
+// K-FAC units do not fit this layout, or holds the other optimizer's units (K-FAC's or SOAP's).
 PlanProfile read_plan_profile(const Config& cfg, const Layout& layout);
 
 }  // namespace pf

@@ -236,6 +236,26 @@ struct ProfileReader {
     p.layer_names.push_back(std::move(names));
   }
 
+  // A stage's "soap_weights" (SOAP's units: per rotated weight its refreshes and statistics),
+  // appended to p.plan.kfac and p.layer_names.
+  void stage_soap(const json& s, const std::string& ctx, Profile& p) const {
+    if (!s["soap_weights"].is_array() || s["soap_weights"].empty())
+      usage_error(where, "'{}soap_weights' must be a non-empty array", ctx);
+    StageKfacCost k;
+    std::vector<std::string> names;
+    for (size_t w = 0; w < s["soap_weights"].size(); ++w) {
+      const json& u = s["soap_weights"][w];
+      const std::string wc = fmt::format("{}soap_weights[{}].", ctx, w);
+      if (!u.is_object()) usage_error(where, "'{}' must be an object", wc.substr(0, wc.size() - 1));
+      k.eig_l.push_back(num(u, "eigenbasis_l", 0, true, wc));
+      k.eig_r.push_back(num(u, "eigenbasis_r", 0, true, wc));
+      k.statistics.push_back(num(u, "statistics", 0, true, wc));
+      names.push_back(u.contains("name") && u["name"].is_string() ? u["name"].get<std::string>() : "");
+    }
+    p.plan.kfac.push_back(std::move(k));
+    p.layer_names.push_back(std::move(names));
+  }
+
   void stages(const json& j, Profile& p) const {
     if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
       usage_error(where, "'stages' must be a non-empty array");
@@ -247,11 +267,17 @@ struct ProfileReader {
       const StageCost c = stage_cost(s, ctx);
       p.cost.stages.push_back(c);
       p.memory.push_back(stage_memory(s, ctx));
+      if (s.contains("kfac_layers") && s.contains("soap_weights"))
+        usage_error(where, "'{}' has both 'kfac_layers' and 'soap_weights': a run plans one optimizer's work", ctx);
       if (s.contains("kfac_layers")) stage_kfac(s, ctx, c, p);
+      if (s.contains("soap_weights")) stage_soap(s, ctx, p);
     }
     if (!p.plan.kfac.empty() && p.plan.kfac.size() != p.cost.stages.size())
-      usage_error(where, "'kfac_layers' given for {} of {} stages: every stage or none", p.plan.kfac.size(),
-                  p.cost.stages.size());
+      usage_error(where, "'kfac_layers' or 'soap_weights' given for {} of {} stages: every stage or none",
+                  p.plan.kfac.size(), p.cost.stages.size());
+    const auto soap = [](const StageKfacCost& k) { return k.curv_a.empty(); };
+    if (!std::all_of(p.plan.kfac.begin(), p.plan.kfac.end(), soap) && std::any_of(p.plan.kfac.begin(), p.plan.kfac.end(), soap))
+      usage_error(where, "some stages give 'kfac_layers', others 'soap_weights': every stage the same optimizer's");
   }
 
   void links(const json& j, Profile& p) const {
@@ -367,12 +393,27 @@ json kfac_layers_json(const StageKfacCost& c, const std::vector<std::string>& na
   return units;
 }
 
+// One stage's "soap_weights": per rotated weight its two refreshes and its statistics (ms).
+json soap_weights_json(const StageKfacCost& c, const std::vector<std::string>& names) {
+  json units = json::array();
+  for (size_t w = 0; w < c.eig_l.size(); ++w) {
+    json u = {{"eigenbasis_l", c.eig_l[w]}, {"eigenbasis_r", c.eig_r.at(w)}, {"statistics", c.statistics.at(w)}};
+    if (w < names.size() && !names[w].empty()) u["name"] = names[w];
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
 }  // namespace
 
 void add_plan_profile(json& profile, const PlanProfile& p, const std::vector<std::vector<std::string>>& names) {
   for (size_t s = 0; s < p.kfac.size(); ++s) {
     const StageKfacCost& c = p.kfac[s];
     json& stage = profile.at("stages").at(s);
+    if (c.curv_a.empty() && !c.eig_l.empty()) {  // SOAP's units (a SOAP stage has no K-FAC unit)
+      stage["soap_weights"] = soap_weights_json(c, s < names.size() ? names[s] : std::vector<std::string>{});
+      continue;
+    }
     double curvature = 0, inversion = 0;
     stage["kfac_layers"] = kfac_layers_json(c, s < names.size() ? names[s] : std::vector<std::string>{}, curvature, inversion);
     stage["layers"] = std::max(1, c.layers());

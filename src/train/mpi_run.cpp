@@ -371,6 +371,7 @@ FinalRecords MpiEngine::finish(const std::string& out) {
   r.listed.push_back("activations.json");
   if (cfg_.kfac.enabled) r.listed.push_back("kfac_refresh.json");
   if (soap_) r.listed.push_back("soap_refresh.json");
+  if (soap_ && placement_spec(cfg_.kfac).planned) r.listed.push_back("soap_profile.json");
   if (cfg_.kfac.enabled && placement_spec(cfg_.kfac).planned) r.listed.push_back("kfac_profile.json");
   if (kfac_units_ && !kfac_units_->distributed_line().empty()) r.listed.push_back("dkfac.json");
   return r;

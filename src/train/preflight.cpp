@@ -33,9 +33,9 @@ constexpr const char* kOwnerName = "owner.json";  // in the checkpoint directory
 constexpr size_t kMaxOwnerBytes = 1 << 16;
 
 // The files a training run writes into train.out_dir.
-constexpr const char* kRunFiles[] = {"config.toml",       "config.json",       "log.jsonl",  "metrics.csv",
-                                     "model.safetensors", "summary.json",      "activations.json",
-                                     "kfac_refresh.json", "kfac_profile.json", "dkfac.json"};
+constexpr const char* kRunFiles[] = {"config.toml",       "config.json",       "log.jsonl",         "metrics.csv",
+                                     "model.safetensors", "summary.json",      "activations.json",  "kfac_refresh.json",
+                                     "kfac_profile.json", "soap_refresh.json", "soap_profile.json", "dkfac.json"};
 
 // Those and the lock: everything the run names in out_dir (core/files.hpp's rule: regular files).
 std::vector<std::string> out_dir_files() {
@@ -220,10 +220,11 @@ bool same_dir(const std::string& a, const std::string& b) {
   return fs::equivalent(a, b, ec) || (fs::path(normal(a)) / "") == (fs::path(normal(b)) / "");
 }
 
-// A run's own file it reads and rewrites (preflight.hpp): out_dir's config.toml, kfac_profile.json.
+// A run's own file it reads and rewrites (preflight.hpp): out_dir's config.toml, kfac_profile.json,
+// soap_profile.json.
 bool is_own_file(const Config& cfg, const std::string& path) {
   std::error_code ec;
-  for (const char* name : {"config.toml", "kfac_profile.json"})
+  for (const char* name : {"config.toml", "kfac_profile.json", "soap_profile.json"})
     if (fs::equivalent(path, fs::path(cfg.train.out_dir) / name, ec)) return true;
   return false;
 }
@@ -399,7 +400,7 @@ void remove_previous_outputs(const Config& cfg) {
   const fs::path out = cfg.train.out_dir;
   std::error_code ec;
   for (const char* name : kRunFiles) {
-    // An input of this run (kfac.plan_profile = out_dir/kfac_profile.json of the previous one) stays.
+    // An input of this run (precond.plan_profile = out_dir/kfac_profile.json of the previous one) stays.
     bool input = false;
     for (const std::string& in : {cfg.kfac.plan_profile, cfg.data.train_file, cfg.data.valid_file})
       input |= !in.empty() && fs::equivalent(out / name, in, ec);

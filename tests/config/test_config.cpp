@@ -150,7 +150,7 @@ TEST(Config, ReplayKeys) {
 }
 
 // data.nsp (BERT's next-sentence prediction, off by default) reaches the model, round-trips, and
-// is refused where it cannot apply; kfac.plan_profile only with K-FAC in the bubbles.
+// is refused where it cannot apply; kfac.plan_profile only with K-FAC or SOAP in the bubbles.
 TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   Config d = Config::from_toml_string("");
   EXPECT_FALSE(d.data.nsp);
@@ -167,7 +167,8 @@ TEST(Config, NextSentencePredictionAndPlanProfileKeys) {
   EXPECT_EQ(error_of("", {"model.arch=gpt", "data.nsp=true"}), "data.nsp: next-sentence prediction is BERT's (model.arch = gpt)");
   EXPECT_EQ(error_of("", {"data.nsp=true", "model.seq_len=4"}).rfind("data.nsp: a sentence pair needs", 0), 0u);
   EXPECT_EQ(error_of("", {"kfac.plan_profile=/tmp/p.json"}),
-            "kfac.plan_profile: only applies with kfac.enabled = true and kfac.placement = bubbles or adaptive");
+            "kfac.plan_profile: only applies with precond.placement = bubbles or adaptive (and kfac.enabled = true or "
+            "optim.name = soap)");
   Config missing = Config::from_toml_string("", {"kfac.enabled=true", "parallel.stages=2",
                                                  "kfac.plan_profile=/nonexistent/p.json",
                                                  "data.train_file=" PF_SOURCE_DIR "/data/sample/moby-dick-1-20.bert.bin",

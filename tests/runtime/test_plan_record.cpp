@@ -130,5 +130,56 @@ TEST(PlanProfile, RecordIsAProfileThatReadsBackExactly) {
   std::filesystem::remove(path);
 }
 
+// SOAP's profile (per rotated weight its two refreshes and its statistics, no K-FAC unit) reads back
+// bit for bit as "soap_weights"; a SOAP run refuses a K-FAC profile and a K-FAC run a SOAP one,
+// naming the key, as the two optimizers' units are not each other's.
+TEST(PlanProfile, SoapProfileReadsBackExactlyAndOnlyForSoap) {
+  Config cfg;
+  cfg.optim.name = OptimName::Soap;
+  const Layout layout = two_stage_layout();
+  PlanProfile p = distinct_profile(layout, 3);
+  for (size_t s = 0; s < p.kfac.size(); ++s) {
+    StageKfacCost c;
+    for (int w = 0; w < 4; ++w) {
+      c.eig_l.push_back(1.5 + w + 10 * s);
+      c.eig_r.push_back(0.25 * (w + 1) + s);
+      c.statistics.push_back(0.125 + w / 3.0);
+    }
+    p.kfac[s] = c;
+  }
+  p.bcast_alpha = p.bcast_beta = -1;
+  p.shape = plan_shape(cfg, layout);
+  const nlohmann::json j = plan_profile_json(cfg, layout, p);
+  EXPECT_TRUE(j["stages"][0].contains("soap_weights"));
+  EXPECT_FALSE(j["stages"][0].contains("kfac_layers"));
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "pf_plan_record_soap_test.json";
+  std::ofstream(path) << j.dump(1);
+  cfg.kfac.plan_profile = path.string();
+  EXPECT_TRUE(read_plan_profile(cfg, layout) == p);
+  cfg.optim.name = OptimName::NvLamb;
+  cfg.kfac.enabled = true;
+  try {
+    read_plan_profile(cfg, layout);
+    ADD_FAILURE() << "a K-FAC run took SOAP's profile";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("kfac.plan_profile: '" + path.string() + "' holds SOAP's units"), std::string::npos)
+        << e.what();
+  }
+  // And a K-FAC profile for a SOAP run.
+  PlanProfile k = distinct_profile(layout, 3);
+  k.bcast_alpha = k.bcast_beta = -1;
+  k.shape = plan_shape(cfg, layout);
+  std::ofstream(path) << plan_profile_json(cfg, layout, k).dump(1);
+  cfg.optim.name = OptimName::Soap;
+  cfg.kfac.enabled = false;
+  try {
+    read_plan_profile(cfg, layout);
+    ADD_FAILURE() << "a SOAP run took K-FAC's profile";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds K-FAC's units, and this run plans SOAP's"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace pf

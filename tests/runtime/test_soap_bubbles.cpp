@@ -302,6 +302,46 @@ TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
   EXPECT_NE(r.out.find("precond.refresh_record: "), std::string::npos) << r.out;
 }
 
+// The plan line of a run's output, after "soap: planned from <source>: ".
+std::string plan_line(const std::string& out) {
+  const size_t at = out.find("soap: planned from ");
+  if (at == std::string::npos) return "";
+  const size_t from = out.find(": ", at + 19), end = out.find('\n', at);
+  return out.substr(from + 2, end - from - 2);
+}
+
+// A bubbles run writes the profile its plan was made from (out_dir/soap_profile.json); a run
+// planning from it (precond.plan_profile) makes the same plan whatever its own timings, refreshes
+// as the recording run did and, on its layout, trains its bits.
+TEST(SoapBubbles, ARunPlannedFromTheRecordedProfileIsTheRecordingRun) {
+  const std::string mpi = kEnv + kPfrun + " -np 2 ", layout = "--set parallel.stages=2 --set kfac.placement=bubbles "
+                                                                "--test-kfac-cost-scale 0.001 ";
+  const auto a = run(mpi + train("recording", layout));
+  ASSERT_EQ(a.status, 0) << a.out;
+  const fs::path profile = work_dir() / "recording" / "soap_profile.json";
+  ASSERT_TRUE(fs::exists(profile)) << a.out;
+  const auto b = run(mpi + train("from_profile", layout + "--set precond.plan_profile=" + profile.string()));
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_NE(b.out.find("soap: planned from precond.plan_profile = " + profile.string() + ": "), std::string::npos) << b.out;
+  EXPECT_FALSE(plan_line(a.out).empty()) << a.out;
+  EXPECT_EQ(plan_line(a.out), plan_line(b.out));
+  auto refreshes = [](const std::string& name) {
+    return nlohmann::json::parse(std::ifstream(work_dir() / name / "soap_refresh.json"))["refreshes"];
+  };
+  EXPECT_EQ(refreshes("recording"), refreshes("from_profile"));
+  EXPECT_EQ(worst_difference("recording", "from_profile"), 0.0);
+  // The plan is the profile's, not the run's timings: with every L refresh 10 s long (after the
+  // cost scale) none fits a bubble, and the plan says so.
+  nlohmann::json slow = nlohmann::json::parse(std::ifstream(profile));
+  for (auto& stage : slow["stages"])
+    for (auto& w : stage["soap_weights"]) w["eigenbasis_l"] = 1e7;
+  const fs::path slow_path = work_dir() / "slow_profile.json";
+  std::ofstream(slow_path) << slow.dump();
+  const auto c = run(mpi + train("from_slow_profile", layout + "--set precond.plan_profile=" + slow_path.string()));
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_NE(c.out.find("27 of 54 refreshes inline"), std::string::npos) << c.out;
+}
+
 // Chimera on 2 ranks: both pipelines' copies of a stage refresh each factor in the same step, so
 // one process following the record (pipeline 0's refreshes) trains the pipeline's losses and
 // weights, as under 1F1B.

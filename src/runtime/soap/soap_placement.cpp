@@ -4,6 +4,7 @@
 
 #include "comm/small.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "plan/planned_row.hpp"
 #include "runtime/pipefisher/plan_source.hpp"
 #include "runtime/plan_record.hpp"
@@ -39,15 +40,15 @@ std::pair<int, int> statistics_in_bubbles(const KfacPlan& p) {
 }
 
 // The plan's lines on stdout (rank 0); units counted on one replica (replicas refresh alike).
-void print_plan(const KfacPlan& p, int64_t plan_start) {
+void print_plan(const KfacPlan& p, const std::string& from) {
   int inline_units = 0, units = 0;
   for (const PlacedUnit& u : p.units())
     if (u.replica == 0) inline_units += u.inline_work, ++units;
   const auto [stats_in_bubbles, stats] = statistics_in_bubbles(p);
-  std::printf("soap: planned from steps 1-%lld: eigenbasis refreshes every %s steps (per device), %d of %d "
+  std::printf("soap: planned from %s: eigenbasis refreshes every %s steps (per device), %d of %d "
               "refreshes inline (%.3f ms per cycle), statistics of %d of %d weights in a bubble, utilization %.0f%%, "
               "step %.2f ms (%.2f ms without SOAP's statistics and refreshes)\n",
-              static_cast<long long>(plan_start), fmt::format("{}", fmt::join(p.refresh_steps, " ")).c_str(), inline_units,
+              from.c_str(), fmt::format("{}", fmt::join(p.refresh_steps, " ")).c_str(), inline_units,
               units, p.inline_time, stats_in_bubbles, stats, 100 * p.utilization, p.step_time, p.plain_step_time);
   std::fflush(stdout);
 }
@@ -67,8 +68,27 @@ SoapPlacement::SoapPlacement(const Config& cfg, const Layout& layout, const comm
       device_(groups.stage),
       lowered_(layout.schedule.per_device.at(groups.stage)),
       action_ms_(lowered_.size(), 0.0),
-      plan_start_(kProfileSteps) {
+      plan_start_(kProfileSteps),
+      record_run_(plan_record_run(cfg, layout)),
+      out_dir_(cfg.train.out_dir) {
   for (HostedChunk& c : chunks_) soap_of(c).refresh_by_units(true);
+  if (!cfg.kfac.plan_profile.empty()) {
+    recorded_ = read_plan_profile(cfg, layout);
+    recorded_path_ = cfg.kfac.plan_profile;
+    check_recorded_weights();
+  }
+}
+
+// Collective: UsageError naming precond.plan_profile on every rank when a hosted chunk rotates
+// another number of weights than the recorded profile gives its stage.
+void SoapPlacement::check_recorded_weights() const {
+  double wrong = 0;
+  for (const HostedChunk& c : chunks_)
+    wrong += Soap::rotated_weights(c.params).size() != recorded_->kfac.at(static_cast<size_t>(c.stage)).eig_l.size();
+  comm::allreduce_sum(std::span<double>(&wrong, 1), MPI_COMM_WORLD, "the recorded SOAP profile's check");
+  if (wrong > 0)
+    usage_error("kfac.plan_profile", "'{}': its stages' rotated weights are not this model's (another partition "
+                "or model)", recorded_path_);
 }
 
 const std::vector<Action>& SoapPlacement::actions_for(int64_t step) const {
@@ -106,7 +126,7 @@ void SoapPlacement::after_step(int64_t step, const std::vector<Action>& list, co
 // passes (at their kind's median) and optimizer steps, the mean over its replicas; per stage each
 // rotated weight's two refreshes and the stage's statistics, timed on copies, the mean over the
 // stage's holders.
-std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vector<double>>& action_ms) const {
+PlanProfile SoapPlacement::measured_profile() const {
   const int S = layout_.stages(), D = layout_.devices, W = layout_.replicas;
   std::vector<double> counts(2 * static_cast<size_t>(S), 0.0);  // [stage] holders, rotated weights
   for (const HostedChunk& c : chunks_)
@@ -133,9 +153,12 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
     }
   }
   comm::allreduce_sum(wire, MPI_COMM_WORLD, "SOAP's profile");
-  action_ms.assign(static_cast<size_t>(D), {});
-  for (int d = 0; d < D; ++d) action_ms[d].assign(wire.begin() + off[d], wire.begin() + off[d + 1]);
-  std::vector<StageKfacCost> stages(static_cast<size_t>(S));
+  PlanProfile profile;
+  profile.shape = record_run_.shape;
+  profile.action_ms.assign(static_cast<size_t>(D), {});
+  for (int d = 0; d < D; ++d) profile.action_ms[d].assign(wire.begin() + off[d], wire.begin() + off[d + 1]);
+  std::vector<StageKfacCost>& stages = profile.kfac;
+  stages.assign(static_cast<size_t>(S), {});
   for (int s = 0; s < S; ++s) {
     const auto n = static_cast<size_t>(counts[2 * s + 1] / std::max(1.0, counts[2 * s]));
     const auto at = static_cast<std::ptrdiff_t>(off[D] + static_cast<size_t>(s) * 3 * lmax);
@@ -144,24 +167,26 @@ std::vector<StageKfacCost> SoapPlacement::measured_stages(std::vector<std::vecto
     stages[s].eig_r.assign(wire.begin() + at + l, wire.begin() + at + l + m);
     stages[s].statistics.assign(wire.begin() + at + 2 * l, wire.begin() + at + 2 * l + m);
   }
-  return stages;
+  return profile;
 }
 
-// Collective: the profile all-reduced, then the same plan on every rank.
+// Collective: the profile all-reduced (or precond.plan_profile's, the same on every rank), then
+// the same plan on every rank; rank 0 writes the profile as out_dir/soap_profile.json.
 void SoapPlacement::make_plan() {
-  std::vector<std::vector<double>> action_ms;
-  std::vector<StageKfacCost> stages = measured_stages(action_ms);
-  plan_from(std::move(stages), std::move(action_ms));
+  plan_from(recorded_ ? *recorded_ : measured_profile());
+  if (groups_.rank == 0)  // out_dir exists: rank 0 made it before the first step
+    write_file_atomic(out_dir_ + "/soap_profile.json", plan_profile_json(record_run_, layout_, profile_).dump(1) + "\n");
 }
 
-// The plan of a profile (measured, or a checkpoint's): the same bits from the same profile.
-void SoapPlacement::plan_from(std::vector<StageKfacCost> stages, std::vector<std::vector<double>> durations) {
-  plan_stages_ = std::move(stages);
-  plan_durations_ = std::move(durations);
-  PlanInput in = plan_input(layout_.schedule, settings_, {0.0, 0.0}, plan_stages_, scale_);
-  in.durations = plan_durations_;
+// The plan of a profile (measured, recorded, or a checkpoint's): the same bits from the same profile.
+void SoapPlacement::plan_from(PlanProfile profile) {
+  profile_ = std::move(profile);
+  PlanInput in = plan_input(layout_.schedule, settings_, {0.0, 0.0}, profile_.kfac, scale_);
+  in.durations = profile_.action_ms;
   plan_ = std::make_unique<KfacPlan>(plan_kfac(in));
-  if (groups_.rank == 0) print_plan(*plan_, plan_start_);
+  const std::string from = recorded_ ? fmt::format("precond.plan_profile = {}", recorded_path_)
+                                     : fmt::format("steps 1-{}", plan_start_);
+  if (groups_.rank == 0) print_plan(*plan_, from);
 }
 
 int SoapPlacement::plan_period() const {
@@ -189,8 +214,8 @@ void SoapPlacement::save_state(nlohmann::json& j) const {
   for (const SoapRefresh& r : refreshes_) refreshes.push_back({r.step, r.side, r.weight});
   s["refreshes"] = refreshes;
   if (plan_) {
-    for (const StageKfacCost& c : plan_stages_) eig.push_back({c.eig_l, c.eig_r, c.statistics});
-    s["plan"] = {{"durations", plan_durations_}, {"eig", eig}};
+    for (const StageKfacCost& c : profile_.kfac) eig.push_back({c.eig_l, c.eig_r, c.statistics});
+    s["plan"] = {{"durations", profile_.action_ms}, {"eig", eig}};
   }
   j["soap"] = s;
 }
@@ -212,7 +237,9 @@ void SoapPlacement::load_state(const nlohmann::json& j, const std::string& where
     if (next_step >= plan_start_) usage_error("--resume", "{}: step {} is planned, and the checkpoint holds no plan", where, next_step);
     return;  // still profiling: the next profiled step plans
   }
-  std::vector<StageKfacCost> stages;
+  PlanProfile profile;
+  profile.shape = record_run_.shape;
+  std::vector<StageKfacCost>& stages = profile.kfac;
   for (const auto& e : s.at("plan").at("eig")) {
     if (e.size() < 3)
       usage_error("--resume", "{}: its SOAP plan has no statistics' cost (written by a build that planned without STAT); start the run again", where);
@@ -221,7 +248,8 @@ void SoapPlacement::load_state(const nlohmann::json& j, const std::string& where
     c.statistics = e.at(2).get<std::vector<double>>();
     stages.push_back(std::move(c));
   }
-  plan_from(std::move(stages), s.at("plan").at("durations").get<std::vector<std::vector<double>>>());
+  profile.action_ms = s.at("plan").at("durations").get<std::vector<std::vector<double>>>();
+  plan_from(std::move(profile));
 }
 
 void SoapPlacement::write_refresh_record(const std::string& path, int64_t steps) const {

@@ -14,10 +14,12 @@
 //              gradients to its statistics (Soap::defer_statistics: the same bits as inline)
 // Each refresh that ran is recorded (out_dir/soap_refresh.json, optim/soap_record.hpp), which a
 // single process follows with precond.placement = replay. Under Chimera the plan puts each factor's
-// two copies' refreshes (the twins') in one step, and pipeline 0's are recorded. Not built yet:
-// drift re-planning, adaptive, a recorded profile. A checkpoint keeps the profile the plan was made from
-// (every rank's copy: the all-reduced one) and this rank's refreshes, so a resumed run remakes the
-// same plan and its record covers the whole run.
+// two copies' refreshes (the twins') in one step, and pipeline 0's are recorded. The profile the
+// plan was made from is written to out_dir/soap_profile.json; precond.plan_profile names such a
+// file (or --profile-dir's profile.json) to plan from it instead of this run's timings: the same
+// plan for every run of the configuration. Not built yet: drift re-planning, adaptive. A
+// checkpoint keeps the profile the plan was made from (every rank's copy: the all-reduced one) and
+// this rank's refreshes, so a resumed run remakes the same plan and its record covers the whole run.
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "optim/soap_record.hpp"
@@ -25,9 +27,12 @@
 #include "runtime/hosted_chunk.hpp"
 #include "runtime/kfac_placement.hpp"
 #include "runtime/layout.hpp"
+#include "runtime/plan_record.hpp"
 #include "runtime/step_driver.hpp"
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace pf {
@@ -43,7 +48,7 @@ class SoapPlacement final : public KfacPlacement {
   void after_step(int64_t step, const std::vector<Action>& list, const std::vector<ActionTime>& times) override;
   int64_t plan_start() const override { return plan_start_; }
   int plan_period() const override;
-  const PlanProfile* plan_profile() const override { return nullptr; }
+  const PlanProfile* plan_profile() const override { return plan_ ? &profile_ : nullptr; }
   StepDriver& driver() override { return in_order_; }
   std::vector<TimedAction> planned_row(int64_t step) const override;
   std::optional<PlanSummary> plan_summary() const override;
@@ -55,9 +60,10 @@ class SoapPlacement final : public KfacPlacement {
   void write_refresh_record(const std::string& path, int64_t steps) const;
 
  private:
-  std::vector<StageKfacCost> measured_stages(std::vector<std::vector<double>>& action_ms) const;
+  PlanProfile measured_profile() const;
+  void check_recorded_weights() const;
   void make_plan();
-  void plan_from(std::vector<StageKfacCost> stages, std::vector<std::vector<double>> durations);
+  void plan_from(PlanProfile profile);
 
   PlanSettings settings_;
   const Layout& layout_;
@@ -70,9 +76,13 @@ class SoapPlacement final : public KfacPlacement {
   int samples_ = 0;
   int64_t plan_start_;
   std::unique_ptr<KfacPlan> plan_;
-  // The all-reduced profile plan_ was made from (the same on every rank), kept for checkpoints.
-  std::vector<StageKfacCost> plan_stages_;
-  std::vector<std::vector<double>> plan_durations_;
+  PlanRecordRun record_run_;              // what soap_profile.json says of this run
+  std::string out_dir_;
+  std::optional<PlanProfile> recorded_;   // precond.plan_profile's, else none: this run's timings
+  std::string recorded_path_;
+  // The profile plan_ was made from (the same on every rank: all-reduced or recorded), kept for
+  // checkpoints and soap_profile.json.
+  PlanProfile profile_;
   std::vector<SoapRefresh> refreshes_;  // this rank's (replica 0's, pipeline 0's), as they ran
   InOrder in_order_;
 };
