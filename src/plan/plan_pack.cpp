@@ -413,8 +413,8 @@ std::vector<char> raise_to_latest_copy(const std::vector<std::vector<DeviceUnit>
 // both (what a refresh computes depends on its step alone: a step's deferred statistics are added
 // by whichever of STAT and the refresh runs first). The twins share their cycle length
 // (set_cycle_lengths), so the same packed step is the same executed step. Each round raises the
-// earlier copies to the latest's step and packs their devices again; readies only rise, so the
-// rounds end.
+// earlier copies to the latest's step and packs their devices again. Readies only rise, but that
+// alone does not bound the rounds: a cap (never reached in the tests) fails loudly rather than loop.
 void align_twin_refreshes(const PlanState& state, std::vector<PackedDevice>& packed) {
   const std::vector<std::vector<DeviceUnit>> groups = refresh_copies(packed);
   for (int round = 0;; ++round) {
