@@ -29,6 +29,7 @@ struct TrainArgs {
   bool overwrite = false;
   std::string test_poison, test_signal, test_oom_counter;  // hidden: tests/faults (train/test_seams.hpp)
   std::string test_drift_at, test_kfac_cost_scale, test_bcast_model;  // hidden: tests/runtime
+  bool test_fixed_costs = false;
   std::string bench_slow, bench_jitter;  // benchmarks' noise (train/test_seams.hpp)
 };
 
@@ -75,7 +76,7 @@ int run_train(const TrainArgs& a) {
                          {config, a.config.empty() ? "the run's config.toml" : "--config"}, a.profile_dir,
                          !a.log_json.empty(), a.overwrite,
                          {parse_poison_flag(a.test_poison), parse_signal_flag(a.test_signal),
-                          parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model),
+                          parse_kfac_flags(a.test_drift_at, a.test_kfac_cost_scale, a.test_bcast_model, a.test_fixed_costs),
                           a.test_oom_counter, parse_noise_flags(a.bench_slow, a.bench_jitter)},
                          a.dry_run ? std::function<int(const Config&)>(pf::app::train_dry_run) : nullptr};
   // A dry run without mpirun checks the layout as launched with the ranks it needs.
@@ -138,6 +139,7 @@ pf::app::Runner setup(CLI::App& cmd) {
   cmd.add_option("--test-kfac-cost-scale", a->test_kfac_cost_scale, "X[,Y]: the planner sees K-FAC costs times X (adaptive's re-plans: times Y)")->group("");
   cmd.add_option("--test-bcast-model", a->test_bcast_model, "ALPHA,BETA: the broadcast model, ms and ms per byte")
       ->group("");
+  cmd.add_flag("--test-fixed-costs", a->test_fixed_costs, "the planner sees made-up costs, not the measured ones")->group("");
   cmd.add_option("--test-oom-counter", a->test_oom_counter, "FILE: read the out-of-memory kill count here")->group("");
   return [a] {
     try {

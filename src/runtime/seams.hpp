@@ -34,11 +34,16 @@ struct PoisonStep {
 //   --test-kfac-cost-scale X[,Y]  the planner sees the measured K-FAC unit costs times X; with Y,
 //                               adaptive's re-plans from the measured steps see them times Y
 //   --test-bcast-model A,B      a broadcast costs A ms + B ms per byte (not the measured model)
+//   --test-fixed-costs          every plan (after profiling, after a re-profile) is made from
+//                               with_fixed_costs of the measured profile (sim/profile.hpp; K-FAC's
+//                               still times X): a machine-independent plan whose drift check still
+//                               compares the measured steps
 struct KfacSeams {
   int64_t drift_at_step = 0;  // 0: none
   double cost_scale = 1;
   std::optional<double> adapt_cost_scale;  // none: cost_scale
   std::optional<std::pair<double, double>> bcast_model;
+  bool fixed_costs = false;
 
   bool drifts(int64_t index) const {  // step index from 0
     return drift_at_step > 0 && index + 1 >= drift_at_step && index + 1 < drift_at_step + 3;

@@ -426,4 +426,17 @@ void add_plan_profile(json& profile, const PlanProfile& p, const std::vector<std
   if (!p.action_ms.empty()) profile["pipefisher_plan"] = {{"shape", p.shape}, {"action_ms", p.action_ms}};
 }
 
+PlanProfile with_fixed_costs(PlanProfile p) {
+  for (std::vector<double>& row : p.action_ms) std::fill(row.begin(), row.end(), 1.0);
+  for (StageKfacCost& s : p.kfac) {
+    s.precondition = 0.1, s.sync = 0.1;
+    for (std::vector<double>* per_micro_batch : {&s.curv_a, &s.curv_b, &s.statistics})
+      std::fill(per_micro_batch->begin(), per_micro_batch->end(), 0.05);
+    for (std::vector<double>* refresh : {&s.inv_a, &s.inv_b, &s.eig_l, &s.eig_r})
+      std::fill(refresh->begin(), refresh->end(), 0.3);
+  }
+  if (p.bcast_alpha >= 0) p.bcast_alpha = 0, p.bcast_beta = 0;
+  return p;
+}
+
 }  // namespace pf

@@ -86,6 +86,11 @@ struct PlanProfile {
   bool operator==(const PlanProfile&) const = default;
 };
 
+// `p` with made-up costs that no machine's timings change (tests: --test-fixed-costs): every
+// action 1 ms; per unit curvature and SOAP statistics 0.05 ms, inversion and basis refresh 0.3 ms;
+// precondition and sync 0.1 ms per stage; a broadcast (where modelled) free. Its shape stays.
+PlanProfile with_fixed_costs(PlanProfile p);
+
 struct Profile {
   int micro_batch_size = 0;
   CostModel cost;

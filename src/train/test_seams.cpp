@@ -74,8 +74,10 @@ SignalSeam parse_signal_flag(const std::string& value) {
   return s;
 }
 
-KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model) {
+KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model,
+                           bool fixed_costs) {
   KfacSeams k;
+  k.fixed_costs = fixed_costs;
   if (!drift_at.empty()) k.drift_at_step = step_number(drift_at, "--test-drift-at");
   if (!cost_scale.empty()) {
     const size_t comma = cost_scale.find(',');

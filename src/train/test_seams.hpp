@@ -42,7 +42,8 @@ struct TestSeams {
 PoisonStep parse_poison_flag(const std::string& value);
 SignalSeam parse_signal_flag(const std::string& value);
 // --test-drift-at, --test-kfac-cost-scale, --test-bcast-model ("" each: none).
-KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model);
+KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model,
+                           bool fixed_costs = false);
 // --bench-slow, --bench-jitter ("" each: none).
 NoiseSeam parse_noise_flags(const std::string& slow, const std::string& jitter);
 

@@ -243,13 +243,7 @@ inline fs::path made_up_profile(const fs::path& recorded, const std::string& set
     v.push_back(sets.substr(begin, end == std::string::npos ? end : end - begin));
   }
   const Config cfg = load_config(v);
-  PlanProfile p = read_profile_json(recorded.string()).plan;
-  for (auto& row : p.action_ms) std::fill(row.begin(), row.end(), 1.0);
-  for (StageKfacCost& s : p.kfac) {
-    s.precondition = 0.1, s.sync = 0.1;
-    for (std::vector<double>* curvature : {&s.curv_a, &s.curv_b}) std::fill(curvature->begin(), curvature->end(), 0.05);
-    for (std::vector<double>* inversion : {&s.inv_a, &s.inv_b}) std::fill(inversion->begin(), inversion->end(), 0.3);
-  }
+  const PlanProfile p = with_fixed_costs(read_profile_json(recorded.string()).plan);
   std::ofstream(out) << plan_profile_json(cfg, make_layout(cfg, ranks), p).dump();
   return out;
 }

@@ -117,8 +117,10 @@ void Controller::plan_from_profile(int64_t profile_start, int64_t plan_start) {
     if (kd != Kind::OPT && kd != Kind::ALLREDUCE && is_compute(kd)) planned_compute_ms_ += profile_.action_ms[i] / samples;
   }
   // This run's timings all-reduced, or (kfac.plan_profile) the same recorded numbers on every rank.
-  plan_input_ = opts_.source->profile(
-      [&] { return measured_profile(profiled_times(), opts_.record.shape, "the K-FAC profile"); });
+  plan_input_ = opts_.source->profile([&] {
+    PlanProfile measured = measured_profile(profiled_times(), opts_.record.shape, "the K-FAC profile");
+    return seams_.fixed_costs ? with_fixed_costs(std::move(measured)) : measured;
+  });
   // Tests only: --test-kfac-cost-scale scales the measured K-FAC unit costs the planner sees (a
   // schedule with tiny bubbles, Chimera on 2 devices, then refreshes within a short test run).
   plan_scale_ = seams_.cost_scale;
