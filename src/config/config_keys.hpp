@@ -187,7 +187,8 @@ void precond_keys(C& c, F& key) {
   key("precond.placement", k.placement, kAny,
       "where K-FAC's work runs: bubbles (PipeFisher), adaptive (PipeFisher's plan, units placed in the waits at run "
       "time), inline, skip (every kfac.inverse_every steps) or replay; with optim.name = soap (kfac.enabled = false) "
-      "where SOAP's eigenbasis refreshes run: inline (its optimizer step, the default), bubbles or replay");
+      "where SOAP's eigenbasis refreshes run: inline (its optimizer step, the default), skip (the same, its "
+      "statistics only on the refresh steps), bubbles or replay");
   key("precond.replan_on_drift", k.replan_on_drift, kAny, "bubbles, adaptive: re-profile and re-plan when step times drift");
   static_assert(kMaxRefreshSteps == 1000, "the refusals below name the bound");
   key("precond.min_refresh_steps", k.min_refresh_steps,

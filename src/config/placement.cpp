@@ -15,7 +15,7 @@ PlacementSpec placement_spec(const KfacConfig& k) {
     case Placement::Replay:
       return {.replays = true, .curvature_every = k.inverse_every, .where = "replay: the refresh pattern of " + k.refresh_record};
     case Placement::Skip:
-      return {.inline_refresh = true, .curvature_every = k.inverse_every,
+      return {.inline_refresh = true, .curvature_every = k.inverse_every, .statistics_at_refreshes_only = true,
               .where = fmt::format("skip: refreshed every {} steps", k.inverse_every)};
     case Placement::Inline:
       break;

@@ -23,6 +23,10 @@ struct PlacementSpec {
   // The inline refresh's cadence (kfac/cadence.hpp): curvature every this many steps (inline: 1;
   // else kfac.inverse_every, skip's "curvature only at the refresh steps").
   int curvature_every = 1;
+  // skip, for SOAP: its statistics L and R take a gradient only on the steps that end with a basis
+  // refresh (every optim.soap.precondition_frequency), as K-FAC's skip gathers curvature only on
+  // its refresh steps (curvature_every).
+  bool statistics_at_refreshes_only = false;
   // Where K-FAC runs, as the banner says it: "inline", "in the pipeline bubbles: PipeFisher", ...
   std::string where;
 };

@@ -15,15 +15,15 @@ namespace pf {
 Placement default_kfac_placement(int stages) { return stages == 1 ? Placement::Inline : Placement::Bubbles; }
 
 namespace {
-// SOAP's work (optim.name = soap): inline (in its optimizer step), bubbles (its eigenbasis
-// refreshes as units in a pipeline's bubbles) or replay (following such a run's record: in one
-// process, or under mpirun on any layout).
+// SOAP's work (optim.name = soap): inline (in its optimizer step), skip (the same, its statistics
+// gathered only on the refresh steps), bubbles (its eigenbasis refreshes as units in a pipeline's
+// bubbles) or replay (following such a run's record: in one process, or under mpirun on any layout).
 void check_soap_placement(const Config& c, KfacRunner runner) {
   const PlacementSpec p = placement_spec(c.kfac);
   const std::string name = name_of(c.kfac.placement);
-  if (c.kfac.placement == Placement::Adaptive || c.kfac.placement == Placement::Skip)
-    usage_error("precond.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline' or "
-                "'replay'", name);
+  if (p.fills_waits)
+    usage_error("precond.placement", "'{}' is not built for SOAP's work (optim.name = soap): use 'bubbles', 'inline', "
+                "'skip' or 'replay'", name);
   if (runner == KfacRunner::one_process && p.planned)
     usage_error("precond.placement", "'{}' places SOAP's work in pipeline bubbles: it needs a pipeline "
                 "(parallel.stages > 1); a single process runs 'inline' or 'replay' (a bubbles run's record)", name);
@@ -64,7 +64,10 @@ std::string preset_of(const ModelConfig& m) {
 std::string optimizer_of(const Config& c) {
   if (places_soap_work(c) && c.kfac.placement != Placement::Inline) {
     const PlacementSpec p = placement_spec(c.kfac);
-    return p.planned ? "soap (its statistics and eigenbasis refreshes in the pipeline bubbles)" : "soap (" + p.where + ")";
+    if (p.planned) return "soap (its statistics and eigenbasis refreshes in the pipeline bubbles)";
+    if (p.statistics_at_refreshes_only)
+      return fmt::format("soap (skip: its statistics only on the refresh steps, every {})", c.optim.soap.precondition_frequency);
+    return "soap (" + p.where + ")";
   }
   if (!c.kfac.enabled) return name_of(c.optim.name);
   const PlacementSpec p = placement_spec(c.kfac);

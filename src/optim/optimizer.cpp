@@ -1,5 +1,6 @@
 #include "optim/optimizer.hpp"
 
+#include "config/placement.hpp"
 #include "optim/chunked.hpp"
 
 #include <cmath>
@@ -86,6 +87,13 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& c) {
     case OptimName::Soap: return std::make_unique<Soap>(c);
   }
   usage_error("optim.name", "unknown optimizer '{}' (expected nvlamb, adamw, sgd or soap)", c.name);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const Config& cfg) {
+  std::unique_ptr<Optimizer> o = make_optimizer(cfg.optim);
+  if (auto* soap = dynamic_cast<Soap*>(o.get()); soap && places_soap_work(cfg))
+    soap->statistics_at_refreshes_only(placement_spec(cfg.kfac).statistics_at_refreshes_only);
+  return o;
 }
 
 }  // namespace pf

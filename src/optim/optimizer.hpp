@@ -177,6 +177,10 @@ class Soap : public AdamW {
   // a stage is the l-th of its parameters.
   static std::vector<int> rotated_weights(std::span<Param* const> params);
   void refresh_by_units(bool on) { by_units_ = on; }
+  // precond.placement = skip (PlacementSpec::statistics_at_refreshes_only): L and R take a
+  // gradient only on the first step and the steps whose end refreshes the bases (k % frequency
+  // = 0), so the steps between pay only the rotations.
+  void statistics_at_refreshes_only(bool on) { refresh_steps_only_ = on; }
   // Refreshes factor `side` (0: L, 1: R) of rotated weight `weight` (an index of
   // rotated_weights). A side longer than max_precond_dim has none, and before the first step
   // (whose eigensolver makes the bases) there is none yet: then nothing happens.
@@ -212,7 +216,7 @@ class Soap : public AdamW {
   Slot& rotated_slot(int weight) { return slots()[rotated_index(weight)]; }
   double shampoo_beta_;
   int precondition_frequency_, max_precond_dim_;
-  bool by_units_ = false, defer_ = false;
+  bool by_units_ = false, defer_ = false, refresh_steps_only_ = false;
   std::vector<Pending> pending_;  // [slot], sized by the first deferred update
   // Sized on the first step for the largest weight: later steps allocate nothing.
   std::unique_ptr<optim_detail::SoapScratch> scratch_;
@@ -220,5 +224,8 @@ class Soap : public AdamW {
 
 // optim.name: nvlamb | adamw | sgd | soap, with the config's hyper-parameters.
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg);
+// A run's optimizer: the same, SOAP's statistics gathered as precond.placement says (skip: only on
+// its refresh steps).
+std::unique_ptr<Optimizer> make_optimizer(const Config& cfg);
 
 }  // namespace pf

@@ -251,6 +251,7 @@ void Soap::update_matrix(Slot& slot, double lr, int64_t t, float grad_scale) {
   const float* dir = s.out.data();
   for_chunks(n, [&](int64_t b, int64_t e) { apply_range(b, e, x.w, dir, step, shrink); });
   const auto i = static_cast<size_t>(&slot - slots().data());
+  if (refresh_steps_only_ && k % precondition_frequency_ != 0) return;
   if (defer_) hold_gradient(i, grad_scale);
   else accumulate_statistics(x, x.g, bs, cs, grad_scale);
   if (!by_units_ && k % precondition_frequency_ == 0) add_pending(i, -1), refresh_bases(x, s);

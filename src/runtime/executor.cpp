@@ -63,7 +63,7 @@ void Executor::build_chunk(HostedChunk& c) {
   c.model = build_model(mc, r.first, r.last);
   c.model->init(cfg_.train.seed);  // each block from (seed, its names): the same bits as one process
   c.params = c.model->params();
-  c.optim = make_optimizer(cfg_.optim);
+  c.optim = make_optimizer(cfg_);
   c.optim->init(c.params);
   const size_t slots = static_cast<size_t>(c.slots);
   const BackwardMode mode = split_ ? BackwardMode::split : BackwardMode::fused;

@@ -35,7 +35,7 @@ Trainer::Trainer(const Config& given) : cfg_(given) {
   for (MicroBatch& mb : mbs_) mb.resize(p.micro_batch_size, cfg.model.seq_len);
   params_ = model_->params();
   for (const Param* p : params_) param_floats_ += static_cast<double>(p->value.numel());
-  optim_ = make_optimizer(cfg.optim);
+  optim_ = make_optimizer(cfg);
   optim_->init(params_);
   lr_ = make_run_lr_schedule(cfg);
   if (cfg.kfac.enabled) kfac_ = std::make_unique<KfacPreconditioner>(model_->linears(), cfg.kfac, cfg.model.vocab);

@@ -296,7 +296,7 @@ TEST(SoapBubbles, MinRefreshStepsLengthensThePlannedCycle) {
 // whichever name set it (kfac.placement is its old one).
 TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
   for (const std::string& sets : {std::string("--set precond.placement=bubbles"),
-                                  std::string("--set precond.placement=adaptive"), std::string("--set kfac.placement=skip")}) {
+                                  std::string("--set precond.placement=adaptive"), std::string("--set kfac.placement=adaptive")}) {
     const auto r = run(kEnv + train("refused", sets));
     EXPECT_EQ(r.status, 2) << sets << "\n" << r.out;
     EXPECT_NE(r.out.find("precond.placement: '"), std::string::npos) << r.out;
@@ -304,6 +304,24 @@ TEST(SoapBubbles, PlacementsSoapCannotRunAreRefusedNamingTheKey) {
   const auto r = run(kEnv + train("refused", "--set kfac.placement=replay"));
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("precond.refresh_record: "), std::string::npos) << r.out;
+}
+
+// precond.placement = skip (SOAP's statistics only on the refresh steps: test_soap.cpp's reference)
+// trains on 2 stages what it trains in one process, and is not inline SOAP: at optim.eps = 0.01
+// (where the basis shows) the two differ far beyond rounding.
+TEST(SoapBubbles, SkipInAPipelineTrainsWhatOneProcessTrainsAndIsNotInline) {
+  const auto one = run(kEnv + train("skip_1", "--set precond.placement=skip"));
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_NE(one.out.find("soap (skip: its statistics only on the refresh steps, every 2)"), std::string::npos) << one.out;
+  const auto two = run(kEnv + kPfrun + " -np 2 " + train("skip_2", "--set parallel.stages=2 --set kfac.placement=skip"));
+  ASSERT_EQ(two.status, 0) << two.out;
+  EXPECT_LE(worst_difference("skip_1", "skip_2"), kWeightTol);
+  const auto skip = run(kEnv + train("skip_eps", "--set optim.eps=0.01 --set precond.placement=skip"));
+  const auto every = run(kEnv + train("inline_eps", "--set optim.eps=0.01"));
+  ASSERT_EQ(skip.status, 0) << skip.out;
+  ASSERT_EQ(every.status, 0) << every.out;
+  const double bound = 8 * 1e-2 * 64 * std::ldexp(1.0, -24) / 0.01;  // as ARecordOfEveryStepIsTheInlineRefreshOfEveryStep
+  EXPECT_GT(worst_difference("skip_eps", "inline_eps"), 10 * bound);
 }
 
 // The plan line of a run's output, after "soap: planned from <source>: ".
