@@ -1,7 +1,8 @@
 #pragma once
-// A test program's scratch directory: /tmp/pf_<name>_<pid>, made on first use and removed when
-// the program's tests end, unless one failed (then its path is printed, for a look at what the
-// failing run wrote). ctest runs each test in its own process, so runs never share one.
+// A test program's scratch directory for `name`: /tmp/pf_tests_<pid>/<name>, made on first use;
+// the program's whole /tmp/pf_tests_<pid> is removed when its tests end, unless one failed (then
+// its path is printed, for a look at what the failing run wrote). Each name has its own folder, so
+// suites run in one process (a --gtest_filter over several) do not read each other's files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -25,14 +26,15 @@ struct RemoveScratchAtEnd : ::testing::Environment {
 };
 
 inline std::filesystem::path scratch_dir(const std::string& name) {
-  static const std::filesystem::path d = [&] {
-    auto p = std::filesystem::temp_directory_path() / ("pf_" + name + "_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(p);
+  static const std::filesystem::path root = [] {
+    auto p = std::filesystem::temp_directory_path() / ("pf_tests_" + std::to_string(::getpid()));
     auto* env = new RemoveScratchAtEnd;  // gtest owns it
     env->dir = p;
     ::testing::AddGlobalTestEnvironment(env);
     return p;
   }();
+  const std::filesystem::path d = root / name;
+  std::filesystem::create_directories(d);
   return d;
 }
 
