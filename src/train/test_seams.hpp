@@ -41,7 +41,7 @@ struct TestSeams {
 // The flags' values, parsed; a malformed one is a UsageError naming the flag. "" gives none.
 PoisonStep parse_poison_flag(const std::string& value);
 SignalSeam parse_signal_flag(const std::string& value);
-// --test-drift-at, --test-kfac-cost-scale, --test-bcast-model ("" each: none).
+// --test-drift-at, --test-kfac-cost-scale, --test-bcast-model ("" each: none), --test-fixed-costs.
 KfacSeams parse_kfac_flags(const std::string& drift_at, const std::string& cost_scale, const std::string& bcast_model,
                            bool fixed_costs = false);
 // --bench-slow, --bench-jitter ("" each: none).
